@@ -1,0 +1,18 @@
+// Every wait in braid has a deadline. A deadline is an absolute steady-clock time, so
+// it can be handed down through layers without each one restarting the clock.
+#pragma once
+
+#include <chrono>
+
+namespace braid {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+inline Deadline deadline_after(Clock::duration timeout) { return Clock::now() + timeout; }
+
+// The timeout in force for operations that were not given one: BRAID_TIMEOUT.
+Clock::duration default_timeout();
+inline Deadline default_deadline() { return deadline_after(default_timeout()); }
+
+}  // namespace braid

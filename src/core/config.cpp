@@ -1,0 +1,138 @@
+#include <braid/core/config.hpp>
+#include <braid/core/deadline.hpp>
+#include <braid/core/enforce.hpp>
+#include <braid/core/error.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+
+namespace braid::config {
+namespace {
+
+// THE table. Add a knob here before reading it anywhere.
+constexpr std::array kKnobs{
+    Knob{"BRAID_LOG_LEVEL", "warn", "log level: trace, debug, info, warn, error, critical, off"},
+    Knob{"BRAID_TIMEOUT", "300",
+         "seconds any single wait (receive, collective, store get) may take before it fails"},
+    Knob{"BRAID_RANK", "", "this process's rank; set by braid-run"},
+    Knob{"BRAID_WORLD_SIZE", "", "number of ranks in the job; set by braid-run"},
+    Knob{"BRAID_LOCAL_RANK", "", "rank among the processes on this node; set by braid-run"},
+    Knob{"BRAID_LOCAL_WORLD_SIZE", "", "number of ranks on this node; set by braid-run"},
+    Knob{"BRAID_NODE_RANK", "", "index of this node in the job; set by braid-run"},
+    Knob{"BRAID_NNODES", "", "number of nodes in the job; set by braid-run"},
+    Knob{"BRAID_STORE", "", "host:port of the rendezvous store served by rank 0"},
+    Knob{"BRAID_TOKEN", "", "shared secret a store client must present; empty: no check"},
+    Knob{"BRAID_UCX_SPIN_US", "50",
+         "microseconds to keep polling UCX after the last activity before sleeping on its "
+         "event fd (lower: less CPU, higher: lower latency)"},
+};
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\n')) s.remove_suffix(1);
+  return s;
+}
+
+[[noreturn]] void bad_value(std::string_view what, std::string_view text, std::string_view want) {
+  throw Error(Errc::invalid_environment,
+              fmt::format("{}='{}' is not {}", what, text, want));
+}
+
+}  // namespace
+
+std::span<const Knob> knobs() { return kKnobs; }
+
+const Knob& knob(std::string_view name) {
+  auto it = std::find_if(kKnobs.begin(), kKnobs.end(), [&](const Knob& k) { return k.name == name; });
+  BRAID_ENFORCE(it != kKnobs.end(), "{} is not declared in the knob table (src/core/config.cpp)",
+                name);
+  return *it;
+}
+
+EnvLookup process_env() {
+  return [](std::string_view name) -> std::optional<std::string> {
+    const char* value = std::getenv(std::string(name).c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  };
+}
+
+std::optional<std::string> raw(std::string_view name, const EnvLookup& env) {
+  knob(name);
+  return env(name);
+}
+
+std::string string_value(std::string_view name, const EnvLookup& env) {
+  const Knob& k = knob(name);
+  auto value = env(name);
+  if (value && !trim(*value).empty()) return std::string(trim(*value));
+  return std::string(k.default_value);
+}
+
+std::int64_t parse_int(std::string_view text, std::string_view what) {
+  auto t = trim(text);
+  std::int64_t out = 0;
+  auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), out);
+  if (t.empty() || ec != std::errc() || end != t.data() + t.size()) {
+    bad_value(what, text, "an integer");
+  }
+  return out;
+}
+
+bool parse_bool(std::string_view text, std::string_view what) {
+  auto t = trim(text);
+  if (t == "1" || t == "true" || t == "yes" || t == "on") return true;
+  if (t == "0" || t == "false" || t == "no" || t == "off") return false;
+  bad_value(what, text, "a boolean (1/0, true/false, yes/no, on/off)");
+}
+
+std::chrono::nanoseconds parse_seconds(std::string_view text, std::string_view what) {
+  auto t = trim(text);
+  double seconds = 0;
+  auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), seconds);
+  if (t.empty() || ec != std::errc() || end != t.data() + t.size() || !std::isfinite(seconds) ||
+      seconds < 0 || seconds > 1e9) {
+    bad_value(what, text, "a non-negative number of seconds");
+  }
+  return std::chrono::nanoseconds(static_cast<std::int64_t>(seconds * 1e9));
+}
+
+std::int64_t int_value(std::string_view name, const EnvLookup& env) {
+  return parse_int(string_value(name, env), name);
+}
+bool bool_value(std::string_view name, const EnvLookup& env) {
+  return parse_bool(string_value(name, env), name);
+}
+std::chrono::nanoseconds seconds_value(std::string_view name, const EnvLookup& env) {
+  return parse_seconds(string_value(name, env), name);
+}
+
+std::string describe(const EnvLookup& env) {
+  std::size_t name_width = 0, value_width = 7;
+  for (const Knob& k : kKnobs) {
+    name_width = std::max(name_width, k.name.size());
+    value_width = std::max(value_width, env(k.name).value_or("").size());
+  }
+  std::string out = fmt::format("{:<{}}  {:<{}}  {:<8}  {}\n", "variable", name_width, "value",
+                                value_width, "default", "meaning");
+  for (const Knob& k : kKnobs) {
+    auto value = env(k.name);
+    out += fmt::format("{:<{}}  {:<{}}  {:<8}  {}\n", k.name, name_width,
+                       value ? *value : "(unset)", value_width,
+                       k.default_value.empty() ? "-" : k.default_value, k.doc);
+  }
+  return out;
+}
+
+}  // namespace braid::config
+
+namespace braid {
+Clock::duration default_timeout() {
+  return std::chrono::duration_cast<Clock::duration>(config::seconds_value("BRAID_TIMEOUT"));
+}
+}  // namespace braid

@@ -1,0 +1,92 @@
+#include <braid/core/deadline.hpp>
+#include <braid/core/error.hpp>
+#include <braid/core/log.hpp>
+#include <braid/core/runtime.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+namespace braid {
+namespace {
+
+using namespace std::chrono_literals;
+
+asio::awaitable<int> add_after(int a, int b, std::chrono::milliseconds delay) {
+  asio::steady_timer timer(co_await asio::this_coro::executor, delay);
+  co_await timer.async_wait(asio::use_awaitable);
+  co_return a + b;
+}
+
+asio::awaitable<void> fail_with(Errc code) {
+  co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
+  throw Error(code, "as asked", {.rank = 1, .operation = "test"});
+}
+
+TEST(Runtime, SpawnedCoroutineResultArrivesThroughTheFuture) {
+  Runtime runtime;
+  Future<int> sum = runtime.spawn(add_after(2, 3, 1ms));
+  EXPECT_EQ(sum.get(), 5);
+}
+
+TEST(Runtime, ErrorsThrownInCoroutinesAreRethrownByGet) {
+  Runtime runtime;
+  Future<void> failed = runtime.spawn(fail_with(Errc::peer_failed));
+  try {
+    failed.get();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::peer_failed);
+    EXPECT_EQ(e.context().rank, 1);
+  }
+}
+
+TEST(Runtime, ManyCoroutinesRunConcurrentlyOnTheOneProgressThread) {
+  Runtime runtime;
+  std::vector<Future<int>> futures;
+  for (int i = 0; i < 100; ++i) futures.push_back(runtime.spawn(add_after(i, 1, 5ms)));
+  auto start = Clock::now();
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(futures[i].get(), i + 1);
+  // Serialised, 100 timers of 5ms would take 500ms; concurrent ones take about 5ms.
+  EXPECT_LT(Clock::now() - start, 400ms);
+}
+
+TEST(Runtime, RunExecutesOnTheProgressThreadAndReturnsItsValue) {
+  Runtime runtime;
+  EXPECT_FALSE(runtime.on_runtime_thread());
+  auto id = runtime.run([&] {
+    EXPECT_TRUE(runtime.on_runtime_thread());
+    return std::this_thread::get_id();
+  });
+  EXPECT_EQ(id, runtime.thread_id());
+  EXPECT_THROW(runtime.run([]() -> int { throw Error(Errc::closed, "x"); }), Error);
+}
+
+TEST(Runtime, ProgressThreadLogsWithTheRuntimesRank) {
+  Runtime runtime({.rank = 3});
+  EXPECT_EQ(runtime.run([] { return log::current_rank(); }), 3);
+}
+
+TEST(Runtime, WaitingOnAFutureFromTheProgressThreadIsRefused) {
+  Runtime runtime;
+  Future<int> slow = runtime.spawn(add_after(1, 1, 50ms));
+  EXPECT_THROW(runtime.run([&] { slow.wait(); }), InvariantError);
+  EXPECT_EQ(slow.get(), 2);
+}
+
+TEST(Runtime, DestroyingTheRuntimeDropsSuspendedCoroutinesWithoutHanging) {
+  std::atomic<bool> resumed{false};
+  {
+    Runtime runtime;
+    runtime.spawn([&]() -> asio::awaitable<void> {
+      co_await add_after(0, 0, 10s);
+      resumed = true;
+    }());
+  }
+  EXPECT_FALSE(resumed);
+}
+
+}  // namespace
+}  // namespace braid

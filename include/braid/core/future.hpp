@@ -123,13 +123,16 @@ class Promise {
  private:
   template <class F>
   void finish(F&& store) {
+    // Once `done` is set, the waiter may return and destroy this Promise (Runtime::run
+    // keeps it on the waiter's stack), so the notify goes through a local reference.
+    const std::shared_ptr<detail::FutureState<T>> state = state_;
     {
-      std::lock_guard lock(state_->mutex);
-      BRAID_ENFORCE(!state_->done, "a braid::Promise was completed twice");
+      std::lock_guard lock(state->mutex);
+      BRAID_ENFORCE(!state->done, "a braid::Promise was completed twice");
       store();
-      state_->done = true;
+      state->done = true;
     }
-    state_->done_changed.notify_all();
+    state->done_changed.notify_all();
   }
 
   std::shared_ptr<detail::FutureState<T>> state_;

@@ -1,0 +1,142 @@
+// The trace recorder: what every layer records into, and what the exporter and the
+// overlap analysis read back. Recording sites use span.hpp; this header holds the data
+// model, the on/off switch, named tracks and names, and snapshot()/clear().
+//
+// Cost. Off: a recording site is one relaxed atomic load (enabled()) and a branch.
+// On: two steady_clock reads per span plus a copy of one Record (~96 bytes) into the
+// calling thread's buffer, with no lock and no allocation except one chunk of
+// kChunkRecords records when the previous chunk is full. A thread's first record
+// registers its buffer under a mutex, once. Buffers outlive their threads: records from
+// threads that have exited stay until clear().
+//
+// Tracks are the rows of a timeline: by default the recording thread's own track;
+// otherwise a named track (a stream, a communicator) interned by track(name).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace braid::trace {
+
+enum class Category : std::uint8_t {
+  compute,    // forward/backward work, reduction kernels
+  comm,       // collectives and point-to-point operations as the user sees them
+  transport,  // UCX sends, receives and progress
+  hook,       // autograd hooks and comm hooks
+  bucket,     // gradient bucket lifetime (filled, launched, reduced)
+  pipeline,   // pipeline schedule actions
+  stream,     // stream and event waits
+  store,      // rendezvous store requests
+  user,       // anything an application records itself
+};
+
+std::string_view to_string(Category category) noexcept;
+
+// A string that lives for the rest of the process: a string literal (checked at compile
+// time) or the result of intern(). Records keep only the pointer, so recording never
+// copies or allocates a name.
+class Name {
+ public:
+  template <std::size_t N>
+  consteval Name(const char (&literal)[N]) : text_(literal) {}  // NOLINT: implicit on purpose
+
+  const char* c_str() const noexcept { return text_; }
+  std::string_view view() const noexcept { return text_; }
+  friend bool operator==(Name a, Name b) noexcept { return a.view() == b.view(); }
+
+ private:
+  friend Name intern(std::string_view text);
+  struct FromInterned {};
+  Name(const char* text, FromInterned) : text_(text) {}
+
+  const char* text_;
+};
+
+// A Name for a string built at run time (an algorithm picked from a table, a hook's
+// configured name). Takes a mutex and may allocate: call it at setup, not per record.
+// Equal strings give the same pointer.
+Name intern(std::string_view text);
+
+// A timeline row. Track{} (id 0) means "the recording thread's own track".
+struct Track {
+  std::uint32_t id = 0;
+  friend bool operator==(Track, Track) = default;
+};
+
+// The track named `name`, created on first use; the same name always gives the same id.
+// Takes a mutex: look tracks up once and keep the Track.
+Track track(std::string_view name);
+
+enum class RecordKind : std::uint8_t {
+  span,        // a scope on one thread: spans on one track nest
+  async_span,  // begun and ended in different places: may overlap others on its track
+  instant,     // a point in time
+  counter,     // a point in time carrying a value (args[0])
+};
+
+inline constexpr std::size_t kMaxArgs = 2;
+
+struct Arg {
+  const char* key = nullptr;  // a Name's text
+  std::int64_t value = 0;
+};
+
+struct Record {
+  std::int64_t begin_ns = 0;  // steady clock (now_ns())
+  std::int64_t end_ns = 0;    // equals begin_ns for instants and counters
+  std::uint64_t bytes = 0;
+  const char* name = nullptr;  // a Name's text
+  std::array<Arg, kMaxArgs> args{};
+  std::uint32_t track = 0;  // never 0 in a snapshot: resolved to the thread's track
+  Category category = Category::user;
+  RecordKind kind = RecordKind::span;
+  std::uint8_t arg_count = 0;
+};
+
+struct TrackInfo {
+  std::uint32_t id = 0;
+  std::string name;               // the track's name, or the thread's name when it registered
+  bool thread = false;            // a thread's own track
+  std::int64_t os_thread_id = 0;  // gettid() for thread tracks, 0 for named tracks
+};
+
+struct Snapshot {
+  std::vector<TrackInfo> tracks;  // by id
+  // Ordered by track, then begin time, then longer first, so a parent span comes
+  // before the spans nested in it.
+  std::vector<Record> records;
+};
+
+namespace detail {
+extern std::atomic<bool> enabled_flag;
+// Appends to the calling thread's buffer, resolving Track{} to the thread's track.
+void append(const Record& record) noexcept;
+// The calling thread's track id (registers the thread's buffer on first use); 0 while
+// the thread is exiting, when records are dropped.
+std::uint32_t resolve(Track track) noexcept;
+}  // namespace detail
+
+// The switch. Off by default.
+void set_enabled(bool on) noexcept;
+inline bool enabled() noexcept {
+  return detail::enabled_flag.load(std::memory_order_relaxed);
+}
+
+// Steady-clock nanoseconds, the time base of every record.
+std::int64_t now_ns() noexcept;
+
+// Everything recorded and not cleared, from every thread, including threads that have
+// exited. Safe while other threads record: a record being written concurrently appears
+// in the next snapshot.
+Snapshot snapshot();
+
+// Discards every record so far and frees the buffers of exited threads. Threads may
+// keep recording while it runs; their later records are kept. Tracks keep their ids.
+void clear();
+
+}  // namespace braid::trace

@@ -1,0 +1,250 @@
+// Per-thread chunked buffers. Each thread appends to the tail chunk of its own buffer
+// and publishes each record with a release store of the chunk's count; readers
+// (snapshot, clear) hold the registry mutex and read counts with acquire loads, so the
+// writer never takes a lock. A chunk is never moved or resized once records are in it.
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <pthread.h>
+#include <unistd.h>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <braid/trace/recorder.hpp>
+
+namespace braid::trace {
+
+namespace detail {
+std::atomic<bool> enabled_flag{false};
+}  // namespace detail
+
+namespace {
+
+// 1024 records of ~96 bytes: ~96 KiB per chunk, one allocation per 1024 records.
+constexpr std::size_t kChunkRecords = 1024;
+
+struct Chunk {
+  std::array<Record, kChunkRecords> records;
+  std::atomic<std::size_t> count{0};  // written by the owning thread only
+  std::atomic<std::size_t> first{0};  // records before it were cleared (registry mutex)
+  std::atomic<Chunk*> next{nullptr};
+};
+
+struct ThreadBuffer {
+  std::uint32_t track = 0;
+  Chunk* tail = nullptr;              // the owning thread only
+  std::atomic<Chunk*> head{nullptr};  // readers and clear(), under the registry mutex
+  bool exited = false;                // registry mutex
+};
+
+void free_chunks(Chunk* from, const Chunk* until) {
+  while (from != until) {
+    Chunk* next = from->next.load(std::memory_order_acquire);
+    delete from;
+    from = next;
+  }
+}
+
+class Registry {
+ public:
+  ThreadBuffer* add_thread() {
+    auto buffer = std::make_unique<ThreadBuffer>();
+    Chunk* chunk = new Chunk;
+    buffer->tail = chunk;
+    buffer->head.store(chunk, std::memory_order_release);
+
+    char name[16] = {};
+    pthread_getname_np(pthread_self(), name, sizeof name);
+    std::lock_guard lock(mutex_);
+    buffer->track = add_track(TrackInfo{.name = name, .thread = true, .os_thread_id = gettid()});
+    buffers_.push_back(std::move(buffer));
+    return buffers_.back().get();
+  }
+
+  void thread_exited(ThreadBuffer* buffer) {
+    std::lock_guard lock(mutex_);
+    buffer->exited = true;
+  }
+
+  Track named_track(std::string_view name) {
+    std::lock_guard lock(mutex_);
+    auto it = named_.find(std::string(name));
+    if (it != named_.end()) return Track{it->second};
+    const std::uint32_t id = add_track(TrackInfo{.name = std::string(name)});
+    named_.emplace(std::string(name), id);
+    return Track{id};
+  }
+
+  const char* intern(std::string_view text) {
+    std::lock_guard lock(mutex_);
+    return names_.emplace(text).first->c_str();
+  }
+
+  Snapshot snapshot() {
+    Snapshot out;
+    std::lock_guard lock(mutex_);
+    out.tracks = tracks_;
+    for (const auto& buffer : buffers_) {
+      for (Chunk* chunk = buffer->head.load(std::memory_order_acquire); chunk != nullptr;
+           chunk = chunk->next.load(std::memory_order_acquire)) {
+        const std::size_t end = chunk->count.load(std::memory_order_acquire);
+        const std::size_t begin = chunk->first.load(std::memory_order_relaxed);
+        out.records.insert(out.records.end(), chunk->records.begin() + begin,
+                           chunk->records.begin() + end);
+      }
+    }
+    std::stable_sort(out.records.begin(), out.records.end(), [](const Record& a, const Record& b) {
+      if (a.track != b.track) return a.track < b.track;
+      if (a.begin_ns != b.begin_ns) return a.begin_ns < b.begin_ns;
+      return a.end_ns > b.end_ns;
+    });
+    return out;
+  }
+
+  void clear() {
+    std::lock_guard lock(mutex_);
+    std::erase_if(buffers_, [](const std::unique_ptr<ThreadBuffer>& buffer) {
+      if (!buffer->exited) return false;
+      free_chunks(buffer->head.load(std::memory_order_acquire), nullptr);
+      return true;
+    });
+    for (const auto& buffer : buffers_) {
+      // The owner only writes into its tail chunk, which is the last one linked; every
+      // chunk before the last one seen here is full and untouched, so it can go.
+      Chunk* head = buffer->head.load(std::memory_order_acquire);
+      Chunk* last = head;
+      while (Chunk* next = last->next.load(std::memory_order_acquire)) last = next;
+      free_chunks(head, last);
+      buffer->head.store(last, std::memory_order_release);
+      last->first.store(last->count.load(std::memory_order_acquire), std::memory_order_relaxed);
+    }
+  }
+
+ private:
+  // Needs mutex_.
+  std::uint32_t add_track(TrackInfo info) {
+    info.id = static_cast<std::uint32_t>(tracks_.size() + 1);  // 0 is "this thread"
+    tracks_.push_back(std::move(info));
+    return tracks_.back().id;
+  }
+
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<ThreadBuffer>> buffers_;
+  std::vector<TrackInfo> tracks_;
+  std::unordered_map<std::string, std::uint32_t> named_;
+  std::unordered_set<std::string> names_;  // node-based: the strings never move
+};
+
+// Never destroyed: threads may record (or exit) while static destructors run.
+Registry& registry() {
+  static Registry* instance = new Registry;
+  return *instance;
+}
+
+thread_local ThreadBuffer* t_buffer = nullptr;
+thread_local bool t_exited = false;
+
+struct ThreadExitHook {
+  ~ThreadExitHook() {
+    if (t_buffer != nullptr) registry().thread_exited(t_buffer);
+    t_buffer = nullptr;
+    t_exited = true;
+  }
+};
+
+ThreadBuffer* this_thread_buffer() noexcept {
+  if (t_buffer != nullptr) [[likely]]
+    return t_buffer;
+  if (t_exited) return nullptr;
+  try {
+    thread_local ThreadExitHook hook;
+    (void)hook;
+    t_buffer = registry().add_thread();
+  } catch (...) {
+    return nullptr;  // out of memory: this thread records nothing
+  }
+  return t_buffer;
+}
+
+}  // namespace
+
+std::string_view to_string(Category category) noexcept {
+  switch (category) {
+    case Category::compute:
+      return "compute";
+    case Category::comm:
+      return "comm";
+    case Category::transport:
+      return "transport";
+    case Category::hook:
+      return "hook";
+    case Category::bucket:
+      return "bucket";
+    case Category::pipeline:
+      return "pipeline";
+    case Category::stream:
+      return "stream";
+    case Category::store:
+      return "store";
+    case Category::user:
+      return "user";
+  }
+  return "?";
+}
+
+Name intern(std::string_view text) {
+  return Name(registry().intern(text), Name::FromInterned{});
+}
+
+Track track(std::string_view name) {
+  return registry().named_track(name);
+}
+
+void set_enabled(bool on) noexcept {
+  detail::enabled_flag.store(on, std::memory_order_relaxed);
+}
+
+std::int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Snapshot snapshot() {
+  return registry().snapshot();
+}
+
+void clear() {
+  registry().clear();
+}
+
+namespace detail {
+
+std::uint32_t resolve(Track track) noexcept {
+  if (track.id != 0) return track.id;
+  ThreadBuffer* buffer = this_thread_buffer();
+  return buffer != nullptr ? buffer->track : 0;
+}
+
+void append(const Record& record) noexcept {
+  ThreadBuffer* buffer = this_thread_buffer();
+  if (buffer == nullptr) return;
+  Chunk* chunk = buffer->tail;
+  std::size_t n = chunk->count.load(std::memory_order_relaxed);
+  if (n == kChunkRecords) [[unlikely]] {
+    Chunk* fresh = new (std::nothrow) Chunk;
+    if (fresh == nullptr) return;
+    chunk->next.store(fresh, std::memory_order_release);
+    buffer->tail = chunk = fresh;
+    n = 0;
+  }
+  Record& slot = chunk->records[n];
+  slot = record;
+  if (slot.track == 0) slot.track = buffer->track;
+  chunk->count.store(n + 1, std::memory_order_release);
+}
+
+}  // namespace detail
+
+}  // namespace braid::trace

@@ -1,0 +1,270 @@
+#include <algorithm>
+#include <atomic>
+#include <pthread.h>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <braid/trace/recorder.hpp>
+#include <braid/trace/span.hpp>
+
+namespace braid::trace {
+namespace {
+
+class Recorder : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    set_enabled(true);
+    clear();
+  }
+  void TearDown() override {
+    set_enabled(false);
+    clear();
+  }
+};
+
+std::vector<Record> records_on(const Snapshot& snap, std::uint32_t track) {
+  std::vector<Record> out;
+  for (const Record& r : snap.records) {
+    if (r.track == track) out.push_back(r);
+  }
+  return out;
+}
+
+const TrackInfo* find_track(const Snapshot& snap, std::uint32_t id) {
+  for (const TrackInfo& t : snap.tracks) {
+    if (t.id == id) return &t;
+  }
+  return nullptr;
+}
+
+TEST_F(Recorder, OffRecordsNothing) {
+  set_enabled(false);
+  {
+    Span span(Category::comm, "all_reduce", {}, 64);
+    EXPECT_FALSE(span.active());
+    AsyncSpan op = begin(Category::bucket, "bucket");
+    EXPECT_FALSE(op.active());
+    instant(Category::hook, "hook fired");
+    counter(Category::comm, "in flight", 3);
+  }
+  EXPECT_TRUE(snapshot().records.empty());
+}
+
+TEST_F(Recorder, NestedSpansKeepTheirOrderBytesArgsAndThreadTrack) {
+  {
+    Span outer(Category::comm, "all_reduce", {}, 4096);
+    outer.arg("seq", 7);
+    {
+      Span inner(Category::transport, "send", {}, 1024);
+      inner.set_bytes(2048);
+    }
+  }
+  Snapshot snap = snapshot();
+  ASSERT_EQ(snap.records.size(), 2u);
+  const Record& outer = snap.records[0];
+  const Record& inner = snap.records[1];
+  EXPECT_EQ(std::string_view(outer.name), "all_reduce");
+  EXPECT_EQ(outer.category, Category::comm);
+  EXPECT_EQ(outer.kind, RecordKind::span);
+  EXPECT_EQ(outer.bytes, 4096u);
+  ASSERT_EQ(outer.arg_count, 1);
+  EXPECT_EQ(std::string_view(outer.args[0].key), "seq");
+  EXPECT_EQ(outer.args[0].value, 7);
+  EXPECT_EQ(std::string_view(inner.name), "send");
+  EXPECT_EQ(inner.bytes, 2048u);
+  EXPECT_LE(outer.begin_ns, inner.begin_ns);
+  EXPECT_LE(inner.begin_ns, inner.end_ns);
+  EXPECT_LE(inner.end_ns, outer.end_ns);
+
+  EXPECT_NE(outer.track, 0u);
+  EXPECT_EQ(outer.track, inner.track);
+  const TrackInfo* info = find_track(snap, outer.track);
+  ASSERT_NE(info, nullptr);
+  EXPECT_TRUE(info->thread);
+  EXPECT_EQ(info->os_thread_id, gettid());
+}
+
+TEST_F(Recorder, ArgumentsBeyondTheLimitAreDropped) {
+  {
+    Span span(Category::user, "many args");
+    span.arg("a", 1);
+    span.arg("b", 2);
+    span.arg("c", 3);
+  }
+  Snapshot snap = snapshot();
+  ASSERT_EQ(snap.records.size(), 1u);
+  EXPECT_EQ(snap.records[0].arg_count, kMaxArgs);
+  EXPECT_EQ(snap.records[0].args[1].value, 2);
+}
+
+TEST_F(Recorder, NamedTracksInternToStableIds) {
+  const Track comm = track("nccl comm 0");
+  EXPECT_NE(comm.id, 0u);
+  EXPECT_EQ(track("nccl comm 0"), comm);
+  const Track stream = track("cuda stream 7");
+  EXPECT_NE(stream, comm);
+  EXPECT_EQ(track("cuda stream 7"), stream);
+  { Span span(Category::comm, "all_reduce", comm); }
+  Snapshot snap = snapshot();
+  ASSERT_EQ(snap.records.size(), 1u);
+  EXPECT_EQ(snap.records[0].track, comm.id);
+  const TrackInfo* info = find_track(snap, comm.id);
+  ASSERT_NE(info, nullptr);
+  EXPECT_EQ(info->name, "nccl comm 0");
+  EXPECT_FALSE(info->thread);
+  clear();
+  EXPECT_EQ(track("nccl comm 0"), comm);  // clear() keeps tracks
+}
+
+TEST_F(Recorder, InternedNamesAreStableAndShared) {
+  std::string built = "ring";
+  built += "_allreduce";
+  const Name a = intern(built);
+  built = "something else";
+  const Name b = intern("ring_allreduce");
+  EXPECT_EQ(a.c_str(), b.c_str());
+  EXPECT_EQ(a.view(), "ring_allreduce");
+  { Span span(Category::comm, a); }
+  EXPECT_EQ(std::string_view(snapshot().records.at(0).name), "ring_allreduce");
+}
+
+TEST_F(Recorder, SpansFromManyThreadsIncludingExitedOnesAllAppear) {
+  constexpr int kThreads = 4;
+  constexpr int kSpansPerThread = 3000;  // crosses chunk boundaries
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([] {
+      for (int i = 0; i < kSpansPerThread; ++i) {
+        Span span(Category::compute, "step", {}, static_cast<std::uint64_t>(i));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();  // every writer has exited
+
+  Snapshot snap = snapshot();
+  ASSERT_EQ(snap.records.size(), std::size_t{kThreads} * kSpansPerThread);
+  std::set<std::uint32_t> tracks;
+  std::set<std::int64_t> os_threads;
+  for (const Record& r : snap.records) tracks.insert(r.track);
+  ASSERT_EQ(tracks.size(), std::size_t{kThreads});
+  for (std::uint32_t id : tracks) {
+    const TrackInfo* info = find_track(snap, id);
+    ASSERT_NE(info, nullptr);
+    EXPECT_TRUE(info->thread);
+    os_threads.insert(info->os_thread_id);
+    const std::vector<Record> mine = records_on(snap, id);
+    ASSERT_EQ(mine.size(), std::size_t{kSpansPerThread});
+    for (int i = 0; i < kSpansPerThread; ++i) {
+      EXPECT_EQ(mine[i].bytes, static_cast<std::uint64_t>(i));
+      if (i > 0) {
+        EXPECT_LE(mine[i - 1].begin_ns, mine[i].begin_ns);
+      }
+    }
+  }
+  EXPECT_EQ(os_threads.size(), std::size_t{kThreads});
+}
+
+TEST_F(Recorder, ThreadTrackIsNamedAfterTheThread) {
+  std::uint32_t id = 0;
+  std::thread worker([&] {
+    pthread_setname_np(pthread_self(), "grad-worker");
+    Span span(Category::hook, "hook");
+    id = detail::resolve({});
+  });
+  worker.join();
+  Snapshot snap = snapshot();
+  const TrackInfo* info = find_track(snap, id);
+  ASSERT_NE(info, nullptr);
+  EXPECT_EQ(info->name, "grad-worker");
+}
+
+TEST_F(Recorder, AsyncSpanEndedOnAnotherThreadStaysOnTheTrackItBeganOn) {
+  AsyncSpan first = begin(Category::bucket, "bucket 0", {}, 100);
+  AsyncSpan second = begin(Category::bucket, "bucket 1", {}, 200);
+  const std::uint32_t here = detail::resolve({});
+  std::thread other([&] {
+    first.end();
+    first.end();  // once only
+  });
+  other.join();
+  AsyncSpan moved = std::move(second);
+  EXPECT_FALSE(second.active());  // NOLINT(bugprone-use-after-move): checking the moved-from state
+  moved.arg("bucket", 1);
+  // `moved` ends at scope exit, after `first`: the two overlap without nesting.
+  { AsyncSpan scoped = std::move(moved); }
+  Snapshot snap = snapshot();
+  ASSERT_EQ(snap.records.size(), 2u);
+  for (const Record& r : snap.records) {
+    EXPECT_EQ(r.track, here);
+    EXPECT_EQ(r.kind, RecordKind::async_span);
+  }
+  EXPECT_EQ(std::string_view(snap.records[0].name), "bucket 0");
+  EXPECT_EQ(snap.records[1].bytes, 200u);
+  EXPECT_EQ(snap.records[1].args[0].value, 1);
+  EXPECT_LT(snap.records[0].end_ns, snap.records[1].end_ns);
+}
+
+TEST_F(Recorder, InstantsAndCountersAreRecordedAtOnePoint) {
+  const Track comm = track("comm for counters");
+  instant(Category::hook, "grad ready", {}, 512);
+  counter(Category::comm, "buckets in flight", 3, comm);
+  Snapshot snap = snapshot();
+  ASSERT_EQ(snap.records.size(), 2u);
+  const Record& point =
+      snap.records[0].kind == RecordKind::instant ? snap.records[0] : snap.records[1];
+  const Record& value =
+      snap.records[0].kind == RecordKind::counter ? snap.records[0] : snap.records[1];
+  EXPECT_EQ(point.kind, RecordKind::instant);
+  EXPECT_EQ(point.begin_ns, point.end_ns);
+  EXPECT_EQ(point.bytes, 512u);
+  EXPECT_NE(point.track, 0u);
+  EXPECT_EQ(value.kind, RecordKind::counter);
+  EXPECT_EQ(value.track, comm.id);
+  ASSERT_EQ(value.arg_count, 1);
+  EXPECT_EQ(value.args[0].value, 3);
+}
+
+TEST_F(Recorder, ClearDiscardsRecordsWhileAnotherThreadKeepsRecording) {
+  constexpr int kSpans = 20000;
+  std::atomic<bool> started{false};
+  std::atomic<std::uint32_t> writer_track{0};
+  std::atomic<bool> may_exit{false};
+  std::thread writer([&] {
+    writer_track = detail::resolve({});
+    started = true;
+    for (int i = 0; i < kSpans; ++i) {
+      Span span(Category::compute, "tick", {}, static_cast<std::uint64_t>(i));
+    }
+    while (!may_exit) std::this_thread::yield();
+  });
+  while (!started) std::this_thread::yield();
+  for (int i = 0; i < 20; ++i) {
+    clear();
+    (void)snapshot();
+  }
+  clear();
+  // Whatever survives the last clear is a gap-free suffix of what the writer recorded.
+  auto check_suffix = [&] {
+    const std::vector<Record> mine = records_on(snapshot(), writer_track);
+    std::size_t gaps = 0;
+    for (std::size_t i = 1; i < mine.size(); ++i) {
+      if (mine[i].bytes != mine[i - 1].bytes + 1) ++gaps;
+    }
+    EXPECT_EQ(gaps, 0u);
+    if (!mine.empty()) {
+      EXPECT_LE(mine.back().bytes, std::uint64_t{kSpans - 1});
+    }
+  };
+  check_suffix();
+  may_exit = true;
+  writer.join();
+  check_suffix();
+  clear();  // frees the exited writer's buffer
+  EXPECT_TRUE(records_on(snapshot(), writer_track).empty());
+}
+
+}  // namespace
+}  // namespace braid::trace

@@ -13,18 +13,20 @@
 // Errc::protocol_error for bytes that do not follow the protocol.
 //
 // The server closes any connection that sends garbage, an oversized or truncated frame,
-// or the wrong token, and keeps serving the others.
+// or the wrong token, and keeps serving the others. A frame (and so a value) is capped at
+// 64 MiB; the wire format is described in src/transport/store_protocol.hpp.
 #pragma once
-
-#include <braid/core/deadline.hpp>
-#include <braid/core/runtime.hpp>
-#include <boost/asio/any_io_executor.hpp>
-#include <boost/asio/awaitable.hpp>
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include <braid/core/deadline.hpp>
+#include <braid/core/runtime.hpp>
 
 namespace braid::transport {
 
@@ -44,7 +46,10 @@ class StoreServer {
     std::string token;             // empty: any client is accepted
   };
 
-  // Starts listening at once; serves on `runtime`'s thread until destroyed.
+  // Starts listening at once; serves on `runtime`'s thread until destroyed. Throws Error
+  // (operation "store.listen") when the address cannot be bound. Destroying the server
+  // closes every connection: clients' pending operations fail with Errc::peer_failed.
+  // Construct and destroy it off the runtime thread or on it; both work.
   StoreServer(Runtime& runtime, Options options);
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
@@ -59,25 +64,38 @@ class StoreServer {
 
 class StoreClient {
  public:
-  // Connects, retrying while the server is not up yet, until `deadline`.
+  // Connects, retrying with a short backoff while the server is not up yet (ranks start in
+  // any order), until `deadline`: then Errc::timeout naming host:port. A wrong or missing
+  // token is Errc::refused at once. The client's state lives on `executor`, which must not
+  // run handlers on two threads at once (a Runtime's executor, or a strand).
   static asio::awaitable<std::unique_ptr<StoreClient>> connect(asio::any_io_executor executor,
                                                                StoreAddress address,
                                                                Deadline deadline);
+  // Operations still pending fail with Errc::closed.
   ~StoreClient();
   StoreClient(const StoreClient&) = delete;
   StoreClient& operator=(const StoreClient&) = delete;
 
+  // Any number of operations may be outstanding at once, from any coroutines; each
+  // waits for its own reply. Operations without a deadline argument wait for their reply
+  // until the default deadline (BRAID_TIMEOUT). If the connection drops, every pending
+  // and later operation fails with Errc::peer_failed naming the store's host:port.
+
   asio::awaitable<void> set(std::string key, Bytes value);
-  // Waits until the key exists, then returns its value.
+  // Waits until the key exists, then returns its value; Errc::timeout naming the key at
+  // `deadline`.
   asio::awaitable<Bytes> get(std::string key, Deadline deadline);
   // Adds `delta` to the integer stored at `key` (absent: 0) and returns the new value.
+  // Counters are stored as decimal text ("42"), so get() of a counter reads naturally;
+  // Errc::invalid_argument if the key holds something else or the sum overflows.
   asio::awaitable<std::int64_t> add(std::string key, std::int64_t delta);
   // Stores `desired` if the current value equals `expected` (absent counts as equal to
-  // an empty `expected`); returns the value stored afterwards either way.
+  // an empty `expected`); returns the value stored afterwards either way (empty if the
+  // key stays absent).
   asio::awaitable<Bytes> compare_set(std::string key, Bytes expected, Bytes desired);
   // Removes the key; true if it existed.
   asio::awaitable<bool> erase(std::string key);
-  // Waits until every key exists.
+  // Waits until every key exists; Errc::timeout naming the keys at `deadline`.
   asio::awaitable<void> wait(std::vector<std::string> keys, Deadline deadline);
 
  private:

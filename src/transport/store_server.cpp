@@ -1,0 +1,427 @@
+// The store's server side: an acceptor, one reader coroutine per connection, the key-value
+// map and the waiters parked on missing keys. Everything runs on the Runtime's progress
+// thread, so nothing here takes a lock.
+//
+// Cost: a set wakes only the waiters parked on its key (a hash lookup, then one reply per
+// waiter); a waiter for n keys sits in n lists until each key appears, its connection
+// closes or its timeout passes, whichever comes first.
+#include <algorithm>
+#include <charconv>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <braid/core/log.hpp>
+#include <braid/transport/store.hpp>
+
+#include "transport/store_frame_io.hpp"
+#include "transport/store_protocol.hpp"
+
+namespace braid::transport {
+namespace {
+
+namespace proto = store_protocol;
+using asio::ip::tcp;
+using namespace std::chrono_literals;
+
+// A waiter is dropped after this long even if its client asked for longer; the client's
+// own deadline is what callers see, this only bounds what a vanished client leaves behind.
+constexpr std::chrono::milliseconds kMaxWait = std::chrono::hours(24 * 7);
+
+// Takes time that depends only on the length of `given`, never on where the first
+// mismatch is, so a stranger cannot recover the token byte by byte from reply times.
+bool tokens_equal(std::string_view given, std::string_view expected) {
+  BRAID_ENFORCE(!expected.empty(), "tokens_equal needs the server's token");
+  unsigned difference = given.size() == expected.size() ? 0U : 1U;
+  for (std::size_t i = 0; i < given.size(); ++i) {
+    difference |= static_cast<unsigned char>(given[i]) ^
+                  static_cast<unsigned char>(expected[i % expected.size()]);
+  }
+  return difference == 0;
+}
+
+struct Connection;
+
+// A get or wait parked until its missing keys appear.
+struct Waiter {
+  Waiter(std::shared_ptr<Connection> c, std::uint64_t id, asio::any_io_executor executor)
+      : connection(std::move(c)), request_id(id), expiry(std::move(executor)) {}
+
+  std::shared_ptr<Connection> connection;  // reset once answered or dropped
+  std::uint64_t request_id;
+  std::optional<std::string> value_key;  // a get replies with this key's value
+  std::vector<std::string> missing;      // the waiter is listed under each of these keys
+  asio::steady_timer expiry;
+};
+
+struct Connection {
+  explicit Connection(tcp::socket s) : socket(std::move(s)) {}
+
+  tcp::socket socket;
+  std::string peer;
+  bool authenticated = false;
+  bool open = true;
+  bool writing = false;
+  std::optional<std::string> close_after_flush;  // the reason, once the peer is to be dropped
+  std::deque<Bytes> outbox;
+  std::vector<std::shared_ptr<Waiter>> waiters;
+};
+
+}  // namespace
+
+struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
+  Impl(Runtime& runtime, Options options)
+      : runtime_(runtime), options_(std::move(options)), acceptor_(runtime.executor()) {}
+
+  void start();
+  void stop();
+
+  asio::awaitable<void> accept_loop();
+  asio::awaitable<void> serve(std::shared_ptr<Connection> connection);
+  asio::awaitable<void> flush(std::shared_ptr<Connection> connection);
+  void spawn(std::function<asio::awaitable<void>(Impl&)> body);
+
+  void handle(const std::shared_ptr<Connection>& connection, proto::Frame frame);
+  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::HelloRequest r);
+  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::SetRequest r);
+  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::GetRequest r);
+  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::AddRequest r);
+  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
+                  proto::CompareSetRequest r);
+  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::EraseRequest r);
+  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::WaitRequest r);
+
+  void store(const std::string& key, Bytes value);
+  void park(const std::shared_ptr<Connection>& connection, std::uint64_t id,
+            std::vector<std::string> missing, std::optional<std::string> value_key,
+            std::chrono::milliseconds timeout);
+  void unpark(const std::shared_ptr<Waiter>& waiter);
+  void expire(const std::shared_ptr<Waiter>& waiter);
+
+  void send(const std::shared_ptr<Connection>& connection, Bytes frame);
+  void drop_after_flush(const std::shared_ptr<Connection>& connection, std::string reason);
+  void close(const std::shared_ptr<Connection>& connection, std::string_view reason);
+
+  Runtime& runtime_;
+  const Options options_;
+  tcp::acceptor acceptor_;
+  std::uint16_t port_ = 0;
+  bool stopped_ = false;
+  std::unordered_map<std::string, Bytes> data_;
+  std::unordered_map<std::string, std::vector<std::shared_ptr<Waiter>>> waiters_by_key_;
+  std::unordered_set<std::shared_ptr<Connection>> connections_;
+};
+
+void StoreServer::Impl::start() {
+  const std::string where = fmt::format("{}:{}", options_.host, options_.port);
+  try {
+    // Resolved synchronously: this runs once, and listen hosts are nearly always literals.
+    tcp::resolver resolver(acceptor_.get_executor());
+    const tcp::endpoint endpoint =
+        resolver.resolve(options_.host, std::to_string(options_.port), tcp::resolver::passive)
+            .begin()
+            ->endpoint();
+    acceptor_.open(endpoint.protocol());
+    acceptor_.set_option(tcp::acceptor::reuse_address(true));
+    acceptor_.bind(endpoint);
+    acceptor_.listen();
+  } catch (const boost::system::system_error& e) {
+    throw Error(e.code(), fmt::format("cannot listen on {}", where), {.operation = "store.listen"});
+  }
+  port_ = acceptor_.local_endpoint().port();
+  log::debug("store: listening on {}:{}{}", options_.host, port_,
+             options_.token.empty() ? "" : " (token required)");
+  spawn([](Impl& self) { return self.accept_loop(); });
+}
+
+void StoreServer::Impl::stop() {
+  stopped_ = true;
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  auto open = std::move(connections_);
+  connections_.clear();
+  for (const auto& connection : open) close(connection, "the store server is shutting down");
+  data_.clear();
+}
+
+// Runs `body` as a detached coroutine that keeps this Impl alive until it returns: the
+// StoreServer may be gone by then, the coroutines it started finish on their own.
+void StoreServer::Impl::spawn(std::function<asio::awaitable<void>(Impl&)> body) {
+  asio::co_spawn(
+      acceptor_.get_executor(),
+      [self = shared_from_this(), body = std::move(body)] { return body(*self); }, asio::detached);
+}
+
+asio::awaitable<void> StoreServer::Impl::accept_loop() {
+  while (!stopped_) {
+    auto [error, socket] = co_await acceptor_.async_accept(asio::as_tuple(asio::use_awaitable));
+    if (stopped_ || error == asio::error::operation_aborted) break;
+    if (error) {
+      // Out of file descriptors, typically: pause instead of spinning on a ready acceptor.
+      log::warn("store: accept on port {} failed: {}", port_, error.message());
+      asio::steady_timer pause(acceptor_.get_executor(), 100ms);
+      co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
+      continue;
+    }
+    auto connection = std::make_shared<Connection>(std::move(socket));
+    boost::system::error_code ignored;
+    connection->socket.set_option(tcp::no_delay(true), ignored);
+    const auto remote = connection->socket.remote_endpoint(ignored);
+    connection->peer = fmt::format("{}:{}", remote.address().to_string(), remote.port());
+    log::debug("store: port {} accepted a connection from {}", port_, connection->peer);
+    connections_.insert(connection);
+    spawn([connection](Impl& self) { return self.serve(connection); });
+  }
+}
+
+asio::awaitable<void> StoreServer::Impl::serve(std::shared_ptr<Connection> connection) {
+  std::string reason = "the client closed the connection";
+  std::uint64_t request_id = 0;  // echoed in a protocol_error reply where one was read
+  bool violated = false;
+  try {
+    while (connection->open && !connection->close_after_flush) {
+      std::optional<proto::Frame> frame = co_await proto::read_frame(connection->socket);
+      if (!frame) break;
+      request_id = frame->request_id;
+      handle(connection, std::move(*frame));
+    }
+  } catch (const Error& e) {
+    // Bytes that do not follow the protocol: say why, then drop this connection only.
+    reason = e.detail();
+    violated = true;
+  } catch (const boost::system::system_error& e) {
+    reason = e.code().message();
+  }
+  if (violated) {
+    send(connection, proto::encode_error(request_id, Errc::protocol_error, reason));
+    drop_after_flush(connection, "protocol error: " + reason);
+  } else if (!connection->close_after_flush) {
+    close(connection, reason);
+  }
+}
+
+asio::awaitable<void> StoreServer::Impl::flush(std::shared_ptr<Connection> connection) {
+  std::string failure;
+  try {
+    co_await proto::write_frames(connection->socket, connection->outbox);
+  } catch (const boost::system::system_error& e) {
+    failure = e.code().message();
+  }
+  connection->writing = false;
+  if (!failure.empty()) {
+    close(connection, "write failed: " + failure);
+  } else if (connection->close_after_flush) {
+    close(connection, *connection->close_after_flush);
+  }
+}
+
+void StoreServer::Impl::handle(const std::shared_ptr<Connection>& connection, proto::Frame frame) {
+  proto::Request request = proto::decode_request(frame);
+  const bool hello = std::holds_alternative<proto::HelloRequest>(request);
+  if (hello == connection->authenticated) {
+    throw Error(Errc::protocol_error,
+                hello ? "a second hello on one connection"
+                      : fmt::format("{} before hello", proto::to_string(frame.opcode)),
+                {.operation = "store.serve"});
+  }
+  std::visit([&](auto& r) { on_request(connection, frame.request_id, std::move(r)); }, request);
+}
+
+void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
+                                   proto::HelloRequest r) {
+  if (!options_.token.empty() && !tokens_equal(r.token, options_.token)) {
+    const std::string why = r.token.empty() ? "this store requires a token and none was given"
+                                            : "the token does not match this store's";
+    send(c, proto::encode_error(id, Errc::refused, why));
+    drop_after_flush(c, "refused: " + why);
+    return;
+  }
+  c->authenticated = true;
+  send(c, proto::encode_ok(id, {}));
+}
+
+void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
+                                   proto::SetRequest r) {
+  send(c, proto::encode_ok(id, {}));
+  store(r.key, std::move(r.value));
+}
+
+void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
+                                   proto::GetRequest r) {
+  if (auto it = data_.find(r.key); it != data_.end()) {
+    send(c, proto::encode_ok(id, it->second));
+    return;
+  }
+  std::optional<std::string> value_key = r.key;
+  park(c, id, {std::move(r.key)}, std::move(value_key), r.timeout);
+}
+
+void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
+                                   proto::AddRequest r) {
+  // Counters are stored as decimal text, so a get of a counter reads naturally.
+  std::int64_t current = 0;
+  if (auto it = data_.find(r.key); it != data_.end()) {
+    const auto* first = reinterpret_cast<const char*>(it->second.data());
+    const auto* last = first + it->second.size();
+    auto [end, error] = std::from_chars(first, last, current);
+    if (it->second.empty() || error != std::errc() || end != last) {
+      send(c, proto::encode_error(id, Errc::invalid_argument,
+                                  fmt::format("key '{}' holds {} bytes that are not a decimal "
+                                              "integer, so add cannot update it",
+                                              r.key, it->second.size())));
+      return;
+    }
+  }
+  std::int64_t updated = 0;
+  if (__builtin_add_overflow(current, r.delta, &updated)) {
+    send(c, proto::encode_error(id, Errc::invalid_argument,
+                                fmt::format("adding {} to key '{}' (now {}) overflows int64",
+                                            r.delta, r.key, current)));
+    return;
+  }
+  const std::string text = std::to_string(updated);
+  send(c, proto::encode_ok_int64(id, updated));
+  store(r.key, Bytes(text.begin(), text.end()));
+}
+
+void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
+                                   proto::CompareSetRequest r) {
+  auto it = data_.find(r.key);
+  const bool swap = it == data_.end() ? r.expected.empty() : it->second == r.expected;
+  if (!swap) {
+    send(c, proto::encode_ok(id, it == data_.end() ? Bytes{} : it->second));
+    return;
+  }
+  send(c, proto::encode_ok(id, r.desired));
+  store(r.key, std::move(r.desired));
+}
+
+void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
+                                   proto::EraseRequest r) {
+  send(c, proto::encode_ok_bool(id, data_.erase(r.key) > 0));
+}
+
+void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
+                                   proto::WaitRequest r) {
+  std::sort(r.keys.begin(), r.keys.end());
+  r.keys.erase(std::unique(r.keys.begin(), r.keys.end()), r.keys.end());
+  std::erase_if(r.keys, [&](const std::string& key) { return data_.contains(key); });
+  if (r.keys.empty()) {
+    send(c, proto::encode_ok(id, {}));
+    return;
+  }
+  park(c, id, std::move(r.keys), std::nullopt, r.timeout);
+}
+
+void StoreServer::Impl::store(const std::string& key, Bytes value) {
+  data_[key] = std::move(value);
+  auto node = waiters_by_key_.extract(key);
+  if (node.empty()) return;
+  for (const std::shared_ptr<Waiter>& waiter : node.mapped()) {
+    std::erase(waiter->missing, key);
+    if (!waiter->missing.empty()) continue;
+    waiter->expiry.cancel();
+    auto connection = std::move(waiter->connection);
+    std::erase(connection->waiters, waiter);
+    send(connection, waiter->value_key
+                         ? proto::encode_ok(waiter->request_id, data_.at(*waiter->value_key))
+                         : proto::encode_ok(waiter->request_id, {}));
+  }
+}
+
+void StoreServer::Impl::park(const std::shared_ptr<Connection>& connection, std::uint64_t id,
+                             std::vector<std::string> missing, std::optional<std::string> value_key,
+                             std::chrono::milliseconds timeout) {
+  auto waiter = std::make_shared<Waiter>(connection, id, acceptor_.get_executor());
+  waiter->value_key = std::move(value_key);
+  waiter->missing = std::move(missing);
+  for (const std::string& key : waiter->missing) waiters_by_key_[key].push_back(waiter);
+  connection->waiters.push_back(waiter);
+  waiter->expiry.expires_after(std::min(timeout, kMaxWait));
+  waiter->expiry.async_wait(
+      [self = shared_from_this(), weak = std::weak_ptr(waiter)](boost::system::error_code error) {
+        auto expired = weak.lock();
+        // Answered or dropped meanwhile: its connection was reset.
+        if (error || !expired || !expired->connection) return;
+        self->expire(expired);
+      });
+}
+
+// Takes the waiter out of every key list it sits in.
+void StoreServer::Impl::unpark(const std::shared_ptr<Waiter>& waiter) {
+  for (const std::string& key : waiter->missing) {
+    auto it = waiters_by_key_.find(key);
+    if (it == waiters_by_key_.end()) continue;
+    std::erase(it->second, waiter);
+    if (it->second.empty()) waiters_by_key_.erase(it);
+  }
+  waiter->expiry.cancel();
+}
+
+void StoreServer::Impl::expire(const std::shared_ptr<Waiter>& waiter) {
+  unpark(waiter);
+  auto connection = std::move(waiter->connection);
+  std::erase(connection->waiters, waiter);
+  send(connection, proto::encode_error(waiter->request_id, Errc::timeout,
+                                       fmt::format("{} not set before the request's timeout",
+                                                   proto::quote_keys(waiter->missing))));
+}
+
+void StoreServer::Impl::send(const std::shared_ptr<Connection>& connection, Bytes frame) {
+  if (!connection->open) return;
+  connection->outbox.push_back(std::move(frame));
+  if (connection->writing) return;
+  connection->writing = true;
+  spawn([connection](Impl& self) { return self.flush(connection); });
+}
+
+void StoreServer::Impl::drop_after_flush(const std::shared_ptr<Connection>& connection,
+                                         std::string reason) {
+  if (!connection->writing) {
+    close(connection, reason);
+  } else {
+    connection->close_after_flush = std::move(reason);
+  }
+}
+
+void StoreServer::Impl::close(const std::shared_ptr<Connection>& connection,
+                              std::string_view reason) {
+  if (!connection->open) return;
+  connection->open = false;
+  log::debug("store: port {} closed the connection from {}: {}", port_, connection->peer, reason);
+  boost::system::error_code ignored;
+  connection->socket.shutdown(tcp::socket::shutdown_both, ignored);
+  connection->socket.close(ignored);
+  for (const std::shared_ptr<Waiter>& waiter : connection->waiters) {
+    unpark(waiter);
+    waiter->connection.reset();
+  }
+  connection->waiters.clear();
+  connections_.erase(connection);
+}
+
+StoreServer::StoreServer(Runtime& runtime, Options options)
+    : impl_(std::make_shared<Impl>(runtime, std::move(options))) {
+  runtime.run([this] { impl_->start(); });
+}
+
+StoreServer::~StoreServer() {
+  impl_->runtime_.run([this] { impl_->stop(); });
+}
+
+std::uint16_t StoreServer::port() const noexcept {
+  return impl_->port_;
+}
+
+}  // namespace braid::transport

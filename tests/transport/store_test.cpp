@@ -1,0 +1,505 @@
+#include <optional>
+#include <string>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/write.hpp>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <braid/core/error.hpp>
+#include <braid/core/runtime.hpp>
+#include <braid/transport/store.hpp>
+
+#include "transport/store_protocol.hpp"
+
+namespace braid::transport {
+namespace {
+
+using namespace std::chrono_literals;
+using asio::ip::tcp;
+using ::testing::ContainsRegex;
+using ::testing::HasSubstr;
+namespace proto = store_protocol;
+
+Bytes bytes(std::string_view text) {
+  return Bytes(text.begin(), text.end());
+}
+
+// A port nobody listens on right now: bind an ephemeral one and let it go.
+std::uint16_t free_port() {
+  asio::io_context io;
+  tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  return acceptor.local_endpoint().port();
+}
+
+// Runs `work` on the runtime and waits for it; the Error it throws comes back here.
+template <class T>
+T run_on(Runtime& runtime, asio::awaitable<T> work) {
+  return runtime.spawn(std::move(work)).get();
+}
+
+// Asserts that `work` throws braid::Error with `code` and returns it for more checks.
+template <class T>
+Error error_from(Runtime& runtime, asio::awaitable<T> work, Errc code) {
+  try {
+    run_on(runtime, std::move(work));
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    return e;
+  }
+  ADD_FAILURE() << "no braid::Error thrown";
+  return Error(Errc::invalid_argument, "no error");
+}
+
+// A socket that speaks raw bytes to the server, as a confused or hostile peer would.
+class RawPeer {
+ public:
+  explicit RawPeer(std::uint16_t port) : socket_(io_) {
+    socket_.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+    // Blocking reads give up after 5 s so a server that never closes fails the test
+    // instead of hanging it.
+    timeval timeout{.tv_sec = 5, .tv_usec = 0};
+    setsockopt(socket_.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  }
+
+  void write(const Bytes& data) { asio::write(socket_, asio::buffer(data)); }
+
+  // The next frame the server sends.
+  proto::Frame read_frame() {
+    std::array<std::uint8_t, proto::kLengthBytes> prefix{};
+    asio::read(socket_, asio::buffer(prefix));
+    std::array<std::uint8_t, proto::kHeaderBytes> header{};
+    asio::read(socket_, asio::buffer(header));
+    proto::Frame frame = proto::decode_header(header);
+    frame.payload.resize(proto::decode_length(prefix) - proto::kHeaderBytes);
+    asio::read(socket_, asio::buffer(frame.payload));
+    return frame;
+  }
+  void stop_writing() { socket_.shutdown(tcp::socket::shutdown_send); }
+
+  // Everything the server sends until it closes; fails the test if it does not close.
+  Bytes read_until_closed() {
+    Bytes received;
+    std::array<std::uint8_t, 4096> chunk{};
+    boost::system::error_code error;
+    for (;;) {
+      const std::size_t n = socket_.read_some(asio::buffer(chunk), error);
+      received.insert(received.end(), chunk.begin(), chunk.begin() + n);
+      if (error) break;
+    }
+    EXPECT_TRUE(error == asio::error::eof || error == asio::error::connection_reset)
+        << "the server did not close the connection: " << error.message();
+    return received;
+  }
+
+ private:
+  asio::io_context io_;
+  tcp::socket socket_;
+};
+
+// Splits a byte stream into frames.
+std::vector<proto::Frame> frames_in(const Bytes& stream) {
+  std::vector<proto::Frame> out;
+  std::size_t at = 0;
+  while (stream.size() - at >= proto::kLengthBytes + proto::kHeaderBytes) {
+    const std::size_t length =
+        proto::decode_length(std::span<const std::uint8_t, proto::kLengthBytes>(
+            stream.data() + at, proto::kLengthBytes));
+    at += proto::kLengthBytes;
+    proto::Frame frame = proto::decode_header(std::span<const std::uint8_t, proto::kHeaderBytes>(
+        stream.data() + at, proto::kHeaderBytes));
+    frame.payload.assign(stream.begin() + at + proto::kHeaderBytes, stream.begin() + at + length);
+    at += length;
+    out.push_back(std::move(frame));
+  }
+  EXPECT_EQ(at, stream.size()) << "a partial frame trails the stream";
+  return out;
+}
+
+class Store : public ::testing::Test {
+ protected:
+  explicit Store(std::string token = "")
+      : server_(std::in_place, runtime_,
+                StoreServer::Options{.host = "127.0.0.1", .token = token}) {}
+
+  StoreAddress address(std::string token = "") const {
+    return {"127.0.0.1", server_->port(), std::move(token)};
+  }
+  std::unique_ptr<StoreClient> connect(std::string token = "") {
+    return run_on(runtime_, StoreClient::connect(runtime_.executor(), address(std::move(token)),
+                                                 deadline_after(5s)));
+  }
+
+  // Declared first so it outlives the server and every client a test creates.
+  Runtime runtime_;
+  std::optional<StoreServer> server_;
+};
+
+class TokenStore : public Store {
+ protected:
+  TokenStore() : Store("s3cret") {}
+};
+
+TEST_F(Store, SetThenGetReturnsTheValue) {
+  auto store = connect();
+  run_on(runtime_, store->set("greeting", bytes("hello")));
+  EXPECT_EQ(run_on(runtime_, store->get("greeting", deadline_after(1s))), bytes("hello"));
+
+  run_on(runtime_, store->set("greeting", bytes("again")));
+  run_on(runtime_, store->set("empty", {}));
+  EXPECT_EQ(run_on(runtime_, store->get("greeting", deadline_after(1s))), bytes("again"));
+  EXPECT_EQ(run_on(runtime_, store->get("empty", deadline_after(1s))), Bytes{});
+}
+
+TEST_F(Store, GetWaitsForAKeySetLater) {
+  auto reader = connect();
+  auto writer = connect();
+  Future<Bytes> value = runtime_.spawn(reader->get("late", deadline_after(5s)));
+  EXPECT_FALSE(value.wait_for(30ms));
+  run_on(runtime_, writer->set("late", bytes("here")));
+  EXPECT_EQ(value.get(), bytes("here"));
+}
+
+TEST_F(Store, GetTimesOutWithAnErrorNamingTheKeyAndTheWait) {
+  auto store = connect();
+  const auto started = Clock::now();
+  Error e = error_from(runtime_, store->get("never/set", deadline_after(100ms)), Errc::timeout);
+  EXPECT_GE(Clock::now() - started, 100ms);
+  EXPECT_EQ(e.context().operation, "store.get");
+  EXPECT_THAT(e.what(), HasSubstr("'never/set'"));
+  EXPECT_THAT(e.what(), ContainsRegex("was not set within 0\\.[0-9]+s"));
+
+  // The client stays usable, and a value set afterwards is not swallowed by the old wait.
+  run_on(runtime_, store->set("never/set", bytes("now")));
+  EXPECT_EQ(run_on(runtime_, store->get("never/set", deadline_after(1s))), bytes("now"));
+}
+
+TEST_F(Store, OneClientServesASetWhileItsGetIsStillWaiting) {
+  auto store = connect();
+  Future<Bytes> waiting = runtime_.spawn(store->get("pending", deadline_after(5s)));
+  run_on(runtime_, store->set("other", bytes("x")));
+  EXPECT_FALSE(waiting.ready());
+  run_on(runtime_, store->set("pending", bytes("y")));
+  EXPECT_EQ(waiting.get(), bytes("y"));
+}
+
+TEST_F(Store, ConcurrentAddsFromSeveralClientsSumExactly) {
+  constexpr int kClients = 8;
+  constexpr int kAddsEach = 50;
+  std::vector<std::unique_ptr<StoreClient>> clients;
+  for (int i = 0; i < kClients; ++i) clients.push_back(connect());
+  std::vector<Future<std::int64_t>> adds;
+  for (int round = 0; round < kAddsEach; ++round) {
+    for (auto& client : clients) adds.push_back(runtime_.spawn(client->add("counter", 2)));
+  }
+  std::vector<std::int64_t> results;
+  for (auto& add : adds) results.push_back(add.get());
+  std::sort(results.begin(), results.end());
+  // Each add returns the counter right after it: every even number up to the sum, once.
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    EXPECT_EQ(results[i], 2 * static_cast<std::int64_t>(i + 1));
+  }
+  EXPECT_EQ(run_on(runtime_, clients[0]->add("counter", -800)), 0);
+  EXPECT_EQ(run_on(runtime_, clients[0]->add("counter", 42)), 42);
+  EXPECT_EQ(run_on(runtime_, clients[1]->get("counter", deadline_after(1s))), bytes("42"));
+}
+
+TEST_F(Store, AddToAValueThatIsNotAnIntegerIsAnInvalidArgument) {
+  auto store = connect();
+  run_on(runtime_, store->set("text", bytes("abc")));
+  Error e = error_from(runtime_, store->add("text", 1), Errc::invalid_argument);
+  EXPECT_EQ(e.context().operation, "store.add");
+  EXPECT_THAT(e.what(), HasSubstr("'text'"));
+  EXPECT_EQ(run_on(runtime_, store->add("number", 5)), 5);  // the connection survives
+}
+
+TEST_F(Store, CompareSetSwapsOnlyWhenTheCurrentValueIsTheExpectedOne) {
+  auto store = connect();
+  // Absent counts as equal to an empty `expected`.
+  EXPECT_EQ(run_on(runtime_, store->compare_set("leader", {}, bytes("rank0"))), bytes("rank0"));
+  // A mismatch leaves the value alone and returns it.
+  EXPECT_EQ(run_on(runtime_, store->compare_set("leader", {}, bytes("rank1"))), bytes("rank0"));
+  EXPECT_EQ(run_on(runtime_, store->compare_set("leader", bytes("rank2"), bytes("rank1"))),
+            bytes("rank0"));
+  // A match swaps.
+  EXPECT_EQ(run_on(runtime_, store->compare_set("leader", bytes("rank0"), bytes("rank1"))),
+            bytes("rank1"));
+  EXPECT_EQ(run_on(runtime_, store->get("leader", deadline_after(1s))), bytes("rank1"));
+  // Absent with a non-empty `expected`: nothing is stored.
+  EXPECT_EQ(run_on(runtime_, store->compare_set("nobody", bytes("x"), bytes("y"))), Bytes{});
+  EXPECT_FALSE(run_on(runtime_, store->erase("nobody")));
+}
+
+TEST_F(Store, CompareSetWakesAGetWaitingForTheKey) {
+  auto store = connect();
+  Future<Bytes> waiting = runtime_.spawn(store->get("elected", deadline_after(5s)));
+  run_on(runtime_, store->compare_set("elected", {}, bytes("me")));
+  EXPECT_EQ(waiting.get(), bytes("me"));
+}
+
+TEST_F(Store, EraseRemovesTheKeyAndSaysWhetherItExisted) {
+  auto store = connect();
+  run_on(runtime_, store->set("k", bytes("v")));
+  EXPECT_TRUE(run_on(runtime_, store->erase("k")));
+  EXPECT_FALSE(run_on(runtime_, store->erase("k")));
+  error_from(runtime_, store->get("k", deadline_after(50ms)), Errc::timeout);
+}
+
+TEST_F(Store, WaitReturnsOnceEveryKeyExists) {
+  auto waiter = connect();
+  auto writer = connect();
+  run_on(runtime_, writer->set("ready/0", bytes("1")));
+  Future<void> all = runtime_.spawn(
+      waiter->wait({"ready/0", "ready/1", "ready/2", "ready/1"}, deadline_after(5s)));
+  run_on(runtime_, writer->set("ready/1", bytes("1")));
+  EXPECT_FALSE(all.wait_for(30ms));
+  run_on(runtime_, writer->set("ready/2", bytes("1")));
+  EXPECT_NO_THROW(all.get());
+  EXPECT_NO_THROW(run_on(runtime_, waiter->wait({}, deadline_after(1s))));
+}
+
+TEST_F(Store, WaitTimesOutWithAnErrorNamingTheKeys) {
+  auto store = connect();
+  run_on(runtime_, store->set("a", bytes("1")));
+  Error e = error_from(runtime_, store->wait({"a", "b"}, deadline_after(80ms)), Errc::timeout);
+  EXPECT_EQ(e.context().operation, "store.wait");
+  EXPECT_THAT(e.what(), HasSubstr("'a', 'b'"));
+}
+
+TEST_F(Store, TheServerAnswersTimeoutToAWaiterWhoseTimeoutPassed) {
+  RawPeer raw(server_->port());
+  raw.write(proto::encode_request(1, proto::HelloRequest{}));
+  EXPECT_EQ(raw.read_frame().opcode, proto::Opcode::ok);
+  raw.write(proto::encode_request(2, proto::WaitRequest{{"x", "y"}, 30ms}));
+  proto::Frame reply = raw.read_frame();
+  EXPECT_EQ(reply.request_id, 2U);
+  ASSERT_EQ(reply.opcode, proto::Opcode::error);
+  const proto::ErrorReply error = proto::decode_error(reply);
+  EXPECT_EQ(error.code, Errc::timeout);
+  EXPECT_THAT(error.message, HasSubstr("'x', 'y'"));
+
+  // The connection stays usable after a timeout.
+  raw.write(proto::encode_request(3, proto::SetRequest{"x", bytes("1")}));
+  EXPECT_EQ(raw.read_frame().request_id, 3U);
+}
+
+TEST_F(Store, ManyClientsWithManyOperationsEachSeeConsistentValues) {
+  constexpr int kClients = 8;
+  constexpr int kKeysEach = 40;
+  std::vector<std::unique_ptr<StoreClient>> clients;
+  for (int i = 0; i < kClients; ++i) clients.push_back(connect());
+  auto rank_work = [&](int rank) -> asio::awaitable<void> {
+    StoreClient& store = *clients[rank];
+    for (int i = 0; i < kKeysEach; ++i) {
+      co_await store.set(fmt::format("{}/{}", rank, i), bytes(fmt::format("v{}.{}", rank, i)));
+      co_await store.add("done", 1);
+    }
+    // Read every other rank's keys, waiting for those not written yet.
+    for (int peer = 0; peer < kClients; ++peer) {
+      for (int i = 0; i < kKeysEach; ++i) {
+        Bytes value = co_await store.get(fmt::format("{}/{}", peer, i), deadline_after(5s));
+        EXPECT_EQ(value, bytes(fmt::format("v{}.{}", peer, i)));
+      }
+    }
+  };
+  std::vector<Future<void>> ranks;
+  for (int rank = 0; rank < kClients; ++rank) ranks.push_back(runtime_.spawn(rank_work(rank)));
+  for (auto& rank : ranks) rank.get();
+  EXPECT_EQ(run_on(runtime_, clients[0]->add("done", 0)), kClients * kKeysEach);
+}
+
+TEST_F(Store, AwaitablesResumeOnTheCallersExecutor) {
+  auto store = connect();
+  Runtime elsewhere;
+  auto on_other_thread = [&]() -> asio::awaitable<std::vector<bool>> {
+    std::vector<bool> resumed_here;
+    co_await store->set("from", bytes("elsewhere"));
+    resumed_here.push_back(elsewhere.on_runtime_thread());
+    Bytes value = co_await store->get("from", deadline_after(1s));
+    resumed_here.push_back(elsewhere.on_runtime_thread());
+    EXPECT_EQ(value, bytes("elsewhere"));
+    co_return resumed_here;
+  };
+  EXPECT_EQ(elsewhere.spawn(on_other_thread()).get(), std::vector<bool>({true, true}));
+  // Asio's post of the last result into `elsewhere` touches it until the post returns on
+  // the store's thread; a round trip there guarantees that is over before it is destroyed.
+  runtime_.run([] {});
+}
+
+TEST_F(Store, AValueOverTheFrameLimitIsRefusedByTheClientAlone) {
+  auto store = connect();
+  Error e = error_from(runtime_, store->set("huge", Bytes(proto::kMaxFrameBody + 1)),
+                       Errc::invalid_argument);
+  EXPECT_EQ(e.context().operation, "store.set");
+  EXPECT_THAT(e.what(), HasSubstr("64 MiB"));
+  run_on(runtime_, store->set("small", bytes("ok")));
+  EXPECT_EQ(run_on(runtime_, store->get("small", deadline_after(1s))), bytes("ok"));
+}
+
+TEST_F(TokenStore, WrongTokenIsRefusedWhileTheRightOneWorks) {
+  Error wrong = error_from(
+      runtime_, StoreClient::connect(runtime_.executor(), address("guess"), deadline_after(2s)),
+      Errc::refused);
+  EXPECT_THAT(wrong.what(), HasSubstr("token"));
+  EXPECT_EQ(wrong.context().operation, "store.connect");
+
+  Error missing =
+      error_from(runtime_, StoreClient::connect(runtime_.executor(), address(), deadline_after(2s)),
+                 Errc::refused);
+  EXPECT_THAT(missing.what(), HasSubstr("token"));
+
+  auto store = connect("s3cret");
+  run_on(runtime_, store->set("k", bytes("v")));
+  EXPECT_EQ(run_on(runtime_, store->get("k", deadline_after(1s))), bytes("v"));
+}
+
+TEST_F(TokenStore, RequestsBeforeHelloAreRejectedAndTheConnectionClosed) {
+  RawPeer raw(server_->port());
+  raw.write(proto::encode_request(7, proto::SetRequest{"k", bytes("sneaky")}));
+  std::vector<proto::Frame> replies = frames_in(raw.read_until_closed());
+  ASSERT_EQ(replies.size(), 1U);
+  EXPECT_EQ(replies[0].opcode, proto::Opcode::error);
+  EXPECT_EQ(proto::decode_error(replies[0]).code, Errc::protocol_error);
+
+  auto store = connect("s3cret");
+  EXPECT_FALSE(run_on(runtime_, store->erase("k")));
+}
+
+TEST_F(Store, GarbageBytesCloseThatConnectionOnly) {
+  auto store = connect();
+  RawPeer raw(server_->port());
+  raw.write(bytes("GET / HTTP/1.1\r\nHost: store\r\n\r\n"));
+  std::vector<proto::Frame> replies = frames_in(raw.read_until_closed());
+  ASSERT_EQ(replies.size(), 1U);
+  EXPECT_EQ(proto::decode_error(replies[0]).code, Errc::protocol_error);
+  EXPECT_THAT(proto::decode_error(replies[0]).message, HasSubstr("frame length"));
+
+  run_on(runtime_, store->set("still", bytes("served")));
+  EXPECT_EQ(run_on(runtime_, connect()->get("still", deadline_after(1s))), bytes("served"));
+}
+
+TEST_F(Store, OversizedFrameLengthClosesThatConnectionBeforeAllocating) {
+  auto store = connect();
+  RawPeer raw(server_->port());
+  raw.write(proto::encode_request(1, proto::HelloRequest{}));
+  // 1 GiB announced, a few bytes sent: rejected on the length alone.
+  raw.write(Bytes{0x00, 0x00, 0x00, 0x40, 0x02, 0x01});
+  std::vector<proto::Frame> replies = frames_in(raw.read_until_closed());
+  ASSERT_EQ(replies.size(), 2U);
+  EXPECT_EQ(replies[0].opcode, proto::Opcode::ok);  // the hello
+  EXPECT_EQ(replies[1].opcode, proto::Opcode::error);
+  EXPECT_EQ(proto::decode_error(replies[1]).code, Errc::protocol_error);
+
+  EXPECT_EQ(run_on(runtime_, store->add("alive", 1)), 1);
+}
+
+TEST_F(Store, TruncatedFrameClosesThatConnectionAndDropsItsWaiters) {
+  auto store = connect();
+  RawPeer raw(server_->port());
+  raw.write(proto::encode_request(1, proto::HelloRequest{}));
+  // A get parked on the server, then a set frame cut short by the peer closing.
+  raw.write(proto::encode_request(2, proto::GetRequest{"orphan", 60s}));
+  Bytes set = proto::encode_request(3, proto::SetRequest{"k", bytes("value")});
+  set.resize(set.size() - 3);
+  raw.write(set);
+  raw.stop_writing();
+  std::vector<proto::Frame> replies = frames_in(raw.read_until_closed());
+  ASSERT_EQ(replies.size(), 2U);
+  EXPECT_EQ(replies[1].opcode, proto::Opcode::error);
+  EXPECT_THAT(proto::decode_error(replies[1]).message, HasSubstr("closed the connection"));
+
+  // Setting the key the dropped peer waited for finds no connection to answer.
+  run_on(runtime_, store->set("orphan", bytes("x")));
+  EXPECT_FALSE(run_on(runtime_, store->erase("k")));
+}
+
+TEST_F(Store, MalformedPayloadClosesThatConnectionOnly) {
+  auto store = connect();
+  RawPeer raw(server_->port());
+  raw.write(proto::encode_request(1, proto::HelloRequest{}));
+  // A set whose key length points past the end of the frame.
+  raw.write(Bytes{13, 0, 0, 0, 0x02, 9, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0});
+  std::vector<proto::Frame> replies = frames_in(raw.read_until_closed());
+  ASSERT_EQ(replies.size(), 2U);
+  EXPECT_EQ(replies[1].request_id, 9U);
+  EXPECT_EQ(proto::decode_error(replies[1]).code, Errc::protocol_error);
+  run_on(runtime_, store->set("fine", bytes("1")));
+}
+
+TEST_F(Store, DestroyingAClientFailsItsPendingOperationsWithClosed) {
+  auto store = connect();
+  Future<Bytes> waiting = runtime_.spawn(store->get("forever", deadline_after(5s)));
+  EXPECT_FALSE(waiting.wait_for(20ms));
+  store.reset();
+  try {
+    waiting.get();
+    FAIL() << "the get outlived its client";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::closed);
+    EXPECT_EQ(e.context().operation, "store.get");
+  }
+  // The server dropped the waiter with the connection; the key can still be set.
+  run_on(runtime_, connect()->set("forever", bytes("x")));
+}
+
+TEST_F(Store, ClientOperationsFailNamingTheStoreWhenTheServerGoesAway) {
+  auto store = connect();
+  const std::string where = fmt::format("127.0.0.1:{}", server_->port());
+  Future<Bytes> waiting = runtime_.spawn(store->get("never", deadline_after(5s)));
+  EXPECT_FALSE(waiting.wait_for(20ms));
+  server_.reset();
+  try {
+    waiting.get();
+    FAIL() << "the get survived the server";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::peer_failed);
+    EXPECT_THAT(e.what(), HasSubstr(where));
+  }
+  Error later = error_from(runtime_, store->set("k", bytes("v")), Errc::peer_failed);
+  EXPECT_THAT(later.what(), HasSubstr(where));
+  EXPECT_EQ(later.context().operation, "store.set");
+}
+
+TEST(StoreConnect, RetriesUntilAServerThatStartsLateComesUp) {
+  Runtime runtime;
+  const std::uint16_t port = free_port();
+  Future<std::unique_ptr<StoreClient>> connecting = runtime.spawn(
+      StoreClient::connect(runtime.executor(), {"127.0.0.1", port, ""}, deadline_after(5s)));
+  EXPECT_FALSE(connecting.wait_for(100ms));
+  StoreServer server(runtime, {.host = "127.0.0.1", .port = port});
+  auto store = connecting.get();
+  run_on(runtime, store->set("k", bytes("v")));
+  EXPECT_EQ(run_on(runtime, store->get("k", deadline_after(1s))), bytes("v"));
+}
+
+TEST(StoreConnect, TimesOutNamingHostAndPortWhenNobodyListens) {
+  Runtime runtime;
+  const std::uint16_t port = free_port();
+  Error e = error_from(
+      runtime,
+      StoreClient::connect(runtime.executor(), {"127.0.0.1", port, ""}, deadline_after(150ms)),
+      Errc::timeout);
+  EXPECT_EQ(e.context().operation, "store.connect");
+  EXPECT_THAT(e.what(), HasSubstr(fmt::format("127.0.0.1:{}", port)));
+}
+
+TEST(StoreServerListen, ABusyPortIsAnErrorNamingTheAddress) {
+  Runtime runtime;
+  StoreServer first(runtime, {.host = "127.0.0.1"});
+  try {
+    StoreServer second(runtime, {.host = "127.0.0.1", .port = first.port()});
+    FAIL() << "two servers bound one port";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.context().operation, "store.listen");
+    EXPECT_THAT(e.what(), HasSubstr(fmt::format("127.0.0.1:{}", first.port())));
+  }
+}
+
+}  // namespace
+}  // namespace braid::transport

@@ -1,0 +1,381 @@
+// braid-run end to end: the built launcher (BRAID_RUN) starts rank_probe (RANK_PROBE),
+// whose arguments script what each rank does; see rank_probe.cpp.
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <fcntl.h>
+#include <filesystem>
+#include <map>
+#include <poll.h>
+#include <set>
+#include <spawn.h>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+extern char** environ;
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Env = std::map<std::string, std::string>;
+
+std::string required_env(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) {
+    ADD_FAILURE() << name << " is not set; meson passes the path of the built program";
+    return "/nonexistent";
+  }
+  return value;
+}
+
+std::string braid_run() {
+  return required_env("BRAID_RUN");
+}
+std::string probe() {
+  return required_env("RANK_PROBE");
+}
+
+struct Outcome {
+  int status = -1;  // the exit code, or 128 + signal
+  std::string out, err;
+  Clock::duration elapsed{};
+};
+
+// braid-run as a child of the test, with its stdout and stderr captured. Anything still
+// running after 20 s is killed and fails the test, so no test hangs.
+class Launch {
+ public:
+  explicit Launch(std::vector<std::string> args, const Env& extra_env = {}) {
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string_view entry(*e);
+      // The job's BRAID_* come from braid-run alone (a CI runner might set BRAID_TOKEN).
+      if (entry.starts_with("BRAID_") && !entry.starts_with("BRAID_LOG_LEVEL=")) continue;
+      env.emplace_back(entry);
+    }
+    for (const auto& [name, value] : extra_env) env.push_back(name + "=" + value);
+    args.insert(args.begin(), braid_run());
+
+    std::vector<char*> argv, envp;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+
+    int out[2], err[2];
+    EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
+    EXPECT_EQ(::pipe2(err, O_CLOEXEC), 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
+    started_ = Clock::now();
+    EXPECT_EQ(::posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), envp.data()), 0);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(out[1]);
+    ::close(err[1]);
+    fds_[0] = out[0];
+    fds_[1] = err[0];
+  }
+
+  ~Launch() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    for (int fd : fds_) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+
+  pid_t pid() const { return pid_; }
+  const std::string& out() const { return out_; }
+
+  // Reads output until stdout holds `count` copies of `text`, or braid-run closes it.
+  void read_until(std::string_view text, int count) {
+    auto occurrences = [&] {
+      int n = 0;
+      for (auto at = out_.find(text); at != std::string::npos; at = out_.find(text, at + 1)) ++n;
+      return n;
+    };
+    while (occurrences() < count && pump()) {
+    }
+  }
+
+  Outcome wait() {
+    while (pump()) {
+    }
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    Outcome outcome;
+    outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    outcome.out = out_;
+    outcome.err = err_;
+    outcome.elapsed = Clock::now() - started_;
+    return outcome;
+  }
+
+ private:
+  // One round of reading; false once both pipes are at their end (or time ran out).
+  bool pump() {
+    std::vector<pollfd> fds;
+    for (int fd : fds_) {
+      if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+    }
+    if (fds.empty()) return false;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        started_ + std::chrono::seconds(20) - Clock::now());
+    if (left.count() <= 0 || ::poll(fds.data(), fds.size(), static_cast<int>(left.count())) == 0) {
+      ADD_FAILURE() << "braid-run still running after 20 s; stdout:\n"
+                    << out_ << "stderr:\n"
+                    << err_;
+      ::kill(pid_, SIGKILL);
+      return false;
+    }
+    for (int i = 0; i < 2; ++i) {
+      pollfd p{fds_[i], POLLIN, 0};
+      if (fds_[i] < 0 || ::poll(&p, 1, 0) <= 0) continue;
+      char buffer[4096];
+      ssize_t n = ::read(fds_[i], buffer, sizeof buffer);
+      if (n > 0) {
+        (i == 0 ? out_ : err_).append(buffer, static_cast<std::size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        ::close(fds_[i]);
+        fds_[i] = -1;
+      }
+    }
+    return true;
+  }
+
+  pid_t pid_ = -1;
+  int fds_[2] = {-1, -1};
+  std::string out_, err_;
+  Clock::time_point started_;
+};
+
+Outcome run(std::vector<std::string> args, const Env& env = {}) {
+  return Launch(std::move(args), env).wait();
+}
+
+// "[1] rank=1 world=3 ..." -> {"prefix": "[1]", "rank": "1", "world": "3", ...}
+std::vector<std::map<std::string, std::string>> env_lines(const std::string& out) {
+  std::vector<std::map<std::string, std::string>> lines;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::map<std::string, std::string> fields;
+    for (std::string word; words >> word;) {
+      auto eq = word.find('=');
+      if (eq == std::string::npos) {
+        fields["prefix"] = word;
+      } else {
+        fields[word.substr(0, eq)] = word.substr(eq + 1);
+      }
+    }
+    if (fields.contains("rank")) lines.push_back(fields);
+  }
+  return lines;
+}
+
+TEST(BraidRun, EveryRankSeesItsOwnRankAndTheSameStoreAndToken) {
+  auto result = run({"-n", "3", probe(), "env"});
+  ASSERT_EQ(result.status, 0) << result.err;
+  auto lines = env_lines(result.out);
+  ASSERT_EQ(lines.size(), 3u) << result.out;
+  std::set<std::string> ranks;
+  for (const auto& line : lines) {
+    ranks.insert(line.at("rank"));
+    EXPECT_EQ(line.at("prefix"), "[" + line.at("rank") + "]");
+    EXPECT_EQ(line.at("local_rank"), line.at("rank"));
+    EXPECT_EQ(line.at("world"), "3");
+    EXPECT_EQ(line.at("local_world"), "3");
+    EXPECT_EQ(line.at("node"), "0");
+    EXPECT_EQ(line.at("nodes"), "1");
+    EXPECT_EQ(line.at("source"), "braid");
+    EXPECT_EQ(line.at("store"), lines[0].at("store"));
+    EXPECT_EQ(line.at("token"), lines[0].at("token"));
+  }
+  EXPECT_EQ(ranks, (std::set<std::string>{"0", "1", "2"}));
+  EXPECT_THAT(lines[0].at("store"), ::testing::StartsWith("127.0.0.1:"));
+  EXPECT_NE(lines[0].at("store"), "127.0.0.1:0");
+  EXPECT_EQ(lines[0].at("token").size(), 32u);
+
+  // A fresh job gets a fresh token.
+  auto again = env_lines(run({"-n", "1", probe(), "env"}).out);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_NE(again[0].at("token"), lines[0].at("token"));
+}
+
+TEST(BraidRun, PassesBraidTokenThrough) {
+  auto lines = env_lines(run({"-n", "2", probe(), "env"}, {{"BRAID_TOKEN", "shared-secret"}}).out);
+  ASSERT_EQ(lines.size(), 2u);
+  for (const auto& line : lines) EXPECT_EQ(line.at("token"), "shared-secret");
+}
+
+TEST(BraidRun, MultiNodeFlagsOffsetRanksByNode) {
+  auto result = run({"--nnodes", "2", "--node-rank=1", "--master-addr", "10.1.2.3", "--master-port",
+                     "29555", "--nproc_per_node=2", probe(), "env"},
+                    {{"BRAID_TOKEN", "t"}});
+  ASSERT_EQ(result.status, 0) << result.err;
+  auto lines = env_lines(result.out);
+  ASSERT_EQ(lines.size(), 2u);
+  std::set<std::pair<std::string, std::string>> ranks;
+  for (const auto& line : lines) {
+    ranks.emplace(line.at("rank"), line.at("local_rank"));
+    EXPECT_EQ(line.at("world"), "4");
+    EXPECT_EQ(line.at("local_world"), "2");
+    EXPECT_EQ(line.at("node"), "1");
+    EXPECT_EQ(line.at("nodes"), "2");
+    EXPECT_EQ(line.at("store"), "10.1.2.3:29555");
+  }
+  EXPECT_EQ(ranks, (std::set<std::pair<std::string, std::string>>{{"2", "0"}, {"3", "1"}}));
+}
+
+TEST(BraidRun, MultiNodeWithoutATokenWarns) {
+  auto result = run({"--nnodes", "2", "--master-addr", "h", "-n", "1", probe(), "env"});
+  EXPECT_EQ(result.status, 0);
+  EXPECT_THAT(result.err, HasSubstr("BRAID_TOKEN is not set"));
+  auto lines = env_lines(result.out);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].at("token"), "");
+  EXPECT_EQ(lines[0].at("store"), "h:29500");
+}
+
+TEST(BraidRun, OutputLinesArePrefixedOnTheirOwnStream) {
+  auto result = run({"-n", "2", probe(), "out", "hello", "err", "oops", "partial", "no newline"});
+  ASSERT_EQ(result.status, 0) << result.err;
+  for (const char* rank : {"[0] ", "[1] "}) {
+    EXPECT_THAT(result.out, HasSubstr(std::string(rank) + "hello\n"));
+    EXPECT_THAT(result.out, HasSubstr(std::string(rank) + "no newline\n"));
+    EXPECT_THAT(result.err, HasSubstr(std::string(rank) + "oops\n"));
+  }
+  EXPECT_THAT(result.out, Not(HasSubstr("oops")));
+  EXPECT_THAT(result.err, Not(HasSubstr("hello")));
+}
+
+TEST(BraidRun, NoPrefixPassesOutputThrough) {
+  auto result = run({"--no-prefix", "-n", "2", probe(), "out", "hello"});
+  ASSERT_EQ(result.status, 0) << result.err;
+  EXPECT_EQ(result.out, "hello\nhello\n");
+}
+
+TEST(BraidRun, AFailingRankStopsTheOthersAndSetsTheExitStatus) {
+  auto result = run({"-n", "2", probe(), "on", "1", "exit", "3", "sleep", "30"});
+  EXPECT_EQ(result.status, 3);
+  EXPECT_THAT(result.err, HasSubstr("braid-run: rank 1 (pid "));
+  EXPECT_THAT(result.err, HasSubstr(") exited with code 3; stopping the other 1 rank(s)"));
+  EXPECT_LT(result.elapsed, std::chrono::seconds(10));  // rank 0 did not sleep its 30 s
+}
+
+TEST(BraidRun, ARankKilledByASignalIsReportedWithTheSignal) {
+  auto result = run({"-n", "2", probe(), "on", "1", "kill", "sleep", "30"});
+  EXPECT_EQ(result.status, 128 + SIGKILL);
+  EXPECT_THAT(result.err, HasSubstr("rank 1 (pid "));
+  EXPECT_THAT(result.err, HasSubstr("was killed by signal 9 (SIGKILL); stopping the other 1"));
+}
+
+TEST(BraidRun, RanksIgnoringSigtermAreKilledAfterTheGracePeriod) {
+  auto flag = std::filesystem::path(::testing::TempDir()) /
+              ("braid_run_grace_" + std::to_string(::getpid()));
+  std::filesystem::remove(flag);
+  auto result = run({"-n", "2",     "--grace",     "0.2", probe(), "ignore-term", "on",
+                     "0",  "touch", flag.string(), "on",  "1",     "wait-for",    flag.string(),
+                     "on", "1",     "exit",        "5",   "sleep", "30"});
+  std::filesystem::remove(flag);
+  EXPECT_EQ(result.status, 5);
+  EXPECT_THAT(result.err, HasSubstr("rank 0 (pid "));
+  EXPECT_THAT(result.err, HasSubstr("did not stop within 0.2 s; sending SIGKILL"));
+  EXPECT_LT(result.elapsed, std::chrono::seconds(10));
+}
+
+TEST(BraidRun, SigtermToBraidRunStopsEveryRank) {
+  Launch launch({"-n", "2", probe(), "ready", "sleep", "30"});
+  launch.read_until("ready pid=", 2);
+  std::vector<pid_t> pids;
+  std::istringstream in(launch.out());
+  for (std::string line; std::getline(in, line);) {
+    auto at = line.find("ready pid=");
+    if (at != std::string::npos) pids.push_back(std::stoi(line.substr(at + 10)));
+  }
+  ASSERT_EQ(pids.size(), 2u) << launch.out();
+  ::kill(launch.pid(), SIGTERM);
+  auto result = launch.wait();
+  EXPECT_EQ(result.status, 128 + SIGTERM);
+  EXPECT_THAT(result.err, HasSubstr("received SIGTERM; forwarding it to 2 rank(s)"));
+  // braid-run reaps its ranks before it exits, so they are gone, not zombies.
+  for (pid_t pid : pids) {
+    EXPECT_EQ(::kill(pid, 0), -1) << "rank pid " << pid << " survived";
+    EXPECT_EQ(errno, ESRCH);
+  }
+}
+
+TEST(BraidRun, TimeoutStopsTheJob) {
+  auto result = run({"--timeout", "0.3", "-n", "2", probe(), "sleep", "30"});
+  EXPECT_EQ(result.status, 124);
+  EXPECT_THAT(result.err, HasSubstr("the job ran longer than --timeout 0.3 s; stopping 2 rank(s)"));
+  EXPECT_LT(result.elapsed, std::chrono::seconds(10));
+}
+
+TEST(BraidRun, UsageErrorsExitWithStatusTwo) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{}, "say how many ranks to start: -n N"},
+      {{"-n", "2"}, "no program to run"},
+      {{"-n", "0", probe()}, "-n expects an integer from 1 to 65536, got '0'"},
+      {{"-n", "x", probe()}, "got 'x'"},
+      {{"-n"}, "-n needs a value"},
+      {{"--bogus", "-n", "1", probe()}, "unknown option '--bogus'"},
+      {{"--no-prefix=1", "-n", "1", probe()}, "--no-prefix takes no value"},
+      {{"--nnodes", "2", "-n", "1", probe()}, "--nnodes 2 needs --master-addr"},
+      {{"--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "-n", "1", probe()},
+       "--node-rank 2 is not below --nnodes 2"},
+      {{"--master-port", "70000", "-n", "1", probe()}, "--master-port expects an integer"},
+      {{"--grace", "-1", "-n", "1", probe()}, "--grace='-1' is not a non-negative number"},
+      {{"--timeout", "0", "-n", "1", probe()}, "--timeout must be positive"},
+  };
+  for (const auto& [args, message] : cases) {
+    auto result = run(args);
+    EXPECT_EQ(result.status, 2) << message;
+    EXPECT_THAT(result.err, HasSubstr(message));
+    EXPECT_THAT(result.err, HasSubstr("braid-run --help"));
+  }
+}
+
+TEST(BraidRun, AProgramThatCannotBeExecutedIsNamed) {
+  auto result = run({"-n", "2", "/nonexistent/program", "arg"});
+  EXPECT_EQ(result.status, 127);
+  EXPECT_THAT(result.err,
+              HasSubstr("cannot execute '/nonexistent/program': No such file or directory"));
+}
+
+TEST(BraidRun, PrintConfigListsTheKnobs) {
+  auto result = run({"--print-config"}, {{"BRAID_TIMEOUT", "17"}});
+  EXPECT_EQ(result.status, 0);
+  for (const char* knob : {"BRAID_RANK", "BRAID_STORE", "BRAID_TOKEN", "BRAID_TIMEOUT"}) {
+    EXPECT_THAT(result.out, HasSubstr(knob));
+  }
+  EXPECT_THAT(result.out, HasSubstr(" 17 "));
+}
+
+TEST(BraidRun, HelpDescribesEveryOption) {
+  auto result = run({"--help"});
+  EXPECT_EQ(result.status, 0);
+  for (const char* option :
+       {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--grace",
+        "--timeout", "--no-prefix", "--print-config"}) {
+    EXPECT_THAT(result.out, HasSubstr(option));
+  }
+}
+
+}  // namespace

@@ -1,0 +1,461 @@
+#include "launcher.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <random>
+#include <string_view>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <system_error>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <braid/core/config.hpp>
+#include <braid/transport/bootstrap.hpp>
+
+extern char** environ;
+
+namespace braid::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void throw_errno(std::string_view what) {
+  throw std::system_error(errno, std::generic_category(), std::string(what));
+}
+
+// Blocks until every byte is written. Output nobody reads any more (a closed pipe, EPIPE)
+// is dropped: losing a log line must not leave the ranks unsupervised.
+void write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n >= 0) {
+      data.remove_prefix(static_cast<std::size_t>(n));
+    } else if (errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, -1);
+    } else if (errno != EINTR) {
+      return;
+    }
+  }
+}
+
+void report(std::string_view message) {
+  write_all(STDERR_FILENO, fmt::format("braid-run: {}\n", message));
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev != nullptr ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", sig);
+}
+
+// A free TCP port for rank 0's store. The port is released before rank 0 binds it, so
+// another process could take it in between; on one machine, seconds apart, that costs
+// a failed start far more rarely than a fixed port shared by concurrent jobs would.
+std::uint16_t pick_free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw_errno("socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);  // where StoreServer listens by default
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    int saved = errno;
+    ::close(fd);
+    errno = saved;
+    throw_errno("finding a free port for the store");
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string random_token() {
+  std::random_device device;  // getrandom() on Linux
+  std::string token;
+  for (int i = 0; i < 4; ++i) token += fmt::format("{:08x}", device());
+  return token;
+}
+
+// One of a rank's output pipes and the partial line read from it so far.
+struct Stream {
+  int fd = -1;  // read end; -1 once closed
+  int out_fd = STDOUT_FILENO;
+  std::string pending;
+};
+
+struct Rank {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  std::string prefix;  // "[3] "
+  std::array<Stream, 2> streams;
+};
+
+class Job {
+ public:
+  explicit Job(const LaunchOptions& options) : options_(options) {}
+  ~Job();
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  int run();
+
+ private:
+  std::vector<std::string> rank_environment(int local_rank) const;
+  void start_rank(int local_rank);
+  void supervise();
+  void read_stream(Rank& rank, Stream& stream);
+  void drain(Rank& rank);
+  void flush(Rank& rank, Stream& stream);
+  void reap_children();
+  void on_rank_exit(Rank& rank, int status);
+  void on_signal(int sig);
+  void stop(int sig);
+  void kill_remaining();
+  int running_count() const;
+
+  const LaunchOptions& options_;
+  std::vector<std::string> shared_env_;  // the parent's environment plus the job-wide BRAID_*
+  std::vector<Rank> ranks_;
+  int signal_fd_ = -1;
+  sigset_t old_mask_{};
+  int exit_status_ = 0;
+  bool stopping_ = false;
+  std::optional<Clock::time_point> kill_at_;  // SIGKILL for ranks still running then
+  Clock::time_point deadline_ = Clock::time_point::max();
+};
+
+// The variables braid-run sets; each must be a declared knob.
+constexpr std::array kRankVariables{
+    "BRAID_RANK",      "BRAID_WORLD_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_WORLD_SIZE",
+    "BRAID_NODE_RANK", "BRAID_NNODES",     "BRAID_STORE",      "BRAID_TOKEN"};
+
+Job::~Job() {
+  for (Rank& rank : ranks_) {
+    for (Stream& s : rank.streams) {
+      if (s.fd >= 0) ::close(s.fd);
+    }
+  }
+  if (signal_fd_ >= 0) {
+    ::close(signal_fd_);
+    ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+  }
+}
+
+int Job::running_count() const {
+  int n = 0;
+  for (const Rank& rank : ranks_) n += rank.running ? 1 : 0;
+  return n;
+}
+
+std::vector<std::string> Job::rank_environment(int local_rank) const {
+  std::vector<std::string> env = shared_env_;
+  int rank = options_.node_rank * options_.nproc_per_node + local_rank;
+  env.push_back(fmt::format("BRAID_RANK={}", rank));
+  env.push_back(fmt::format("BRAID_LOCAL_RANK={}", local_rank));
+  return env;
+}
+
+void Job::start_rank(int local_rank) {
+  Rank& rank = ranks_.emplace_back();
+  rank.rank = options_.node_rank * options_.nproc_per_node + local_rank;
+  rank.prefix = fmt::format("[{}] ", rank.rank);
+
+  // Everything the child needs is built before fork(): between fork and exec only
+  // async-signal-safe calls are allowed.
+  std::vector<std::string> env = rank_environment(local_rank);
+  std::vector<char*> envp, argv;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> command = options_.command;
+  for (std::string& a : command) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  std::array<std::array<int, 2>, 2> pipes{{{-1, -1}, {-1, -1}}};
+  if (options_.prefix_output) {
+    for (auto& p : pipes) {
+      if (::pipe2(p.data(), O_CLOEXEC) != 0) throw_errno("pipe2");
+    }
+  }
+  // exec() closes this pipe's write end; an errno arriving on it means exec failed.
+  std::array<int, 2> exec_pipe{};
+  if (::pipe2(exec_pipe.data(), O_CLOEXEC) != 0) throw_errno("pipe2");
+
+  pid_t pid = ::fork();
+  if (pid < 0) throw_errno("fork");
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::signal(SIGPIPE, SIG_DFL);  // ignored in braid-run, and ignoring survives exec
+    ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+    int null_fd = ::open("/dev/null", O_RDONLY);
+    if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
+    if (options_.prefix_output) {
+      ::dup2(pipes[0][1], STDOUT_FILENO);
+      ::dup2(pipes[1][1], STDERR_FILENO);
+    }
+    ::execvpe(argv[0], argv.data(), envp.data());
+    int error = errno;
+    ssize_t ignored = ::write(exec_pipe[1], &error, sizeof error);
+    static_cast<void>(ignored);
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also here, so the group exists before we might signal it
+  rank.pid = pid;
+  rank.running = true;
+  for (std::size_t i = 0; i < pipes.size(); ++i) {
+    if (!options_.prefix_output) break;
+    ::close(pipes[i][1]);
+    ::fcntl(pipes[i][0], F_SETFL, O_NONBLOCK);
+    rank.streams[i].fd = pipes[i][0];
+    rank.streams[i].out_fd = i == 0 ? STDOUT_FILENO : STDERR_FILENO;
+  }
+  ::close(exec_pipe[1]);
+  int error = 0;
+  ssize_t n;
+  do {
+    n = ::read(exec_pipe[0], &error, sizeof error);
+  } while (n < 0 && errno == EINTR);
+  ::close(exec_pipe[0]);
+  if (n == sizeof error) {
+    ::waitpid(pid, nullptr, 0);
+    rank.running = false;
+    drain(rank);
+    exit_status_ = error == ENOENT ? 127 : 126;
+    stopping_ = true;
+    int others = running_count();
+    report(fmt::format("cannot execute '{}': {}{}", options_.command.front(), std::strerror(error),
+                       others > 0 ? fmt::format("; stopping the {} started rank(s)", others) : ""));
+    stop(SIGTERM);
+  }
+}
+
+void Job::read_stream(Rank& rank, Stream& stream) {
+  // Lines longer than this are cut, so a rank printing without newlines cannot grow
+  // braid-run's memory without bound.
+  constexpr std::size_t kMaxLine = std::size_t{64} << 10;
+  std::array<char, std::size_t{64} << 10> buffer;
+  while (stream.fd >= 0) {
+    ssize_t n = ::read(stream.fd, buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return;
+    if (n <= 0) {
+      flush(rank, stream);
+      ::close(stream.fd);
+      stream.fd = -1;
+      return;
+    }
+    stream.pending.append(buffer.data(), static_cast<std::size_t>(n));
+    std::string out;
+    std::size_t start = 0;
+    for (std::size_t end; (end = stream.pending.find('\n', start)) != std::string::npos;
+         start = end + 1) {
+      out += rank.prefix;
+      out.append(stream.pending, start, end + 1 - start);
+    }
+    stream.pending.erase(0, start);
+    if (stream.pending.size() > kMaxLine) {
+      out += rank.prefix + stream.pending + '\n';
+      stream.pending.clear();
+    }
+    write_all(stream.out_fd, out);
+  }
+}
+
+void Job::flush(Rank& rank, Stream& stream) {
+  if (stream.pending.empty()) return;
+  write_all(stream.out_fd, rank.prefix + stream.pending + '\n');
+  stream.pending.clear();
+}
+
+// A rank that has exited has written all it will (unless it left children behind):
+// read what is in its pipes so its last words print before braid-run's verdict.
+void Job::drain(Rank& rank) {
+  for (Stream& s : rank.streams) {
+    read_stream(rank, s);
+    flush(rank, s);
+  }
+}
+
+void Job::on_rank_exit(Rank& rank, int status) {
+  rank.running = false;
+  drain(rank);
+  bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+  if (!failed || stopping_) return;
+  std::string how;
+  if (WIFEXITED(status)) {
+    exit_status_ = WEXITSTATUS(status);
+    how = fmt::format("exited with code {}", exit_status_);
+  } else {
+    int sig = WTERMSIG(status);
+    exit_status_ = 128 + sig;
+    how = fmt::format("was killed by signal {} ({})", sig, signal_name(sig));
+  }
+  int others = running_count();
+  report(fmt::format("rank {} (pid {}) {}{}", rank.rank, rank.pid, how,
+                     others > 0 ? fmt::format("; stopping the other {} rank(s)", others) : ""));
+  stopping_ = true;
+  stop(SIGTERM);
+}
+
+void Job::reap_children() {
+  int status = 0;
+  pid_t pid;
+  while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+    for (Rank& rank : ranks_) {
+      if (rank.pid == pid && rank.running) on_rank_exit(rank, status);
+    }
+  }
+}
+
+void Job::on_signal(int sig) {
+  if (stopping_) {
+    // A second Ctrl-C means now.
+    report(fmt::format("received {} while stopping; killing {} rank(s)", signal_name(sig),
+                       running_count()));
+    kill_remaining();
+    return;
+  }
+  stopping_ = true;
+  exit_status_ = 128 + sig;
+  report(
+      fmt::format("received {}; forwarding it to {} rank(s)", signal_name(sig), running_count()));
+  stop(sig);
+}
+
+void Job::stop(int sig) {
+  for (const Rank& rank : ranks_) {
+    if (rank.running) ::kill(-rank.pid, sig);
+  }
+  auto grace = std::chrono::duration_cast<Clock::duration>(options_.grace);
+  if (!kill_at_) kill_at_ = Clock::now() + grace;
+}
+
+void Job::kill_remaining() {
+  for (const Rank& rank : ranks_) {
+    if (rank.running) ::kill(-rank.pid, SIGKILL);
+  }
+}
+
+void Job::supervise() {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<Rank*, Stream*>> owners;
+  while (running_count() > 0) {
+    fds.assign(1, pollfd{signal_fd_, POLLIN, 0});
+    owners.assign(1, {nullptr, nullptr});
+    for (Rank& rank : ranks_) {
+      for (Stream& s : rank.streams) {
+        if (s.fd < 0) continue;
+        fds.push_back({s.fd, POLLIN, 0});
+        owners.emplace_back(&rank, &s);
+      }
+    }
+    auto next = kill_at_ ? std::min(*kill_at_, deadline_) : deadline_;
+    int timeout_ms = -1;
+    if (next != Clock::time_point::max()) {
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now());
+      timeout_ms = static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 60'000));
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) throw_errno("poll");
+
+    for (std::size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents != 0) read_stream(*owners[i].first, *owners[i].second);
+    }
+    if (fds[0].revents & POLLIN) {
+      signalfd_siginfo info{};
+      while (::read(signal_fd_, &info, sizeof info) == sizeof info) {
+        if (info.ssi_signo == SIGCHLD) {
+          reap_children();
+        } else {
+          on_signal(static_cast<int>(info.ssi_signo));
+        }
+      }
+    }
+    auto now = Clock::now();
+    if (!stopping_ && now >= deadline_) {
+      stopping_ = true;
+      exit_status_ = 124;  // what timeout(1) returns
+      report(fmt::format("the job ran longer than --timeout {:g} s; stopping {} rank(s)",
+                         std::chrono::duration<double>(*options_.timeout).count(),
+                         running_count()));
+      stop(SIGTERM);
+    }
+    if (kill_at_ && now >= *kill_at_) {
+      for (const Rank& rank : ranks_) {
+        if (!rank.running) continue;
+        report(fmt::format("rank {} (pid {}) did not stop within {:g} s; sending SIGKILL",
+                           rank.rank, rank.pid,
+                           std::chrono::duration<double>(options_.grace).count()));
+      }
+      kill_remaining();
+      kill_at_ = Clock::time_point::max();
+    }
+  }
+}
+
+int Job::run() {
+  for (const char* name : kRankVariables) config::knob(name);
+
+  std::string host = options_.master_addr.empty() ? "127.0.0.1" : options_.master_addr;
+  std::uint16_t port = options_.master_port           ? *options_.master_port
+                       : options_.master_addr.empty() ? pick_free_port()
+                                                      : transport::kDefaultStorePort;
+  std::string token = config::string_value("BRAID_TOKEN");
+  if (token.empty() && options_.nnodes > 1) {
+    report(
+        "BRAID_TOKEN is not set, so the store will accept any client; set it to the same "
+        "secret on every node");
+  } else if (token.empty()) {
+    token = random_token();
+  }
+
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view entry(*e);
+    auto name = entry.substr(0, entry.find('='));
+    if (std::find(kRankVariables.begin(), kRankVariables.end(), name) == kRankVariables.end()) {
+      shared_env_.emplace_back(entry);
+    }
+  }
+  shared_env_.push_back(
+      fmt::format("BRAID_WORLD_SIZE={}", options_.nnodes * options_.nproc_per_node));
+  shared_env_.push_back(fmt::format("BRAID_LOCAL_WORLD_SIZE={}", options_.nproc_per_node));
+  shared_env_.push_back(fmt::format("BRAID_NODE_RANK={}", options_.node_rank));
+  shared_env_.push_back(fmt::format("BRAID_NNODES={}", options_.nnodes));
+  shared_env_.push_back(fmt::format("BRAID_STORE={}", transport::format_host_port(host, port)));
+  if (!token.empty()) shared_env_.push_back(fmt::format("BRAID_TOKEN={}", token));
+
+  // Signals arrive through the signalfd, in the poll loop, never in a handler.
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM}) sigaddset(&mask, sig);
+  if (::sigprocmask(SIG_BLOCK, &mask, &old_mask_) != 0) throw_errno("sigprocmask");
+  signal_fd_ = ::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (signal_fd_ < 0) throw_errno("signalfd");
+  ::signal(SIGPIPE, SIG_IGN);
+
+  if (options_.timeout) {
+    deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(*options_.timeout);
+  }
+  ranks_.reserve(static_cast<std::size_t>(options_.nproc_per_node));
+  for (int i = 0; i < options_.nproc_per_node && !stopping_; ++i) start_rank(i);
+  supervise();
+  for (Rank& rank : ranks_) drain(rank);
+  return exit_status_;
+}
+
+}  // namespace
+
+int run_job(const LaunchOptions& options) {
+  Job job(options);
+  return job.run();
+}
+
+}  // namespace braid::launcher

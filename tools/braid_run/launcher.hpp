@@ -1,0 +1,40 @@
+// braid-run's process supervision: start this node's ranks with the BRAID_* environment
+// parse_launch_env() reads, relay their output line by line behind a "[rank] " prefix,
+// and stop the job as a whole: when one rank fails, when braid-run is told to stop
+// (SIGINT/SIGTERM, forwarded to every rank), or when it outlives its timeout.
+//
+// One thread and one poll() loop: the ranks' pipes and a signalfd for SIGCHLD, SIGINT
+// and SIGTERM. Each rank runs in its own process group, so stopping a rank also stops
+// what it started (a shell wrapper's child, a data-loader worker), and a Ctrl-C at the
+// terminal reaches the ranks once, through braid-run, rather than twice.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace braid::launcher {
+
+struct LaunchOptions {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr;                   // empty: 127.0.0.1 (one node only)
+  std::optional<std::uint16_t> master_port;  // empty: kDefaultStorePort with --master-addr,
+                                             // else a free local port
+  std::chrono::nanoseconds grace = std::chrono::seconds(5);  // SIGTERM to SIGKILL
+  std::optional<std::chrono::nanoseconds> timeout;           // empty: none
+  bool prefix_output = true;
+  std::vector<std::string> command;  // the program and its arguments
+};
+
+// Runs the job to the end and returns braid-run's exit status: 0 when every rank exited
+// with 0; else the first failure's code (128 + signal for a rank killed by a signal),
+// 124 after the timeout, 128 + signal when braid-run itself was told to stop, 127 (or
+// 126) when the program cannot be executed. Reports each of these on stderr. Throws
+// std::system_error when the supervision itself fails (no pipes, no fork).
+int run_job(const LaunchOptions& options);
+
+}  // namespace braid::launcher

@@ -1,0 +1,182 @@
+// braid-run: starts a job's ranks on this node. Command-line parsing lives here; starting
+// and supervising the ranks in launcher.cpp.
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include <braid/core/config.hpp>
+#include <braid/core/error.hpp>
+
+#include "launcher.hpp"
+
+namespace {
+
+constexpr std::string_view kUsage = R"(usage: braid-run [options] program [args...]
+
+Starts N ranks of `program` on this node with BRAID_RANK, BRAID_WORLD_SIZE,
+BRAID_LOCAL_RANK, BRAID_LOCAL_WORLD_SIZE, BRAID_NODE_RANK, BRAID_NNODES, BRAID_STORE and
+BRAID_TOKEN set (replacing any inherited values), prefixes each line they print with
+"[rank] ", and stops them all when one fails. Ranks read /dev/null as their stdin.
+
+options (options end at the program, or at --):
+  -n, --nproc-per-node N  ranks to start on this node (required)
+  --nnodes N              nodes in the job (default 1); run braid-run on each of them
+  --node-rank I           this node's index, 0 to N-1 (default 0); global rank =
+                          node rank * nproc-per-node + local rank
+  --master-addr HOST      address of node 0, where rank 0 serves the store; needed
+                          with --nnodes > 1 (default 127.0.0.1)
+  --master-port PORT      the store's port (default 29500 with --master-addr, else a
+                          free local port)
+  --grace SECONDS         how long stopping ranks get between SIGTERM and SIGKILL
+                          (default 5)
+  --timeout SECONDS       stop the job and fail with status 124 if it runs longer
+  --no-prefix             pass the ranks' output through untouched
+  --print-config          print the BRAID_* variables braid reads, and exit
+  -h, --help              print this help, and exit
+
+BRAID_TOKEN: passed through when set (set it to the same secret on every node);
+otherwise a random token is generated for a single-node job.
+
+SIGINT and SIGTERM are forwarded to every rank; a second one kills them. Exit status:
+0 when every rank exits with 0; else the first failing rank's code (128 + signal when
+it was killed), 124 after --timeout, 128 + signal when braid-run was stopped, 127/126
+when the program cannot be executed, 2 for a usage error.
+)";
+
+[[noreturn]] void usage_error(std::string_view message) {
+  fmt::print(stderr, "braid-run: {}\nrun 'braid-run --help' for usage\n", message);
+  std::exit(2);
+}
+
+int parse_int_flag(std::string_view flag, std::string_view text, int minimum, int maximum) {
+  int value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value < minimum ||
+      value > maximum) {
+    usage_error(
+        fmt::format("{} expects an integer from {} to {}, got '{}'", flag, minimum, maximum, text));
+  }
+  return value;
+}
+
+std::chrono::nanoseconds parse_seconds_flag(std::string_view flag, std::string_view text) {
+  try {
+    return braid::config::parse_seconds(text, flag);
+  } catch (const braid::Error& e) {
+    usage_error(e.detail());
+  }
+}
+
+struct Cli {
+  braid::launcher::LaunchOptions options;
+  bool nproc_given = false;
+  bool print_config = false;
+};
+
+Cli parse_command_line(int argc, char** argv) {
+  Cli cli;
+  auto& o = cli.options;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.size() < 2 || arg[0] != '-') break;  // the program
+    // "--flag=value", "--flag value", "-n4", "-n 4"; torchrun's underscores are accepted.
+    std::string flag = arg;
+    std::optional<std::string> inline_value;
+    if (arg.starts_with("--")) {
+      if (auto eq = arg.find('='); eq != std::string::npos) {
+        flag = arg.substr(0, eq);
+        inline_value = arg.substr(eq + 1);
+      }
+      std::replace(flag.begin(), flag.end(), '_', '-');
+    } else if (arg.size() > 2) {
+      flag = arg.substr(0, 2);
+      inline_value = arg.substr(2);
+    }
+    auto value = [&]() -> std::string {
+      if (inline_value) return *inline_value;
+      if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", flag));
+      return argv[++i];
+    };
+    auto no_value = [&] {
+      if (inline_value) usage_error(fmt::format("{} takes no value", flag));
+    };
+    if (flag == "-n" || flag == "--nproc-per-node") {
+      o.nproc_per_node = parse_int_flag(flag, value(), 1, 1 << 16);
+      cli.nproc_given = true;
+    } else if (flag == "--nnodes") {
+      o.nnodes = parse_int_flag(flag, value(), 1, 1 << 16);
+    } else if (flag == "--node-rank") {
+      o.node_rank = parse_int_flag(flag, value(), 0, (1 << 16) - 1);
+    } else if (flag == "--master-addr") {
+      o.master_addr = value();
+      if (o.master_addr.empty()) usage_error("--master-addr needs a host");
+    } else if (flag == "--master-port") {
+      o.master_port = static_cast<std::uint16_t>(parse_int_flag(flag, value(), 1, 65535));
+    } else if (flag == "--grace") {
+      o.grace = parse_seconds_flag(flag, value());
+    } else if (flag == "--timeout") {
+      o.timeout = parse_seconds_flag(flag, value());
+      if (*o.timeout == std::chrono::nanoseconds::zero()) usage_error("--timeout must be positive");
+    } else if (flag == "--no-prefix") {
+      no_value();
+      o.prefix_output = false;
+    } else if (flag == "--print-config") {
+      no_value();
+      cli.print_config = true;
+    } else if (flag == "-h" || flag == "--help") {
+      no_value();
+      fmt::print("{}", kUsage);
+      std::exit(0);
+    } else {
+      usage_error(fmt::format("unknown option '{}'", arg));
+    }
+  }
+  if (cli.print_config) return cli;
+  for (; i < argc; ++i) o.command.emplace_back(argv[i]);
+
+  if (!cli.nproc_given) usage_error("say how many ranks to start: -n N");
+  if (o.command.empty()) usage_error("no program to run");
+  if (o.node_rank >= o.nnodes) {
+    usage_error(fmt::format("--node-rank {} is not below --nnodes {}", o.node_rank, o.nnodes));
+  }
+  if (o.nnodes > 1 && o.master_addr.empty()) {
+    usage_error(
+        fmt::format("--nnodes {} needs --master-addr, the address of node 0 where rank "
+                    "0 serves the store",
+                    o.nnodes));
+  }
+  if (static_cast<long long>(o.nnodes) * o.nproc_per_node > INT_MAX) {
+    usage_error("--nnodes times --nproc-per-node is too large");
+  }
+  return cli;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Cli cli = parse_command_line(argc, argv);
+  if (cli.print_config) {
+    fmt::print("{}", braid::config::describe());
+    return 0;
+  }
+  try {
+    return braid::launcher::run_job(cli.options);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "braid-run: {}\n", e.what());
+    return 1;
+  }
+}

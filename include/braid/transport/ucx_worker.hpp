@@ -1,0 +1,106 @@
+// UcxWorker: one UCX context and worker on a Runtime, endpoints to every rank, and tagged
+// point-to-point send/recv as awaitables.
+//
+//   UcxWorker worker(runtime);
+//   Bytes mine = worker.address();
+//   worker.connect(all_gather(mine), my_rank);      // addresses_by_rank, from the store
+//   co_await worker.send(1, Buffer(data), {.communicator = 0, .sequence = 7}, deadline);
+//   std::size_t n = co_await worker.recv(1, Buffer(out), {.sequence = 7}, deadline);
+//
+// Threading: UCX runs in single-thread mode on the runtime's progress thread. The
+// constructor, connect() and the destructor may be called from any thread (they hop to
+// the runtime thread); send() and recv() must be awaited by a coroutine running on the
+// runtime's thread (spawn it with runtime.spawn()). They resume on that coroutine's
+// executor, never inside UCX's progress call.
+//
+// Progress is event driven: the worker sleeps on UCX's event fd inside the io_context,
+// and after any activity keeps polling for BRAID_UCX_SPIN_US (see Options::spin) before
+// sleeping again, which keeps small-message latency near that of busy polling.
+//
+// Errors (braid::Error, context: rank, peer, "send"/"recv", tag sequence):
+//   Errc::timeout        the deadline passed (the buffer is released before this is thrown)
+//   Errc::peer_failed    the peer died, its connection broke, or a send to it timed out
+//                        (see send()); every later operation with that peer fails at once
+//   Errc::size_mismatch  the incoming message is larger than the receive buffer
+//   Errc::invalid_argument  a CUDA buffer, a peer outside the world, a communicator id
+//                        >= max_communicators
+//   Errc::closed         the worker was destroyed while the operation waited
+//   ucx_category() codes for UCX failures that are none of the above.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <boost/asio/awaitable.hpp>
+
+#include <braid/core/buffer.hpp>
+#include <braid/core/deadline.hpp>
+#include <braid/core/runtime.hpp>
+#include <braid/transport/store.hpp>
+#include <braid/transport/tag.hpp>
+
+namespace braid::transport {
+
+namespace detail {
+class UcxWorkerImpl;
+}  // namespace detail
+
+class UcxWorker {
+ public:
+  struct Options {
+    // How long to keep polling after the last activity before sleeping on the event fd.
+    // nullopt: BRAID_UCX_SPIN_US. Longer lowers latency for sparse traffic and burns a
+    // core for that long after every burst; 0 sleeps at once (an epoll round trip, a few
+    // microseconds, per message).
+    std::optional<std::chrono::microseconds> spin;
+    // How often UCX checks that peers are alive (UCX_KEEPALIVE_INTERVAL when the user
+    // has not set it). Over shared memory this bounds how long a killed peer goes
+    // unnoticed; over TCP the kernel's reset is seen at once.
+    std::chrono::milliseconds keepalive_interval{1000};
+    // How long the destructor lets endpoints flush before closing them by force.
+    std::chrono::milliseconds close_timeout{1000};
+  };
+
+  // Creates the UCX context and worker on `runtime`'s thread. Throws Error (ucx
+  // category) when UCX cannot start.
+  explicit UcxWorker(Runtime& runtime);
+  UcxWorker(Runtime& runtime, Options options);
+  // Fails pending operations with Errc::closed, flushes and closes every endpoint
+  // (force-closing those that do not flush within close_timeout), destroys the worker.
+  ~UcxWorker();
+  UcxWorker(const UcxWorker&) = delete;
+  UcxWorker& operator=(const UcxWorker&) = delete;
+
+  // This worker's UCX address, for the other ranks' connect().
+  const Bytes& address() const noexcept;
+
+  // Creates endpoints to every rank (this one included, so a rank can send to itself).
+  // addresses_by_rank[r] is rank r's address(); addresses_by_rank[my_rank] must be this
+  // worker's. Call once, before any send or recv. Connection set-up finishes in the
+  // background; the first messages wait for it.
+  void connect(const std::vector<Bytes>& addresses_by_rank, int my_rank);
+
+  int rank() const noexcept;  // -1 before connect()
+  int size() const noexcept;  // 0 before connect()
+
+  // Sends `buffer` (host memory) to `peer`. Completes when the buffer may be reused. UCX
+  // cannot cancel a send, so a send still pending at its deadline force-closes the
+  // endpoint to `peer` to get the buffer back: it fails with Errc::timeout, and the peer
+  // counts as failed from then on.
+  asio::awaitable<void> send(int peer, Buffer buffer, Tag tag, Deadline deadline);
+
+  // Receives the message `peer` sent with `tag` into `buffer` (host memory); returns the
+  // number of bytes received, which may be less than the buffer's size.
+  asio::awaitable<std::size_t> recv(int peer, Buffer buffer, Tag tag, Deadline deadline);
+
+ private:
+  Runtime& runtime_;
+  // Shared with the handlers the worker has queued on the io_context, which may run
+  // after the UcxWorker is gone and must find the state they point to.
+  std::shared_ptr<detail::UcxWorkerImpl> impl_;
+};
+
+}  // namespace braid::transport

@@ -1,0 +1,81 @@
+#include <boost/asio/append.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include "ucx_worker_impl.hpp"
+
+namespace braid::transport {
+namespace {
+
+// Suspends the calling coroutine until UCX finishes `op`. The handler is attached before
+// anything else can run on the runtime thread (the initiation runs synchronously right
+// after the coroutine suspends), and UCX completes requests only inside
+// ucp_worker_progress, which runs from the io_context: so the completion always finds
+// the handler in place.
+template <class Handler>
+class HandlerFor final : public detail::OpHandler {
+ public:
+  explicit HandlerFor(Handler handler) : handler_(std::move(handler)) {}
+  void post(std::exception_ptr error, std::size_t length) && override {
+    asio::post(asio::append(std::move(handler_), std::move(error), length));
+  }
+
+ private:
+  Handler handler_;
+};
+
+auto wait_for(detail::UcxOp& op) {
+  return asio::async_initiate<const asio::use_awaitable_t<>&,
+                              void(std::exception_ptr, std::size_t)>(
+      [&op]<class Handler>(Handler handler) {
+        op.handler = std::make_unique<HandlerFor<Handler>>(std::move(handler));
+      },
+      asio::use_awaitable);
+}
+
+}  // namespace
+
+UcxWorker::UcxWorker(Runtime& runtime) : UcxWorker(runtime, Options{}) {}
+
+UcxWorker::UcxWorker(Runtime& runtime, Options options)
+    : runtime_(runtime), impl_(std::make_shared<detail::UcxWorkerImpl>(runtime, options)) {
+  runtime_.run([this] { impl_->open(); });
+}
+
+UcxWorker::~UcxWorker() {
+  // The I/O objects inside impl_ belong to the runtime thread, so the last reference this
+  // object holds is dropped there too.
+  runtime_.run([this] {
+    impl_->shutdown();
+    impl_.reset();
+  });
+}
+
+const Bytes& UcxWorker::address() const noexcept {
+  return impl_->address();
+}
+
+void UcxWorker::connect(const std::vector<Bytes>& addresses_by_rank, int my_rank) {
+  runtime_.run([&] { impl_->connect(addresses_by_rank, my_rank); });
+}
+
+int UcxWorker::rank() const noexcept {
+  return impl_->rank();
+}
+int UcxWorker::size() const noexcept {
+  return impl_->size();
+}
+
+asio::awaitable<void> UcxWorker::send(int peer, Buffer buffer, Tag tag, Deadline deadline) {
+  detail::UcxOp* op = impl_->start_send(peer, buffer, tag, deadline);
+  if (op != nullptr) co_await wait_for(*op);
+}
+
+asio::awaitable<std::size_t> UcxWorker::recv(int peer, Buffer buffer, Tag tag, Deadline deadline) {
+  detail::RecvStart started = impl_->start_recv(peer, buffer, tag, deadline);
+  if (started.op == nullptr) co_return started.received;
+  co_return co_await wait_for(*started.op);
+}
+
+}  // namespace braid::transport

@@ -1,0 +1,157 @@
+// Private state of a UcxWorker. Everything here runs on the runtime's progress thread, so
+// nothing is locked. Split by concern:
+//   ucx_worker.cpp     the public face: hops to the runtime thread, send/recv coroutines
+//   ucx_progress.cpp   context/worker set-up and tear-down, the event-fd + spin loop
+//   ucx_endpoints.cpp  endpoints, peer failure, closing
+//   ucx_ops.cpp        starting sends/receives, completions, the deadline watchdog
+#pragma once
+
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/intrusive/list.hpp>
+#include <ucp/api/ucp.h>
+
+#include <braid/core/error.hpp>
+#include <braid/transport/ucx_worker.hpp>
+
+namespace braid::transport::detail {
+
+class UcxWorkerImpl;
+
+// The suspended coroutine's completion handler, type-erased. (asio::any_completion_handler
+// would do, but in Asio 1.26 its executor cannot be posted to, and asio::append recurses
+// on it.) One small allocation per operation that UCX does not finish at once.
+class OpHandler {
+ public:
+  virtual ~OpHandler() = default;
+  // Posts the result to the handler's own executor; never runs the coroutine inline.
+  virtual void post(std::exception_ptr error, std::size_t length) && = 0;
+};
+
+enum class OpKind : std::uint8_t { send, recv };
+
+constexpr const char* to_string(OpKind kind) noexcept {
+  return kind == OpKind::send ? "send" : "recv";
+}
+
+// A send or receive that UCX did not finish at once. Pooled by UcxWorkerImpl (a pending
+// operation costs no allocation after warm-up); linked into the pending list from the
+// moment UCX hands out a request until UCX gives it back through the completion callback.
+struct UcxOp
+    : boost::intrusive::list_base_hook<boost::intrusive::link_mode<boost::intrusive::safe_link>> {
+  UcxWorkerImpl* owner = nullptr;
+  OpKind kind = OpKind::send;
+  int peer = -1;
+  Tag tag;
+  std::size_t capacity = 0;  // the buffer's size in bytes
+  Deadline deadline;
+  void* request = nullptr;  // the UCX request, until its completion callback
+  // Set when braid gave up on the operation (deadline, peer failure, shutdown) and asked
+  // UCX to let go of it; the coroutine hears this error once UCX has.
+  std::optional<Errc> abandoned;
+  std::unique_ptr<OpHandler> handler;  // attached right after the request starts
+};
+
+struct UcxPeer {
+  UcxWorkerImpl* owner = nullptr;  // the endpoint error callback's argument is the peer
+  int rank = -1;
+  ucp_ep_h ep = nullptr;
+  bool failed = false;
+  std::string failure;  // why, repeated in the error of every later operation
+};
+
+// Result of starting a receive: `op` is null when UCX completed it at once.
+struct RecvStart {
+  UcxOp* op = nullptr;
+  std::size_t received = 0;
+};
+
+class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
+ public:
+  UcxWorkerImpl(Runtime& runtime, const UcxWorker::Options& options);
+  ~UcxWorkerImpl();
+
+  // ucx_progress.cpp
+  void open();
+  void shutdown();
+
+  // ucx_endpoints.cpp
+  void connect(const std::vector<Bytes>& addresses_by_rank, int my_rank);
+
+  // ucx_ops.cpp. Both throw Error for operations that fail at once and return null when
+  // UCX completed them at once.
+  UcxOp* start_send(int peer, const Buffer& buffer, const Tag& tag, Deadline deadline);
+  RecvStart start_recv(int peer, const Buffer& buffer, const Tag& tag, Deadline deadline);
+
+  const Bytes& address() const noexcept { return address_; }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return static_cast<int>(peers_.size()); }
+
+ private:
+  // ucx_progress.cpp
+  void progress();
+  void post_poll();
+  void wait_for_events();
+  void teardown_ucx() noexcept;
+
+  // ucx_endpoints.cpp
+  static void on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  void fail_peer(int rank, std::string why, bool close_now);
+  void close_endpoint_by_force(UcxPeer& peer);
+  void close_endpoints();
+
+  // ucx_ops.cpp
+  static void on_send_complete(void* request, ucs_status_t status, void* user_data);
+  static void on_recv_complete(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                               void* user_data);
+  void check_can_start(int peer, const Buffer& buffer, const Tag& tag, OpKind kind) const;
+  UcxOp* acquire_op();
+  void release_op(UcxOp* op) noexcept;
+  void track(UcxOp* op);
+  void finish(UcxOp* op, void* request, ucs_status_t status, std::size_t length);
+  void abandon(UcxOp* op, Errc why);
+  std::vector<UcxOp*> pending_snapshot() const;
+  Error make_error(int peer, OpKind kind, const Tag& tag, std::size_t capacity, ucs_status_t status,
+                   std::size_t length) const;
+  ErrorContext context(int peer, OpKind kind, const Tag& tag) const;
+  void arm_watchdog(Deadline when);
+  void on_watchdog();
+
+  Runtime& runtime_;
+  std::chrono::nanoseconds spin_;
+  std::chrono::milliseconds keepalive_interval_;
+  std::chrono::milliseconds close_timeout_;
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  Bytes address_;
+  int rank_ = -1;
+  // Sized once by connect(); endpoint error callbacks hold pointers into it.
+  std::vector<UcxPeer> peers_;
+  bool closed_ = false;
+
+  // Progress: at any time either a poll is posted (spinning) or the worker is armed and
+  // a wait on its event fd is outstanding (both, briefly, while a spin starts).
+  std::optional<asio::posix::stream_descriptor> event_fd_;
+  bool poll_posted_ = false;
+  bool fd_wait_outstanding_ = false;
+  Clock::time_point last_activity_{};
+
+  boost::intrusive::list<UcxOp, boost::intrusive::constant_time_size<false>> pending_;
+  std::vector<UcxOp*> free_ops_;
+  std::vector<std::unique_ptr<UcxOp>> all_ops_;
+
+  // One timer for every deadline: armed at the earliest deadline among pending
+  // operations (re-armed only when a new one is earlier), so starting an operation costs
+  // no timer syscall in the common case of deadlines that only grow.
+  std::optional<asio::steady_timer> watchdog_;
+  Deadline watchdog_expiry_ = Deadline::max();
+};
+
+}  // namespace braid::transport::detail

@@ -8,7 +8,23 @@
 #include <braid/core/dtype.hpp>
 #include <braid/core/enforce.hpp>
 #include <braid/core/error.hpp>
+#include <braid/core/foreign_completion.hpp>
 #include <braid/core/future.hpp>
+#include <braid/core/host_stream.hpp>
 #include <braid/core/log.hpp>
 #include <braid/core/reduce_op.hpp>
 #include <braid/core/runtime.hpp>
+#include <braid/core/stream.hpp>
+#include <braid/trace/recorder.hpp>
+#include <braid/trace/span.hpp>
+#include <braid/transport/bootstrap.hpp>
+#include <braid/transport/store.hpp>
+#include <braid/transport/tag.hpp>
+#include <braid/transport/ucx_error.hpp>
+#include <braid/transport/ucx_worker.hpp>
+#include <braid/transport/world.hpp>
+
+#if BRAID_WITH_CUDA
+#include <braid/core/cuda_error.hpp>
+#include <braid/core/cuda_stream.hpp>
+#endif

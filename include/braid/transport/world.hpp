@@ -1,0 +1,95 @@
+// World: this process's place in a job. Joining reads what the launcher left in the
+// environment (bootstrap.hpp), serves the rendezvous store on rank 0 (store.hpp), connects
+// to it, publishes this rank's UCX address and connects a UCX worker to every rank
+// (ucx_worker.hpp). It is the one object a program needs before it can talk to its peers.
+//
+//   braid::Runtime runtime;
+//   auto world = braid::transport::World::join(runtime);     // from the environment
+//   runtime.spawn([&]() -> asio::awaitable<void> {
+//     co_await world->send(1, braid::Buffer(values), /*tag=*/7);
+//   }()).get();
+//
+// Threading: join() and the destructor block, so call them from a thread other than the
+// runtime's (main, typically); send() and recv() are awaited by coroutines on the runtime.
+//
+// Leaving: the destructor waits (up to Options::leave_timeout) until every rank has
+// started leaving before rank 0 stops serving the store, so no rank loses the store while
+// it still needs it. A rank that died is not waited for past that bound.
+#pragma once
+
+#include <braid/core/buffer.hpp>
+#include <braid/core/deadline.hpp>
+#include <braid/core/runtime.hpp>
+#include <braid/transport/bootstrap.hpp>
+#include <braid/transport/store.hpp>
+#include <braid/transport/ucx_worker.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+namespace braid::transport {
+
+struct WorldOptions {
+  // How long joining may take: ranks start in any order, so rank 1 may wait for rank
+  // 0's store to come up. nullopt: BRAID_TIMEOUT.
+  std::optional<Clock::duration> join_timeout;
+  // How long the destructor waits for the other ranks to leave.
+  Clock::duration leave_timeout = std::chrono::seconds(30);
+  UcxWorker::Options ucx;
+};
+
+class World {
+ public:
+  using Options = WorldOptions;
+
+  // Joins the job described by `launch` (default: parse_launch_env()). Throws braid::Error:
+  // invalid_environment from parsing, timeout when the store or a peer's address does not
+  // appear in time, refused for a wrong BRAID_TOKEN.
+  static std::unique_ptr<World> join(Runtime& runtime, const LaunchInfo& launch,
+                                     Options options = {});
+  static std::unique_ptr<World> join(Runtime& runtime) {
+    return join(runtime, parse_launch_env(), {});
+  }
+  static asio::awaitable<std::unique_ptr<World>> async_join(Runtime& runtime, LaunchInfo launch,
+                                                            Options options);
+
+  ~World();
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  int rank() const noexcept { return launch_.rank; }
+  int size() const noexcept { return launch_.world_size; }
+  const LaunchInfo& launch() const noexcept { return launch_; }
+  Runtime& runtime() noexcept { return runtime_; }
+  StoreClient& store() noexcept { return *store_; }
+  UcxWorker& transport() noexcept { return *ucx_; }
+
+  // Point-to-point on the world, for programs that are not collectives: `tag` tells
+  // messages between the same pair of ranks apart (tags below 2^32 are all distinct).
+  // World messages travel on communicator 0, which communicators never use. Errors and
+  // resumption as UcxWorker::send / recv.
+  asio::awaitable<void> send(int peer, Buffer buffer, std::uint64_t tag,
+                             Deadline deadline = default_deadline());
+  asio::awaitable<std::size_t> recv(int peer, Buffer buffer, std::uint64_t tag,
+                                    Deadline deadline = default_deadline());
+
+  // The UCX tag a world message with user tag `tag` travels with.
+  static Tag world_tag(std::uint64_t tag) noexcept;
+
+ private:
+  World(Runtime& runtime, LaunchInfo launch, Options options);
+  asio::awaitable<void> leave();
+
+  Runtime& runtime_;
+  LaunchInfo launch_;
+  Options options_;
+  std::unique_ptr<StoreServer> server_;  // rank 0 only
+  std::unique_ptr<StoreClient> store_;
+  std::unique_ptr<UcxWorker> ucx_;
+};
+
+}  // namespace braid::transport

@@ -1,0 +1,39 @@
+// Running peer programs (braid-run, ucx_perftest) from the benchmark driver.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace braid::bench {
+
+struct CommandResult {
+  int exit_code = -1;  // 128 + signal when killed
+  std::string output;  // stdout and stderr, interleaved
+};
+
+// Runs `argv` to completion, capturing its output; kills it after `timeout`.
+CommandResult run_command(const std::vector<std::string>& argv, std::chrono::seconds timeout);
+
+// A program started in the background, killed (if still running) when this goes away.
+class BackgroundProcess {
+ public:
+  explicit BackgroundProcess(const std::vector<std::string>& argv);
+  ~BackgroundProcess();
+  BackgroundProcess(const BackgroundProcess&) = delete;
+  BackgroundProcess& operator=(const BackgroundProcess&) = delete;
+  // Waits up to `timeout` for it to exit; returns its exit code, or -1 after killing it.
+  int wait(std::chrono::seconds timeout);
+
+ private:
+  int pid_ = -1;
+};
+
+// The path of a program installed beside this one (build/tools/, or the install bindir).
+std::string sibling_program(const std::string& name);
+// Whether `name` is found on PATH.
+bool on_path(const std::string& name);
+// A TCP port that was free a moment ago on 127.0.0.1.
+int free_local_port();
+
+}  // namespace braid::bench

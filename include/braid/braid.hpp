@@ -28,3 +28,7 @@
 #include <braid/core/cuda_error.hpp>
 #include <braid/core/cuda_stream.hpp>
 #endif
+
+#if BRAID_WITH_TORCH
+#include <braid/torch/tensor_buffer.hpp>
+#endif

@@ -1,0 +1,143 @@
+// World end to end: real processes joining through the store and talking over UCX, and
+// ranks as threads in one process. Programs come from the build through the environment:
+// BRAID_RUN (the launcher), RING (examples/ring), WORLD_PROBE (world_probe.cpp).
+#include <braid/transport/world.hpp>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <thread>
+
+#include "../support/child_process.hpp"
+
+namespace braid::transport {
+namespace {
+
+using ::testing::HasSubstr;
+using braid::testing::ChildProcess;
+using braid::testing::Env;
+using braid::testing::program_from_env;
+using braid::testing::run_child;
+using namespace std::chrono_literals;
+
+std::string braid_run() { return program_from_env("BRAID_RUN"); }
+std::string ring() { return program_from_env("RING"); }
+std::string probe() { return program_from_env("WORLD_PROBE"); }
+
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+// The environment braid-run would give rank `rank` of `size`.
+Env rank_env(int rank, int size, std::uint16_t port, const std::string& token = "t0ken") {
+  return {{"BRAID_RANK", std::to_string(rank)},
+          {"BRAID_WORLD_SIZE", std::to_string(size)},
+          {"BRAID_STORE", "127.0.0.1:" + std::to_string(port)},
+          {"BRAID_TOKEN", token}};
+}
+
+TEST(WorldProcesses, TheRingExamplePassesItsTokenAroundFourRanksUnderBraidRun) {
+  auto result = run_child({braid_run(), "-n", "4", "--timeout", "60", ring(), "2"});
+  ASSERT_EQ(result.status, 0) << result.out << result.err;
+  EXPECT_THAT(result.out, HasSubstr("[0] rank 0: the token came back as 12 after 2 lap(s) of 4 "
+                                    "rank(s); expected 12"));
+  for (int r = 1; r < 4; ++r) {
+    EXPECT_THAT(result.out, HasSubstr(fmt::format("[{}] rank {} of 4 passed the token on", r, r)));
+  }
+}
+
+TEST(WorldProcesses, TheRingWorksOverTcpAlone) {
+  auto result =
+      run_child({braid_run(), "-n", "3", "--timeout", "60", ring(), "3"}, {{"UCX_TLS", "tcp"}});
+  ASSERT_EQ(result.status, 0) << result.out << result.err;
+  EXPECT_THAT(result.out, HasSubstr("the token came back as 9 after 3 lap(s) of 3 rank(s)"));
+}
+
+TEST(WorldProcesses, AKilledRankFailsItsPeersPendingReceiveNamingIt) {
+  const auto port = free_port();
+  ChildProcess rank0({probe(), "die-after-ready"}, rank_env(0, 2, port), 40s);
+  ChildProcess rank1({probe(), "die-after-ready"}, rank_env(1, 2, port), 40s);
+  auto dead = rank1.wait();
+  auto survivor = rank0.wait();
+  EXPECT_EQ(dead.status, 128 + SIGKILL) << dead.err;
+  EXPECT_EQ(survivor.status, 3) << survivor.out << survivor.err;
+  EXPECT_THAT(survivor.err, HasSubstr("rank 0: recv (peer rank 1"));
+  EXPECT_THAT(survivor.err, HasSubstr("peer failed"));
+  // Well inside the receive's own 60 s deadline: the failure was detected, not timed out.
+  EXPECT_LT(survivor.elapsed, 20s);
+}
+
+TEST(WorldProcesses, ARankFailingAfterJoinStopsTheOthersAndBraidRunNamesIt) {
+  auto result =
+      run_child({braid_run(), "-n", "2", "--timeout", "60", probe(), "fail-after-join"});
+  EXPECT_EQ(result.status, 3) << result.out << result.err;
+  EXPECT_THAT(result.err, HasSubstr("rank 1"));
+  EXPECT_THAT(result.err, HasSubstr("exited with code 3"));
+  EXPECT_LT(result.elapsed, 30s);
+}
+
+TEST(WorldProcesses, ARankWithTheWrongTokenIsRefusedAtJoin) {
+  const auto port = free_port();
+  Env quick{{"BRAID_TIMEOUT", "3"}};
+  Env env0 = rank_env(0, 2, port, "right");
+  Env env1 = rank_env(1, 2, port, "wrong");
+  env0.insert(quick.begin(), quick.end());
+  env1.insert(quick.begin(), quick.end());
+  ChildProcess rank0({probe(), "join"}, env0);
+  ChildProcess rank1({probe(), "join"}, env1);
+  auto stranger = rank1.wait();
+  auto host = rank0.wait();
+  EXPECT_EQ(stranger.status, 3);
+  EXPECT_THAT(stranger.err, HasSubstr("refused"));
+  // Rank 0 never hears from rank 1 and says which key it waited for.
+  EXPECT_EQ(host.status, 3);
+  EXPECT_THAT(host.err, HasSubstr("timed out"));
+  EXPECT_THAT(host.err, HasSubstr("ucx_address/1"));
+}
+
+TEST(WorldProcesses, AMalformedEnvironmentIsAnErrorNamingTheVariable) {
+  auto result = run_child({ring()}, {{"BRAID_RANK", "one"}, {"BRAID_WORLD_SIZE", "2"}});
+  EXPECT_EQ(result.status, 1);
+  EXPECT_THAT(result.err, HasSubstr("BRAID_RANK='one' is not an integer"));
+}
+
+TEST(WorldThreads, ThreeRanksAsThreadsExchangeMessagesThroughTheWorld) {
+  constexpr int kSize = 3;
+  const auto port = free_port();
+  std::vector<std::int64_t> received(kSize, -1);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kSize; ++r) {
+    ranks.emplace_back([&, r] {
+      Runtime runtime({.rank = r});
+      LaunchInfo launch{.rank = r, .world_size = kSize, .local_rank = r,
+                        .local_world_size = kSize, .store_host = "127.0.0.1",
+                        .store_port = port, .token = "threads", .source = "test"};
+      auto world = World::join(runtime, launch);
+      EXPECT_EQ(world->rank(), r);
+      EXPECT_EQ(world->size(), kSize);
+      std::int64_t out = 100 + r;
+      std::int64_t in = 0;
+      runtime.spawn([](World& w, Buffer send, Buffer recv) -> asio::awaitable<void> {
+        const int next = (w.rank() + 1) % w.size();
+        const int prev = (w.rank() + w.size() - 1) % w.size();
+        co_await w.send(next, send, 5);
+        co_await w.recv(prev, recv, 5);
+      }(*world, Buffer(&out, 1, DType::i64), Buffer(&in, 1, DType::i64))).get();
+      received[static_cast<std::size_t>(r)] = in;
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(received, (std::vector<std::int64_t>{102, 100, 101}));
+}
+
+}  // namespace
+}  // namespace braid::transport

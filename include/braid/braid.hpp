@@ -27,6 +27,7 @@
 #if BRAID_WITH_CUDA
 #include <braid/core/cuda_error.hpp>
 #include <braid/core/cuda_stream.hpp>
+#include <braid/core/nccl_error.hpp>
 #endif
 
 #if BRAID_WITH_TORCH

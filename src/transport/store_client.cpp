@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 
 #include <braid/core/log.hpp>
+#include <braid/trace/span.hpp>
 #include <braid/transport/store.hpp>
 
 #include "transport/store_frame_io.hpp"
@@ -127,8 +128,15 @@ struct StoreClient::Impl : std::enable_shared_from_this<StoreClient::Impl> {
   static auto call(std::shared_ptr<Impl> self, proto::Request request, Deadline deadline,
                    const char* operation, std::string awaited, Decode decode)
       -> asio::awaitable<std::invoke_result_t<Decode, proto::Frame&>> {
+    // Store requests happen at start-up and in rare coordination steps, so interning the
+    // operation's name (a lock and a lookup) is paid only when tracing is on.
+    const bool tracing = trace::enabled();
+    trace::AsyncSpan span(trace::Category::store,
+                          tracing ? trace::intern(operation) : trace::Name("store"),
+                          tracing ? trace::track("store") : trace::Track{});
     proto::Frame reply =
         co_await self->request(std::move(request), deadline, operation, std::move(awaited));
+    span.set_bytes(reply.payload.size());
     co_return decode(reply);
   }
 

@@ -2,25 +2,32 @@
 //
 // Progress loop. The worker's event fd (an epoll set over the transports' fds and UCX's
 // internal eventfd) sits in the io_context. When it is readable, or while we spin,
-// progress() drains the worker (ucp_worker_progress until it reports nothing) and arms it
-// (ucp_worker_arm; UCS_ERR_BUSY means events slipped in, so drain again). Then:
+// progress() drains the worker (ucp_worker_progress until it reports nothing). Then:
 //   - if there was activity within the spin window (a completion, an operation started),
-//     it re-posts itself to the io_context. Posting rather than looping lets the
-//     completions it just posted (and every other handler) run between polls, so a
-//     ping-pong's next receive is posted while we are still polling;
-//   - either way a wait on the fd is outstanding, so a worker that stops spinning sleeps.
-// Measured in-process 8-byte ping-pong, one way, median, on a 2-core machine shared with
-// compilers (so only indicative): infinite spin without arming 1.2 us; this loop (arm on
-// every round) 5-6 us over shared memory, 8.7 us over TCP; ucx_perftest tag_lat -e,
-// same time: 0.45-0.5 us. Arming on every round is the price of correctness: once a UCX
-// 1.13 worker has been armed, ucp_worker_progress alone stopped noticing new messages
-// (a spin of plain progress calls saw each one only when it ended, 55 us late).
-// BRAID_UCX_SPIN_US trades a busy core after each burst for that latency; 0 sleeps at
-// once (an epoll wake-up per message).
+//     it re-posts itself to the io_context without arming: no syscall of ours per round.
+//     Posting rather than looping lets the completions it just posted (and every other
+//     handler) run between polls, so a ping-pong's next receive is posted while we are
+//     still polling;
+//   - otherwise it arms the worker (ucp_worker_arm; UCS_ERR_BUSY means it cannot sleep
+//     yet, so keep spinning) and waits on the fd.
+// Arming only before sleeping matters: an armed shared-memory interface makes every
+// sender signal us (a sendto per message, uct_mm_ep_am_common_send sees
+// UCT_MM_IFACE_FIFO_HEAD_EVENT_ARMED) and costs us a recvfrom per arm; arming on every
+// round measured 2.3 us one way instead of 0.5 in a plain UCX ping-pong, 5-6 us in braid.
+// Plain polling does see new messages after an arm (the mm FIFO is polled by its owner
+// bit whatever the armed bit says). What once looked like "progress stops seeing messages
+// once armed" is two ranks sharing one core: a rank that spins holds the core, so its
+// peer cannot even send until the spin window ends, and every message then arrives a
+// spin window late (reproduced with plain UCX: 55 us one way with both processes pinned
+// to one core, 0.5 us on two). So once a wait outlasts a round trip, each round yields
+// the core (yield_after).
+// BRAID_UCX_SPIN_US trades a busy core after each burst for latency; 0 sleeps at once
+// (an epoll wake-up per message).
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <sched.h>
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
@@ -34,6 +41,9 @@
 
 namespace braid::transport::detail {
 namespace {
+
+// See progress(): how long a spin stays free of syscalls before it starts yielding.
+constexpr std::chrono::microseconds yield_after{2};
 
 std::chrono::nanoseconds spin_from(const UcxWorker::Options& options) {
   if (options.spin) return *options.spin;
@@ -110,35 +120,39 @@ void UcxWorkerImpl::open() {
   progress();
 }
 
-static long dbg_rounds, dbg_event_rounds, dbg_arms, dbg_busy, dbg_busy_then_events, dbg_sleeps;
-static bool dbg_after_busy;
-struct DbgPrint { ~DbgPrint(){ fprintf(stderr,"DBG rounds %ld event_rounds %ld arms %ld busy %ld busy_then_events %ld sleeps %ld\n",dbg_rounds,dbg_event_rounds,dbg_arms,dbg_busy,dbg_busy_then_events,dbg_sleeps);} } dbg_print;
 void UcxWorkerImpl::progress() {
-  for (;;) {
-    unsigned events = 0;
-    while (ucp_worker_progress(worker_) != 0) ++events;
-    ++dbg_rounds; if (events) { ++dbg_event_rounds; if (dbg_after_busy) ++dbg_busy_then_events; }
-    dbg_after_busy = false;
-    const auto now = Clock::now();
-    if (events != 0) last_activity_ = now;
-    if (now - last_activity_ < spin_) {
-      post_poll();
-      return;
-    }
-    const ucs_status_t status = ucp_worker_arm(worker_);
-    ++dbg_arms;
-    if (status == UCS_ERR_BUSY) { ++dbg_busy; dbg_after_busy = true; continue; }
-    ++dbg_sleeps;  // events arrived since the drain
-    if (status != UCS_OK) {
-      // Cannot sleep safely: keep polling rather than miss a completion.
-      log::error("ucp_worker_arm failed ({}); polling instead of sleeping",
-                 ucs_status_string(status));
-      post_poll();
-      return;
-    }
-    wait_for_events();
+  unsigned events = 0;
+  while (ucp_worker_progress(worker_) != 0) ++events;
+  const auto now = Clock::now();
+  if (events != 0) last_activity_ = now;
+  const auto idle = now - last_activity_;
+  if (idle < spin_) {
+    // A peer process sharing this core cannot send while we spin: without yielding,
+    // each message would wait out our whole spin window. sched_yield() costs ~0.2 us
+    // and returns at once when nothing else wants the core; we pay it only once a
+    // wait has lasted longer than a ping-pong round trip.
+    if (idle > yield_after) sched_yield();
+    post_poll();
     return;
   }
+  const ucs_status_t status = ucp_worker_arm(worker_);
+  if (status == UCS_ERR_BUSY) {
+    // Events arrived since the drain, or a transport cannot sleep yet (an mm interface
+    // with sends queued for a full FIFO says BUSY until they go out, which for a dead
+    // peer is until keepalive notices). Keep polling from the io_context rather than
+    // looping here, so timers and completions still run.
+    last_activity_ = now;
+    post_poll();
+    return;
+  }
+  if (status != UCS_OK) {
+    // Cannot sleep safely: keep polling rather than miss a completion.
+    log::error("ucp_worker_arm failed ({}); polling instead of sleeping",
+               ucs_status_string(status));
+    post_poll();
+    return;
+  }
+  wait_for_events();
 }
 
 void UcxWorkerImpl::post_poll() {

@@ -14,6 +14,7 @@
 
 #include <braid/core/error.hpp>
 #include <braid/core/runtime.hpp>
+#include <braid/trace/recorder.hpp>
 #include <braid/transport/store.hpp>
 
 #include "transport/store_protocol.hpp"
@@ -155,6 +156,29 @@ TEST_F(Store, SetThenGetReturnsTheValue) {
   run_on(runtime_, store->set("empty", {}));
   EXPECT_EQ(run_on(runtime_, store->get("greeting", deadline_after(1s))), bytes("again"));
   EXPECT_EQ(run_on(runtime_, store->get("empty", deadline_after(1s))), Bytes{});
+}
+
+TEST_F(Store, OperationsAreTracedOnTheStoreTrackWhenTracingIsOn) {
+  auto store = connect();
+  trace::clear();
+  trace::set_enabled(true);
+  run_on(runtime_, store->set("traced", bytes("value")));
+  run_on(runtime_, store->get("traced", deadline_after(1s)));
+  trace::set_enabled(false);
+  run_on(runtime_, store->get("traced", deadline_after(1s)));  // off: not recorded
+
+  const auto snapshot = trace::snapshot();
+  const std::uint32_t store_track = trace::track("store").id;
+  std::vector<std::string> names;
+  for (const auto& record : snapshot.records) {
+    if (record.category != trace::Category::store) continue;
+    EXPECT_EQ(record.track, store_track);
+    EXPECT_LE(record.begin_ns, record.end_ns);
+    names.emplace_back(record.name);
+    if (names.back() == "store.get") EXPECT_EQ(record.bytes, 5u);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"store.set", "store.get"}));
+  trace::clear();
 }
 
 TEST_F(Store, GetWaitsForAKeySetLater) {

@@ -4,9 +4,12 @@
 //   mean. ucx_perftest -t tag_lat does the same ping-pong with busy polling.
 // - bandwidth: rank 0 keeps `window` 4 MiB sends in flight while rank 1 keeps as many
 //   receives posted; the clock stops when rank 1 acknowledges the last message.
-//   ucx_perftest -t tag_bw streams sends the same way.
-// Both run with the same UCX environment (UCX_TLS and friends pass through), so both
-// pick the same transports.
+//   ucx_perftest -t tag_bw streams sends the same way; its default window is 32 sends in
+//   flight, so it is run with -O <window> to compare like with like.
+// Both run with the same UCX environment (UCX_TLS and friends pass through). They still
+// pick different transports: braid's endpoints handle peer failure, which in UCX 1.13
+// rules out posix/sysv (unless UCX_MM_ERROR_HANDLING=y) and cma, while ucx_perftest
+// (without -e) uses shared memory and cma.
 #include "p2p.hpp"
 
 #include <braid/braid.hpp>
@@ -239,7 +242,8 @@ std::optional<Figures> run_ucx_perftest(const P2pOptions& options) {
                                      std::to_string(options.latency_warmup)});
   auto bandwidth = perftest_final_row({"-t", "tag_bw", "-s", std::to_string(options.bandwidth_bytes),
                                        "-n", std::to_string(options.bandwidth_iterations), "-w",
-                                       std::to_string(options.bandwidth_warmup)});
+                                       std::to_string(options.bandwidth_warmup), "-O",
+                                       std::to_string(options.window)});
   if (!latency || !bandwidth) return std::nullopt;
   // MB/s in ucx_perftest is 2^20 bytes per second.
   return Figures{(*latency)[1], (*latency)[2], (*bandwidth)[5] * (1 << 20) / 1e9};

@@ -18,10 +18,13 @@
 #include <gtest/gtest.h>
 #include <ucs/type/status.h>
 
+#include <algorithm>
+
 #include <braid/core/log.hpp>
 #include <braid/core/runtime.hpp>
 #include <braid/transport/tag.hpp>
 #include <braid/transport/ucx_error.hpp>
+#include <braid/trace/recorder.hpp>
 #include <braid/transport/ucx_worker.hpp>
 
 namespace braid::transport {
@@ -217,6 +220,31 @@ TEST(UcxP2p, ARankCanSendToItself) {
   world.spawn(0, world[0].send(0, Buffer(&out, 1, DType::i64), {}, soon())).get();
   EXPECT_EQ(recv.get(), 8u);
   EXPECT_EQ(in, 7u);
+}
+
+TEST(UcxP2p, MessagesAreTracedAsTransportSpansWithPeerSequenceAndBytes) {
+  World world(2);
+  std::vector<std::uint8_t> sent = pattern(100, 3), received(256);
+  trace::clear();
+  trace::set_enabled(true);
+  auto recv = world.spawn(1, world[1].recv(0, Buffer(received), {.sequence = 9}, soon()));
+  world.spawn(0, world[0].send(1, Buffer(sent), {.sequence = 9}, soon())).get();
+  EXPECT_EQ(recv.get(), 100u);
+  trace::set_enabled(false);
+
+  std::vector<std::string> names;
+  for (const auto& record : trace::snapshot().records) {
+    if (record.category != trace::Category::transport) continue;
+    names.emplace_back(record.name);
+    EXPECT_EQ(record.bytes, 100u) << record.name;  // a receive records what arrived
+    ASSERT_EQ(record.arg_count, 2);
+    EXPECT_STREQ(record.args[0].key, "peer");
+    EXPECT_EQ(record.args[0].value, names.back() == "ucx.send" ? 1 : 0);
+    EXPECT_EQ(record.args[1].value, 9);
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"ucx.recv", "ucx.send"}));
+  trace::clear();
 }
 
 TEST(UcxP2p, ReceiveBufferSmallerThanTheMessageFailsWithSizeMismatchNamingPeerAndSizes) {

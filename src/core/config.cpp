@@ -132,7 +132,11 @@ std::string describe(const EnvLookup& env) {
 }  // namespace braid::config
 
 namespace braid {
+// Read once, at first use: every send and receive without an explicit deadline asks, and
+// a getenv plus parse per message was a tenth of small-message latency.
 Clock::duration default_timeout() {
-  return std::chrono::duration_cast<Clock::duration>(config::seconds_value("BRAID_TIMEOUT"));
+  static const Clock::duration timeout =
+      std::chrono::duration_cast<Clock::duration>(config::seconds_value("BRAID_TIMEOUT"));
+  return timeout;
 }
 }  // namespace braid

@@ -11,7 +11,8 @@ using Deadline = Clock::time_point;
 
 inline Deadline deadline_after(Clock::duration timeout) { return Clock::now() + timeout; }
 
-// The timeout in force for operations that were not given one: BRAID_TIMEOUT.
+// The timeout in force for operations that were not given one: BRAID_TIMEOUT, read at
+// the first call (a malformed value throws Error(invalid_environment) there).
 Clock::duration default_timeout();
 inline Deadline default_deadline() { return deadline_after(default_timeout()); }
 

@@ -23,6 +23,8 @@
 //     within one to two intervals (197 ms with a 200 ms interval) -- but only in about
 //     5 runs of 8 of UcxPeerFailure: in the others no keepalive round ever fails and the
 //     operations run into their deadlines. That is why braid does not set it by default.
+// Detectors outside UCX (World's store watcher, which sees a killed process's store
+// connection close) take the same path: UcxWorker::fail_peer calls fail_peer() below.
 #include <algorithm>
 
 #include <boost/asio/post.hpp>

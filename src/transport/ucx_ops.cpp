@@ -3,8 +3,11 @@
 // Hot path: a send or receive that UCX completes inside the call (an eager send, a
 // receive whose message already arrived) never suspends the coroutine and allocates
 // nothing. One that UCX must finish later takes an UcxOp from a pool, links it into the
-// pending list and suspends; the completion callback (inside ucp_worker_progress) posts
-// the result to the coroutine's executor: it never resumes the coroutine inline.
+// pending list and suspends. The completion callback runs inside ucp_worker_progress and
+// never resumes the coroutine there: from progress()'s drain it queues the result, which
+// progress() hands over once UCX has returned (see ucx_progress.cpp); from anywhere else
+// (a cancel, a forced close, the watchdog's keepalive calls) it posts the result to the
+// coroutine's executor.
 //
 // Deadlines without a timer per operation (an Asio timer costs a timerfd_settime when it
 // becomes the earliest): one watchdog timer is armed at the earliest pending deadline.
@@ -210,7 +213,11 @@ void UcxWorkerImpl::finish(UcxOp* op, void* request, ucs_status_t status, std::s
   }
   std::unique_ptr<OpHandler> handler = std::move(op->handler);
   release_op(op);
-  std::move(*handler).post(std::move(error), length);
+  if (draining_) {
+    completed_.push_back({std::move(handler), std::move(error), length});
+  } else {
+    std::move(*handler).post(std::move(error), length);
+  }
 }
 
 Error UcxWorkerImpl::make_error(int peer, OpKind kind, const Tag& tag, std::size_t capacity,

@@ -1,7 +1,9 @@
 #include <boost/asio/append.hpp>
 #include <boost/asio/async_result.hpp>
+#include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <fmt/format.h>
 
 #include <braid/trace/span.hpp>
 
@@ -21,6 +23,9 @@ class HandlerFor final : public detail::OpHandler {
   explicit HandlerFor(Handler handler) : handler_(std::move(handler)) {}
   void post(std::exception_ptr error, std::size_t length) && override {
     asio::post(asio::append(std::move(handler_), std::move(error), length));
+  }
+  void dispatch(std::exception_ptr error, std::size_t length) && override {
+    asio::dispatch(asio::append(std::move(handler_), std::move(error), length));
   }
 
  private:
@@ -60,6 +65,18 @@ const Bytes& UcxWorker::address() const noexcept {
 
 void UcxWorker::connect(const std::vector<Bytes>& addresses_by_rank, int my_rank) {
   runtime_.run([&] { impl_->connect(addresses_by_rank, my_rank); });
+}
+
+void UcxWorker::fail_peer(int peer, std::string reason) {
+  runtime_.run([&] {
+    if (peer < 0 || peer >= impl_->size()) {
+      throw Error(Errc::invalid_argument,
+                  fmt::format("fail_peer({}) names no rank of a world of {}", peer, impl_->size()),
+                  {.rank = impl_->rank(), .peer = peer, .operation = "ucx.fail_peer"});
+    }
+    // Not inside ucp_worker_progress here, so the endpoint may close at once.
+    impl_->fail_peer(peer, std::move(reason), /*close_now=*/true);
+  });
 }
 
 int UcxWorker::rank() const noexcept {

@@ -32,6 +32,10 @@ class OpHandler {
   virtual ~OpHandler() = default;
   // Posts the result to the handler's own executor; never runs the coroutine inline.
   virtual void post(std::exception_ptr error, std::size_t length) && = 0;
+  // Runs the coroutine inline when its executor allows it (the runtime's io_context,
+  // called on its thread), else posts. Only progress() uses it, after
+  // ucp_worker_progress has returned: see ucx_progress.cpp.
+  virtual void dispatch(std::exception_ptr error, std::size_t length) && = 0;
 };
 
 enum class OpKind : std::uint8_t { send, recv };
@@ -83,6 +87,11 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
 
   // ucx_endpoints.cpp
   void connect(const std::vector<Bytes>& addresses_by_rank, int my_rank);
+  // Marks the peer failed and fails its pending operations with Errc::peer_failed naming
+  // `why`: the one path for every detector (UCX's endpoint error callback and
+  // UcxWorker::fail_peer). Inside ucp_worker_progress pass close_now = false, so the
+  // endpoint is closed from a handler of its own rather than under UCX's feet.
+  void fail_peer(int rank, std::string why, bool close_now);
 
   // ucx_ops.cpp. Both throw Error for operations that fail at once and return null when
   // UCX completed them at once.
@@ -96,13 +105,14 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
  private:
   // ucx_progress.cpp
   void progress();
+  unsigned drain();
+  void deliver_completions();
   void post_poll();
   void wait_for_events();
   void teardown_ucx() noexcept;
 
   // ucx_endpoints.cpp
   static void on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t status);
-  void fail_peer(int rank, std::string why, bool close_now);
   void close_endpoint_by_force(UcxPeer& peer);
   void close_endpoints();
 
@@ -126,6 +136,7 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   Runtime& runtime_;
   std::chrono::nanoseconds spin_;
   std::chrono::milliseconds keepalive_interval_;
+  bool shared_memory_peer_errors_;
   std::chrono::milliseconds close_timeout_;
 
   ucp_context_h context_ = nullptr;
@@ -142,6 +153,16 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   bool poll_posted_ = false;
   bool fd_wait_outstanding_ = false;
   Clock::time_point last_activity_{};
+  // Completions found by drain(), delivered by progress() once UCX has returned; `ready_`
+  // is the batch being delivered (two vectors so that neither allocates after warm-up).
+  struct Completion {
+    std::unique_ptr<OpHandler> handler;
+    std::exception_ptr error;
+    std::size_t length = 0;
+  };
+  bool draining_ = false;
+  std::vector<Completion> completed_;
+  std::vector<Completion> ready_;
 
   boost::intrusive::list<UcxOp, boost::intrusive::constant_time_size<false>> pending_;
   std::vector<UcxOp*> free_ops_;

@@ -2,8 +2,9 @@
 // - latency: rank 0 sends 8 bytes, rank 1 sends them back; one-way latency is half of
 //   each round trip, reported as the median ("typical", ucx_perftest's 50%ile) and the
 //   mean. ucx_perftest -t tag_lat does the same ping-pong with busy polling.
-// - bandwidth: rank 0 keeps `window` 4 MiB sends in flight while rank 1 keeps as many
-//   receives posted; the clock stops when rank 1 acknowledges the last message.
+// - bandwidth: rank 0 keeps `window` 4 MiB sends in flight (a new one starts as each
+//   completes) while rank 1 keeps as many receives posted; the clock stops when rank 1
+//   acknowledges the last message.
 //   ucx_perftest -t tag_bw streams sends the same way; its default window is 32 sends in
 //   flight, so it is run with -O <window> to compare like with like.
 // Both run with the same UCX environment (UCX_TLS and friends pass through). They still
@@ -109,37 +110,43 @@ awaitable<std::vector<double>> ping_pong(transport::World& world, Buffer message
   co_return round_trips_us;
 }
 
-// Streams `iterations` messages from rank 0 to rank 1, `window` at a time; returns
-// seconds on rank 0, from the first send to rank 1's acknowledgement of the last.
+// One of stream()'s lanes: sends (rank 0) or receives (rank 1) messages first,
+// first + stride, ... through one slot, starting each as soon as the previous completes.
+awaitable<void> stream_lane(transport::World& world, Buffer slot, int first, int stride,
+                            int iterations, std::uint64_t first_tag) {
+  const int peer = 1 - world.rank();
+  for (int i = first; i < iterations; i += stride) {
+    const std::uint64_t tag = first_tag + static_cast<std::uint64_t>(i);
+    if (world.rank() == 0) {
+      co_await world.send(peer, slot, tag);
+    } else {
+      co_await world.recv(peer, slot, tag);
+    }
+  }
+}
+
+// Streams `iterations` messages from rank 0 to rank 1 with `window` in flight at all
+// times (a sliding window, as ucx_perftest -O keeps it, not batches that drain to zero);
+// returns seconds on rank 0, from the first send to rank 1's acknowledgement of the last.
 awaitable<double> stream(transport::World& world, std::vector<std::vector<std::uint8_t>>& slots,
                          int iterations, int window, std::uint64_t first_tag) {
   auto executor = co_await asio::this_coro::executor;
   const int peer = 1 - world.rank();
+  const int lanes = std::min(window, iterations);
   const auto start = Clock::now();
-  for (int done = 0; done < iterations;) {
-    const int batch = std::min(window, iterations - done);
-    using Op = decltype(asio::co_spawn(executor, world.recv(0, Buffer(slots[0]), 0), asio::deferred));
-    std::vector<Op> ops;
-    for (int k = 0; k < batch; ++k) {
-      Buffer slot(slots[static_cast<std::size_t>(k)]);
-      const std::uint64_t tag = first_tag + static_cast<std::uint64_t>(done + k);
-      ops.push_back(asio::co_spawn(
-          executor,
-          world.rank() == 0
-              ? [](transport::World& w, int p, Buffer b, std::uint64_t t) -> awaitable<std::size_t> {
-                  co_await w.send(p, b, t);
-                  co_return b.size_bytes();
-                }(world, peer, slot, tag)
-              : world.recv(peer, slot, tag),
-          asio::deferred));
-    }
-    auto [order, errors, sizes] = co_await asio::experimental::make_parallel_group(std::move(ops))
-                                      .async_wait(asio::experimental::wait_for_all(),
-                                                  asio::use_awaitable);
-    for (auto& error : errors) {
-      if (error) std::rethrow_exception(error);
-    }
-    done += batch;
+  using Op = decltype(asio::co_spawn(executor, stream_lane(world, Buffer(slots[0]), 0, 1, 0, 0),
+                                     asio::deferred));
+  std::vector<Op> ops;
+  for (int k = 0; k < lanes; ++k) {
+    ops.push_back(asio::co_spawn(executor,
+                                 stream_lane(world, Buffer(slots[static_cast<std::size_t>(k)]), k,
+                                             lanes, iterations, first_tag),
+                                 asio::deferred));
+  }
+  auto [order, errors] = co_await asio::experimental::make_parallel_group(std::move(ops))
+                             .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
+  for (auto& error : errors) {
+    if (error) std::rethrow_exception(error);
   }
   std::uint8_t ack = 1;
   Buffer ack_buffer(&ack, 1, DType::u8);

@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <boost/asio/awaitable.hpp>
@@ -62,6 +63,15 @@ class UcxWorker {
     std::chrono::milliseconds keepalive_interval{1000};
     // How long the destructor lets endpoints flush before closing them by force.
     std::chrono::milliseconds close_timeout{1000};
+    // Lets error-handling endpoints use shared memory (UCX's MM_ERROR_HANDLING=y). UCX
+    // 1.13 gives posix/sysv no lanes on such endpoints otherwise, so same-node messages
+    // take TCP loopback: 8-byte latency ~7.6 us instead of ~1.6. The cost: a SIGKILLed
+    // peer on shared memory is then noticed only by UCX's keepalive, which misses it in
+    // about 3 runs of 8 (its operations run to their deadlines). Turn it on only with a
+    // detector of your own calling fail_peer() (World does, through the store). The
+    // user's UCX_MM_ERROR_HANDLING / UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING,
+    // when set, win either way.
+    bool shared_memory_peer_errors = false;
   };
 
   // Creates the UCX context and worker on `runtime`'s thread. Throws Error (ucx
@@ -95,6 +105,16 @@ class UcxWorker {
   // Receives the message `peer` sent with `tag` into `buffer` (host memory); returns the
   // number of bytes received, which may be less than the buffer's size.
   asio::awaitable<std::size_t> recv(int peer, Buffer buffer, Tag tag, Deadline deadline);
+
+  // Declares `peer` failed on the word of a detector outside UCX (World's store watcher,
+  // which sees a killed process that UCX's shared-memory keepalive can miss). Exactly
+  // what a UCX endpoint error does: every pending operation with `peer` fails with
+  // Errc::peer_failed whose message is `reason` (say why, e.g. "its store connection
+  // closed"), the endpoint is closed by force, and every later operation with it fails at
+  // once. A peer already failed keeps its first reason. Call it after connect(), from any
+  // thread (it hops to the runtime thread). Throws Errc::invalid_argument for a peer
+  // outside the world.
+  void fail_peer(int peer, std::string reason);
 
  private:
   Runtime& runtime_;

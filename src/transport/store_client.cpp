@@ -416,4 +416,20 @@ asio::awaitable<void> StoreClient::wait(std::vector<std::string> keys, Deadline 
                                              std::move(awaited), &proto::expect_empty));
 }
 
+asio::awaitable<void> StoreClient::set_will(std::string key, Bytes value) {
+  std::string awaited = fmt::format("no reply to set_will of key '{}'", key);
+  proto::Request request = proto::SetWillRequest{std::move(key), std::move(value)};
+  return run_on(impl_->executor_,
+                Impl::call(impl_, std::move(request), default_deadline(), "store.set_will",
+                           std::move(awaited), &proto::expect_empty));
+}
+
+asio::awaitable<void> StoreClient::clear_will() {
+  std::string awaited = "no reply to clear_will";
+  proto::Request request = proto::ClearWillRequest{};
+  return run_on(impl_->executor_,
+                Impl::call(impl_, std::move(request), default_deadline(), "store.clear_will",
+                           std::move(awaited), &proto::expect_empty));
+}
+
 }  // namespace braid::transport

@@ -145,6 +145,10 @@ std::string_view to_string(Opcode opcode) noexcept {
       return "erase";
     case Opcode::wait:
       return "wait";
+    case Opcode::set_will:
+      return "set_will";
+    case Opcode::clear_will:
+      return "clear_will";
     case Opcode::ok:
       return "ok";
     case Opcode::error:
@@ -211,13 +215,20 @@ Bytes encode_request(std::uint64_t request_id, const Request& request) {
           FrameWriter w(Opcode::erase, request_id);
           w.put_string(r.key);
           return std::move(w).finish();
-        } else {
-          static_assert(std::is_same_v<R, WaitRequest>);
+        } else if constexpr (std::is_same_v<R, WaitRequest>) {
           FrameWriter w(Opcode::wait, request_id);
           w.put_u32(static_cast<std::uint32_t>(r.keys.size()));
           for (const std::string& key : r.keys) w.put_string(key);
           w.put_u64(static_cast<std::uint64_t>(std::max<std::int64_t>(r.timeout.count(), 0)));
           return std::move(w).finish();
+        } else if constexpr (std::is_same_v<R, SetWillRequest>) {
+          FrameWriter w(Opcode::set_will, request_id);
+          w.put_string(r.key);
+          w.put_bytes(r.value);
+          return std::move(w).finish();
+        } else {
+          static_assert(std::is_same_v<R, ClearWillRequest>);
+          return FrameWriter(Opcode::clear_will, request_id).finish();
         }
       },
       request);
@@ -297,6 +308,14 @@ Request decode_request(const Frame& frame) {
       out = std::move(wait);
       break;
     }
+    case Opcode::set_will: {
+      std::string key = r.string();
+      out = SetWillRequest{std::move(key), r.bytes()};
+      break;
+    }
+    case Opcode::clear_will:
+      out = ClearWillRequest{};
+      break;
     default:
       malformed(
           fmt::format("opcode {:#04x} is not a request", static_cast<unsigned>(frame.opcode)));

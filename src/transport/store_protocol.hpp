@@ -20,6 +20,8 @@
 //   0x05 compare_set  str key, bytes expected, bytes desired    rest: the value afterwards
 //   0x06 erase        str key                                   u8: 1 if the key existed
 //   0x07 wait         u32 n, n x str key, ms timeout            (empty)
+//   0x08 set_will     str key, bytes value                      (empty)
+//   0x09 clear_will   (empty)                                   (empty)
 //
 //   server -> client
 //   0x80 ok           as above
@@ -30,6 +32,15 @@
 // protocol (unknown opcode, a payload shorter or longer than its fields, a length outside
 // [9, kMaxFrameBody], a truncated frame) gets error(protocol_error) with request id 0 where
 // none could be read, and that connection alone is closed.
+//
+// Wills. set_will registers the connection's will, replacing any earlier one; clear_will
+// withdraws it. When the connection closes for any reason other than the server shutting
+// down (the client exited, was killed, broke the protocol, stopped reading) with a will
+// registered, the server stores the will's value under its key exactly as a set would,
+// waking the waiters on that key -- unless the key already exists, in which case it keeps
+// the value it has: the first failure reported under a key wins. A client leaving on
+// purpose sends clear_will first (its reply tells it the server saw it before the close).
+// Version 2 added the wills; a version 1 client is refused at hello.
 //
 // Timeouts travel as relative milliseconds because steady clocks of two machines share no
 // epoch; the server drops a waiter (replying error(timeout)) once its timeout passes, so a
@@ -56,7 +67,7 @@
 namespace braid::transport::store_protocol {
 
 inline constexpr std::uint32_t kMagic = 0x54535242;  // "BRST" as little-endian bytes
-inline constexpr std::uint16_t kVersion = 1;
+inline constexpr std::uint16_t kVersion = 2;
 inline constexpr std::size_t kLengthBytes = 4;
 inline constexpr std::size_t kHeaderBytes = 1 + 8;  // opcode, request id
 inline constexpr std::size_t kMaxFrameBody = std::size_t{64} << 20;
@@ -69,6 +80,8 @@ enum class Opcode : std::uint8_t {
   compare_set = 0x05,
   erase = 0x06,
   wait = 0x07,
+  set_will = 0x08,
+  clear_will = 0x09,
   ok = 0x80,
   error = 0x81,
 };
@@ -108,8 +121,13 @@ struct WaitRequest {
   std::vector<std::string> keys;
   std::chrono::milliseconds timeout{0};
 };
+struct SetWillRequest {
+  std::string key;
+  Bytes value;
+};
+struct ClearWillRequest {};
 using Request = std::variant<HelloRequest, SetRequest, GetRequest, AddRequest, CompareSetRequest,
-                             EraseRequest, WaitRequest>;
+                             EraseRequest, WaitRequest, SetWillRequest, ClearWillRequest>;
 
 struct ErrorReply {
   Errc code = Errc::protocol_error;

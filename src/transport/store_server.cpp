@@ -4,7 +4,8 @@
 //
 // Cost: a set wakes only the waiters parked on its key (a hash lookup, then one reply per
 // waiter); a waiter for n keys sits in n lists until each key appears, its connection
-// closes or its timeout passes, whichever comes first.
+// closes or its timeout passes, whichever comes first. A will costs nothing until its
+// connection closes, then one set.
 #include <algorithm>
 #include <charconv>
 #include <deque>
@@ -13,6 +14,7 @@
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -76,6 +78,8 @@ struct Connection {
   std::optional<std::string> close_after_flush;  // the reason, once the peer is to be dropped
   std::deque<Bytes> outbox;
   std::vector<std::shared_ptr<Waiter>> waiters;
+  // Stored when the connection closes, unless withdrawn first (store_protocol.hpp, Wills).
+  std::optional<std::pair<std::string, Bytes>> will;
 };
 
 }  // namespace
@@ -101,6 +105,9 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
                   proto::CompareSetRequest r);
   void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::EraseRequest r);
   void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::WaitRequest r);
+  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::SetWillRequest r);
+  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
+                  proto::ClearWillRequest r);
 
   void store(const std::string& key, Bytes value);
   void park(const std::shared_ptr<Connection>& connection, std::uint64_t id,
@@ -324,6 +331,18 @@ void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::ui
   park(c, id, std::move(r.keys), std::nullopt, r.timeout);
 }
 
+void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
+                                   proto::SetWillRequest r) {
+  c->will.emplace(std::move(r.key), std::move(r.value));
+  send(c, proto::encode_ok(id, {}));
+}
+
+void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
+                                   proto::ClearWillRequest /*r*/) {
+  c->will.reset();
+  send(c, proto::encode_ok(id, {}));
+}
+
 void StoreServer::Impl::store(const std::string& key, Bytes value) {
   data_[key] = std::move(value);
   auto node = waiters_by_key_.extract(key);
@@ -409,6 +428,18 @@ void StoreServer::Impl::close(const std::shared_ptr<Connection>& connection,
   }
   connection->waiters.clear();
   connections_.erase(connection);
+  // A server shutting down is not its clients failing.
+  if (connection->will && !stopped_) {
+    auto [key, value] = std::move(*connection->will);
+    connection->will.reset();
+    if (data_.contains(key)) {
+      log::debug("store: will of {} for key '{}' not stored: the key already exists",
+                 connection->peer, key);
+    } else {
+      log::debug("store: storing the will of {} under key '{}'", connection->peer, key);
+      store(key, std::move(value));
+    }
+  }
 }
 
 StoreServer::StoreServer(Runtime& runtime, Options options)

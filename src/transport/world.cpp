@@ -1,5 +1,10 @@
+#include <charconv>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 
 #include <fmt/format.h>
 
@@ -17,6 +22,24 @@ std::string address_key(int rank) {
 std::string left_key(int rank) {
   return fmt::format("braid/world/left/{}", rank);
 }
+std::string gone_key(int rank) {
+  return fmt::format("braid/world/gone/{}", rank);
+}
+// Every rank's will sets this key to its rank number; the first death wins.
+constexpr const char* kFailedKey = "braid/world/failed";
+
+Bytes decimal(int value) {
+  const std::string text = std::to_string(value);
+  return Bytes(text.begin(), text.end());
+}
+
+// The rank a will names, or -1 for bytes that are not one.
+int rank_in(const Bytes& value) {
+  const auto* first = reinterpret_cast<const char*>(value.data());
+  int rank = -1;
+  auto [end, error] = std::from_chars(first, first + value.size(), rank);
+  return error == std::errc() && end == first + value.size() ? rank : -1;
+}
 
 // Listen on every interface of the store host's family, so ranks on other nodes reach it.
 std::string listen_host_for(const std::string& store_host) {
@@ -25,8 +48,16 @@ std::string listen_host_for(const std::string& store_host) {
 
 }  // namespace
 
+// Lives on the runtime thread: set and read only there, so it needs no lock.
+struct World::PeerWatch {
+  bool stopped = false;
+};
+
 World::World(Runtime& runtime, LaunchInfo launch, Options options)
-    : runtime_(runtime), launch_(std::move(launch)), options_(std::move(options)) {}
+    : runtime_(runtime),
+      launch_(std::move(launch)),
+      options_(std::move(options)),
+      watch_(std::make_shared<PeerWatch>()) {}
 
 std::unique_ptr<World> World::join(Runtime& runtime, const LaunchInfo& launch, Options options) {
   BRAID_ENFORCE(!runtime.on_runtime_thread(),
@@ -55,7 +86,14 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   StoreAddress store_address{.host = info.store_host, .port = store_port, .token = info.token};
   world->store_ =
       co_await StoreClient::connect(runtime.executor(), std::move(store_address), deadline);
+  // From here on this rank's death -- even one during the rest of the join -- is announced.
+  std::string failed_key = kFailedKey;
+  Bytes will = decimal(info.rank);
+  co_await world->store_->set_will(std::move(failed_key), std::move(will));
 
+  // Shared memory for small messages is safe now: the watcher (watch_peers) notices a
+  // killed peer that UCX's shared-memory keepalive misses.
+  world->options_.ucx.shared_memory_peer_errors = true;
   world->ucx_ = std::make_unique<UcxWorker>(runtime, world->options_.ucx);
   co_await world->store_->set(address_key(info.rank), world->ucx_->address());
   std::vector<Bytes> addresses(static_cast<std::size_t>(info.world_size));
@@ -63,21 +101,78 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
     addresses[static_cast<std::size_t>(r)] = co_await world->store_->get(address_key(r), deadline);
   }
   world->ucx_->connect(addresses, info.rank);
+  asio::co_spawn(runtime.executor(), world->watch_peers(world->watch_), asio::detached);
   log::info("joined a world of {} rank(s) (launched by {}, store {})", info.world_size, info.source,
             format_host_port(info.store_host, store_port));
   co_return world;
 }
 
+asio::awaitable<void> World::watch_peers(std::shared_ptr<PeerWatch> watch) {
+  // The get waits on the server, costing nothing while every rank lives; it is re-issued
+  // only when its (far) deadline passes.
+  constexpr auto kRearmAfter = std::chrono::hours(24);
+  Bytes failed;
+  for (;;) {
+    std::string key = kFailedKey;
+    std::optional<Error> lost;
+    try {
+      failed = co_await store_->get(std::move(key), deadline_after(kRearmAfter));
+    } catch (const Error& e) {
+      lost = e;
+    }
+    // Stopped: the World is leaving or gone (its client's destruction ends our get with
+    // Errc::closed), and nothing of it may be touched.
+    if (watch->stopped) co_return;
+    if (!lost) break;
+    if (lost->code() == Errc::timeout) continue;
+    // The connection to the store broke: rank 0, which serves it, is gone (or unreachable,
+    // which leaves us as stuck as if it were).
+    if (rank() == 0) {
+      log::warn("lost the connection to this rank's own store: {}", lost->what());
+    } else {
+      std::string reason =
+          fmt::format("the store it serves stopped answering ({})", lost->detail());
+      ucx_->fail_peer(0, std::move(reason));
+    }
+    co_return;
+  }
+  const int dead = rank_in(failed);
+  if (dead == rank() || dead < 0 || dead >= size()) {
+    log::warn("the store's '{}' holds {} bytes that name no other rank; not watching peers",
+              kFailedKey, failed.size());
+    co_return;
+  }
+  std::string reason = "its store connection closed (process exited or was killed)";
+  ucx_->fail_peer(dead, std::move(reason));
+}
+
+// Two phases. (1) Every rank waits until every rank has started leaving: a rank that
+// tore its UCX worker down while a slower peer was still connecting to it (endpoints are
+// created eagerly) or still draining its messages would fail that peer. (2) Rank 0, whose
+// runtime serves the store, keeps serving until every rank has seen phase 1 complete.
 asio::awaitable<void> World::leave() {
   const Deadline deadline = deadline_after(options_.leave_timeout);
-  co_await store_->set(left_key(rank()), {});
-  if (rank() != 0) co_return;
-  std::vector<std::string> keys;
-  for (int r = 0; r < size(); ++r) keys.push_back(left_key(r));
-  co_await store_->wait(std::move(keys), deadline);
+  auto all_keys = [this](std::string (*key)(int)) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < size(); ++r) keys.push_back(key(r));
+    return keys;
+  };
+  // Withdrawn before the barrier, so that a clean exit never reads as a death: past it,
+  // ranks close their store connections (and rank 0 its store).
+  co_await store_->clear_will();
+  // Named arguments, not braced temporaries, in co_await (the GCC 12 pitfall; see
+  // async_join).
+  Bytes no_value;
+  co_await store_->set(left_key(rank()), no_value);
+  co_await store_->wait(all_keys(&left_key), deadline);
+  co_await store_->set(gone_key(rank()), no_value);
+  if (rank() == 0) co_await store_->wait(all_keys(&gone_key), deadline);
 }
 
 World::~World() {
+  // The watcher stops first: from here on, ranks leaving and the store closing are
+  // expected, not failures.
+  runtime_.run([this] { watch_->stopped = true; });
   // Only when the world finished joining (a failed join never reaches here) and we are
   // not on the runtime thread, where waiting would deadlock.
   if (store_ && !runtime_.on_runtime_thread()) {

@@ -175,7 +175,9 @@ TEST_F(Store, OperationsAreTracedOnTheStoreTrackWhenTracingIsOn) {
     EXPECT_EQ(record.track, store_track);
     EXPECT_LE(record.begin_ns, record.end_ns);
     names.emplace_back(record.name);
-    if (names.back() == "store.get") EXPECT_EQ(record.bytes, 5u);
+    if (names.back() == "store.get") {
+      EXPECT_EQ(record.bytes, 5u);
+    }
   }
   EXPECT_EQ(names, (std::vector<std::string>{"store.set", "store.get"}));
   trace::clear();
@@ -488,6 +490,53 @@ TEST_F(Store, ClientOperationsFailNamingTheStoreWhenTheServerGoesAway) {
   Error later = error_from(runtime_, store->set("k", bytes("v")), Errc::peer_failed);
   EXPECT_THAT(later.what(), HasSubstr(where));
   EXPECT_EQ(later.context().operation, "store.set");
+}
+
+TEST_F(Store, AClientThatDisconnectsWithoutClearingItsWillWakesAGetOnItsKey) {
+  auto watcher = connect();
+  auto doomed = connect();
+  run_on(runtime_, doomed->set_will("failed", bytes("3")));
+  Future<Bytes> waiting = runtime_.spawn(watcher->get("failed", deadline_after(5s)));
+  EXPECT_FALSE(waiting.wait_for(20ms));
+  // Closing the socket without a word is what the kernel does for a killed process.
+  doomed.reset();
+  EXPECT_EQ(waiting.get(), bytes("3"));
+}
+
+TEST_F(Store, AWillDoesNotReplaceAValueTheKeyAlreadyHolds) {
+  auto store = connect();
+  auto first = connect();
+  auto second = connect();
+  run_on(runtime_, first->set_will("failed", bytes("1")));
+  run_on(runtime_, second->set_will("failed", bytes("2")));
+  first.reset();
+  EXPECT_EQ(run_on(runtime_, store->get("failed", deadline_after(5s))), bytes("1"));
+  second.reset();
+  // Nothing to wait on for a will that changes nothing: give the server time to see the
+  // close (if it has not, the test passes without having tested, it never fails falsely).
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(run_on(runtime_, store->get("failed", deadline_after(1s))), bytes("1"));
+}
+
+TEST_F(Store, ASecondSetWillReplacesTheFirst) {
+  auto store = connect();
+  auto doomed = connect();
+  run_on(runtime_, doomed->set_will("old", bytes("x")));
+  run_on(runtime_, doomed->set_will("new", bytes("y")));
+  doomed.reset();
+  EXPECT_EQ(run_on(runtime_, store->get("new", deadline_after(5s))), bytes("y"));
+  EXPECT_FALSE(run_on(runtime_, store->erase("old")));
+}
+
+TEST_F(Store, AClearedWillDoesNotFireWhenTheClientIsDestroyed) {
+  auto store = connect();
+  auto leaving = connect();
+  run_on(runtime_, leaving->set_will("failed", bytes("1")));
+  run_on(runtime_, leaving->clear_will());
+  leaving.reset();
+  // A get that outlasts the close: had the will fired, it would return.
+  Error e = error_from(runtime_, store->get("failed", deadline_after(300ms)), Errc::timeout);
+  EXPECT_THAT(e.what(), HasSubstr("'failed'"));
 }
 
 TEST(StoreConnect, RetriesUntilAServerThatStartsLateComesUp) {

@@ -76,6 +76,19 @@ TEST(WorldProcesses, AKilledRankFailsItsPeersPendingReceiveNamingIt) {
   EXPECT_LT(survivor.elapsed, 20s);
 }
 
+TEST(WorldProcesses, AKilledStoreHostFailsItsPeersPendingReceiveNamingRankZero) {
+  const auto port = free_port();
+  ChildProcess rank0({probe(), "host-dies-after-ready"}, rank_env(0, 2, port), 40s);
+  ChildProcess rank1({probe(), "host-dies-after-ready"}, rank_env(1, 2, port), 40s);
+  auto dead = rank0.wait();
+  auto survivor = rank1.wait();
+  EXPECT_EQ(dead.status, 128 + SIGKILL) << dead.err;
+  EXPECT_EQ(survivor.status, 3) << survivor.out << survivor.err;
+  EXPECT_THAT(survivor.err, HasSubstr("rank 1: recv (peer rank 0"));
+  EXPECT_THAT(survivor.err, HasSubstr("peer failed"));
+  EXPECT_LT(survivor.elapsed, 20s);
+}
+
 TEST(WorldProcesses, ARankFailingAfterJoinStopsTheOthersAndBraidRunNamesIt) {
   auto result =
       run_child({braid_run(), "-n", "2", "--timeout", "60", probe(), "fail-after-join"});

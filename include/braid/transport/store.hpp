@@ -98,6 +98,19 @@ class StoreClient {
   // Waits until every key exists; Errc::timeout naming the keys at `deadline`.
   asio::awaitable<void> wait(std::vector<std::string> keys, Deadline deadline);
 
+  // A last will: when this client's connection closes while a will is registered -- the
+  // process exited or was killed, the client was destroyed, the network dropped it --
+  // the server sets `key` to `value`, waking get()/wait() callers on it like any set. If
+  // `key` already exists then, the server keeps the value it has: the first will to fire
+  // wins (several ranks sharing one failure key report the first death). One will per
+  // client; a second set_will replaces the first. The will is the server's to fire, so
+  // a server that itself goes away fires nothing: clients see their own Errc::peer_failed.
+  // Completes once the server has registered it.
+  asio::awaitable<void> set_will(std::string key, Bytes value);
+  // Withdraws the will, so that closing the client afterwards sets nothing. Completes
+  // once the server has withdrawn it; no-op without a will.
+  asio::awaitable<void> clear_will();
+
  private:
   struct Impl;
   explicit StoreClient(std::shared_ptr<Impl> impl);

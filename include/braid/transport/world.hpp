@@ -12,9 +12,10 @@
 // Threading: join() and the destructor block, so call them from a thread other than the
 // runtime's (main, typically); send() and recv() are awaited by coroutines on the runtime.
 //
-// Leaving: the destructor waits (up to Options::leave_timeout) until every rank has
-// started leaving before rank 0 stops serving the store, so no rank loses the store while
-// it still needs it. A rank that died is not waited for past that bound.
+// Leaving: the destructor is a barrier (bounded by Options::leave_timeout). No rank tears
+// its UCX worker down until every rank has started leaving, so a slower peer never finds
+// it gone while still connecting or receiving, and rank 0 serves the store until every
+// rank is past the barrier. A rank that died is not waited for past the bound.
 #pragma once
 
 #include <braid/core/buffer.hpp>
@@ -81,8 +82,13 @@ class World {
   static Tag world_tag(std::uint64_t tag) noexcept;
 
  private:
+  struct PeerWatch;
+
   World(Runtime& runtime, LaunchInfo launch, Options options);
   asio::awaitable<void> leave();
+  // Waits for a rank's will to fire and fails that rank; see "Dead peers" above. Touches
+  // this World only while `watch` says it has not been stopped.
+  asio::awaitable<void> watch_peers(std::shared_ptr<PeerWatch> watch);
 
   Runtime& runtime_;
   LaunchInfo launch_;
@@ -90,6 +96,7 @@ class World {
   std::unique_ptr<StoreServer> server_;  // rank 0 only
   std::unique_ptr<StoreClient> store_;
   std::unique_ptr<UcxWorker> ucx_;
+  std::shared_ptr<PeerWatch> watch_;  // shared with watch_peers(), which may outlive us
 };
 
 }  // namespace braid::transport

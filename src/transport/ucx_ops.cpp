@@ -107,7 +107,14 @@ void UcxWorkerImpl::release_op(UcxOp* op) noexcept {
   free_ops_.push_back(op);
 }
 
-void UcxWorkerImpl::track(UcxOp* op) {
+void UcxWorkerImpl::track(UcxOp* op, OpKind kind, int peer, const Tag& tag,
+                          std::size_t capacity, Deadline deadline, void* request) {
+  op->kind = kind;
+  op->peer = peer;
+  op->tag = tag;
+  op->capacity = capacity;
+  op->deadline = deadline;
+  op->request = request;
   pending_.push_back(*op);
   if (op->deadline < watchdog_expiry_) arm_watchdog(op->deadline);
   last_activity_ = Clock::now();
@@ -132,13 +139,7 @@ UcxOp* UcxWorkerImpl::start_send(int peer, const Buffer& buffer, const Tag& tag,
     if (request == nullptr) return nullptr;
     throw make_error(peer, OpKind::send, tag, buffer.size_bytes(), UCS_PTR_STATUS(request), 0);
   }
-  op->kind = OpKind::send;
-  op->peer = peer;
-  op->tag = tag;
-  op->capacity = buffer.size_bytes();
-  op->deadline = deadline;
-  op->request = request;
-  track(op);
+  track(op, OpKind::send, peer, tag, buffer.size_bytes(), deadline, request);
   return op;
 }
 
@@ -170,13 +171,7 @@ RecvStart UcxWorkerImpl::start_recv(int peer, const Buffer& buffer, const Tag& t
     throw make_error(peer, OpKind::recv, tag, buffer.size_bytes(), UCS_PTR_STATUS(request),
                      info.length);
   }
-  op->kind = OpKind::recv;
-  op->peer = peer;
-  op->tag = tag;
-  op->capacity = buffer.size_bytes();
-  op->deadline = deadline;
-  op->request = request;
-  track(op);
+  track(op, OpKind::recv, peer, tag, buffer.size_bytes(), deadline, request);
   return {.op = op, .received = 0};
 }
 

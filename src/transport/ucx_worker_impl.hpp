@@ -123,7 +123,10 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   void check_can_start(int peer, const Buffer& buffer, const Tag& tag, OpKind kind) const;
   UcxOp* acquire_op();
   void release_op(UcxOp* op) noexcept;
-  void track(UcxOp* op);
+  // Fills in a started operation and adds it to the pending list the watchdog and peer
+  // failures walk.
+  void track(UcxOp* op, OpKind kind, int peer, const Tag& tag, std::size_t capacity,
+             Deadline deadline, void* request);
   void finish(UcxOp* op, void* request, ucs_status_t status, std::size_t length);
   void abandon(UcxOp* op, Errc why);
   std::vector<UcxOp*> pending_snapshot() const;

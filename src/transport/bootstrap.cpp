@@ -1,4 +1,10 @@
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <array>
+#include <cerrno>
 #include <charconv>
 #include <climits>
 #include <optional>
@@ -319,6 +325,27 @@ HostPort parse_host_port(std::string_view text, std::string_view what) {
 std::string format_host_port(std::string_view host, std::uint16_t port) {
   if (host.find(':') != std::string_view::npos) return fmt::format("[{}]:{}", host, port);
   return fmt::format("{}:{}", host, port);
+}
+
+std::uint16_t find_free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    throw Error(std::error_code(errno, std::system_category()), "socket()",
+                {.operation = "find_free_port"});
+  }
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);  // where StoreServer listens by default
+  socklen_t length = sizeof address;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    const int saved = errno;
+    ::close(fd);
+    throw Error(std::error_code(saved, std::system_category()), "binding port 0",
+                {.operation = "find_free_port"});
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
 }
 
 LaunchInfo parse_launch_env(const config::EnvLookup& env) {

@@ -1,3 +1,8 @@
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <map>
 #include <string>
 
@@ -375,6 +380,18 @@ TEST(Bootstrap, HostPortRoundTrips) {
     EXPECT_EQ(parsed.port, 4242);
   }
   EXPECT_EQ(format_host_port("::1", 1), "[::1]:1");
+}
+
+TEST(FindFreePort, ReturnsANonZeroPortThatCanBeBoundOnEveryInterface) {
+  const std::uint16_t port = find_free_port();
+  ASSERT_NE(port, 0);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  address.sin_port = htons(port);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ::close(fd);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <braid/core/error.hpp>
 #include <braid/core/runtime.hpp>
 #include <braid/trace/recorder.hpp>
+#include <braid/transport/bootstrap.hpp>
 #include <braid/transport/store.hpp>
 
 #include "transport/store_protocol.hpp"
@@ -30,13 +31,6 @@ namespace proto = store_protocol;
 
 Bytes bytes(std::string_view text) {
   return Bytes(text.begin(), text.end());
-}
-
-// A port nobody listens on right now: bind an ephemeral one and let it go.
-std::uint16_t free_port() {
-  asio::io_context io;
-  tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-  return acceptor.local_endpoint().port();
 }
 
 // Runs `work` on the runtime and waits for it; the Error it throws comes back here.
@@ -541,7 +535,7 @@ TEST_F(Store, AClearedWillDoesNotFireWhenTheClientIsDestroyed) {
 
 TEST(StoreConnect, RetriesUntilAServerThatStartsLateComesUp) {
   Runtime runtime;
-  const std::uint16_t port = free_port();
+  const std::uint16_t port = find_free_port();
   Future<std::unique_ptr<StoreClient>> connecting = runtime.spawn(
       StoreClient::connect(runtime.executor(), {"127.0.0.1", port, ""}, deadline_after(5s)));
   EXPECT_FALSE(connecting.wait_for(100ms));
@@ -553,7 +547,7 @@ TEST(StoreConnect, RetriesUntilAServerThatStartsLateComesUp) {
 
 TEST(StoreConnect, TimesOutNamingHostAndPortWhenNobodyListens) {
   Runtime runtime;
-  const std::uint16_t port = free_port();
+  const std::uint16_t port = find_free_port();
   Error e = error_from(
       runtime,
       StoreClient::connect(runtime.executor(), {"127.0.0.1", port, ""}, deadline_after(150ms)),

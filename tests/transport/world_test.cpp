@@ -4,8 +4,6 @@
 #include <braid/transport/world.hpp>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include <thread>
 
@@ -24,18 +22,6 @@ using namespace std::chrono_literals;
 std::string braid_run() { return program_from_env("BRAID_RUN"); }
 std::string ring() { return program_from_env("RING"); }
 std::string probe() { return program_from_env("WORLD_PROBE"); }
-
-std::uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
 
 // The environment braid-run would give rank `rank` of `size`.
 Env rank_env(int rank, int size, std::uint16_t port, const std::string& token = "t0ken") {
@@ -63,7 +49,7 @@ TEST(WorldProcesses, TheRingWorksOverTcpAlone) {
 }
 
 TEST(WorldProcesses, AKilledRankFailsItsPeersPendingReceiveNamingIt) {
-  const auto port = free_port();
+  const auto port = find_free_port();
   ChildProcess rank0({probe(), "die-after-ready"}, rank_env(0, 2, port), 40s);
   ChildProcess rank1({probe(), "die-after-ready"}, rank_env(1, 2, port), 40s);
   auto dead = rank1.wait();
@@ -77,7 +63,7 @@ TEST(WorldProcesses, AKilledRankFailsItsPeersPendingReceiveNamingIt) {
 }
 
 TEST(WorldProcesses, AKilledStoreHostFailsItsPeersPendingReceiveNamingRankZero) {
-  const auto port = free_port();
+  const auto port = find_free_port();
   ChildProcess rank0({probe(), "host-dies-after-ready"}, rank_env(0, 2, port), 40s);
   ChildProcess rank1({probe(), "host-dies-after-ready"}, rank_env(1, 2, port), 40s);
   auto dead = rank0.wait();
@@ -99,7 +85,7 @@ TEST(WorldProcesses, ARankFailingAfterJoinStopsTheOthersAndBraidRunNamesIt) {
 }
 
 TEST(WorldProcesses, ARankWithTheWrongTokenIsRefusedAtJoin) {
-  const auto port = free_port();
+  const auto port = find_free_port();
   Env quick{{"BRAID_TIMEOUT", "3"}};
   Env env0 = rank_env(0, 2, port, "right");
   Env env1 = rank_env(1, 2, port, "wrong");
@@ -125,7 +111,7 @@ TEST(WorldProcesses, AMalformedEnvironmentIsAnErrorNamingTheVariable) {
 
 TEST(WorldThreads, ThreeRanksAsThreadsExchangeMessagesThroughTheWorld) {
   constexpr int kSize = 3;
-  const auto port = free_port();
+  const auto port = find_free_port();
   std::vector<std::int64_t> received(kSize, -1);
   std::vector<std::thread> ranks;
   for (int r = 0; r < kSize; ++r) {

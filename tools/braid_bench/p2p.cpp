@@ -221,7 +221,7 @@ std::optional<Figures> run_braid(const P2pOptions& options) {
 // The numbers of ucx_perftest's "Final:" row: iterations, then latency 50%ile, average,
 // overall (us), bandwidth average, overall (MB/s), message rate average, overall.
 std::optional<std::vector<double>> perftest_final_row(const std::vector<std::string>& test_args) {
-  const int port = free_local_port();
+  const int port = transport::find_free_port();
   BackgroundProcess server({"ucx_perftest", "-p", std::to_string(port)});
   std::vector<std::string> client{"ucx_perftest", "127.0.0.1", "-p", std::to_string(port)};
   client.insert(client.end(), test_args.begin(), test_args.end());

@@ -126,20 +126,4 @@ bool on_path(const std::string& name) {
   return false;
 }
 
-int free_local_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof address;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    close(fd);
-    throw std::runtime_error("no free local port");
-  }
-  close(fd);
-  return ntohs(address.sin_port);
-}
-
 }  // namespace braid::bench

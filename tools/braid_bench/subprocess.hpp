@@ -33,7 +33,5 @@ class BackgroundProcess {
 std::string sibling_program(const std::string& name);
 // Whether `name` is found on PATH.
 bool on_path(const std::string& name);
-// A TCP port that was free a moment ago on 127.0.0.1.
-int free_local_port();
 
 }  // namespace braid::bench

@@ -57,27 +57,6 @@ std::string signal_name(int sig) {
   return abbrev != nullptr ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", sig);
 }
 
-// A free TCP port for rank 0's store. The port is released before rank 0 binds it, so
-// another process could take it in between; on one machine, seconds apart, that costs
-// a failed start far more rarely than a fixed port shared by concurrent jobs would.
-std::uint16_t pick_free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw_errno("socket");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);  // where StoreServer listens by default
-  socklen_t len = sizeof addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    int saved = errno;
-    ::close(fd);
-    errno = saved;
-    throw_errno("finding a free port for the store");
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 std::string random_token() {
   std::random_device device;  // getrandom() on Linux
   std::string token;
@@ -406,7 +385,7 @@ int Job::run() {
 
   std::string host = options_.master_addr.empty() ? "127.0.0.1" : options_.master_addr;
   std::uint16_t port = options_.master_port           ? *options_.master_port
-                       : options_.master_addr.empty() ? pick_free_port()
+                       : options_.master_addr.empty() ? transport::find_free_port()
                                                       : transport::kDefaultStorePort;
   std::string token = config::string_value("BRAID_TOKEN");
   if (token.empty() && options_.nnodes > 1) {

@@ -96,4 +96,11 @@ HostPort parse_host_port(std::string_view text, std::string_view what);
 // The inverse of parse_host_port: brackets an IPv6 literal.
 std::string format_host_port(std::string_view host, std::uint16_t port);
 
+// A TCP port that was free on every IPv4 interface a moment ago, for a store that will be
+// started shortly (braid-run, benchmarks, tests). The port is released before the caller
+// binds it, so another process could take it in between: on one machine, seconds apart,
+// that is far rarer than a fixed port shared by concurrent jobs colliding. Throws
+// braid::Error (system category) if the kernel hands out no port.
+std::uint16_t find_free_port();
+
 }  // namespace braid::transport

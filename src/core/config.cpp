@@ -30,6 +30,12 @@ constexpr std::array kKnobs{
     Knob{"BRAID_UCX_SPIN_US", "50",
          "microseconds to keep polling UCX after the last activity before sleeping on its "
          "event fd (lower: less CPU, higher: lower latency)"},
+    Knob{"BRAID_ALGO", "",
+         "collective algorithm overrides, e.g. allreduce:0-64k:recursive_doubling#64k-inf:ring;"
+         "broadcast:0-inf:binomial_tree (see docs/algorithms.md); empty: the built-in table"},
+    Knob{"BRAID_DEBUG", "off",
+         "off, or detail: ranks exchange a fingerprint (kind, count, dtype, op, root) before "
+         "every collective and a desync fails on every rank, naming both sides"},
 };
 
 std::string_view trim(std::string_view s) {

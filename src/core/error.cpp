@@ -19,6 +19,7 @@ class BraidCategory final : public std::error_category {
       case Errc::refused: return "refused";
       case Errc::closed: return "closed";
       case Errc::cancelled: return "cancelled";
+      case Errc::desync: return "collective desync";
     }
     return fmt::format("unknown braid error {}", value);
   }

@@ -104,7 +104,29 @@ UcxOp* UcxWorkerImpl::acquire_op() {
 void UcxWorkerImpl::release_op(UcxOp* op) noexcept {
   op->request = nullptr;
   op->abandoned.reset();
+  op->detached = false;
+  op->finished = false;
+  op->error = nullptr;
+  op->length = 0;
   free_ops_.push_back(op);
+}
+
+void UcxWorkerImpl::detach(UcxOp* op) noexcept {
+  if (op->finished) {
+    release_op(op);
+    return;
+  }
+  op->detached = true;
+  // Nobody will read this receive: cancel it so that UCX stops short of writing into a
+  // buffer its owner may reuse (an unmatched receive completes inside the cancel call; one
+  // whose message is already arriving finishes first). A send has to run its course.
+  if (op->kind == OpKind::recv && !op->abandoned && !closed_) abandon(op, Errc::cancelled);
+}
+
+void UcxWorkerImpl::collect(UcxOp* op, std::exception_ptr& error, std::size_t& length) noexcept {
+  error = std::move(op->error);
+  length = op->length;
+  release_op(op);
 }
 
 void UcxWorkerImpl::track(UcxOp* op, OpKind kind, int peer, const Tag& tag,
@@ -205,6 +227,18 @@ void UcxWorkerImpl::finish(UcxOp* op, void* request, ucs_status_t status, std::s
                                                           : "the UCX worker was shut down",
                     context(op->peer, op->kind, op->tag))
             : make_error(op->peer, op->kind, op->tag, op->capacity, status, length));
+  }
+  if (op->handler == nullptr) {
+    // Started as a Transfer and not awaited (yet): park the result, or drop it when the
+    // Transfer is gone.
+    if (op->detached) {
+      release_op(op);
+    } else {
+      op->finished = true;
+      op->error = std::move(error);
+      op->length = length;
+    }
+    return;
   }
   std::unique_ptr<OpHandler> handler = std::move(op->handler);
   release_op(op);

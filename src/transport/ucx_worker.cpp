@@ -1,3 +1,5 @@
+#include <utility>
+
 #include <boost/asio/append.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/dispatch.hpp>
@@ -92,19 +94,83 @@ asio::awaitable<void> UcxWorker::send(int peer, Buffer buffer, Tag tag, Deadline
   trace::AsyncSpan span(trace::Category::transport, "ucx.send", {}, buffer.size_bytes());
   span.arg("peer", peer);
   span.arg("seq", static_cast<std::int64_t>(tag.sequence));
-  detail::UcxOp* op = impl_->start_send(peer, buffer, tag, deadline);
-  if (op != nullptr) co_await wait_for(*op);
+  Transfer transfer = start_send(peer, buffer, tag, deadline);
+  co_await wait(transfer);
 }
 
 asio::awaitable<std::size_t> UcxWorker::recv(int peer, Buffer buffer, Tag tag, Deadline deadline) {
   trace::AsyncSpan span(trace::Category::transport, "ucx.recv");
   span.arg("peer", peer);
   span.arg("seq", static_cast<std::int64_t>(tag.sequence));
-  detail::RecvStart started = impl_->start_recv(peer, buffer, tag, deadline);
-  const std::size_t received =
-      started.op == nullptr ? started.received : co_await wait_for(*started.op);
+  Transfer transfer = start_recv(peer, buffer, tag, deadline);
+  const std::size_t received = co_await wait(transfer);
   span.set_bytes(received);
   co_return received;
+}
+
+Transfer UcxWorker::start_send(int peer, Buffer buffer, Tag tag, Deadline deadline) {
+  Transfer transfer;
+  transfer.op_ = impl_->start_send(peer, buffer, tag, deadline);
+  if (transfer.op_ != nullptr) transfer.impl_ = impl_;
+  transfer.started_ = true;
+  return transfer;
+}
+
+Transfer UcxWorker::start_recv(int peer, Buffer buffer, Tag tag, Deadline deadline) {
+  Transfer transfer;
+  detail::RecvStart started = impl_->start_recv(peer, buffer, tag, deadline);
+  transfer.op_ = started.op;
+  transfer.length_ = started.received;
+  if (transfer.op_ != nullptr) transfer.impl_ = impl_;
+  transfer.started_ = true;
+  return transfer;
+}
+
+asio::awaitable<std::size_t> UcxWorker::wait(Transfer& transfer) {
+  BRAID_ENFORCE(transfer.started_, "UcxWorker::wait on a Transfer that was not started or was "
+                                   "already awaited");
+  detail::UcxOp* op = std::exchange(transfer.op_, nullptr);
+  std::size_t length = transfer.length_;
+  // Hold the worker state until the op is back in its pool, whatever happens below.
+  std::shared_ptr<detail::UcxWorkerImpl> impl = std::move(transfer.impl_);
+  transfer.reset();
+  if (op == nullptr) co_return length;
+  if (op->finished) {
+    std::exception_ptr error;
+    impl->collect(op, error, length);
+    if (error) std::rethrow_exception(error);
+    co_return length;
+  }
+  co_return co_await wait_for(*op);
+}
+
+Transfer::Transfer(Transfer&& other) noexcept
+    : impl_(std::move(other.impl_)),
+      op_(std::exchange(other.op_, nullptr)),
+      length_(other.length_),
+      started_(std::exchange(other.started_, false)) {}
+
+Transfer& Transfer::operator=(Transfer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    impl_ = std::move(other.impl_);
+    op_ = std::exchange(other.op_, nullptr);
+    length_ = other.length_;
+    started_ = std::exchange(other.started_, false);
+  }
+  return *this;
+}
+
+Transfer::~Transfer() {
+  reset();
+}
+
+void Transfer::reset() noexcept {
+  if (op_ != nullptr) impl_->detach(op_);
+  op_ = nullptr;
+  impl_.reset();
+  length_ = 0;
+  started_ = false;
 }
 
 }  // namespace braid::transport

@@ -59,7 +59,15 @@ struct UcxOp
   // Set when braid gave up on the operation (deadline, peer failure, shutdown) and asked
   // UCX to let go of it; the coroutine hears this error once UCX has.
   std::optional<Errc> abandoned;
-  std::unique_ptr<OpHandler> handler;  // attached right after the request starts
+  // Who hears of the completion. A coroutine awaiting the operation attaches `handler`.
+  // A Transfer not yet awaited has none: the result is parked here (`finished`) until
+  // it is; a Transfer dropped unawaited sets `detached`, and the op goes back to the
+  // pool as soon as UCX returns it.
+  std::unique_ptr<OpHandler> handler;
+  bool detached = false;
+  bool finished = false;
+  std::exception_ptr error;  // parked result, when `finished`
+  std::size_t length = 0;
 };
 
 struct UcxPeer {
@@ -97,6 +105,10 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   // UCX completed them at once.
   UcxOp* start_send(int peer, const Buffer& buffer, const Tag& tag, Deadline deadline);
   RecvStart start_recv(int peer, const Buffer& buffer, const Tag& tag, Deadline deadline);
+  // A Transfer lets go of its op: at once when UCX already finished it, else when it does.
+  void detach(UcxOp* op) noexcept;
+  // Takes a parked result and returns the op to the pool.
+  void collect(UcxOp* op, std::exception_ptr& error, std::size_t& length) noexcept;
 
   const Bytes& address() const noexcept { return address_; }
   int rank() const noexcept { return rank_; }

@@ -26,6 +26,7 @@ enum class Errc {
   refused,            // the other side refused us (wrong token, for example)
   closed,             // the object or connection was shut down while the operation waited
   cancelled,          // the operation was cancelled by its caller
+  desync,             // ranks called different collectives at the same point of a communicator
 };
 
 const std::error_category& braid_category() noexcept;

@@ -47,7 +47,38 @@ namespace braid::transport {
 
 namespace detail {
 class UcxWorkerImpl;
+struct UcxOp;
 }  // namespace detail
+
+// A send or receive started with UcxWorker::start_send / start_recv, not yet awaited.
+// Several can be in flight from one coroutine (a ring step sends right while it receives
+// from the left; a pipeline keeps chunks in flight while it reduces others) without a
+// coroutine per message. Move-only; used and destroyed on the runtime's thread. Dropping
+// one unawaited lets UCX finish it in the background and discards the result, but the
+// buffer stays in use until then, so algorithms await every transfer they start.
+class Transfer {
+ public:
+  Transfer() = default;
+  Transfer(Transfer&& other) noexcept;
+  Transfer& operator=(Transfer&& other) noexcept;
+  Transfer(const Transfer&) = delete;
+  Transfer& operator=(const Transfer&) = delete;
+  ~Transfer();
+
+  // True once started and not yet awaited.
+  bool valid() const noexcept { return started_; }
+
+ private:
+  friend class UcxWorker;
+  void reset() noexcept;
+
+  // Null when UCX finished the operation inside the start call (`length` then holds
+  // the result); else the pending op, kept alive with the worker state it lives in.
+  std::shared_ptr<detail::UcxWorkerImpl> impl_;
+  detail::UcxOp* op_ = nullptr;
+  std::size_t length_ = 0;
+  bool started_ = false;
+};
 
 class UcxWorker {
  public:
@@ -105,6 +136,14 @@ class UcxWorker {
   // Receives the message `peer` sent with `tag` into `buffer` (host memory); returns the
   // number of bytes received, which may be less than the buffer's size.
   asio::awaitable<std::size_t> recv(int peer, Buffer buffer, Tag tag, Deadline deadline);
+
+  // send() and recv() in two halves: start now, await later. Starting throws at once what
+  // the operation would fail with at once (a failed peer, a bad argument); everything
+  // else is thrown by wait(), which returns the bytes received (0 for a send). Spans,
+  // errors and deadlines as send() / recv(). Call both on the runtime's thread.
+  Transfer start_send(int peer, Buffer buffer, Tag tag, Deadline deadline);
+  Transfer start_recv(int peer, Buffer buffer, Tag tag, Deadline deadline);
+  asio::awaitable<std::size_t> wait(Transfer& transfer);
 
   // Declares `peer` failed on the word of a detector outside UCX (World's store watcher,
   // which sees a killed process that UCX's shared-memory keepalive can miss). Exactly

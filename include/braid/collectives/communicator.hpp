@@ -1,0 +1,200 @@
+// Communicator: a group of ranks and the collectives they run together, as awaitables.
+//
+//   braid::Runtime runtime;
+//   auto world = braid::transport::World::join(runtime);
+//   auto comm = braid::collectives::Communicator::world(*world);
+//   runtime.spawn([&]() -> asio::awaitable<void> {
+//     co_await comm->all_reduce(braid::Buffer(grads), braid::ReduceOp::sum);
+//   }()).get();
+//   // or, from plain code:  comm->launch(comm->all_reduce(buf, ReduceOp::avg)).get();
+//
+// Ordering. An operation takes its place when it is *called*, not when it is first
+// awaited: each call takes the communicator's next sequence number, which travels in
+// every message's tag. Every rank must call the same collectives in the same order (as
+// with MPI and NCCL); then any number may be in flight at once (gradient buckets) and
+// complete in any order. Calls may come from several threads, but the order between
+// threads is then whatever the calls' order was on each rank, so keep issuing to one
+// communicator on one thread. An awaitable that is dropped without being awaited leaves a
+// hole in the order: the other ranks wait for it until their deadline.
+//
+// Threading. The awaitables run on the World's runtime: co_await them from coroutines
+// spawned there (runtime.spawn), or use launch(). The buffers are the caller's, host
+// memory, alive and untouched (inputs unmodified, outputs unread) until the operation
+// completes.
+//
+// In place. Passing the same buffer as input and output is in place; a partial overlap
+// is an error. The single-buffer overloads are the in-place forms.
+//
+// Errors (braid::Error; context: world rank, the peer's world rank, "all_reduce[ring]",
+// sequence). Every call checks its arguments before it takes a sequence number:
+//   Errc::invalid_argument  sizes that do not fit the operation, CUDA buffers (the NCCL
+//                           communicator carries those), a root or peer outside the group
+//   Errc::size_mismatch     a message from a peer has a size other than this rank's
+//                           arguments imply: the ranks disagree on counts or dtypes. Never
+//                           truncated silently.
+//   Errc::desync            (BRAID_DEBUG=detail) ranks called different collectives, or
+//                           the same one with different counts, dtypes, ops or roots, at
+//                           the same sequence number; the message names both sides, and
+//                           every rank reports it before any data moves.
+//   Errc::peer_failed       a rank died during the operation (named)
+//   Errc::timeout           the operation did not finish within the timeout (Options)
+// Without BRAID_DEBUG=detail, ranks that call different collectives at the same point
+// fail on size checks or time out; two ranks passing dtypes of the same width and equal
+// counts (f32 and i32) are not told apart.
+//
+// avg: the sum divided by the number of ranks, once, at the end. On integer dtypes the
+// division truncates toward zero (like C++), so avg of {1, 2} is 1; sums wrap around.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include <boost/asio/awaitable.hpp>
+
+#include <braid/collectives/algorithm.hpp>
+#include <braid/collectives/selection.hpp>
+#include <braid/core/buffer.hpp>
+#include <braid/core/deadline.hpp>
+#include <braid/core/future.hpp>
+#include <braid/core/reduce_op.hpp>
+#include <braid/core/runtime.hpp>
+
+namespace braid::transport {
+class World;
+class UcxWorker;
+class StoreClient;
+}  // namespace braid::transport
+
+namespace braid::collectives {
+
+namespace detail {
+struct CollectiveCall;
+class ScratchPool;
+}  // namespace detail
+
+struct CommunicatorOptions {
+  // How long one operation may take from the call to completion. nullopt: BRAID_TIMEOUT.
+  std::optional<Clock::duration> timeout;
+  // Exchange op fingerprints before every collective (BRAID_DEBUG=detail). nullopt: from
+  // the environment.
+  std::optional<bool> check_fingerprints;
+  // Algorithm choice; null: SelectionTable::from_environment().
+  std::shared_ptr<const SelectionTable> selection;
+};
+
+class Communicator : public std::enable_shared_from_this<Communicator> {
+ public:
+  using Options = CommunicatorOptions;
+
+  // Every rank of `world`, in world order. The World must outlive the communicator and
+  // every operation on it. Not a collective call: no messages are exchanged.
+  static std::shared_ptr<Communicator> world(transport::World& world, Options options = {});
+
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return static_cast<int>(world_ranks_.size()); }
+  // The world rank of this communicator's rank `rank`.
+  int world_rank(int rank) const { return world_ranks_.at(static_cast<std::size_t>(rank)); }
+  // Unique among the job's live communicators; the world's is 1.
+  std::uint32_t id() const noexcept { return id_; }
+  Runtime& runtime() noexcept { return runtime_; }
+
+  // Runs `operation` on the runtime for a caller that is not a coroutine.
+  template <class T>
+  Future<T> launch(asio::awaitable<T> operation) {
+    return runtime_.spawn(std::move(operation));
+  }
+
+  // ---- reductions
+  // output[i] = op over ranks of input[i]; same count and dtype everywhere.
+  asio::awaitable<void> all_reduce(Buffer input, Buffer output, ReduceOp op);
+  asio::awaitable<void> all_reduce(Buffer data, ReduceOp op);
+  // input holds size() blocks of output.count() elements; rank r gets block r, reduced.
+  asio::awaitable<void> reduce_scatter(Buffer input, Buffer output, ReduceOp op);
+  // In place: the result is data's block rank() (data.count() must divide by size()).
+  asio::awaitable<void> reduce_scatter(Buffer data, ReduceOp op);
+  // The reduction lands in `output` on `root` only; output is ignored elsewhere (pass {}).
+  asio::awaitable<void> reduce(Buffer input, Buffer output, ReduceOp op, int root);
+  asio::awaitable<void> reduce(Buffer data, ReduceOp op, int root);
+
+  // ---- data movement
+  // output = the ranks' inputs, concatenated in rank order (output.count() == size() *
+  // input.count()).
+  asio::awaitable<void> all_gather(Buffer input, Buffer output);
+  // In place: this rank's block of `data` already holds its contribution.
+  asio::awaitable<void> all_gather(Buffer data);
+  // Rank r contributes counts[r] elements; output holds their sum, in rank order. Every
+  // rank passes the same counts. `counts` must stay valid until the operation completes.
+  asio::awaitable<void> all_gather_v(Buffer input, Buffer output,
+                                     std::span<const std::size_t> counts);
+  asio::awaitable<void> broadcast(Buffer data, int root);
+  // output (root only) = every rank's input in rank order; output ignored elsewhere.
+  asio::awaitable<void> gather(Buffer input, Buffer output, int root);
+  // Rank r gets block r of the root's input (input ignored elsewhere).
+  asio::awaitable<void> scatter(Buffer input, Buffer output, int root);
+  // Block j of input goes to rank j; block i of output comes from rank i.
+  asio::awaitable<void> all_to_all(Buffer input, Buffer output);
+  asio::awaitable<void> all_to_all(Buffer data);
+  // send_counts[j] elements to rank j, recv_counts[i] from rank i, packed in rank order.
+  // The spans must stay valid until the operation completes.
+  asio::awaitable<void> all_to_all_v(Buffer input, std::span<const std::size_t> send_counts,
+                                     Buffer output, std::span<const std::size_t> recv_counts);
+  asio::awaitable<void> barrier();
+
+  // ---- point to point, matched per pair of ranks in call order (independent of the
+  // collectives' order). recv returns the elements received (at most buffer.count()).
+  asio::awaitable<void> send(Buffer data, int peer);
+  asio::awaitable<std::size_t> recv(Buffer data, int peer);
+
+  // Collective over this communicator: ranks with the same color form a new
+  // communicator, ordered by key (ties by rank here). A negative color takes part but
+  // joins none and gets nullptr. Ids come from the World's store, so communicators split
+  // from different parents never collide; a job may create 4094 in its lifetime.
+  asio::awaitable<std::shared_ptr<Communicator>> split(int color, int key);
+
+  // The algorithm this communicator would use.
+  Algorithm algorithm_for(CollectiveKind kind, std::size_t bytes) const;
+
+ private:
+  struct Private {};
+
+ public:
+  Communicator(Private, transport::World& world, std::vector<int> world_ranks, std::uint32_t id,
+               Options options);
+
+ private:
+  friend struct detail::CollectiveCall;
+
+  // Checks done, sequence taken: runs the call (fingerprints, algorithm, error context).
+  asio::awaitable<void> run(std::shared_ptr<Communicator> self,
+                            std::unique_ptr<detail::CollectiveCall> call);
+  asio::awaitable<std::shared_ptr<Communicator>> run_split(std::shared_ptr<Communicator> self,
+                                                           std::uint64_t sequence, int color,
+                                                           int key, Deadline deadline);
+  std::unique_ptr<detail::CollectiveCall> prepare(CollectiveKind kind);
+  std::uint64_t take_sequence() noexcept { return next_sequence_.fetch_add(1); }
+
+  transport::World& world_;
+  Runtime& runtime_;
+  std::vector<int> world_ranks_;  // this communicator's rank r is world rank world_ranks_[r]
+  int rank_ = -1;
+  std::uint32_t id_ = 0;
+  Clock::duration timeout_;
+  bool check_fingerprints_ = false;
+  std::shared_ptr<const SelectionTable> selection_;
+  std::atomic<std::uint64_t> next_sequence_{0};
+  // Point-to-point sequence numbers, per peer and direction.
+  std::unique_ptr<std::atomic<std::uint64_t>[]> send_sequence_;
+  std::unique_ptr<std::atomic<std::uint64_t>[]> recv_sequence_;
+  std::unique_ptr<detail::ScratchPool> scratch_;
+};
+
+}  // namespace braid::collectives

@@ -1,0 +1,44 @@
+// The algorithms, one per file in this folder, each with its cost in its header comment
+// (P ranks, n bytes per rank, alpha the per-message latency, beta the per-byte time,
+// gamma the per-byte reduction time). docs/algorithms.md collects them in one table.
+//
+// Each takes the CollectiveOp it runs as and buffers the Communicator has already
+// checked (same dtype, sizes consistent with the operation, host memory); input and
+// output are either the same memory (in place) or disjoint.
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+#include <boost/asio/awaitable.hpp>
+
+#include <braid/core/buffer.hpp>
+#include <braid/core/reduce_op.hpp>
+
+#include "../collective_op.hpp"
+
+namespace braid::collectives::detail {
+
+asio::awaitable<void> ring_all_reduce(CollectiveOp& op, Buffer input, Buffer output, ReduceOp reduce_op);
+asio::awaitable<void> recursive_doubling_all_reduce(CollectiveOp& op, Buffer input, Buffer output,
+                                                    ReduceOp reduce_op);
+asio::awaitable<void> halving_doubling_all_reduce(CollectiveOp& op, Buffer input, Buffer output,
+                                                  ReduceOp reduce_op);
+// input: size() blocks of output.count(); rank r's reduced block r lands in output.
+asio::awaitable<void> ring_reduce_scatter(CollectiveOp& op, Buffer input, Buffer output,
+                                          ReduceOp reduce_op);
+// output: the blocks of every rank (counts[r] elements each, in rank order); input is
+// this rank's block (it may be that very block of output).
+asio::awaitable<void> ring_all_gather(CollectiveOp& op, Buffer input, Buffer output,
+                                      std::span<const std::size_t> counts);
+asio::awaitable<void> binomial_tree_broadcast(CollectiveOp& op, Buffer data, int root);
+asio::awaitable<void> binomial_tree_reduce(CollectiveOp& op, Buffer input, Buffer output,
+                                           ReduceOp reduce_op, int root);
+asio::awaitable<void> linear_gather(CollectiveOp& op, Buffer input, Buffer output, int root);
+asio::awaitable<void> linear_scatter(CollectiveOp& op, Buffer input, Buffer output, int root);
+asio::awaitable<void> pairwise_all_to_all(CollectiveOp& op, Buffer input,
+                                          std::span<const std::size_t> send_counts, Buffer output,
+                                          std::span<const std::size_t> recv_counts);
+asio::awaitable<void> dissemination_barrier(CollectiveOp& op);
+
+}  // namespace braid::collectives::detail

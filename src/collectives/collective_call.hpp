@@ -1,0 +1,50 @@
+// One checked call to a collective, from its Communicator entry point to its algorithm.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include <braid/collectives/algorithm.hpp>
+#include <braid/core/buffer.hpp>
+#include <braid/core/deadline.hpp>
+#include <braid/core/reduce_op.hpp>
+
+namespace braid::collectives::detail {
+
+struct CollectiveCall {
+  CollectiveKind kind = CollectiveKind::barrier;
+  Buffer input;
+  Buffer output;
+  ReduceOp reduce_op = ReduceOp::sum;
+  int root = -1;
+  std::span<const std::size_t> counts;       // all_gather_v; all_to_all_v: send counts
+  std::span<const std::size_t> recv_counts;  // all_to_all_v
+  bool variable = false;                     // the _v forms
+  std::size_t bytes = 0;                     // the size the selection table sees
+  Algorithm algorithm = Algorithm::dissemination;
+  std::uint64_t sequence = 0;
+  Deadline deadline;
+};
+
+// What every rank must agree on for a call, exchanged under BRAID_DEBUG=detail. Plain
+// bytes on the wire: ranks of one job run the same build.
+struct Fingerprint {
+  std::uint8_t kind = 0;
+  std::uint8_t dtype = 0;
+  std::uint8_t reduce_op = 0;   // 0xff: not a reduction
+  std::uint8_t variable = 0;
+  std::int32_t root = -1;
+  std::uint64_t count = 0;      // the count every rank must pass (0 where counts vary)
+  std::uint64_t counts_hash = 0;  // all_gather_v: the counts every rank passes
+  std::uint64_t sequence = 0;
+
+  friend bool operator==(const Fingerprint&, const Fingerprint&) = default;
+};
+
+Fingerprint fingerprint_of(const CollectiveCall& call);
+// "all_reduce(count 1024, f32, sum)".
+std::string describe(const Fingerprint& fingerprint);
+
+}  // namespace braid::collectives::detail

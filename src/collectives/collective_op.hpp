@@ -1,0 +1,106 @@
+// CollectiveOp: one collective in flight, as its algorithm sees it: who takes part (ranks
+// of the communicator, mapped to world ranks for the transport), the tag its messages
+// carry, its deadline, scratch memory, and the element-wise kernels.
+//
+// Messages. An algorithm numbers its messages with `step`s, any values it likes as long
+// as a sender and its receiver agree and a receiver posts its receives from one peer in
+// step order (tag.hpp: steps wrap). Starting a message never suspends; wait() does, and
+// checks that a receive got exactly the bytes it expected: a different size means the
+// ranks disagree on counts or dtypes, and is an Error(Errc::size_mismatch) naming the
+// peer, never a silent truncation. A Message dropped unawaited (an algorithm unwinding
+// from an error) cancels its receive, so nothing writes into the caller's buffers after
+// the operation has failed.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include <boost/asio/awaitable.hpp>
+
+#include <braid/core/buffer.hpp>
+#include <braid/core/deadline.hpp>
+#include <braid/core/reduce_op.hpp>
+#include <braid/transport/ucx_worker.hpp>
+
+#include "scratch_pool.hpp"
+
+namespace braid::collectives::detail {
+
+// Steps an algorithm may use wrap at this value; the two above it are reserved.
+inline constexpr std::uint32_t kAlgorithmSteps = 4094;
+inline constexpr std::uint32_t kPointToPointStep = 4094;  // Communicator::send/recv
+inline constexpr std::uint32_t kFingerprintStep = 4095;   // BRAID_DEBUG=detail
+
+struct Message {
+  transport::Transfer transfer;
+  int peer = -1;           // communicator rank
+  std::size_t bytes = 0;   // sent, or expected
+  std::uint32_t step = 0;
+  bool receive = false;
+  bool exact = false;  // a receive that must get exactly `bytes`
+};
+
+class CollectiveOp {
+ public:
+  CollectiveOp(transport::UcxWorker& transport, std::span<const int> world_ranks, int rank,
+               std::uint32_t communicator, std::uint64_t sequence, Deadline deadline,
+               ScratchPool& scratch)
+      : transport_(transport),
+        world_ranks_(world_ranks),
+        rank_(rank),
+        communicator_(communicator),
+        sequence_(sequence),
+        deadline_(deadline),
+        scratch_(scratch) {}
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return static_cast<int>(world_ranks_.size()); }
+  int world_rank(int rank) const noexcept { return world_ranks_[static_cast<std::size_t>(rank)]; }
+  std::uint64_t sequence() const noexcept { return sequence_; }
+  Deadline deadline() const noexcept { return deadline_; }
+
+  Message send(int peer, Buffer data, std::uint32_t step);
+  Message recv(int peer, Buffer data, std::uint32_t step);
+  // Message steps outside the algorithms' range (point-to-point, fingerprints).
+  Message send_reserved(int peer, Buffer data, std::uint32_t reserved_step);
+  Message recv_reserved(int peer, Buffer data, std::uint32_t reserved_step, bool exact_size);
+  // Completes a message; returns the bytes received (a receive) or sent.
+  asio::awaitable<std::size_t> wait(Message& message);
+  asio::awaitable<void> wait_all(std::span<Message> messages);
+
+  ScratchPool::Lease scratch(std::size_t bytes) { return scratch_.acquire(bytes); }
+
+ private:
+  transport::UcxWorker& transport_;
+  std::span<const int> world_ranks_;
+  int rank_;
+  std::uint32_t communicator_;
+  std::uint64_t sequence_;
+  Deadline deadline_;
+  ScratchPool& scratch_;
+};
+
+// ---- element-wise work shared by the algorithms
+
+// dst = a op b, element-wise (avg reduces as sum; finish_average divides).
+void combine(const Buffer& dst, const Buffer& a, const Buffer& b, ReduceOp op);
+// For avg, divides a fully reduced block by the number of contributions; else nothing.
+void finish_average(const Buffer& data, ReduceOp op, int contributions);
+// dst = src (same count and dtype); nothing when they are the same memory.
+void copy(const Buffer& dst, const Buffer& src);
+
+// How `count` elements split into `parts` nearly equal consecutive ranges: the first
+// count % parts ranges are one element longer.
+struct EvenSplit {
+  std::size_t count;
+  std::size_t parts;
+  std::size_t size(std::size_t i) const noexcept {
+    return count / parts + (i < count % parts ? 1 : 0);
+  }
+  std::size_t offset(std::size_t i) const noexcept {
+    return i * (count / parts) + std::min(i, count % parts);
+  }
+};
+
+}  // namespace braid::collectives::detail

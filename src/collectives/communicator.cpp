@@ -1,0 +1,780 @@
+// The Communicator's entry points check their arguments, take a sequence number and hand
+// a CollectiveCall to run(), which exchanges fingerprints (BRAID_DEBUG=detail), runs the
+// selected algorithm and puts the operation's name on any error.
+#include <braid/collectives/communicator.hpp>
+
+#include <algorithm>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include <braid/core/config.hpp>
+#include <braid/core/error.hpp>
+#include <braid/trace/span.hpp>
+#include <braid/transport/tag.hpp>
+#include <braid/transport/world.hpp>
+
+#include "algorithms/algorithms.hpp"
+#include "collective_call.hpp"
+#include "collective_op.hpp"
+#include "scratch_pool.hpp"
+
+namespace braid::collectives {
+
+using detail::CollectiveCall;
+using detail::CollectiveOp;
+using detail::Message;
+
+namespace {
+
+constexpr std::uint32_t kWorldCommunicatorId = 1;
+// Ids 2.. are handed out by the store counter below, across the whole job.
+constexpr std::uint32_t kFirstSplitId = 2;
+constexpr std::string_view kCommunicatorCounterKey = "braid/collectives/next_communicator";
+
+trace::Name span_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::all_reduce: return "all_reduce";
+    case CollectiveKind::reduce_scatter: return "reduce_scatter";
+    case CollectiveKind::all_gather: return "all_gather";
+    case CollectiveKind::broadcast: return "broadcast";
+    case CollectiveKind::reduce: return "reduce";
+    case CollectiveKind::gather: return "gather";
+    case CollectiveKind::scatter: return "scatter";
+    case CollectiveKind::all_to_all: return "all_to_all";
+    case CollectiveKind::barrier: return "barrier";
+  }
+  return "collective";
+}
+
+bool fingerprints_from_environment() {
+  const std::string value = config::string_value("BRAID_DEBUG");
+  if (value == "detail") return true;
+  if (value == "off" || value.empty()) return false;
+  throw Error(Errc::invalid_environment,
+              fmt::format("BRAID_DEBUG='{}': expected off or detail", value),
+              {.operation = "collectives"});
+}
+
+// The checks every entry point makes, with the error naming the call.
+class ArgumentCheck {
+ public:
+  ArgumentCheck(const Communicator& comm, std::string_view operation)
+      : comm_(comm), operation_(operation) {}
+
+  void that(bool condition, std::string_view what) const {
+    if (!condition) fail(std::string(what));
+  }
+  template <class... Args>
+  void that(bool condition, fmt::format_string<Args...> format, Args&&... args) const {
+    if (!condition) fail(fmt::format(format, std::forward<Args>(args)...));
+  }
+  void host(const Buffer& buffer, std::string_view name) const {
+    that(buffer.memory() == MemoryKind::host,
+         "the {} is {} memory (device {}); this communicator moves host memory (CUDA buffers "
+         "go through the NCCL communicator)",
+         name, to_string(buffer.memory()), buffer.device());
+  }
+  void same_dtype(const Buffer& a, const Buffer& b) const {
+    that(a.dtype() == b.dtype(), "input is {} and output is {}", to_string(a.dtype()),
+         to_string(b.dtype()));
+  }
+  void rank(int r, std::string_view name) const {
+    that(r >= 0 && r < comm_.size(), "{} {} is outside a communicator of {} ranks", name, r,
+         comm_.size());
+  }
+  // The same memory (in place) or none in common.
+  void same_or_disjoint(const Buffer& a, const Buffer& b) const {
+    const auto* a_begin = static_cast<const std::byte*>(a.data());
+    const auto* b_begin = static_cast<const std::byte*>(b.data());
+    const bool disjoint = a.size_bytes() == 0 || b.size_bytes() == 0 ||
+                          a_begin + a.size_bytes() <= b_begin ||
+                          b_begin + b.size_bytes() <= a_begin;
+    that(disjoint || a_begin == b_begin,
+         "input and output overlap without being the same memory (in place means the same "
+         "buffer)");
+  }
+
+  [[noreturn]] void fail(std::string what) const {
+    throw Error(Errc::invalid_argument, std::move(what),
+                {.rank = comm_.size() > 0 ? comm_.world_rank(comm_.rank()) : -1,
+                 .operation = std::string(operation_)});
+  }
+
+ private:
+  const Communicator& comm_;
+  std::string_view operation_;
+};
+
+std::uint64_t hash_counts(std::span<const std::size_t> counts) {
+  std::uint64_t hash = 1469598103934665603ull;  // FNV-1a
+  for (std::size_t count : counts) {
+    for (int byte = 0; byte < 8; ++byte) {
+      hash ^= (static_cast<std::uint64_t>(count) >> (8 * byte)) & 0xff;
+      hash *= 1099511628211ull;
+    }
+  }
+  return hash;
+}
+
+bool is_reduction(CollectiveKind kind) {
+  return kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter ||
+         kind == CollectiveKind::reduce;
+}
+
+bool is_rooted(CollectiveKind kind) {
+  return kind == CollectiveKind::broadcast || kind == CollectiveKind::reduce ||
+         kind == CollectiveKind::gather || kind == CollectiveKind::scatter;
+}
+
+asio::awaitable<void> exchange_fingerprints(CollectiveOp& op, const CollectiveCall& call,
+                                            std::uint32_t communicator) {
+  const detail::Fingerprint mine = detail::fingerprint_of(call);
+  std::vector<detail::Fingerprint> theirs(static_cast<std::size_t>(op.size()));
+  std::vector<Message> messages;
+  for (int peer = 0; peer < op.size(); ++peer) {
+    if (peer == op.rank()) continue;
+    const Buffer into(&theirs[static_cast<std::size_t>(peer)], sizeof(detail::Fingerprint),
+                      DType::u8);
+    messages.push_back(op.recv_reserved(peer, into, detail::kFingerprintStep, true));
+  }
+  detail::Fingerprint sent = mine;
+  for (int peer = 0; peer < op.size(); ++peer) {
+    if (peer == op.rank()) continue;
+    const Buffer from(&sent, sizeof(detail::Fingerprint), DType::u8);
+    messages.push_back(op.send_reserved(peer, from, detail::kFingerprintStep));
+  }
+  co_await op.wait_all(messages);
+  for (int peer = 0; peer < op.size(); ++peer) {
+    if (peer == op.rank()) continue;
+    const detail::Fingerprint& other = theirs[static_cast<std::size_t>(peer)];
+    if (other == mine) continue;
+    throw Error(Errc::desync,
+                fmt::format("at sequence {} of communicator {}, this rank called {} and rank {} "
+                            "called {}",
+                            call.sequence, communicator, detail::describe(mine),
+                            op.world_rank(peer), detail::describe(other)),
+                {.rank = op.world_rank(op.rank()), .peer = op.world_rank(peer)});
+  }
+}
+
+asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call) {
+  using enum CollectiveKind;
+  switch (call.kind) {
+    case all_reduce:
+      switch (call.algorithm) {
+        case Algorithm::recursive_doubling:
+          co_await detail::recursive_doubling_all_reduce(op, call.input, call.output, call.reduce_op);
+          co_return;
+        case Algorithm::halving_doubling:
+          co_await detail::halving_doubling_all_reduce(op, call.input, call.output, call.reduce_op);
+          co_return;
+        default:
+          co_await detail::ring_all_reduce(op, call.input, call.output, call.reduce_op);
+          co_return;
+      }
+    case reduce_scatter:
+      co_await detail::ring_reduce_scatter(op, call.input, call.output, call.reduce_op);
+      co_return;
+    case all_gather: {
+      std::vector<std::size_t> equal;
+      std::span<const std::size_t> counts = call.counts;
+      if (!call.variable) {
+        equal.assign(static_cast<std::size_t>(op.size()), call.input.count());
+        counts = equal;
+      }
+      co_await detail::ring_all_gather(op, call.input, call.output, counts);
+      co_return;
+    }
+    case broadcast:
+      co_await detail::binomial_tree_broadcast(op, call.output, call.root);
+      co_return;
+    case reduce:
+      co_await detail::binomial_tree_reduce(op, call.input, call.output, call.reduce_op, call.root);
+      co_return;
+    case gather:
+      co_await detail::linear_gather(op, call.input, call.output, call.root);
+      co_return;
+    case scatter:
+      co_await detail::linear_scatter(op, call.input, call.output, call.root);
+      co_return;
+    case all_to_all: {
+      std::vector<std::size_t> send_equal;
+      std::vector<std::size_t> recv_equal;
+      std::span<const std::size_t> send_counts = call.counts;
+      std::span<const std::size_t> recv_counts = call.recv_counts;
+      if (!call.variable) {
+        const std::size_t block = call.input.count() / static_cast<std::size_t>(op.size());
+        send_equal.assign(static_cast<std::size_t>(op.size()), block);
+        recv_equal = send_equal;
+        send_counts = send_equal;
+        recv_counts = recv_equal;
+      }
+      co_await detail::pairwise_all_to_all(op, call.input, send_counts, call.output, recv_counts);
+      co_return;
+    }
+    case barrier:
+      co_await detail::dissemination_barrier(op);
+      co_return;
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+Fingerprint fingerprint_of(const CollectiveCall& call) {
+  Fingerprint f;
+  f.kind = static_cast<std::uint8_t>(call.kind);
+  f.variable = call.variable ? 1 : 0;
+  f.sequence = call.sequence;
+  if (call.kind == CollectiveKind::barrier) return f;
+  // The buffer every rank passes (non-roots' outputs of reduce and gather, and their
+  // inputs of scatter, are empty).
+  const bool output_typed = call.kind == CollectiveKind::scatter || call.kind == CollectiveKind::broadcast;
+  const Buffer& typed = output_typed ? call.output : call.input;
+  f.dtype = static_cast<std::uint8_t>(typed.dtype());
+  f.reduce_op = is_reduction(call.kind) ? static_cast<std::uint8_t>(call.reduce_op) : 0xff;
+  f.root = is_rooted(call.kind) ? call.root : -1;
+  switch (call.kind) {
+    case CollectiveKind::reduce_scatter:
+    case CollectiveKind::scatter:
+      f.count = call.output.count();
+      break;
+    case CollectiveKind::broadcast:
+      f.count = call.output.count();
+      break;
+    default:
+      f.count = call.variable ? 0 : call.input.count();
+  }
+  if (call.kind == CollectiveKind::all_gather && call.variable) f.counts_hash = hash_counts(call.counts);
+  return f;
+}
+
+std::string describe(const Fingerprint& f) {
+  const auto kind = static_cast<CollectiveKind>(f.kind);
+  std::string text = fmt::format("{}{}(", to_string(kind), f.variable ? "_v" : "");
+  if (kind == CollectiveKind::barrier) return text + ")";
+  if (f.variable) {
+    text += kind == CollectiveKind::all_gather ? fmt::format("counts #{:016x}", f.counts_hash)
+                                               : std::string("variable counts");
+  } else {
+    text += fmt::format("count {}", f.count);
+  }
+  text += fmt::format(", {}", to_string(static_cast<DType>(f.dtype)));
+  if (f.reduce_op != 0xff) text += fmt::format(", {}", to_string(static_cast<ReduceOp>(f.reduce_op)));
+  if (f.root >= 0) text += fmt::format(", root {}", f.root);
+  return text + ")";
+}
+
+}  // namespace detail
+
+std::shared_ptr<Communicator> Communicator::world(transport::World& world, Options options) {
+  std::vector<int> ranks(static_cast<std::size_t>(world.size()));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return std::make_shared<Communicator>(Private{}, world, std::move(ranks), kWorldCommunicatorId,
+                                        std::move(options));
+}
+
+Communicator::Communicator(Private, transport::World& world, std::vector<int> world_ranks,
+                           std::uint32_t id, Options options)
+    : world_(world),
+      runtime_(world.runtime()),
+      world_ranks_(std::move(world_ranks)),
+      id_(id),
+      timeout_(options.timeout.value_or(default_timeout())),
+      check_fingerprints_(options.check_fingerprints.value_or(fingerprints_from_environment())),
+      selection_(options.selection),
+      send_sequence_(new std::atomic<std::uint64_t>[world_ranks_.size()]),
+      recv_sequence_(new std::atomic<std::uint64_t>[world_ranks_.size()]),
+      scratch_(std::make_unique<detail::ScratchPool>()) {
+  if (selection_ == nullptr) {
+    selection_ = std::shared_ptr<const SelectionTable>(&SelectionTable::from_environment(),
+                                                       [](const SelectionTable*) {});
+  }
+  const auto me = std::find(world_ranks_.begin(), world_ranks_.end(), world.rank());
+  BRAID_ENFORCE(me != world_ranks_.end(), "world rank {} is not a member of communicator {}",
+                world.rank(), id);
+  rank_ = static_cast<int>(me - world_ranks_.begin());
+  for (std::size_t i = 0; i < world_ranks_.size(); ++i) {
+    send_sequence_[i].store(0, std::memory_order_relaxed);
+    recv_sequence_[i].store(0, std::memory_order_relaxed);
+  }
+}
+
+Communicator::~Communicator() = default;
+
+Algorithm Communicator::algorithm_for(CollectiveKind kind, std::size_t bytes) const {
+  return selection_->select(kind, bytes, size());
+}
+
+std::unique_ptr<CollectiveCall> Communicator::prepare(CollectiveKind kind) {
+  auto call = std::make_unique<CollectiveCall>();
+  call->kind = kind;
+  return call;
+}
+
+asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
+                                        std::unique_ptr<CollectiveCall> call) {
+  CollectiveOp op(world_.transport(), world_ranks_, rank_, id_, call->sequence, call->deadline,
+                  *scratch_);
+  trace::AsyncSpan span(trace::Category::comm, span_name(call->kind), {}, call->bytes);
+  span.arg("seq", static_cast<std::int64_t>(call->sequence));
+  span.arg("algorithm", static_cast<std::int64_t>(call->algorithm));
+  std::exception_ptr failure;
+  try {
+    if (check_fingerprints_ && size() > 1) co_await exchange_fingerprints(op, *call, id_);
+    const bool nothing_to_move =
+        call->bytes == 0 && call->kind != CollectiveKind::barrier &&
+        !(call->kind == CollectiveKind::all_to_all && call->variable);
+    if (!nothing_to_move) co_await run_algorithm(op, *call);
+  } catch (const Error& error) {
+    std::string where = fmt::format("{}{}[{}]", to_string(call->kind), call->variable ? "_v" : "",
+                                    to_string(call->algorithm));
+    if (id_ != kWorldCommunicatorId) where += fmt::format(" on communicator {}", id_);
+    ErrorContext context{.rank = world_rank(rank_),
+                         .peer = error.context().peer,
+                         .operation = std::move(where),
+                         .sequence = call->sequence};
+    failure = std::make_exception_ptr(Error(error.code(), error.detail(), std::move(context)));
+  }
+  (void)self;  // keeps the communicator alive until the operation is done
+  if (failure) std::rethrow_exception(failure);
+}
+
+// ---------------------------------------------------------------- entry points
+
+namespace {
+
+Deadline deadline_for(Clock::duration timeout) {
+  return deadline_after(timeout);
+}
+
+}  // namespace
+
+asio::awaitable<void> Communicator::all_reduce(Buffer input, Buffer output, ReduceOp op) {
+  const ArgumentCheck check(*this, "all_reduce");
+  check.host(input, "input");
+  check.host(output, "output");
+  check.same_dtype(input, output);
+  check.that(input.count() == output.count(), "input has {} elements and output {}",
+             input.count(), output.count());
+  check.same_or_disjoint(input, output);
+  auto call = prepare(CollectiveKind::all_reduce);
+  call->input = input;
+  call->output = output;
+  call->reduce_op = op;
+  call->bytes = input.size_bytes();
+  call->algorithm = algorithm_for(call->kind, call->bytes);
+  call->sequence = take_sequence();
+  call->deadline = deadline_for(timeout_);
+  std::shared_ptr<Communicator> self = shared_from_this();
+  return run(std::move(self), std::move(call));
+}
+
+asio::awaitable<void> Communicator::all_reduce(Buffer data, ReduceOp op) {
+  return all_reduce(data, data, op);
+}
+
+asio::awaitable<void> Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op) {
+  const ArgumentCheck check(*this, "reduce_scatter");
+  check.host(input, "input");
+  check.host(output, "output");
+  check.same_dtype(input, output);
+  check.that(input.count() == output.count() * static_cast<std::size_t>(size()),
+             "input has {} elements; it must hold {} blocks of the output's {}", input.count(),
+             size(), output.count());
+  const bool in_place =
+      output.count() == 0 ||
+      output.data() == input.slice(static_cast<std::size_t>(rank_) * output.count(), output.count()).data();
+  if (!in_place) check.same_or_disjoint(input, output);
+  auto call = prepare(CollectiveKind::reduce_scatter);
+  call->input = input;
+  call->output = output;
+  call->reduce_op = op;
+  call->bytes = input.size_bytes();
+  call->algorithm = algorithm_for(call->kind, call->bytes);
+  call->sequence = take_sequence();
+  call->deadline = deadline_for(timeout_);
+  std::shared_ptr<Communicator> self = shared_from_this();
+  return run(std::move(self), std::move(call));
+}
+
+asio::awaitable<void> Communicator::reduce_scatter(Buffer data, ReduceOp op) {
+  const ArgumentCheck check(*this, "reduce_scatter");
+  check.that(data.count() % static_cast<std::size_t>(size()) == 0,
+             "in place, the buffer's {} elements must split into {} equal blocks", data.count(),
+             size());
+  const std::size_t block = data.count() / static_cast<std::size_t>(size());
+  return reduce_scatter(data, data.slice(static_cast<std::size_t>(rank_) * block, block), op);
+}
+
+asio::awaitable<void> Communicator::reduce(Buffer input, Buffer output, ReduceOp op, int root) {
+  const ArgumentCheck check(*this, "reduce");
+  check.rank(root, "root");
+  check.host(input, "input");
+  if (rank_ == root) {
+    check.host(output, "output");
+    check.same_dtype(input, output);
+    check.that(input.count() == output.count(), "input has {} elements and output {}",
+               input.count(), output.count());
+    check.same_or_disjoint(input, output);
+  }
+  auto call = prepare(CollectiveKind::reduce);
+  call->input = input;
+  call->output = rank_ == root ? output : Buffer{};
+  call->reduce_op = op;
+  call->root = root;
+  call->bytes = input.size_bytes();
+  call->algorithm = algorithm_for(call->kind, call->bytes);
+  call->sequence = take_sequence();
+  call->deadline = deadline_for(timeout_);
+  std::shared_ptr<Communicator> self = shared_from_this();
+  return run(std::move(self), std::move(call));
+}
+
+asio::awaitable<void> Communicator::reduce(Buffer data, ReduceOp op, int root) {
+  return reduce(data, data, op, root);
+}
+
+asio::awaitable<void> Communicator::all_gather(Buffer input, Buffer output) {
+  const ArgumentCheck check(*this, "all_gather");
+  check.host(input, "input");
+  check.host(output, "output");
+  check.same_dtype(input, output);
+  check.that(output.count() == input.count() * static_cast<std::size_t>(size()),
+             "output has {} elements; it must hold {} blocks of the input's {}", output.count(),
+             size(), input.count());
+  const bool in_place =
+      input.count() == 0 ||
+      input.data() == output.slice(static_cast<std::size_t>(rank_) * input.count(), input.count()).data();
+  if (!in_place) check.same_or_disjoint(input, output);
+  auto call = prepare(CollectiveKind::all_gather);
+  call->input = input;
+  call->output = output;
+  call->bytes = output.size_bytes();
+  call->algorithm = algorithm_for(call->kind, call->bytes);
+  call->sequence = take_sequence();
+  call->deadline = deadline_for(timeout_);
+  std::shared_ptr<Communicator> self = shared_from_this();
+  return run(std::move(self), std::move(call));
+}
+
+asio::awaitable<void> Communicator::all_gather(Buffer data) {
+  const ArgumentCheck check(*this, "all_gather");
+  check.that(data.count() % static_cast<std::size_t>(size()) == 0,
+             "in place, the buffer's {} elements must split into {} equal blocks", data.count(),
+             size());
+  const std::size_t block = data.count() / static_cast<std::size_t>(size());
+  return all_gather(data.slice(static_cast<std::size_t>(rank_) * block, block), data);
+}
+
+asio::awaitable<void> Communicator::all_gather_v(Buffer input, Buffer output,
+                                                 std::span<const std::size_t> counts) {
+  const ArgumentCheck check(*this, "all_gather_v");
+  check.host(input, "input");
+  check.host(output, "output");
+  check.same_dtype(input, output);
+  check.that(counts.size() == static_cast<std::size_t>(size()),
+             "{} counts for a communicator of {} ranks", counts.size(), size());
+  check.that(input.count() == counts[static_cast<std::size_t>(rank_)],
+             "input has {} elements but counts[{}] is {}", input.count(), rank_,
+             counts[static_cast<std::size_t>(rank_)]);
+  const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  check.that(output.count() == total, "output has {} elements; the counts add up to {}",
+             output.count(), total);
+  const std::size_t offset = std::accumulate(counts.begin(), counts.begin() + rank_, std::size_t{0});
+  const bool in_place = input.count() == 0 || input.data() == output.slice(offset, input.count()).data();
+  if (!in_place) check.same_or_disjoint(input, output);
+  auto call = prepare(CollectiveKind::all_gather);
+  call->input = input;
+  call->output = output;
+  call->counts = counts;
+  call->variable = true;
+  call->bytes = output.size_bytes();
+  call->algorithm = algorithm_for(call->kind, call->bytes);
+  call->sequence = take_sequence();
+  call->deadline = deadline_for(timeout_);
+  std::shared_ptr<Communicator> self = shared_from_this();
+  return run(std::move(self), std::move(call));
+}
+
+asio::awaitable<void> Communicator::broadcast(Buffer data, int root) {
+  const ArgumentCheck check(*this, "broadcast");
+  check.rank(root, "root");
+  check.host(data, "buffer");
+  auto call = prepare(CollectiveKind::broadcast);
+  call->input = data;
+  call->output = data;
+  call->root = root;
+  call->bytes = data.size_bytes();
+  call->algorithm = algorithm_for(call->kind, call->bytes);
+  call->sequence = take_sequence();
+  call->deadline = deadline_for(timeout_);
+  std::shared_ptr<Communicator> self = shared_from_this();
+  return run(std::move(self), std::move(call));
+}
+
+asio::awaitable<void> Communicator::gather(Buffer input, Buffer output, int root) {
+  const ArgumentCheck check(*this, "gather");
+  check.rank(root, "root");
+  check.host(input, "input");
+  if (rank_ == root) {
+    check.host(output, "output");
+    check.same_dtype(input, output);
+    check.that(output.count() == input.count() * static_cast<std::size_t>(size()),
+               "output has {} elements; it must hold {} blocks of the input's {}",
+               output.count(), size(), input.count());
+    const bool in_place = input.count() == 0 ||
+                          input.data() == output.slice(static_cast<std::size_t>(rank_) * input.count(),
+                                                       input.count()).data();
+    if (!in_place) check.same_or_disjoint(input, output);
+  }
+  auto call = prepare(CollectiveKind::gather);
+  call->input = input;
+  call->output = rank_ == root ? output : Buffer{};
+  call->root = root;
+  call->bytes = input.size_bytes() * static_cast<std::size_t>(size());
+  call->algorithm = algorithm_for(call->kind, call->bytes);
+  call->sequence = take_sequence();
+  call->deadline = deadline_for(timeout_);
+  std::shared_ptr<Communicator> self = shared_from_this();
+  return run(std::move(self), std::move(call));
+}
+
+asio::awaitable<void> Communicator::scatter(Buffer input, Buffer output, int root) {
+  const ArgumentCheck check(*this, "scatter");
+  check.rank(root, "root");
+  check.host(output, "output");
+  if (rank_ == root) {
+    check.host(input, "input");
+    check.same_dtype(input, output);
+    check.that(input.count() == output.count() * static_cast<std::size_t>(size()),
+               "input has {} elements; it must hold {} blocks of the output's {}", input.count(),
+               size(), output.count());
+    const bool in_place = output.count() == 0 ||
+                          output.data() == input.slice(static_cast<std::size_t>(rank_) * output.count(),
+                                                       output.count()).data();
+    if (!in_place) check.same_or_disjoint(input, output);
+  }
+  auto call = prepare(CollectiveKind::scatter);
+  call->input = rank_ == root ? input : Buffer{};
+  call->output = output;
+  call->root = root;
+  call->bytes = output.size_bytes() * static_cast<std::size_t>(size());
+  call->algorithm = algorithm_for(call->kind, call->bytes);
+  call->sequence = take_sequence();
+  call->deadline = deadline_for(timeout_);
+  std::shared_ptr<Communicator> self = shared_from_this();
+  return run(std::move(self), std::move(call));
+}
+
+asio::awaitable<void> Communicator::all_to_all(Buffer input, Buffer output) {
+  const ArgumentCheck check(*this, "all_to_all");
+  check.host(input, "input");
+  check.host(output, "output");
+  check.same_dtype(input, output);
+  check.that(input.count() == output.count(), "input has {} elements and output {}",
+             input.count(), output.count());
+  check.that(input.count() % static_cast<std::size_t>(size()) == 0,
+             "the buffers' {} elements must split into {} equal blocks", input.count(), size());
+  check.same_or_disjoint(input, output);
+  auto call = prepare(CollectiveKind::all_to_all);
+  call->input = input;
+  call->output = output;
+  call->bytes = input.size_bytes();
+  call->algorithm = algorithm_for(call->kind, call->bytes);
+  call->sequence = take_sequence();
+  call->deadline = deadline_for(timeout_);
+  std::shared_ptr<Communicator> self = shared_from_this();
+  return run(std::move(self), std::move(call));
+}
+
+asio::awaitable<void> Communicator::all_to_all(Buffer data) {
+  return all_to_all(data, data);
+}
+
+asio::awaitable<void> Communicator::all_to_all_v(Buffer input,
+                                                 std::span<const std::size_t> send_counts,
+                                                 Buffer output,
+                                                 std::span<const std::size_t> recv_counts) {
+  const ArgumentCheck check(*this, "all_to_all_v");
+  check.host(input, "input");
+  check.host(output, "output");
+  check.same_dtype(input, output);
+  check.that(send_counts.size() == static_cast<std::size_t>(size()) &&
+                 recv_counts.size() == static_cast<std::size_t>(size()),
+             "{} send counts and {} receive counts for a communicator of {} ranks",
+             send_counts.size(), recv_counts.size(), size());
+  const std::size_t sent = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});
+  const std::size_t received =
+      std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
+  check.that(input.count() == sent, "input has {} elements; the send counts add up to {}",
+             input.count(), sent);
+  check.that(output.count() == received,
+             "output has {} elements; the receive counts add up to {}", output.count(), received);
+  check.that(input.data() != output.data() || input.count() == 0 || output.count() == 0,
+             "all_to_all_v cannot run in place");
+  check.same_or_disjoint(input, output);
+  auto call = prepare(CollectiveKind::all_to_all);
+  call->input = input;
+  call->output = output;
+  call->counts = send_counts;
+  call->recv_counts = recv_counts;
+  call->variable = true;
+  call->bytes = input.size_bytes();
+  call->algorithm = algorithm_for(call->kind, call->bytes);
+  call->sequence = take_sequence();
+  call->deadline = deadline_for(timeout_);
+  std::shared_ptr<Communicator> self = shared_from_this();
+  return run(std::move(self), std::move(call));
+}
+
+asio::awaitable<void> Communicator::barrier() {
+  auto call = prepare(CollectiveKind::barrier);
+  call->algorithm = algorithm_for(call->kind, 0);
+  call->sequence = take_sequence();
+  call->deadline = deadline_for(timeout_);
+  std::shared_ptr<Communicator> self = shared_from_this();
+  return run(std::move(self), std::move(call));
+}
+
+// ---------------------------------------------------------------- point to point
+
+namespace {
+
+asio::awaitable<std::size_t> run_point_to_point(std::shared_ptr<Communicator> self,
+                                                std::unique_ptr<CollectiveOp> op, bool sending,
+                                                Buffer data, int peer) {
+  std::exception_ptr failure;
+  std::size_t bytes = 0;
+  try {
+    Message message = sending ? op->send_reserved(peer, data, detail::kPointToPointStep)
+                              : op->recv_reserved(peer, data, detail::kPointToPointStep, false);
+    bytes = co_await op->wait(message);
+  } catch (const Error& error) {
+    ErrorContext context{.rank = op->world_rank(op->rank()),
+                         .peer = op->world_rank(peer),
+                         .operation = sending ? "send" : "recv",
+                         .sequence = op->sequence()};
+    failure = std::make_exception_ptr(Error(error.code(), error.detail(), std::move(context)));
+  }
+  if (failure) std::rethrow_exception(failure);
+  const std::size_t element = dtype_size(data.dtype());
+  if (!sending && bytes % element != 0) {
+    throw Error(Errc::size_mismatch,
+                fmt::format("rank {} sent {} bytes, not a whole number of {} elements",
+                            op->world_rank(peer), bytes, to_string(data.dtype())),
+                {.rank = op->world_rank(op->rank()), .peer = op->world_rank(peer),
+                 .operation = "recv", .sequence = op->sequence()});
+  }
+  (void)self;
+  co_return bytes / element;
+}
+
+asio::awaitable<void> discard_count(asio::awaitable<std::size_t> operation) {
+  co_await std::move(operation);
+}
+
+}  // namespace
+
+asio::awaitable<void> Communicator::send(Buffer data, int peer) {
+  const ArgumentCheck check(*this, "send");
+  check.rank(peer, "peer");
+  check.host(data, "buffer");
+  const std::uint64_t sequence = send_sequence_[static_cast<std::size_t>(peer)].fetch_add(1);
+  auto op = std::make_unique<CollectiveOp>(world_.transport(), world_ranks_, rank_, id_, sequence,
+                                           deadline_for(timeout_), *scratch_);
+  std::shared_ptr<Communicator> self = shared_from_this();
+  asio::awaitable<std::size_t> sending =
+      run_point_to_point(std::move(self), std::move(op), true, data, peer);
+  return discard_count(std::move(sending));
+}
+
+asio::awaitable<std::size_t> Communicator::recv(Buffer data, int peer) {
+  const ArgumentCheck check(*this, "recv");
+  check.rank(peer, "peer");
+  check.host(data, "buffer");
+  const std::uint64_t sequence = recv_sequence_[static_cast<std::size_t>(peer)].fetch_add(1);
+  auto op = std::make_unique<CollectiveOp>(world_.transport(), world_ranks_, rank_, id_, sequence,
+                                           deadline_for(timeout_), *scratch_);
+  std::shared_ptr<Communicator> self = shared_from_this();
+  return run_point_to_point(std::move(self), std::move(op), false, data, peer);
+}
+
+// ---------------------------------------------------------------- split
+
+asio::awaitable<std::shared_ptr<Communicator>> Communicator::split(int color, int key) {
+  // Two collectives on this communicator (an all-gather of (color, key) and a broadcast
+  // of the new ids), numbered now so that split keeps its place in the order.
+  const std::uint64_t sequence = next_sequence_.fetch_add(2);
+  std::shared_ptr<Communicator> self = shared_from_this();
+  return run_split(std::move(self), sequence, color, key, deadline_for(timeout_));
+}
+
+asio::awaitable<std::shared_ptr<Communicator>> Communicator::run_split(
+    std::shared_ptr<Communicator> self, std::uint64_t sequence, int color, int key,
+    Deadline deadline) {
+  const auto world_size = static_cast<std::size_t>(size());
+  std::vector<std::int32_t> mine{color, key};
+  std::vector<std::int32_t> everyone(2 * world_size);
+  {
+    auto call = prepare(CollectiveKind::all_gather);
+    call->input = Buffer(mine);
+    call->output = Buffer(everyone);
+    call->bytes = call->output.size_bytes();
+    call->algorithm = algorithm_for(call->kind, call->bytes);
+    call->sequence = sequence;
+    call->deadline = deadline;
+    co_await run(self, std::move(call));
+  }
+  std::vector<int> colors;
+  for (std::size_t r = 0; r < world_size; ++r) {
+    if (everyone[2 * r] >= 0) colors.push_back(everyone[2 * r]);
+  }
+  std::sort(colors.begin(), colors.end());
+  colors.erase(std::unique(colors.begin(), colors.end()), colors.end());
+
+  std::vector<std::int64_t> first_id{0};
+  if (rank_ == 0 && !colors.empty()) {
+    const std::int64_t delta = static_cast<std::int64_t>(colors.size());
+    std::string counter_key(kCommunicatorCounterKey);
+    const std::int64_t after = co_await world_.store().add(std::move(counter_key), delta);
+    first_id[0] = kFirstSplitId + after - delta;
+  }
+  {
+    auto call = prepare(CollectiveKind::broadcast);
+    call->input = Buffer(first_id);
+    call->output = Buffer(first_id);
+    call->root = 0;
+    call->bytes = call->output.size_bytes();
+    call->algorithm = algorithm_for(call->kind, call->bytes);
+    call->sequence = sequence + 1;
+    call->deadline = deadline;
+    co_await run(self, std::move(call));
+  }
+  if (color < 0) co_return nullptr;
+
+  const auto color_index = std::lower_bound(colors.begin(), colors.end(), color) - colors.begin();
+  const std::int64_t id = first_id[0] + color_index;
+  if (id >= static_cast<std::int64_t>(transport::max_communicators)) {
+    throw Error(Errc::invalid_argument,
+                fmt::format("the job has created {} communicators, the most the message tag can "
+                            "tell apart is {}",
+                            id, transport::max_communicators - 1),
+                {.rank = world_rank(rank_), .operation = "split"});
+  }
+  std::vector<std::pair<int, int>> members;  // (key, rank here)
+  for (std::size_t r = 0; r < world_size; ++r) {
+    if (everyone[2 * r] == color) members.emplace_back(everyone[2 * r + 1], static_cast<int>(r));
+  }
+  std::sort(members.begin(), members.end());
+  std::vector<int> ranks;
+  for (const auto& [member_key, r] : members) ranks.push_back(world_rank(r));
+  Options options{.timeout = timeout_, .check_fingerprints = check_fingerprints_,
+                  .selection = selection_};
+  co_return std::make_shared<Communicator>(Private{}, world_, std::move(ranks),
+                                           static_cast<std::uint32_t>(id), std::move(options));
+}
+
+}  // namespace braid::collectives

@@ -1,0 +1,394 @@
+// The Communicator's collectives against serial references, on worlds of threads-as-ranks
+// (thread_ranks.hpp): every op, dtype and reduce op, awkward counts, in-place forms,
+// operations in flight together, split communicators, and the errors for bad input.
+#include <braid/collectives/communicator.hpp>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include <braid/core/error.hpp>
+
+#include "thread_ranks.hpp"
+#include "typed_values.hpp"
+
+namespace braid::collectives {
+namespace {
+
+using testing::run_ranks;
+using testing::run_ranks_collecting;
+using testing::TypedVector;
+using ::testing::HasSubstr;
+
+constexpr DType kAllDtypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16,
+                                DType::i32, DType::i64, DType::u8};
+constexpr ReduceOp kAllOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max,
+                                ReduceOp::prod};
+// 0, 1, primes, counts that do not divide by any world here, and one that takes several
+// ring pieces per block.
+constexpr std::size_t kCounts[] = {0, 1, 7, 13, 1031, 300007};
+
+std::shared_ptr<const SelectionTable> forcing(std::string_view rules) {
+  return std::make_shared<const SelectionTable>(SelectionTable::with_overrides(rules));
+}
+
+// Records the first element that differs from the reference, for one readable failure.
+struct Mismatch {
+  std::string what;
+  // `context` is only formatted for the first mismatch: checks run per element.
+  template <class Context>
+  void check(const TypedVector& got, std::size_t i, double expected, Context&& context) {
+    if (what.empty() && got.get(i) != expected) {
+      what = fmt::format("{}: element {} is {}, expected {}", context(), i, got.get(i), expected);
+    }
+  }
+};
+
+class AllReduce : public ::testing::TestWithParam<int> {};
+
+TEST_P(AllReduce, EveryAlgorithmDtypeAndOpMatchesTheSerialReference) {
+  const int world = GetParam();
+  for (const char* algorithm : {"ring", "recursive_doubling", "halving_doubling"}) {
+    Communicator::Options options;
+    options.selection = forcing(fmt::format("allreduce:0-inf:{}", algorithm));
+    run_ranks(world, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+      Mismatch mismatch;
+      for (DType dtype : kAllDtypes) {
+        for (ReduceOp op : kAllOps) {
+          for (std::size_t count : kCounts) {
+            if (count > 2000 && (world > 4 || (dtype != DType::f32 && dtype != DType::bf16))) continue;
+            TypedVector input(dtype, count);
+            TypedVector output(dtype, count);
+            for (std::size_t i = 0; i < count; ++i) {
+              input.set(i, testing::value_for(comm->rank(), i, dtype, op));
+            }
+            const std::string where = fmt::format("{} {} {} count {} rank {}", algorithm,
+                                                  to_string(dtype), to_string(op), count,
+                                                  comm->rank());
+            co_await comm->all_reduce(input.buffer(), output.buffer(), op);
+            for (std::size_t i = 0; i < count; ++i) {
+              mismatch.check(output, i, testing::reference(world, i, dtype, op), [&] { return where; });
+            }
+            // And in place.
+            co_await comm->all_reduce(input.buffer(), op);
+            for (std::size_t i = 0; i < count; ++i) {
+              mismatch.check(input, i, testing::reference(world, i, dtype, op),
+                             [&] { return "in place " + where; });
+            }
+          }
+        }
+      }
+      EXPECT_EQ(mismatch.what, "");
+    }, options);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, AllReduce, ::testing::Values(1, 2, 3, 4, 8),
+                         [](const auto& info) { return fmt::format("ranks{}", info.param); });
+
+class DataMovement : public ::testing::TestWithParam<int> {};
+
+// value of rank r's element i in the movement tests: unique per (rank, index).
+double tagged(int rank, std::size_t i) {
+  return static_cast<double>(rank * 100 + static_cast<int>(i % 97));
+}
+
+TEST_P(DataMovement, EveryOpMatchesTheSerialReferenceForEveryRootAndDtype) {
+  const int world = GetParam();
+  run_ranks(world, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    Mismatch m;
+    const int me = comm->rank();
+    const auto P = static_cast<std::size_t>(world);
+    for (DType dtype : {DType::f32, DType::i64, DType::u8, DType::bf16}) {
+      // u8 and bf16 hold rank * 100 + i % 97 only for small worlds: use a narrower tag.
+      auto value = [&](int rank, std::size_t i) {
+        const double v = tagged(rank, i);
+        return dtype == DType::u8 || dtype == DType::bf16 ? std::fmod(v, 128.0) : v;
+      };
+      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{1031},
+                            std::size_t{70001}}) {
+        const std::string where = fmt::format("{} n {} rank {}", to_string(dtype), n, me);
+        // reduce_scatter: block r of the sum.
+        {
+          TypedVector in(dtype, n * P), out(dtype, n);
+          for (std::size_t i = 0; i < n * P; ++i) in.set(i, testing::value_for(me, i, dtype, ReduceOp::sum));
+          co_await comm->reduce_scatter(in.buffer(), out.buffer(), ReduceOp::sum);
+          for (std::size_t i = 0; i < n; ++i) {
+            m.check(out, i, testing::reference(world, static_cast<std::size_t>(me) * n + i, dtype, ReduceOp::sum),
+                    [&] { return "reduce_scatter " + where; });
+          }
+          co_await comm->reduce_scatter(in.buffer(), ReduceOp::max);  // in place, after the above
+        }
+        // all_gather, out of place and in place.
+        {
+          TypedVector in(dtype, n), out(dtype, n * P);
+          for (std::size_t i = 0; i < n; ++i) in.set(i, value(me, i));
+          co_await comm->all_gather(in.buffer(), out.buffer());
+          for (std::size_t r = 0; r < P; ++r) {
+            for (std::size_t i = 0; i < n; ++i) m.check(out, r * n + i, value(static_cast<int>(r), i), [&] { return "all_gather " + where; });
+          }
+          TypedVector data(dtype, n * P);
+          for (std::size_t i = 0; i < n; ++i) data.set(static_cast<std::size_t>(me) * n + i, value(me, i));
+          co_await comm->all_gather(data.buffer());
+          for (std::size_t r = 0; r < P; ++r) {
+            for (std::size_t i = 0; i < n; ++i) m.check(data, r * n + i, value(static_cast<int>(r), i), [&] { return "all_gather in place " + where; });
+          }
+        }
+        for (int root = 0; root < world; ++root) {
+          const std::string rooted = fmt::format("{} root {}", where, root);
+          // broadcast
+          {
+            TypedVector data(dtype, n);
+            for (std::size_t i = 0; i < n; ++i) data.set(i, me == root ? value(root, i) : -1);
+            co_await comm->broadcast(data.buffer(), root);
+            for (std::size_t i = 0; i < n; ++i) m.check(data, i, value(root, i), [&] { return "broadcast " + rooted; });
+          }
+          // reduce
+          {
+            TypedVector in(dtype, n), out(dtype, n);
+            for (std::size_t i = 0; i < n; ++i) in.set(i, testing::value_for(me, i, dtype, ReduceOp::sum));
+            co_await comm->reduce(in.buffer(), out.buffer(), ReduceOp::sum, root);
+            if (me == root) {
+              for (std::size_t i = 0; i < n; ++i) m.check(out, i, testing::reference(world, i, dtype, ReduceOp::sum), [&] { return "reduce " + rooted; });
+            }
+            for (std::size_t i = 0; i < n; ++i) m.check(in, i, testing::value_for(me, i, dtype, ReduceOp::sum), [&] { return "reduce leaves the input " + rooted; });
+          }
+          // gather and scatter
+          {
+            TypedVector in(dtype, n), out(dtype, me == root ? n * P : 0);
+            for (std::size_t i = 0; i < n; ++i) in.set(i, value(me, i));
+            co_await comm->gather(in.buffer(), out.buffer(), root);
+            if (me == root) {
+              for (std::size_t r = 0; r < P; ++r) {
+                for (std::size_t i = 0; i < n; ++i) m.check(out, r * n + i, value(static_cast<int>(r), i), [&] { return "gather " + rooted; });
+              }
+            }
+            TypedVector source(dtype, me == root ? n * P : 0), block(dtype, n);
+            if (me == root) {
+              for (std::size_t i = 0; i < n * P; ++i) source.set(i, value(static_cast<int>(i / std::max<std::size_t>(n, 1)), i % std::max<std::size_t>(n, 1)));
+            }
+            co_await comm->scatter(source.buffer(), block.buffer(), root);
+            for (std::size_t i = 0; i < n; ++i) m.check(block, i, value(me, i), [&] { return "scatter " + rooted; });
+          }
+        }
+        // all_to_all: block j of rank r holds (r, j) tags.
+        {
+          TypedVector in(dtype, n * P), out(dtype, n * P);
+          for (std::size_t j = 0; j < P; ++j) {
+            for (std::size_t i = 0; i < n; ++i) in.set(j * n + i, value(me, j * 7 + i));
+          }
+          co_await comm->all_to_all(in.buffer(), out.buffer());
+          for (std::size_t r = 0; r < P; ++r) {
+            for (std::size_t i = 0; i < n; ++i) {
+              m.check(out, r * n + i, value(static_cast<int>(r), static_cast<std::size_t>(me) * 7 + i), [&] { return "all_to_all " + where; });
+            }
+          }
+          co_await comm->all_to_all(in.buffer());  // in place: the same result
+          for (std::size_t r = 0; r < P; ++r) {
+            for (std::size_t i = 0; i < n; ++i) {
+              m.check(in, r * n + i, value(static_cast<int>(r), static_cast<std::size_t>(me) * 7 + i), [&] { return "all_to_all in place " + where; });
+            }
+          }
+        }
+      }
+    }
+    co_await comm->barrier();
+    EXPECT_EQ(m.what, "");
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, DataMovement, ::testing::Values(1, 2, 3, 4, 8),
+                         [](const auto& info) { return fmt::format("ranks{}", info.param); });
+
+TEST(VariableCounts, AllGatherVAndAllToAllVMoveUnevenBlocksIncludingEmptyOnes) {
+  constexpr int kWorld = 3;
+  run_ranks(kWorld, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    const int me = comm->rank();
+    const std::vector<std::size_t> counts{3, 0, 5001};
+    std::vector<std::int32_t> mine(counts[static_cast<std::size_t>(me)]);
+    std::iota(mine.begin(), mine.end(), me * 10000);
+    std::vector<std::int32_t> all(5004, -1);
+    co_await comm->all_gather_v(Buffer(mine), Buffer(all), counts);
+    std::vector<std::int32_t> expected;
+    for (int r = 0; r < kWorld; ++r) {
+      for (std::size_t i = 0; i < counts[static_cast<std::size_t>(r)]; ++i) expected.push_back(r * 10000 + static_cast<int>(i));
+    }
+    EXPECT_EQ(all, expected);
+
+    // Rank r sends (r + j) elements to rank j, each holding 100 r + j.
+    std::vector<std::size_t> send_counts, recv_counts;
+    std::vector<std::int64_t> send;
+    for (int j = 0; j < kWorld; ++j) {
+      send_counts.push_back(static_cast<std::size_t>(me + j));
+      for (int k = 0; k < me + j; ++k) send.push_back(100 * me + j);
+      recv_counts.push_back(static_cast<std::size_t>(j + me));
+    }
+    std::vector<std::int64_t> received(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
+    co_await comm->all_to_all_v(Buffer(send), send_counts, Buffer(received), recv_counts);
+    std::vector<std::int64_t> want;
+    for (int r = 0; r < kWorld; ++r) {
+      for (int k = 0; k < r + me; ++k) want.push_back(100 * r + me);
+    }
+    EXPECT_EQ(received, want);
+  });
+}
+
+TEST(InFlight, ManyCollectivesIssuedTogetherCompleteInAnyOrderWithTheRightResults) {
+  constexpr int kWorld = 4;
+  constexpr int kBuckets = 24;
+  run_ranks(kWorld, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    std::vector<std::vector<float>> buckets;
+    for (int b = 0; b < kBuckets; ++b) {
+      buckets.emplace_back(static_cast<std::size_t>(1 + b * 997), static_cast<float>(comm->rank() + b));
+    }
+    std::vector<std::int64_t> broadcasted(100, comm->rank() == 2 ? 42 : 0);
+    // Issue everything first (the order every rank agrees on), then await.
+    std::vector<Future<void>> pending;
+    for (auto& bucket : buckets) pending.push_back(comm->launch(comm->all_reduce(Buffer(bucket), ReduceOp::sum)));
+    pending.push_back(comm->launch(comm->broadcast(Buffer(broadcasted), 2)));
+    pending.push_back(comm->launch(comm->barrier()));
+    for (auto it = pending.rbegin(); it != pending.rend(); ++it) {
+      // Waiting on the runtime thread itself would deadlock: poll instead.
+      while (!it->ready()) co_await asio::post(comm->runtime().executor(), asio::use_awaitable);
+      it->get();
+    }
+    for (int b = 0; b < kBuckets; ++b) {
+      const float expected = static_cast<float>(0 + 1 + 2 + 3 + kWorld * b);
+      EXPECT_EQ(buckets[static_cast<std::size_t>(b)].front(), expected) << "bucket " << b;
+      EXPECT_EQ(buckets[static_cast<std::size_t>(b)].back(), expected) << "bucket " << b;
+    }
+    EXPECT_EQ(broadcasted, std::vector<std::int64_t>(100, 42));
+  });
+}
+
+TEST(Split, CommunicatorsSplitByColorRunConcurrentlyWithTheirParent) {
+  constexpr int kWorld = 4;
+  run_ranks(kWorld, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    const int me = comm->rank();
+    // Even and odd ranks, ordered by descending key; rank 3 joins none in the second split.
+    auto parity = co_await comm->split(me % 2, -me);
+    auto none = co_await comm->split(me == 3 ? -1 : 0, me);
+    EXPECT_EQ(parity->size(), 2);
+    EXPECT_EQ(parity->rank(), me < 2 ? 1 : 0);  // key -me: the higher world rank comes first
+    EXPECT_NE(parity->id(), comm->id());
+    if (me == 3) {
+      EXPECT_EQ(none, nullptr);
+    } else {
+      EXPECT_EQ(none->size(), 3);
+      EXPECT_NE(none->id(), parity->id());
+    }
+    std::vector<std::int64_t> in_pair{me}, in_world{me};
+    auto pair_sum = comm->launch(parity->all_reduce(Buffer(in_pair), ReduceOp::sum));
+    auto world_sum = comm->launch(comm->all_reduce(Buffer(in_world), ReduceOp::sum));
+    while (!pair_sum.ready() || !world_sum.ready()) {
+      co_await asio::post(comm->runtime().executor(), asio::use_awaitable);
+    }
+    pair_sum.get();
+    world_sum.get();
+    EXPECT_EQ(in_pair[0], me % 2 == 0 ? 0 + 2 : 1 + 3);
+    EXPECT_EQ(in_world[0], 6);
+  });
+}
+
+TEST(PointToPoint, SendAndRecvMatchPerPairInCallOrder) {
+  run_ranks(3, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    const int me = comm->rank();
+    const int next = (me + 1) % 3;
+    const int prev = (me + 2) % 3;
+    std::vector<float> first(4, static_cast<float>(me)), second(2, static_cast<float>(me + 10));
+    std::vector<float> got_first(4), got_second(8);
+    auto a = comm->launch(comm->send(Buffer(first), next));
+    auto b = comm->launch(comm->send(Buffer(second), next));
+    const std::size_t n1 = co_await comm->recv(Buffer(got_first), prev);
+    const std::size_t n2 = co_await comm->recv(Buffer(got_second), prev);
+    while (!a.ready() || !b.ready()) co_await asio::post(comm->runtime().executor(), asio::use_awaitable);
+    a.get();
+    b.get();
+    EXPECT_EQ(n1, 4u);
+    EXPECT_EQ(n2, 2u);  // fewer than the buffer holds
+    EXPECT_EQ(got_first[0], static_cast<float>(prev));
+    EXPECT_EQ(got_second[1], static_cast<float>(prev + 10));
+  });
+}
+
+TEST(BadInput, ArgumentErrorsAreThrownAtTheCallAndTakeNoPlaceInTheOrder) {
+  run_ranks(2, [&](std::shared_ptr<Communicator> communicator) -> asio::awaitable<void> {
+    // A local: the lambdas below must not capture the coroutine's parameter (GCC 12).
+    const std::shared_ptr<Communicator> comm = communicator;
+    std::vector<float> a(8), b(7);
+    std::vector<std::int32_t> c(8);
+    auto expect_invalid = [](auto call, std::string_view needle) {
+      try {
+        call();
+        ADD_FAILURE() << "no error for " << needle;
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), Errc::invalid_argument) << e.what();
+        EXPECT_THAT(e.what(), HasSubstr(needle));
+      }
+    };
+    expect_invalid([&] { (void)comm->all_reduce(Buffer(a), Buffer(b), ReduceOp::sum); }, "input has 8 elements and output 7");
+    expect_invalid([&] { (void)comm->all_reduce(Buffer(a), Buffer(c), ReduceOp::sum); }, "input is f32 and output is i32");
+    expect_invalid([&] { (void)comm->all_reduce(Buffer(a).slice(0, 4), Buffer(a).slice(2, 4), ReduceOp::sum); }, "overlap");
+    expect_invalid([&] { (void)comm->broadcast(Buffer(a), 2); }, "root 2 is outside a communicator of 2 ranks");
+    expect_invalid([&] { (void)comm->all_reduce(Buffer(a.data(), 8, DType::f32, MemoryKind::cuda, 0), ReduceOp::sum); }, "cuda memory");
+    expect_invalid([&] { (void)comm->all_gather(Buffer(b)); }, "must split into 2 equal blocks");
+    // Nothing above took a sequence number: the ranks are still in step.
+    std::vector<float> ones(3, 1.0f);
+    co_await comm->all_reduce(Buffer(ones), ReduceOp::sum);
+    EXPECT_EQ(ones, std::vector<float>(3, 2.0f));
+  });
+}
+
+TEST(Mismatch, CountsThatDifferAcrossRanksAreASizeMismatchNeverATruncation) {
+  Communicator::Options options;
+  options.timeout = std::chrono::seconds(3);
+  options.check_fingerprints = false;
+  auto failures = run_ranks_collecting(2, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    std::vector<float> data(comm->rank() == 0 ? 1000 : 1001, 1.0f);
+    co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
+  }, options);
+  int size_mismatches = 0;
+  for (const auto& failure : failures) {
+    ASSERT_TRUE(failure) << "a rank completed an all-reduce over mismatched counts";
+    try {
+      std::rethrow_exception(failure);
+    } catch (const Error& e) {
+      if (e.code() == Errc::size_mismatch) {
+        ++size_mismatches;
+        EXPECT_THAT(e.what(), HasSubstr("all_reduce["));
+        EXPECT_THAT(e.what(), HasSubstr("counts or dtypes differ"));
+      }
+    }
+  }
+  EXPECT_GE(size_mismatches, 1);
+}
+
+TEST(Mismatch, WithFingerprintsADesyncFailsOnEveryRankNamingBothSides) {
+  Communicator::Options options;
+  options.timeout = std::chrono::seconds(10);
+  options.check_fingerprints = true;
+  auto failures = run_ranks_collecting(3, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    std::vector<float> data(16, 1.0f);
+    // Rank 2 broadcasts where the others all-reduce; same byte sizes, so only the
+    // fingerprints can tell.
+    if (comm->rank() == 2) {
+      co_await comm->broadcast(Buffer(data), 0);
+    } else {
+      co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
+    }
+  }, options);
+  for (std::size_t r = 0; r < failures.size(); ++r) {
+    ASSERT_TRUE(failures[r]) << "rank " << r << " did not notice the desync";
+    try {
+      std::rethrow_exception(failures[r]);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::desync) << e.what();
+      EXPECT_THAT(e.what(), HasSubstr("all_reduce(count 16, f32, sum)"));
+      EXPECT_THAT(e.what(), HasSubstr("broadcast(count 16, f32, root 0)"));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace braid::collectives

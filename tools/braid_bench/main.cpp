@@ -3,10 +3,13 @@
 //
 //   braid-bench p2p [--json] [--no-peers] [--latency-iters N] [--bandwidth-iters N]
 #include <iostream>
+
+#include <braid/collectives/selection.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "collectives.hpp"
 #include "p2p.hpp"
 
 namespace {
@@ -15,7 +18,12 @@ constexpr const char* kUsage =
     "usage: braid-bench MODE [options]\n"
     "modes:\n"
     "  p2p   8-byte latency and 4 MiB bandwidth between two processes, beside ucx_perftest\n"
-    "        options: --json --no-peers --latency-iters N --bandwidth-iters N --window N\n";
+    "        options: --json --no-peers --latency-iters N --bandwidth-iters N --window N\n"
+    "  collectives  every collective from --min-bytes to --max-bytes on --ranks, beside OpenMPI\n"
+    "        and torch.distributed Gloo; every size checked for correctness\n"
+    "        options: --ranks 2,4 --ops all_reduce,... --min-bytes 8 --max-bytes 64M --iters N\n"
+    "                 --json --no-peers\n"
+    "  algorithms   the collective algorithm selection table in force (BRAID_ALGO applied)\n";
 
 }  // namespace
 
@@ -28,6 +36,11 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 2, argv + argc);
   try {
     if (mode == "p2p") return braid::bench::run_p2p(args);
+    if (mode == "collectives") return braid::bench::run_collectives(args);
+    if (mode == "algorithms") {
+      std::cout << braid::collectives::SelectionTable::from_environment().describe();
+      return 0;
+    }
     std::cerr << "braid-bench: unknown mode '" << mode << "'\n" << kUsage;
     return 2;
   } catch (const std::invalid_argument& e) {

@@ -1,0 +1,466 @@
+// How it measures, the same way for braid and both peers (peers/README.md), so rows
+// compare like with like:
+// - sizes double from --min-bytes to --max-bytes; `bytes` is the per-rank buffer as
+//   nccl-tests counts it (all_gather: the output; reduce_scatter, all_to_all: the input),
+//   f32 elements, rounded down to a multiple of the ranks where the op splits the buffer.
+// - 3 warm-up calls; then `iters` timed calls back to back (adaptive: ~0.2 s, 5 to 1000,
+//   decided by rank 0 from the warm-up and broadcast). time = the slowest rank's mean.
+// - algbw = bytes / time; busbw = algbw x (all_reduce 2(P-1)/P; all_gather, reduce_scatter,
+//   all_to_all (P-1)/P; broadcast, reduce 1), so rows compare across world sizes.
+// - after timing, one more call on fresh inputs is checked element by element against the
+//   exact expected result (inputs are small integers, exact in f32): `wrong` counts the
+//   elements that differ, summed over ranks. Every measured size is checked.
+// braid runs under braid-run, OpenMPI under mpirun with shared memory only (vader, CMA),
+// Gloo as torch 1.13's ProcessGroupGloo over loopback TCP.
+#include "collectives.hpp"
+
+#include <braid/braid.hpp>
+#include <braid/collectives/communicator.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <regex>
+#include <sstream>
+
+#include <unistd.h>
+
+#include "subprocess.hpp"
+
+namespace braid::bench {
+namespace {
+
+using asio::awaitable;
+using collectives::Communicator;
+
+const std::vector<std::string> kAllOps = {"all_reduce", "all_gather", "reduce_scatter",
+                                          "broadcast",  "reduce",     "all_to_all", "barrier"};
+
+struct CollectivesOptions {
+  std::vector<int> ranks{2, 4};
+  std::vector<std::string> ops = kAllOps;
+  std::size_t min_bytes = 8;
+  std::size_t max_bytes = 64u << 20;
+  int iters = 0;  // 0: adaptive
+  bool json = false;
+  bool peers = true;
+  bool worker = false;
+};
+
+std::size_t parse_bytes(const std::string& text) {
+  std::size_t end = 0;
+  const unsigned long long value = std::stoull(text, &end);
+  std::string suffix = text.substr(end);
+  for (const char* unit : {"iB", "B"}) {
+    if (suffix.size() > 1 && suffix.ends_with(unit)) suffix.resize(suffix.size() - std::string(unit).size());
+  }
+  std::size_t multiplier = 1;
+  if (suffix == "K" || suffix == "k") multiplier = 1 << 10;
+  else if (suffix == "M" || suffix == "m") multiplier = 1 << 20;
+  else if (suffix == "G" || suffix == "g") multiplier = 1 << 30;
+  else if (!suffix.empty()) throw std::invalid_argument("'" + text + "' is not a size");
+  return static_cast<std::size_t>(value) * multiplier;
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream stream(text);
+  for (std::string item; std::getline(stream, item, ',');) {
+    if (!item.empty()) items.push_back(item);
+  }
+  return items;
+}
+
+CollectivesOptions parse_options(const std::vector<std::string>& args) {
+  CollectivesOptions options;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
+      return args[++i];
+    };
+    if (a == "--ranks") {
+      options.ranks.clear();
+      for (const auto& r : split_list(value())) options.ranks.push_back(std::stoi(r));
+    } else if (a == "--ops") {
+      options.ops = split_list(value());
+      for (const auto& op : options.ops) {
+        if (std::find(kAllOps.begin(), kAllOps.end(), op) == kAllOps.end()) {
+          throw std::invalid_argument("unknown op " + op);
+        }
+      }
+    } else if (a == "--min-bytes") {
+      options.min_bytes = parse_bytes(value());
+    } else if (a == "--max-bytes") {
+      options.max_bytes = parse_bytes(value());
+    } else if (a == "--iters") {
+      options.iters = std::stoi(value());
+    } else if (a == "--json") {
+      options.json = true;
+    } else if (a == "--no-peers") {
+      options.peers = false;
+    } else if (a == "--worker") {
+      options.worker = true;
+    } else {
+      throw std::invalid_argument("unknown option " + a);
+    }
+  }
+  if (options.ranks.empty() || options.min_bytes == 0 || options.min_bytes > options.max_bytes) {
+    throw std::invalid_argument("need --ranks and 0 < --min-bytes <= --max-bytes");
+  }
+  return options;
+}
+
+// ---------------------------------------------------------------- one row's figures
+
+struct Row {
+  std::string peer;
+  std::string op;
+  int ranks = 0;
+  std::size_t bytes = 0;
+  int iters = 0;
+  double time_us = 0;
+  double algbw_gbps = 0;
+  double busbw_gbps = 0;
+  long long wrong = 0;
+};
+
+double bus_factor(const std::string& op, int ranks) {
+  const double p = ranks;
+  if (op == "all_reduce") return 2 * (p - 1) / p;
+  if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") return (p - 1) / p;
+  return 1;
+}
+
+std::string to_json(const Row& row) {
+  return fmt::format(R"({{"peer":"{}","op":"{}","ranks":{},"bytes":{},"count":{},"dtype":"f32",)"
+                     R"("iters":{},"time_us":{:.3f},"algbw_gbps":{:.6g},"busbw_gbps":{:.6g},"wrong":{}}})",
+                     row.peer, row.op, row.ranks, row.bytes, row.bytes / sizeof(float), row.iters,
+                     row.time_us, row.algbw_gbps, row.busbw_gbps, row.wrong);
+}
+
+std::optional<Row> parse_row(const std::string& line) {
+  auto text = [&](const char* key) -> std::optional<std::string> {
+    const std::regex pattern(std::string("\"") + key + R"re("\s*:\s*("([^"]*)"|[-0-9.eE+]+))re");
+    std::smatch match;
+    if (!std::regex_search(line, match, pattern)) return std::nullopt;
+    return match[2].matched ? match[2].str() : match[1].str();
+  };
+  const auto peer = text("peer"), op = text("op"), ranks = text("ranks"), bytes = text("bytes"),
+             iters = text("iters"), time = text("time_us"), algbw = text("algbw_gbps"),
+             busbw = text("busbw_gbps"), wrong = text("wrong");
+  if (!peer || !op || !ranks || !bytes || !time || !busbw || !wrong) return std::nullopt;
+  return Row{*peer, *op, std::stoi(*ranks), std::stoull(*bytes), iters ? std::stoi(*iters) : 0,
+             std::stod(*time), algbw ? std::stod(*algbw) : 0, std::stod(*busbw), std::stoll(*wrong)};
+}
+
+// ---------------------------------------------------------------- the measured ranks
+
+float input_value(int rank, std::size_t i) {
+  return static_cast<float>((rank + 1) * static_cast<int>(i % 7 + 1));
+}
+float reduced_value(int ranks, std::size_t i) {
+  return static_cast<float>(ranks * (ranks + 1) / 2 * static_cast<int>(i % 7 + 1));
+}
+
+// One op at one size: its buffers, the call, and the check of its result.
+class Case {
+ public:
+  Case(Communicator& comm, std::string op, std::size_t bytes)
+      : comm_(comm), op_(std::move(op)), rank_(comm.rank()), ranks_(comm.size()) {
+    count_ = bytes / sizeof(float);
+    block_ = count_ / static_cast<std::size_t>(ranks_);
+    send_.assign(send_elements(), 0.0f);
+    recv_.assign(recv_elements(), 0.0f);
+  }
+
+  awaitable<void> call() {
+    if (op_ == "all_reduce") {
+      co_await comm_.all_reduce(Buffer(send_), Buffer(recv_), ReduceOp::sum);
+    } else if (op_ == "all_gather") {
+      co_await comm_.all_gather(Buffer(send_), Buffer(recv_));
+    } else if (op_ == "reduce_scatter") {
+      co_await comm_.reduce_scatter(Buffer(send_), Buffer(recv_), ReduceOp::sum);
+    } else if (op_ == "broadcast") {
+      co_await comm_.broadcast(Buffer(recv_), 0);
+    } else if (op_ == "reduce") {
+      co_await comm_.reduce(Buffer(send_), Buffer(recv_), ReduceOp::sum, 0);
+    } else if (op_ == "all_to_all") {
+      co_await comm_.all_to_all(Buffer(send_), Buffer(recv_));
+    } else {
+      co_await comm_.barrier();
+    }
+  }
+
+  void fill_inputs() {
+    for (std::size_t i = 0; i < send_.size(); ++i) send_[i] = input_value(rank_, i);
+    if (op_ == "broadcast" && rank_ == 0) {
+      for (std::size_t i = 0; i < recv_.size(); ++i) recv_[i] = input_value(0, i);
+    } else {
+      std::fill(recv_.begin(), recv_.end(), -1.0f);
+    }
+  }
+
+  long long count_wrong() const {
+    if (op_ == "barrier" || (op_ == "reduce" && rank_ != 0)) return 0;
+    long long wrong = 0;
+    for (std::size_t i = 0; i < recv_.size(); ++i) wrong += recv_[i] != expected(i) ? 1 : 0;
+    return wrong;
+  }
+
+ private:
+  std::size_t send_elements() const {
+    if (op_ == "all_gather") return block_;
+    if (op_ == "broadcast" || op_ == "barrier") return 0;
+    return count_;
+  }
+  std::size_t recv_elements() const {
+    if (op_ == "reduce_scatter") return block_;
+    if (op_ == "barrier") return 0;
+    return count_;
+  }
+  float expected(std::size_t i) const {
+    if (op_ == "all_reduce" || op_ == "reduce") return reduced_value(ranks_, i);
+    if (op_ == "all_gather") return input_value(static_cast<int>(i / block_), i % block_);
+    if (op_ == "reduce_scatter") return reduced_value(ranks_, static_cast<std::size_t>(rank_) * block_ + i);
+    if (op_ == "broadcast") return input_value(0, i);
+    // all_to_all: block s came from rank s, which sent its elements [rank*block, ...) here.
+    return input_value(static_cast<int>(i / block_), static_cast<std::size_t>(rank_) * block_ + i % block_);
+  }
+
+  Communicator& comm_;
+  std::string op_;
+  int rank_;
+  int ranks_;
+  std::size_t count_ = 0;
+  std::size_t block_ = 0;
+  std::vector<float> send_;
+  std::vector<float> recv_;
+};
+
+awaitable<double> slowest(Communicator& comm, double seconds) {
+  std::vector<double> value{seconds};
+  co_await comm.all_reduce(Buffer(value), ReduceOp::max);
+  co_return value[0];
+}
+
+awaitable<Row> measure(Communicator& comm, const std::string& op, std::size_t bytes,
+                       const CollectivesOptions& options) {
+  Case c(comm, op, bytes);
+  c.fill_inputs();
+  using Clock = std::chrono::steady_clock;
+  constexpr int kWarmup = 3;
+  auto start = Clock::now();
+  for (int i = 0; i < kWarmup; ++i) co_await c.call();
+  const double warm = std::chrono::duration<double>(Clock::now() - start).count() / kWarmup;
+  std::vector<std::int64_t> iters{options.iters};
+  if (options.iters <= 0) {
+    iters[0] = std::clamp<std::int64_t>(static_cast<std::int64_t>(0.2 / std::max(warm, 1e-7)), 5, 1000);
+  }
+  co_await comm.broadcast(Buffer(iters), 0);
+  co_await comm.barrier();
+  start = Clock::now();
+  for (std::int64_t i = 0; i < iters[0]; ++i) co_await c.call();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  const double time = co_await slowest(comm, elapsed) / static_cast<double>(iters[0]);
+  c.fill_inputs();
+  co_await c.call();
+  std::vector<std::int64_t> wrong{c.count_wrong()};
+  co_await comm.all_reduce(Buffer(wrong), ReduceOp::sum);
+  Row row{"braid", op, comm.size(), bytes, static_cast<int>(iters[0]), time * 1e6, 0, 0, wrong[0]};
+  row.algbw_gbps = time > 0 ? static_cast<double>(bytes) / time / 1e9 : 0;
+  row.busbw_gbps = row.algbw_gbps * bus_factor(op, comm.size());
+  co_return row;
+}
+
+bool splits_across_ranks(const std::string& op) {
+  return op == "all_gather" || op == "reduce_scatter" || op == "all_to_all";
+}
+
+awaitable<void> measure_all(Communicator& comm, const CollectivesOptions& options) {
+  for (const std::string& op : options.ops) {
+    if (op == "barrier") {
+      const Row row = co_await measure(comm, op, 0, options);
+      if (comm.rank() == 0) std::cout << to_json(row) << std::endl;
+      continue;
+    }
+    const std::size_t granule = sizeof(float) * (splits_across_ranks(op) ? static_cast<std::size_t>(comm.size()) : 1);
+    for (std::size_t size = options.min_bytes; size <= options.max_bytes; size *= 2) {
+      const std::size_t bytes = size / granule * granule;
+      if (bytes == 0) continue;
+      const Row row = co_await measure(comm, op, bytes, options);
+      if (comm.rank() == 0) std::cout << to_json(row) << std::endl;
+    }
+  }
+}
+
+int run_worker(const CollectivesOptions& options) {
+  Runtime runtime;
+  auto world = transport::World::join(runtime);
+  auto comm = Communicator::world(*world);
+  runtime.spawn(measure_all(*comm, options)).get();
+  return 0;
+}
+
+// ---------------------------------------------------------------- the driver
+
+std::vector<std::string> common_arguments(const CollectivesOptions& options) {
+  std::string ops;
+  for (const auto& op : options.ops) ops += (ops.empty() ? "" : ",") + op;
+  std::vector<std::string> args{"--ops", ops, "--min-bytes", std::to_string(options.min_bytes),
+                                "--max-bytes", std::to_string(options.max_bytes)};
+  if (options.iters > 0) {
+    args.push_back("--iters");
+    args.push_back(std::to_string(options.iters));
+  }
+  return args;
+}
+
+std::vector<Row> rows_from(const CommandResult& result, const std::string& who) {
+  std::vector<Row> rows;
+  std::stringstream lines(result.output);
+  for (std::string line; std::getline(lines, line);) {
+    // braid-run prefixes rank output with "[0] "; the JSON starts at the brace.
+    const std::size_t brace = line.find('{');
+    if (brace == std::string::npos) continue;
+    if (auto row = parse_row(line.substr(brace))) rows.push_back(*row);
+  }
+  if (result.exit_code != 0) {
+    std::cerr << "braid-bench collectives: " << who << " exited with " << result.exit_code
+              << "; its output:\n" << result.output << "\n";
+  }
+  return rows;
+}
+
+std::vector<Row> run_braid(const CollectivesOptions& options, int ranks) {
+  std::vector<std::string> argv{sibling_program("braid-run"), "-n", std::to_string(ranks),
+                                "--timeout", "1200", sibling_program("braid-bench"),
+                                "collectives", "--worker"};
+  for (auto& a : common_arguments(options)) argv.push_back(a);
+  return rows_from(run_command(argv, std::chrono::seconds(1300)), "braid");
+}
+
+std::vector<Row> run_openmpi(const CollectivesOptions& options, int ranks) {
+  const std::string peer = sibling_program("braid-bench-mpi-peer");
+  if (!on_path("mpirun") || access(peer.c_str(), X_OK) != 0) {
+    std::cerr << "braid-bench collectives: no OpenMPI peer (mpirun or " << peer << " missing)\n";
+    return {};
+  }
+  std::vector<std::string> argv{"env", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                                "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to",
+                                "none", "-np", std::to_string(ranks), "--mca", "pml", "ob1",
+                                "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo",
+                                "--mca", "mpi_yield_when_idle", "1", peer};
+  for (auto& a : common_arguments(options)) argv.push_back(a);
+  return rows_from(run_command(argv, std::chrono::seconds(1300)), "mpirun");
+}
+
+std::vector<Row> run_gloo(const CollectivesOptions& options, int ranks) {
+  const std::string script = sibling_program("braid-bench-gloo-peer.py");
+  const std::string python = "/usr/bin/python3";
+  if (access(python.c_str(), X_OK) != 0 || access(script.c_str(), R_OK) != 0 ||
+      run_command({python, "-c", "import torch.distributed"}, std::chrono::seconds(60)).exit_code != 0) {
+    std::cerr << "braid-bench collectives: no Gloo peer (/usr/bin/python3 with torch, or "
+              << script << ", missing)\n";
+    return {};
+  }
+  std::vector<std::string> argv{python, script, "--ranks", std::to_string(ranks)};
+  for (auto& a : common_arguments(options)) argv.push_back(a);
+  return rows_from(run_command(argv, std::chrono::seconds(1800)), "gloo");
+}
+
+std::optional<Row> find(const std::vector<Row>& rows, const Row& like) {
+  for (const Row& row : rows) {
+    if (row.op == like.op && row.bytes == like.bytes && row.ranks == like.ranks) return row;
+  }
+  return std::nullopt;
+}
+
+std::string human_bytes(std::size_t bytes) {
+  if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) return fmt::format("{} MiB", bytes >> 20);
+  if (bytes >= 1024 && bytes % 1024 == 0) return fmt::format("{} KiB", bytes >> 10);
+  return fmt::format("{} B", bytes);
+}
+
+// braid's speed-up over a peer: the peer's time over braid's (= busbw ratio).
+std::optional<double> speedup(const Row& braid, const std::optional<Row>& peer) {
+  if (!peer || braid.time_us <= 0) return std::nullopt;
+  return peer->time_us / braid.time_us;
+}
+
+std::string peer_json(const std::optional<Row>& row) {
+  if (!row) return "null";
+  return fmt::format(R"({{"time_us":{:.3f},"busbw_gbps":{:.6g},"wrong":{}}})", row->time_us,
+                     row->busbw_gbps, row->wrong);
+}
+
+std::string optional_number(const std::optional<double>& value, const char* format) {
+  return value ? fmt::format(fmt::runtime(format), *value) : std::string("-");
+}
+
+int run_driver(const CollectivesOptions& options) {
+  long long wrong = 0;
+  bool any = false;
+  for (int ranks : options.ranks) {
+    const std::vector<Row> braid = run_braid(options, ranks);
+    const std::vector<Row> openmpi = options.peers ? run_openmpi(options, ranks) : std::vector<Row>{};
+    const std::vector<Row> gloo = options.peers ? run_gloo(options, ranks) : std::vector<Row>{};
+    std::string current_op;
+    for (const Row& row : braid) {
+      any = true;
+      const auto mpi = find(openmpi, row);
+      const auto torch = find(gloo, row);
+      wrong += row.wrong + (mpi ? mpi->wrong : 0) + (torch ? torch->wrong : 0);
+      if (options.json) {
+        std::cout << fmt::format(
+                         R"({{"bench":"collectives","op":"{}","ranks":{},"bytes":{},"braid":{},)"
+                         R"("openmpi":{},"gloo":{},"speedup_openmpi":{},"speedup_gloo":{}}})",
+                         row.op, row.ranks, row.bytes, peer_json(row), peer_json(mpi),
+                         peer_json(torch), optional_number(speedup(row, mpi), "{:.3f}"),
+                         optional_number(speedup(row, torch), "{:.3f}"))
+                  << "\n";
+        continue;
+      }
+      if (row.op != current_op) {
+        current_op = row.op;
+        std::cout << fmt::format("\n# {} on {} ranks (f32, sum; busbw in GB/s; x = peer time / braid time)\n",
+                                 row.op, ranks);
+        std::cout << fmt::format("{:>9} | {:>10} {:>8} {:>8} {:>5} | {:>10} {:>8} {:>7} | {:>10} {:>8} {:>7}\n",
+                                 "size", "braid us", "algbw", "busbw", "wrong", "ompi us",
+                                 "busbw", "x ompi", "gloo us", "busbw", "x gloo");
+      }
+      std::cout << fmt::format(
+          "{:>9} | {:>10.2f} {:>8.3f} {:>8.3f} {:>5} | {:>10} {:>8} {:>7} | {:>10} {:>8} {:>7}\n",
+          human_bytes(row.bytes), row.time_us, row.algbw_gbps, row.busbw_gbps, row.wrong,
+          mpi ? fmt::format("{:.2f}", mpi->time_us) : "-",
+          mpi ? fmt::format("{:.3f}", mpi->busbw_gbps) : "-",
+          optional_number(speedup(row, mpi), "{:.2f}x"),
+          torch ? fmt::format("{:.2f}", torch->time_us) : "-",
+          torch ? fmt::format("{:.3f}", torch->busbw_gbps) : "-",
+          optional_number(speedup(row, torch), "{:.2f}x"));
+    }
+  }
+  if (!any) {
+    std::cerr << "braid-bench collectives: braid produced no rows\n";
+    return 1;
+  }
+  if (wrong != 0) {
+    std::cerr << "braid-bench collectives: " << wrong << " wrong elements\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_collectives(const std::vector<std::string>& args) {
+  const CollectivesOptions options = parse_options(args);
+  return options.worker ? run_worker(options) : run_driver(options);
+}
+
+}  // namespace braid::bench

@@ -1,16 +1,16 @@
 // How the kernels are built. Every loop is written once, as plain C++ over one element type,
 // and instantiated three times: for the x86-64 baseline (SSE2), and inside functions marked
 // target("avx2,f16c") and target("avx512f,...") so that GCC vectorises the same source for
-// wider registers. A table of function pointers per instruction set, one entry per
-// (DType, ReduceOp), is chosen once from __builtin_cpu_supports; after that a call costs an
-// indirect jump and a few range checks.
+// wider registers. Only f16 has hand-written vector code (F16C conversions). A table of
+// function pointers per instruction set, one entry per (DType, ReduceOp), is chosen at the
+// first call from CPUID; after that a call costs an indirect call and a few range checks.
 //
 // GCC 12 at -O2 (the project's debugoptimized build) vectorises with the "very cheap" cost
-// model: only loops whose trip count is a known multiple of the vector width, with no run-time
-// alias checks. So each loop runs over count rounded down to kVectorStep elements, a scalar
-// loop finishes the tail, and BRAID_INDEPENDENT_ITERATIONS tells the compiler that dst may
-// equal a or b without a loop-carried dependence (restrict would be undefined behaviour for
-// the in-place call, which is the common one in all-reduce).
+// model: only loops whose trip count is a known multiple of the vector width, and no run-time
+// alias checks. Hence the loop shape used throughout (see kVectorStep), and
+// BRAID_INDEPENDENT_ITERATIONS to tell the compiler that dst may equal a or b without a
+// loop-carried dependence; restrict would be undefined behaviour for the in-place call, which
+// is the common one in all-reduce.
 #include <braid/collectives/reduce_kernels.hpp>
 #include <braid/core/enforce.hpp>
 
@@ -19,11 +19,11 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <type_traits>
 #include <utility>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -48,7 +48,6 @@ namespace {
 // too, until inlining puts several in a row: GCC then loses track of the count's low zero
 // bits and leaves them scalar (measured: bf16 at a tenth of the speed).
 constexpr std::size_t kVectorStep = 64;
-
 
 // ------------------------------------------------------------------ scalar conversions
 
@@ -242,8 +241,7 @@ struct ScalarF16Codec {
 #define BRAID_TARGET_AVX512 [[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx2,f16c")]]
 
 struct Avx2F16Codec {
-  BRAID_TARGET_AVX2 static void widen(float* dst, const std::uint16_t* src,
-                                                   std::size_t count) {
+  BRAID_TARGET_AVX2 static void widen(float* dst, const std::uint16_t* src, std::size_t count) {
     std::size_t i = 0;
     for (; i + 8 <= count; i += 8) {
       const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
@@ -251,8 +249,7 @@ struct Avx2F16Codec {
     }
     for (; i < count; ++i) dst[i] = half_to_float(src[i]);
   }
-  BRAID_TARGET_AVX2 static void narrow(std::uint16_t* dst, const float* src,
-                                                    std::size_t count) {
+  BRAID_TARGET_AVX2 static void narrow(std::uint16_t* dst, const float* src, std::size_t count) {
     std::size_t i = 0;
     for (; i + 8 <= count; i += 8) {
       const __m128i half = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
@@ -266,8 +263,7 @@ struct Avx512F16Codec {
   // The masked forms with every lane on: GCC 12's unmasked _mm512_cvtph_ps/_mm512_cvtps_ph
   // start from _mm512_undefined_*, which trips -Wmaybe-uninitialized (GCC bug 105593).
   static constexpr __mmask16 kAllLanes = 0xFFFF;
-  BRAID_TARGET_AVX512 static void widen(float* dst, const std::uint16_t* src,
-                                                     std::size_t count) {
+  BRAID_TARGET_AVX512 static void widen(float* dst, const std::uint16_t* src, std::size_t count) {
     std::size_t i = 0;
     for (; i + 16 <= count; i += 16) {
       const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
@@ -275,8 +271,7 @@ struct Avx512F16Codec {
     }
     Avx2F16Codec::widen(dst + i, src + i, count - i);
   }
-  BRAID_TARGET_AVX512 static void narrow(std::uint16_t* dst, const float* src,
-                                                      std::size_t count) {
+  BRAID_TARGET_AVX512 static void narrow(std::uint16_t* dst, const float* src, std::size_t count) {
     std::size_t i = 0;
     for (; i + 16 <= count; i += 16) {
       const __m256i half =
@@ -416,24 +411,32 @@ constexpr KernelTable make_table(std::index_sequence<DTypes...>) {
 template <class Kernels>
 constexpr KernelTable kTable = make_table<Kernels>(std::make_index_sequence<kDTypeCount>{});
 
+#if defined(__x86_64__)
+// F16C is read from CPUID directly: not every compiler's __builtin_cpu_supports knows it
+// (clang 14 does not). Its instructions use the AVX state, whose OS support the avx2 check
+// below already covers.
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+#endif
+
 const KernelTable& table_for_this_cpu() {
 #if defined(__x86_64__)
   // Called before main (from a static initialiser) the CPU model may not be read yet.
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
+  const bool avx2 = __builtin_cpu_supports("avx2") && cpu_has_f16c();
+  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
     return kTable<Avx512Kernels>;
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
-    return kTable<Avx2Kernels>;
-  }
+  if (avx2) return kTable<Avx2Kernels>;
 #endif
   return kTable<BaselineKernels>;
 }
 
 const KernelTable& kernels() {
-  static const KernelTable& table = kTable<BaselineKernels>;
+  static const KernelTable& table = table_for_this_cpu();
   return table;
 }
 

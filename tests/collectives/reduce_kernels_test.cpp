@@ -278,7 +278,7 @@ TEST(ReduceKernels, AvgReducesLikeSum) {
   EXPECT_EQ(dst[1], 5.0);
 }
 
-TEST(ReduceKernels, F16KernelsConvertEveryBitPatternLikeTheScalarConversions) {
+TEST(ReduceKernels, F16AndBf16KernelsConvertEveryBitPatternLikeTheScalarConversions) {
   // x + (-0) == x for every x, so this is a round trip of all 65536 patterns through the
   // vector conversions (F16C where the CPU has it), compared with the scalar ones bit for bit.
   std::vector<std::uint16_t> every_pattern(65536);
@@ -337,9 +337,10 @@ TEST(ReduceKernels, DivideFloatsRoundsTheQuotientOnce) {
           case DType::f16:
             store(expected, i, f32_to_f16(f16_to_f32(load<std::uint16_t>(data, i)) / 3.0f));
             break;
-          default:
+          case DType::bf16:
             store(expected, i, f32_to_bf16(bf16_to_f32(load<std::uint16_t>(data, i)) / 3.0f));
             break;
+          default: FAIL() << "not a float dtype";
         }
       }
       divide(data.data(), count, dtype, 3);

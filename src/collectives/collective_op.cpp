@@ -1,6 +1,12 @@
 #include "collective_op.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
+
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
 
 #include <fmt/format.h>
 
@@ -29,8 +35,11 @@ Message CollectiveOp::send_reserved(int peer, Buffer data, std::uint32_t step) {
   message.peer = peer;
   message.bytes = data.size_bytes();
   message.step = step;
-  message.transfer =
-      transport_.start_send(world_rank(peer), data, tag_of(communicator_, sequence_, step), deadline_);
+  if (abort_) throw_aborted();
+  transfers_.push_back(
+      transport_.start_send(world_rank(peer), data, tag_of(communicator_, sequence_, step), deadline_));
+  peers_.push_back(peer);
+  message.transfer = &transfers_.back();
   return message;
 }
 
@@ -41,8 +50,11 @@ Message CollectiveOp::recv_reserved(int peer, Buffer data, std::uint32_t step, b
   message.step = step;
   message.receive = true;
   message.exact = exact_size;
-  message.transfer =
-      transport_.start_recv(world_rank(peer), data, tag_of(communicator_, sequence_, step), deadline_);
+  if (abort_) throw_aborted();
+  transfers_.push_back(
+      transport_.start_recv(world_rank(peer), data, tag_of(communicator_, sequence_, step), deadline_));
+  peers_.push_back(peer);
+  message.transfer = &transfers_.back();
   return message;
 }
 
@@ -50,8 +62,9 @@ asio::awaitable<std::size_t> CollectiveOp::wait(Message& message) {
   std::size_t received = 0;
   std::exception_ptr truncated;
   try {
-    received = co_await transport_.wait(message.transfer);
+    received = co_await transport_.wait(*message.transfer);
   } catch (const Error& error) {
+    if (abort_) throw_aborted();
     if (error.code() != Errc::size_mismatch) throw;
     // A message larger than its receive: the transport refused to truncate it.
     truncated = std::make_exception_ptr(
@@ -71,7 +84,60 @@ asio::awaitable<std::size_t> CollectiveOp::wait(Message& message) {
 
 asio::awaitable<void> CollectiveOp::wait_all(std::span<Message> messages) {
   for (Message& message : messages) {
-    if (message.transfer.valid()) co_await wait(message);
+    if (message.transfer != nullptr && message.transfer->valid()) co_await wait(message);
+  }
+}
+
+void CollectiveOp::throw_aborted() const {
+  throw Error(Errc::peer_failed, fmt::format("rank {} failed: {}", abort_->peer, abort_->why),
+              {.rank = world_rank(rank_), .peer = abort_->peer});
+}
+
+void CollectiveOp::abort(int peer, std::string why) {
+  if (abort_) return;
+  abort_ = Abort{peer, std::move(why)};
+  for (transport::Transfer& transfer : transfers_) {
+    if (transfer.valid()) transport_.cancel(transfer);
+  }
+}
+
+asio::awaitable<void> CollectiveOp::settle(std::string why) {
+  auto in_flight = [this] {
+    return std::any_of(transfers_.begin(), transfers_.end(), [](const transport::Transfer& t) {
+      return t.valid() && !t.ready();
+    });
+  };
+  for (transport::Transfer& transfer : transfers_) {
+    if (transfer.valid()) transport_.cancel(transfer);
+  }
+  // Sends to live peers finish as soon as those post their receives, and half-arrived
+  // messages as soon as their senders are done: a short grace is usually enough.
+  constexpr auto kGrace = std::chrono::milliseconds(200);
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  const auto give_up = Clock::now() + kGrace;
+  while (in_flight() && Clock::now() < give_up) {
+    timer.expires_after(std::chrono::milliseconds(1));
+    co_await timer.async_wait(asio::use_awaitable);
+  }
+  if (in_flight()) {
+    for (std::size_t i = 0; i < transfers_.size(); ++i) {
+      if (transfers_[i].valid() && !transfers_[i].ready()) {
+        // The transfer's peer is in its Message only; the op records it beside the transfer.
+        transport_.fail_peer(world_rank(peers_[i]),
+                             fmt::format("a collective on this rank failed ({}) while a message "
+                                         "with it was in flight, and the endpoint was closed "
+                                         "to release the buffer",
+                                         why));
+      }
+    }
+  }
+  for (transport::Transfer& transfer : transfers_) {
+    if (!transfer.valid()) continue;
+    try {
+      co_await transport_.wait(transfer);
+    } catch (const std::exception&) {
+      // The operation has failed already; these errors add nothing.
+    }
   }
 }
 

@@ -7,13 +7,23 @@
 // step order (tag.hpp: steps wrap). Starting a message never suspends; wait() does, and
 // checks that a receive got exactly the bytes it expected: a different size means the
 // ranks disagree on counts or dtypes, and is an Error(Errc::size_mismatch) naming the
-// peer, never a silent truncation. A Message dropped unawaited (an algorithm unwinding
-// from an error) cancels its receive, so nothing writes into the caller's buffers after
-// the operation has failed.
+// peer, never a silent truncation.
+//
+// Failure. The op owns every transfer it starts (a Message is a handle to one), so when an
+// algorithm throws, settle() can see to each one still in flight before the caller gets
+// the error back: receives are cancelled, and transfers UCX cannot let go of within a
+// short grace (a send to a rank that will never receive it, a receive whose message is
+// half in) are ended by closing the endpoint to their peer. Only then may the caller
+// reuse or free its buffers; without this UCX would go on reading and writing them.
+// abort() is how the Communicator fails an op when a member it is not talking to dies.
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <optional>
 #include <span>
+#include <string>
+#include <vector>
 #include <string_view>
 
 #include <boost/asio/awaitable.hpp>
@@ -33,7 +43,7 @@ inline constexpr std::uint32_t kPointToPointStep = 4094;  // Communicator::send/
 inline constexpr std::uint32_t kFingerprintStep = 4095;   // BRAID_DEBUG=detail
 
 struct Message {
-  transport::Transfer transfer;
+  transport::Transfer* transfer = nullptr;  // owned by the CollectiveOp
   int peer = -1;           // communicator rank
   std::size_t bytes = 0;   // sent, or expected
   std::uint32_t step = 0;
@@ -71,7 +81,23 @@ class CollectiveOp {
 
   ScratchPool::Lease scratch(std::size_t bytes) { return scratch_.acquire(bytes); }
 
+  // A member of the communicator died (world rank `peer`): pending receives are cancelled
+  // and every wait from now on fails with Errc::peer_failed naming it.
+  void abort(int peer, std::string why);
+  // After a failure: ends every transfer still in flight (see above). Never throws.
+  asio::awaitable<void> settle(std::string why);
+
  private:
+  [[noreturn]] void throw_aborted() const;
+
+  std::deque<transport::Transfer> transfers_;  // stable addresses for Message handles
+  std::vector<int> peers_;                     // transfers_[i]'s peer (communicator rank)
+  struct Abort {
+    int peer;
+    std::string why;
+  };
+  std::optional<Abort> abort_;
+
   transport::UcxWorker& transport_;
   std::span<const int> world_ranks_;
   int rank_;

@@ -300,9 +300,19 @@ Communicator::Communicator(Private, transport::World& world, std::vector<int> wo
     send_sequence_[i].store(0, std::memory_order_relaxed);
     recv_sequence_[i].store(0, std::memory_order_relaxed);
   }
+  // `this` outlives the listener: the destructor removes it on the runtime thread, where
+  // it runs.
+  failure_listener_ = world.transport().add_peer_failure_listener(
+      [this](int peer, const std::string& why) {
+        if (std::find(world_ranks_.begin(), world_ranks_.end(), peer) != world_ranks_.end()) {
+          on_member_failed(peer, why);
+        }
+      });
 }
 
-Communicator::~Communicator() = default;
+Communicator::~Communicator() {
+  world_.transport().remove_peer_failure_listener(failure_listener_);
+}
 
 Algorithm Communicator::algorithm_for(CollectiveKind kind, std::size_t bytes) const {
   return selection_->select(kind, bytes, size());
@@ -321,8 +331,18 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
   trace::AsyncSpan span(trace::Category::comm, span_name(call->kind), {}, call->bytes);
   span.arg("seq", static_cast<std::int64_t>(call->sequence));
   span.arg("algorithm", static_cast<std::int64_t>(call->algorithm));
+  // While in flight, a member's death aborts the op (see on_member_failed()).
+  in_flight_.insert(&op);
   std::exception_ptr failure;
+  bool settle = false;
   try {
+    // A member that died earlier fails the op at once: ranks that do not talk to it
+    // directly would otherwise wait for partners that gave up.
+    for (int r = 0; r < size(); ++r) {
+      if (auto why = world_.transport().peer_failure(world_rank(r)); why && r != rank_) {
+        op.abort(world_rank(r), *why);
+      }
+    }
     if (check_fingerprints_ && size() > 1) co_await exchange_fingerprints(op, *call, id_);
     const bool nothing_to_move =
         call->bytes == 0 && call->kind != CollectiveKind::barrier &&
@@ -337,9 +357,22 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
                          .operation = std::move(where),
                          .sequence = call->sequence};
     failure = std::make_exception_ptr(Error(error.code(), error.detail(), std::move(context)));
+    settle = true;
+  } catch (...) {
+    failure = std::current_exception();
+    settle = true;
   }
+  if (settle) {
+    std::string why = to_string(call->kind).data();
+    co_await op.settle(std::move(why));
+  }
+  in_flight_.erase(&op);
   (void)self;  // keeps the communicator alive until the operation is done
   if (failure) std::rethrow_exception(failure);
+}
+
+void Communicator::on_member_failed(int world_peer, const std::string& why) {
+  for (CollectiveOp* op : in_flight_) op->abort(world_peer, why);
 }
 
 // ---------------------------------------------------------------- entry points

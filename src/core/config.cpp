@@ -33,6 +33,9 @@ constexpr std::array kKnobs{
     Knob{"BRAID_ALGO", "",
          "collective algorithm overrides, e.g. allreduce:0-64k:recursive_doubling#64k-inf:ring;"
          "broadcast:0-inf:binomial_tree (see docs/algorithms.md); empty: the built-in table"},
+    Knob{"BRAID_RING_PIECE_KIB", "256",
+         "size of the pieces ring collectives pipeline (KiB): smaller overlaps more, larger "
+         "pays less per-message overhead"},
     Knob{"BRAID_DEBUG", "off",
          "off, or detail: ranks exchange a fingerprint (kind, count, dtype, op, root) before "
          "every collective and a desync fails on every rank, naming both sides"},

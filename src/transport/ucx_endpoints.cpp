@@ -107,6 +107,15 @@ void UcxWorkerImpl::fail_peer(int rank, std::string why, bool close_now) {
   for (UcxOp* op : affected) {
     if (op->is_linked()) abandon(op, Errc::peer_failed);
   }
+  // Listeners run later, from a handler of their own: this may be inside
+  // ucp_worker_progress, and they start and cancel operations.
+  if (!failure_listeners_.empty()) {
+    asio::post(runtime_.context(), [self = shared_from_this(), rank] {
+      if (self->closed_) return;
+      const auto listeners = self->failure_listeners_;  // a listener may remove itself
+      for (const auto& [id, listener] : listeners) listener(rank, self->peers_[rank].failure);
+    });
+  }
   if (close_now) {
     close_endpoint_by_force(peer);
   } else {
@@ -114,6 +123,16 @@ void UcxWorkerImpl::fail_peer(int rank, std::string why, bool close_now) {
       if (!self->closed_) self->close_endpoint_by_force(self->peers_[rank]);
     });
   }
+}
+
+std::uint64_t UcxWorkerImpl::add_peer_failure_listener(UcxWorker::PeerFailureListener listener) {
+  const std::uint64_t id = next_listener_id_++;
+  failure_listeners_.emplace_back(id, std::move(listener));
+  return id;
+}
+
+void UcxWorkerImpl::remove_peer_failure_listener(std::uint64_t id) {
+  std::erase_if(failure_listeners_, [id](const auto& entry) { return entry.first == id; });
 }
 
 void UcxWorkerImpl::close_endpoint_by_force(UcxPeer& peer) {

@@ -123,6 +123,12 @@ void UcxWorkerImpl::detach(UcxOp* op) noexcept {
   if (op->kind == OpKind::recv && !op->abandoned && !closed_) abandon(op, Errc::cancelled);
 }
 
+void UcxWorkerImpl::cancel(UcxOp* op) {
+  if (op->kind == OpKind::recv && !op->finished && !op->abandoned && !closed_) {
+    abandon(op, Errc::cancelled);
+  }
+}
+
 void UcxWorkerImpl::collect(UcxOp* op, std::exception_ptr& error, std::size_t& length) noexcept {
   error = std::move(op->error);
   length = op->length;
@@ -224,7 +230,8 @@ void UcxWorkerImpl::finish(UcxOp* op, void* request, ucs_status_t status, std::s
                                                                : "message from",
                                       op->peer, describe(op->tag))
                     : *op->abandoned == Errc::peer_failed ? peers_[op->peer].failure
-                                                          : "the UCX worker was shut down",
+                    : *op->abandoned == Errc::cancelled   ? std::string("cancelled by its caller")
+                                                          : std::string("the UCX worker was shut down"),
                     context(op->peer, op->kind, op->tag))
             : make_error(op->peer, op->kind, op->tag, op->capacity, status, length));
   }

@@ -144,6 +144,30 @@ asio::awaitable<std::size_t> UcxWorker::wait(Transfer& transfer) {
   co_return co_await wait_for(*op);
 }
 
+void UcxWorker::cancel(Transfer& transfer) {
+  if (transfer.op_ != nullptr) impl_->cancel(transfer.op_);
+}
+
+std::uint64_t UcxWorker::add_peer_failure_listener(PeerFailureListener listener) {
+  return runtime_.run([&] { return impl_->add_peer_failure_listener(std::move(listener)); });
+}
+
+void UcxWorker::remove_peer_failure_listener(std::uint64_t id) {
+  runtime_.run([&] {
+    if (impl_ != nullptr) impl_->remove_peer_failure_listener(id);
+  });
+}
+
+std::optional<std::string> UcxWorker::peer_failure(int peer) const {
+  const detail::UcxPeer& state = impl_->peer(peer);
+  if (!state.failed) return std::nullopt;
+  return state.failure;
+}
+
+bool Transfer::ready() const noexcept {
+  return op_ == nullptr || op_->finished;
+}
+
 Transfer::Transfer(Transfer&& other) noexcept
     : impl_(std::move(other.impl_)),
       op_(std::exchange(other.op_, nullptr)),

@@ -9,6 +9,7 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -110,6 +111,11 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   // Takes a parked result and returns the op to the pool.
   void collect(UcxOp* op, std::exception_ptr& error, std::size_t& length) noexcept;
 
+  void cancel(UcxOp* op);
+  std::uint64_t add_peer_failure_listener(UcxWorker::PeerFailureListener listener);
+  void remove_peer_failure_listener(std::uint64_t id);
+  const UcxPeer& peer(int rank) const { return peers_.at(static_cast<std::size_t>(rank)); }
+
   const Bytes& address() const noexcept { return address_; }
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return static_cast<int>(peers_.size()); }
@@ -186,6 +192,9 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   // One timer for every deadline: armed at the earliest deadline among pending
   // operations (re-armed only when a new one is earlier), so starting an operation costs
   // no timer syscall in the common case of deadlines that only grow.
+  std::vector<std::pair<std::uint64_t, UcxWorker::PeerFailureListener>> failure_listeners_;
+  std::uint64_t next_listener_id_ = 1;
+
   std::optional<asio::steady_timer> watchdog_;
   Deadline watchdog_expiry_ = Deadline::max();
 };

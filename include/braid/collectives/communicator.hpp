@@ -36,7 +36,12 @@
 //                           the same one with different counts, dtypes, ops or roots, at
 //                           the same sequence number; the message names both sides, and
 //                           every rank reports it before any data moves.
-//   Errc::peer_failed       a rank died during the operation (named)
+//   Errc::peer_failed       a member died before or during the operation (named, whether or
+//                           not this rank exchanges messages with it). Before the error
+//                           reaches the caller, every transfer of the operation has ended
+//                           (receives cancelled; transfers UCX cannot let go of within
+//                           ~200 ms end by closing the endpoint to their peer), so the
+//                           caller's buffers are free to reuse.
 //   Errc::timeout           the operation did not finish within the timeout (Options)
 // Without BRAID_DEBUG=detail, ranks that call different collectives at the same point
 // fail on size checks or time out; two ranks passing dtypes of the same width and equal
@@ -51,6 +56,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -74,6 +81,7 @@ namespace braid::collectives {
 
 namespace detail {
 struct CollectiveCall;
+class CollectiveOp;
 class ScratchPool;
 }  // namespace detail
 
@@ -180,6 +188,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
                                                            std::uint64_t sequence, int color,
                                                            int key, Deadline deadline);
   std::unique_ptr<detail::CollectiveCall> prepare(CollectiveKind kind);
+  void on_member_failed(int world_peer, const std::string& why);
   std::uint64_t take_sequence() noexcept { return next_sequence_.fetch_add(1); }
 
   transport::World& world_;
@@ -195,6 +204,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::unique_ptr<std::atomic<std::uint64_t>[]> send_sequence_;
   std::unique_ptr<std::atomic<std::uint64_t>[]> recv_sequence_;
   std::unique_ptr<detail::ScratchPool> scratch_;
+  // Collectives in flight (runtime thread only), aborted when a member dies.
+  std::set<detail::CollectiveOp*> in_flight_;
+  std::uint64_t failure_listener_ = 0;
 };
 
 }  // namespace braid::collectives

@@ -30,6 +30,8 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -67,6 +69,8 @@ class Transfer {
 
   // True once started and not yet awaited.
   bool valid() const noexcept { return started_; }
+  // True when UCX has finished with the buffer (wait() would not suspend).
+  bool ready() const noexcept;
 
  private:
   friend class UcxWorker;
@@ -144,6 +148,19 @@ class UcxWorker {
   Transfer start_send(int peer, Buffer buffer, Tag tag, Deadline deadline);
   Transfer start_recv(int peer, Buffer buffer, Tag tag, Deadline deadline);
   asio::awaitable<std::size_t> wait(Transfer& transfer);
+  // Cancels a started receive that has not matched a message yet (wait() then fails with
+  // Errc::cancelled); one whose message is already arriving finishes first. Sends cannot
+  // be cancelled (UCX 1.13): fail_peer() closes the endpoint to get their buffer back.
+  void cancel(Transfer& transfer);
+
+  // Calls `listener(peer, reason)` on the runtime thread, after the fact, each time a peer
+  // fails (any detector). Communicators use it to abort collectives that wait on other
+  // members. Returns an id for remove_peer_failure_listener(). Both from any thread.
+  using PeerFailureListener = std::function<void(int peer, const std::string& reason)>;
+  std::uint64_t add_peer_failure_listener(PeerFailureListener listener);
+  void remove_peer_failure_listener(std::uint64_t id);
+  // The reason `peer` failed, or nullopt while it has not. Runtime thread only.
+  std::optional<std::string> peer_failure(int peer) const;
 
   // Declares `peer` failed on the word of a detector outside UCX (World's store watcher,
   // which sees a killed process that UCX's shared-memory keepalive can miss). Exactly

@@ -2,7 +2,24 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
+#include <braid/core/config.hpp>
+#include <braid/core/error.hpp>
+
 namespace braid::collectives::detail {
+
+std::size_t ring_piece_bytes() {
+  static const std::size_t bytes = [] {
+    const std::int64_t kib = config::int_value("BRAID_RING_PIECE_KIB");
+    if (kib < 1 || kib > (1 << 20)) {
+      throw Error(Errc::invalid_environment,
+                  fmt::format("BRAID_RING_PIECE_KIB={} is outside 1..1048576", kib));
+    }
+    return static_cast<std::size_t>(kib) * 1024;
+  }();
+  return bytes;
+}
 
 RingLayout::RingLayout(std::span<const std::size_t> counts, DType dtype)
     : counts_(counts.begin(), counts.end()) {
@@ -29,7 +46,8 @@ void RingLayout::choose_pieces(DType dtype) {
   const std::size_t steps = counts_.size() > 1 ? 2 * (counts_.size() - 1) : 1;
   const std::size_t most = std::max<std::size_t>(1, kAlgorithmSteps / steps);
   const std::size_t bytes = max_count_ * dtype_size(dtype);
-  pieces_ = std::clamp<std::size_t>((bytes + kRingPieceBytes - 1) / kRingPieceBytes, 1, most);
+  const std::size_t piece = ring_piece_bytes();
+  pieces_ = std::clamp<std::size_t>((bytes + piece - 1) / piece, 1, most);
   // Never more pieces than elements, so no piece is empty for lack of data.
   pieces_ = std::max<std::size_t>(1, std::min(pieces_, max_count_));
 }

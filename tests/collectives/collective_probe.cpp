@@ -1,0 +1,211 @@
+// A rank that collectives_process_test runs under braid-run: it joins the World from the
+// environment, takes the world Communicator, and does what its first argument says:
+//   check      every collective the communicator has over real processes, with values
+//              whose results are known exactly (small integers, exact in f32 too); prints
+//              "rank R ok", or the first mismatch on stderr with exit code 1.
+//   die D      all ranks run one all_reduce; then rank D kills itself (SIGKILL) and the
+//              others call all_reduce on 4 MiB until it fails. A survivor prints
+//              "rank R saw: <what>" on stderr and exits 3; one that never sees a failure
+//              says so and exits 1. Survivors ignore SIGTERM: braid-run sends it to them
+//              as soon as it reaps rank D, and what is tested is what they see on their
+//              own (braid-run still kills them after --grace).
+// Other errors are printed as "error: <what>" on stderr, with exit code 2.
+#include <braid/braid.hpp>
+#include <braid/collectives/communicator.hpp>
+
+#include <csignal>
+#include <cstdint>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace {
+
+using braid::Buffer;
+using braid::ReduceOp;
+using braid::asio::awaitable;
+using braid::collectives::Communicator;
+using namespace std::chrono_literals;
+
+// The first element that differs from what it should be, for one readable message.
+struct Mismatch {
+  std::string what;
+
+  template <class T>
+  void check(const std::vector<T>& got, std::size_t i, T expected, const std::string& where) {
+    if (what.empty() && got[i] != expected) {
+      what = fmt::format("{}: element {} is {}, expected {}", where, i, got[i], expected);
+    }
+  }
+};
+
+// Sum over ranks of (r + 1 + i % 7) is P(P+1)/2 + P * (i % 7).
+awaitable<void> check_all_reduce_sum(Communicator& comm, std::size_t count, Mismatch& m) {
+  const int P = comm.size();
+  std::vector<float> input(count), output(count, -1.0F);
+  for (std::size_t i = 0; i < count; ++i) {
+    input[i] = static_cast<float>(comm.rank() + 1 + static_cast<int>(i % 7));
+  }
+  co_await comm.all_reduce(Buffer(input), Buffer(output), ReduceOp::sum);
+  const std::string where = fmt::format("all_reduce sum f32 count {}", count);
+  for (std::size_t i = 0; i < count; ++i) {
+    m.check(output, i, static_cast<float>(P * (P + 1) / 2 + P * static_cast<int>(i % 7)), where);
+  }
+  co_await comm.all_reduce(Buffer(input), ReduceOp::sum);  // in place
+  const std::string in_place = "in place " + where;
+  for (std::size_t i = 0; i < count; ++i) m.check(input, i, output[i], in_place);
+}
+
+// avg on integers truncates the sum / P toward zero.
+awaitable<void> check_all_reduce_avg(Communicator& comm, std::size_t count, Mismatch& m) {
+  const int P = comm.size();
+  std::vector<std::int32_t> data(count);
+  for (std::size_t i = 0; i < count; ++i) data[i] = comm.rank() + static_cast<int>(i % 3);
+  co_await comm.all_reduce(Buffer(data), ReduceOp::avg);
+  const std::string where = fmt::format("all_reduce avg i32 count {}", count);
+  for (std::size_t i = 0; i < count; ++i) {
+    m.check(data, i, (P * (P - 1) / 2 + P * static_cast<int>(i % 3)) / P, where);
+  }
+}
+
+awaitable<void> check_broadcast(Communicator& comm, int root, Mismatch& m) {
+  constexpr std::size_t kCount = 10000;
+  std::vector<std::int64_t> data(kCount, -1);
+  // A local copy: lambdas in a coroutine must not capture its parameters (GCC 12).
+  const std::int64_t from = root;
+  auto value = [from](std::size_t i) { return from * 1'000'000 + static_cast<std::int64_t>(i); };
+  if (comm.rank() == root) {
+    for (std::size_t i = 0; i < kCount; ++i) data[i] = value(i);
+  }
+  co_await comm.broadcast(Buffer(data), root);
+  const std::string where = fmt::format("broadcast from root {}", root);
+  for (std::size_t i = 0; i < kCount; ++i) m.check(data, i, value(i), where);
+}
+
+awaitable<void> check_all_gather(Communicator& comm, Mismatch& m) {
+  constexpr std::size_t kCount = 777;
+  const auto P = static_cast<std::size_t>(comm.size());
+  auto value = [](std::size_t rank, std::size_t i) {
+    return static_cast<std::int64_t>(rank * 1'000'000 + i);
+  };
+  std::vector<std::int64_t> input(kCount), output(kCount * P, -1);
+  const auto me = static_cast<std::size_t>(comm.rank());
+  for (std::size_t i = 0; i < kCount; ++i) input[i] = value(me, i);
+  co_await comm.all_gather(Buffer(input), Buffer(output));
+  const std::string where = "all_gather i64";
+  for (std::size_t q = 0; q < P; ++q) {
+    for (std::size_t i = 0; i < kCount; ++i) m.check(output, q * kCount + i, value(q, i), where);
+  }
+}
+
+// Rank r contributes r + j % 11 at position j; block r of the sum is what it gets.
+awaitable<void> check_reduce_scatter(Communicator& comm, Mismatch& m) {
+  constexpr std::size_t kBlock = 1000;
+  const int P = comm.size();
+  const auto me = static_cast<std::size_t>(comm.rank());
+  std::vector<float> input(kBlock * static_cast<std::size_t>(P)), output(kBlock, -1.0F);
+  for (std::size_t j = 0; j < input.size(); ++j) {
+    input[j] = static_cast<float>(comm.rank() + static_cast<int>(j % 11));
+  }
+  co_await comm.reduce_scatter(Buffer(input), Buffer(output), ReduceOp::sum);
+  const std::string where = "reduce_scatter sum f32";
+  for (std::size_t i = 0; i < kBlock; ++i) {
+    const int position = static_cast<int>((me * kBlock + i) % 11);
+    m.check(output, i, static_cast<float>(P * (P - 1) / 2 + P * position), where);
+  }
+}
+
+// Block j of rank r's input holds (r, j, i); block q of its output must hold (q, r, i).
+awaitable<void> check_all_to_all(Communicator& comm, Mismatch& m) {
+  constexpr std::size_t kBlock = 513;
+  const auto P = static_cast<std::size_t>(comm.size());
+  const auto me = static_cast<std::size_t>(comm.rank());
+  auto value = [](std::size_t from, std::size_t to, std::size_t i) {
+    return static_cast<std::int32_t>(from * 100'000 + to * 1000 + i);
+  };
+  std::vector<std::int32_t> input(kBlock * P), output(kBlock * P, -1);
+  for (std::size_t j = 0; j < P; ++j) {
+    for (std::size_t i = 0; i < kBlock; ++i) input[j * kBlock + i] = value(me, j, i);
+  }
+  co_await comm.all_to_all(Buffer(input), Buffer(output));
+  const std::string where = "all_to_all i32";
+  for (std::size_t q = 0; q < P; ++q) {
+    for (std::size_t i = 0; i < kBlock; ++i) {
+      m.check(output, q * kBlock + i, value(q, me, i), where);
+    }
+  }
+}
+
+awaitable<std::string> check(Communicator& comm) {
+  Mismatch m;
+  // By default 4 B and 4 KB run recursive doubling, 400 KB halving-doubling, 1.2 MB ring.
+  for (std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{300000}}) {
+    co_await check_all_reduce_sum(comm, count, m);
+  }
+  for (std::size_t count : {std::size_t{1001}, std::size_t{100003}}) {
+    co_await check_all_reduce_avg(comm, count, m);
+  }
+  co_await check_broadcast(comm, 0, m);
+  co_await check_broadcast(comm, comm.size() - 1, m);
+  co_await check_all_gather(comm, m);
+  co_await check_reduce_scatter(comm, m);
+  co_await check_all_to_all(comm, m);
+  co_await comm.barrier();
+  co_return m.what;
+}
+
+// Returns normally only if no all_reduce failed. 4 MiB: ring, several pieces in flight.
+// The buffer dies with the coroutine: a failed collective must have ended every transfer
+// into or out of it before the error reaches us.
+awaitable<void> die(Communicator& comm, int doomed) {
+  std::vector<float> data(std::size_t{1} << 20, 1.0F);
+  co_await comm.all_reduce(Buffer(data), ReduceOp::avg);
+  if (comm.rank() == doomed) std::raise(SIGKILL);
+  for (int i = 0; i < 1000; ++i) co_await comm.all_reduce(Buffer(data), ReduceOp::avg);
+}
+
+int usage() {
+  std::cerr << "usage: collective_probe check | die RANK\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode != "check" && !(mode == "die" && argc > 2)) return usage();
+  const int doomed = mode == "die" ? std::stoi(argv[2]) : -1;
+  if (mode == "die") std::signal(SIGTERM, SIG_IGN);
+  try {
+    braid::Runtime runtime;
+    braid::transport::World::Options options;
+    options.leave_timeout = 2s;  // a dead peer never leaves; don't wait long for it
+    auto world = braid::transport::World::join(runtime, braid::transport::parse_launch_env(),
+                                               options);
+    auto comm = Communicator::world(*world);
+    const int rank = comm->rank();
+    if (mode == "check") {
+      const std::string mismatch = runtime.spawn(check(*comm)).get();
+      if (!mismatch.empty()) {
+        std::cerr << "rank " << rank << ": " << mismatch << "\n";
+        return 1;
+      }
+      std::cout << "rank " << rank << " ok\n";
+      return 0;
+    }
+    try {
+      runtime.spawn(die(*comm, doomed)).get();
+    } catch (const braid::Error& e) {
+      std::cerr << "rank " << rank << " saw: " << e.what() << "\n";
+      return 3;
+    }
+    std::cerr << "rank " << rank << ": every all_reduce succeeded after rank " << doomed
+              << " was killed\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  }
+}

@@ -1,0 +1,97 @@
+// The collectives over real processes started by braid-run: results on 2, 3 and 4 ranks,
+// and a killed rank failing its peers' all_reduce with an error naming it. Programs come
+// from the build through the environment: BRAID_RUN (the launcher) and COLLECTIVE_PROBE
+// (collective_probe.cpp).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "../support/child_process.hpp"
+
+namespace braid::collectives {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using braid::testing::ChildProcess;
+using braid::testing::program_from_env;
+using namespace std::chrono_literals;
+
+std::string braid_run() { return program_from_env("BRAID_RUN"); }
+std::string probe() { return program_from_env("COLLECTIVE_PROBE"); }
+
+// The lines of `text` that contain `needle`.
+std::vector<std::string> lines_with(const std::string& text, const std::string& needle) {
+  std::vector<std::string> found;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(needle) != std::string::npos) found.push_back(line);
+  }
+  return found;
+}
+
+class CollectivesProcesses : public ::testing::TestWithParam<int> {};
+
+TEST_P(CollectivesProcesses, EveryCollectiveGivesTheExactResultOnEveryRank) {
+  const int size = GetParam();
+  auto result = ChildProcess({braid_run(), "-n", std::to_string(size), "--timeout", "120",
+                              probe(), "check"},
+                             {}, 150s)
+                    .wait();
+  ASSERT_EQ(result.status, 0) << result.out << result.err;
+  for (int r = 0; r < size; ++r) {
+    EXPECT_THAT(result.out, HasSubstr(fmt::format("[{}] rank {} ok\n", r, r))) << result.err;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, CollectivesProcesses, ::testing::Values(2, 3, 4),
+                         [](const auto& info) { return fmt::format("ranks{}", info.param); });
+
+struct Death {
+  int world;
+  int doomed;
+};
+
+class CollectivesPeerFailure : public ::testing::TestWithParam<Death> {};
+
+// Every survivor's all_reduce fails naming the dead rank, including survivors that never
+// exchange a message with it (4 ranks, rank 2 dies: rank 0's ring neighbours are 1 and 3),
+// and no survivor crashes afterwards (its buffers are freed right after the error).
+TEST_P(CollectivesPeerFailure, AKilledRankFailsEverySurvivorsAllReduceNamingIt) {
+  const auto [world, doomed] = GetParam();
+  // BRAID_TIMEOUT is short so that a survivor that is never told would time out (and the
+  // test fail on its message) rather than hang; the grace lets survivors, which ignore
+  // braid-run's SIGTERM, report what they saw.
+  auto result = ChildProcess({braid_run(), "-n", std::to_string(world), "--grace", "40",
+                              "--timeout", "50", probe(), "die", std::to_string(doomed)},
+                             {{"BRAID_TIMEOUT", "20"}}, 60s)
+                    .wait();
+  // braid-run reports the first failure, the doomed rank's death, and fails with its status.
+  EXPECT_EQ(result.status, 128 + SIGKILL) << result.out << result.err;
+  EXPECT_THAT(result.err, HasSubstr(fmt::format("braid-run: rank {} (pid ", doomed)));
+  EXPECT_THAT(result.err, HasSubstr("was killed by signal 9 (SIGKILL)"));
+  EXPECT_THAT(result.err, Not(HasSubstr("Caught signal"))) << "a survivor crashed";
+  for (int survivor = 0; survivor < world; ++survivor) {
+    if (survivor == doomed) continue;
+    const auto saw = lines_with(result.err, fmt::format("[{}] rank {} saw: ", survivor, survivor));
+    ASSERT_EQ(saw.size(), 1U) << result.out << result.err;
+    EXPECT_THAT(saw[0], HasSubstr(fmt::format("rank {}: all_reduce", survivor)));
+    EXPECT_THAT(saw[0], HasSubstr(fmt::format("(peer rank {}", doomed)));
+    EXPECT_THAT(saw[0], HasSubstr("peer failed"));
+  }
+  // Detected, not timed out: well inside the survivors' 20 s operation deadline.
+  EXPECT_LT(result.elapsed, 20s) << result.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(Deaths, CollectivesPeerFailure,
+                         ::testing::Values(Death{3, 1}, Death{3, 0}, Death{4, 2}),
+                         [](const auto& info) {
+                           return fmt::format("rank{}of{}", info.param.doomed, info.param.world);
+                         });
+
+}  // namespace
+}  // namespace braid::collectives

@@ -26,6 +26,7 @@ std::string_view to_string(Algorithm algorithm) noexcept {
     case Algorithm::linear: return "linear";
     case Algorithm::pairwise: return "pairwise";
     case Algorithm::dissemination: return "dissemination";
+    case Algorithm::shared_memory: return "shared_memory";
   }
   return "?";
 }
@@ -61,7 +62,7 @@ bool implements(CollectiveKind kind, Algorithm algorithm) noexcept {
   switch (kind) {
     case CollectiveKind::all_reduce:
       return algorithm == Algorithm::ring || algorithm == Algorithm::recursive_doubling ||
-             algorithm == Algorithm::halving_doubling;
+             algorithm == Algorithm::halving_doubling || algorithm == Algorithm::shared_memory;
     case CollectiveKind::reduce_scatter:
     case CollectiveKind::all_gather:
       return algorithm == Algorithm::ring;

@@ -26,6 +26,9 @@ struct CollectiveCall {
   Algorithm algorithm = Algorithm::dissemination;
   std::uint64_t sequence = 0;
   Deadline deadline;
+  // shared_memory: the arena and this call's place in its order.
+  class SharedMemoryArena* arena = nullptr;
+  std::uint64_t arena_ticket = 0;
 };
 
 // What every rank must agree on for a call, exchanged under BRAID_DEBUG=detail. Plain

@@ -93,6 +93,11 @@ void CollectiveOp::throw_aborted() const {
               {.rank = world_rank(rank_), .peer = abort_->peer});
 }
 
+void CollectiveOp::throw_timeout(std::string_view what) const {
+  throw Error(Errc::timeout, fmt::format("{} did not happen before the deadline", what),
+              {.rank = world_rank(rank_)});
+}
+
 void CollectiveOp::abort(int peer, std::string why) {
   if (abort_) return;
   abort_ = Abort{peer, std::move(why)};

@@ -26,7 +26,12 @@
 #include <vector>
 #include <string_view>
 
+#include <sched.h>
+
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
 
 #include <braid/core/buffer.hpp>
 #include <braid/core/deadline.hpp>
@@ -87,8 +92,25 @@ class CollectiveOp {
   // After a failure: ends every transfer still in flight (see above). Never throws.
   asio::awaitable<void> settle(std::string why);
 
+  // Waits for `ready()` (memory another process writes) without blocking the runtime:
+  // between checks the coroutine goes back to the io_context, so UCX progress, timers
+  // and failure notices still run; every few rounds it also yields the core, which a
+  // peer on an oversubscribed node needs. Fails on abort() and at the deadline.
+  template <class Ready>
+  asio::awaitable<void> poll_until(Ready ready, std::string_view what) {
+    const auto executor = co_await asio::this_coro::executor;
+    for (unsigned round = 0; !ready(); ++round) {
+      if (abort_) throw_aborted();
+      // Yield often: with more ranks than cores the rank we wait for may need this core.
+      if ((round & 3) == 3) sched_yield();
+      if ((round & 255) == 255 && Clock::now() > deadline_) throw_timeout(what);
+      co_await asio::post(executor, asio::use_awaitable);
+    }
+  }
+
  private:
   [[noreturn]] void throw_aborted() const;
+  [[noreturn]] void throw_timeout(std::string_view what) const;
 
   std::deque<transport::Transfer> transfers_;  // stable addresses for Message handles
   std::vector<int> peers_;                     // transfers_[i]'s peer (communicator rank)

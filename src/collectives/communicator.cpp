@@ -18,6 +18,7 @@
 #include "collective_call.hpp"
 #include "collective_op.hpp"
 #include "scratch_pool.hpp"
+#include "shared_memory_arena.hpp"
 
 namespace braid::collectives {
 
@@ -169,6 +170,10 @@ asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call
         case Algorithm::halving_doubling:
           co_await detail::halving_doubling_all_reduce(op, call.input, call.output, call.reduce_op);
           co_return;
+        case Algorithm::shared_memory:
+          co_await detail::shared_memory_all_reduce(op, call.input, call.output, call.reduce_op,
+                                                    *call.arena, call.arena_ticket);
+          co_return;
         default:
           co_await detail::ring_all_reduce(op, call.input, call.output, call.reduce_op);
           co_return;
@@ -288,6 +293,10 @@ Communicator::Communicator(Private, transport::World& world, std::vector<int> wo
       send_sequence_(new std::atomic<std::uint64_t>[world_ranks_.size()]),
       recv_sequence_(new std::atomic<std::uint64_t>[world_ranks_.size()]),
       scratch_(std::make_unique<detail::ScratchPool>()) {
+  // Every member on this node (the whole job is): collectives may go through shared memory.
+  if (world.launch().num_nodes == 1 && world_ranks_.size() > 1) {
+    arena_ = std::make_unique<detail::SharedMemoryArena>(size());
+  }
   if (selection_ == nullptr) {
     selection_ = std::shared_ptr<const SelectionTable>(&SelectionTable::from_environment(),
                                                        [](const SelectionTable*) {});
@@ -315,7 +324,7 @@ Communicator::~Communicator() {
 }
 
 Algorithm Communicator::algorithm_for(CollectiveKind kind, std::size_t bytes) const {
-  return selection_->select(kind, bytes, size());
+  return selection_->select(kind, bytes, size(), arena_ != nullptr);
 }
 
 std::unique_ptr<CollectiveCall> Communicator::prepare(CollectiveKind kind) {
@@ -399,6 +408,11 @@ asio::awaitable<void> Communicator::all_reduce(Buffer input, Buffer output, Redu
   call->reduce_op = op;
   call->bytes = input.size_bytes();
   call->algorithm = algorithm_for(call->kind, call->bytes);
+  // An empty call moves nothing (run() skips it), so it takes no turn in the arena.
+  if (call->algorithm == Algorithm::shared_memory && call->bytes != 0) {
+    call->arena = arena_.get();
+    call->arena_ticket = arena_->take_ticket();
+  }
   call->sequence = take_sequence();
   call->deadline = deadline_for(timeout_);
   std::shared_ptr<Communicator> self = shared_from_this();

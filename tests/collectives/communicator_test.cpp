@@ -49,7 +49,7 @@ class AllReduce : public ::testing::TestWithParam<int> {};
 
 TEST_P(AllReduce, EveryAlgorithmDtypeAndOpMatchesTheSerialReference) {
   const int world = GetParam();
-  for (const char* algorithm : {"ring", "recursive_doubling", "halving_doubling"}) {
+  for (const char* algorithm : {"ring", "recursive_doubling", "halving_doubling", "shared_memory"}) {
     Communicator::Options options;
     options.selection = forcing(fmt::format("allreduce:0-inf:{}", algorithm));
     run_ranks(world, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {

@@ -59,9 +59,15 @@ TEST(SelectionTable, OverridesPickTheirAlgorithmForTheSizesTheyCover) {
       SelectionTable::with_overrides("allreduce:0-64k:recursive_doubling#64k-inf:ring");
   EXPECT_EQ(table.select(CollectiveKind::all_reduce, 1 * KiB, 4), Algorithm::recursive_doubling);
   EXPECT_EQ(table.select(CollectiveKind::all_reduce, 1 * MiB, 4), Algorithm::ring);
-  // Where the built-in table would choose otherwise (halving_doubling from 16k to 1m).
+  // Where the built-in table would choose otherwise: shared memory from 16k on one node,
+  // halving_doubling from 16k to 1m across nodes.
   EXPECT_EQ(SelectionTable::built_in().select(CollectiveKind::all_reduce, 32 * KiB, 4),
+            Algorithm::shared_memory);
+  EXPECT_EQ(SelectionTable::built_in().select(CollectiveKind::all_reduce, 32 * KiB, 4,
+                                              /*members_share_a_node=*/false),
             Algorithm::halving_doubling);
+  EXPECT_EQ(SelectionTable::built_in().select(CollectiveKind::all_reduce, 4 * MiB, 4, false),
+            Algorithm::ring);
   EXPECT_EQ(table.select(CollectiveKind::all_reduce, 32 * KiB, 4), Algorithm::recursive_doubling);
   EXPECT_EQ(table.select(CollectiveKind::all_reduce, 256 * KiB, 4), Algorithm::ring);
   // Ranges are [lo, hi): 64k itself belongs to the second range.

@@ -83,6 +83,7 @@ namespace detail {
 struct CollectiveCall;
 class CollectiveOp;
 class ScratchPool;
+class SharedMemoryArena;
 }  // namespace detail
 
 struct CommunicatorOptions {
@@ -204,6 +205,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::unique_ptr<std::atomic<std::uint64_t>[]> send_sequence_;
   std::unique_ptr<std::atomic<std::uint64_t>[]> recv_sequence_;
   std::unique_ptr<detail::ScratchPool> scratch_;
+  std::unique_ptr<detail::SharedMemoryArena> arena_;  // null unless every member is on this node
   // Collectives in flight (runtime thread only), aborted when a member dies.
   std::set<detail::CollectiveOp*> in_flight_;
   std::uint64_t failure_listener_ = 0;

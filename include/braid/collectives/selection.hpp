@@ -48,7 +48,9 @@ class SelectionTable {
   // The built-in rules under BRAID_ALGO, parsed once per process.
   static const SelectionTable& from_environment();
 
-  Algorithm select(CollectiveKind kind, std::size_t bytes, int world_size) const;
+  // Rules naming shared_memory apply only when every member is on this node.
+  Algorithm select(CollectiveKind kind, std::size_t bytes, int world_size,
+                   bool members_share_a_node = true) const;
 
   // The rules in force, overrides first, one per line.
   std::string describe() const;

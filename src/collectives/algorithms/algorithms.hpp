@@ -41,4 +41,10 @@ asio::awaitable<void> pairwise_all_to_all(CollectiveOp& op, Buffer input,
                                           std::span<const std::size_t> recv_counts);
 asio::awaitable<void> dissemination_barrier(CollectiveOp& op);
 
+class SharedMemoryArena;
+// Runs when `ticket` (taken at the call) comes up in the arena's issue order.
+asio::awaitable<void> shared_memory_all_reduce(CollectiveOp& op, Buffer input, Buffer output,
+                                               ReduceOp reduce_op, SharedMemoryArena& arena,
+                                               std::uint64_t ticket);
+
 }  // namespace braid::collectives::detail

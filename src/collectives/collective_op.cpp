@@ -20,6 +20,12 @@ transport::Tag tag_of(std::uint32_t communicator, std::uint64_t sequence, std::u
   return {.communicator = communicator, .sequence = sequence, .step = step};
 }
 
+// A message larger than its receive: the transport refused to truncate it.
+Error with_size_hint(const Error& error) {
+  return Error(Errc::size_mismatch, error.detail() + " (do the ranks' counts or dtypes differ?)",
+               error.context());
+}
+
 }  // namespace
 
 Message CollectiveOp::send(int peer, Buffer data, std::uint32_t step) {
@@ -51,8 +57,14 @@ Message CollectiveOp::recv_reserved(int peer, Buffer data, std::uint32_t step, b
   message.receive = true;
   message.exact = exact_size;
   if (abort_) throw_aborted();
-  transfers_.push_back(
-      transport_.start_recv(world_rank(peer), data, tag_of(communicator_, sequence_, step), deadline_));
+  try {
+    transfers_.push_back(transport_.start_recv(world_rank(peer), data,
+                                               tag_of(communicator_, sequence_, step), deadline_));
+  } catch (const Error& error) {
+    // A larger message that had already arrived: refused at the start, not at the wait.
+    if (error.code() != Errc::size_mismatch) throw;
+    throw with_size_hint(error);
+  }
   peers_.push_back(peer);
   message.transfer = &transfers_.back();
   return message;
@@ -66,10 +78,7 @@ asio::awaitable<std::size_t> CollectiveOp::wait(Message& message) {
   } catch (const Error& error) {
     if (abort_) throw_aborted();
     if (error.code() != Errc::size_mismatch) throw;
-    // A message larger than its receive: the transport refused to truncate it.
-    truncated = std::make_exception_ptr(
-        Error(Errc::size_mismatch,
-              error.detail() + " (do the ranks' counts or dtypes differ?)", error.context()));
+    truncated = std::make_exception_ptr(with_size_hint(error));
   }
   if (truncated) std::rethrow_exception(truncated);
   if (message.exact && received != message.bytes) {

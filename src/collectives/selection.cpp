@@ -59,10 +59,14 @@ std::size_t parse_size(std::string_view text, std::string_view what, std::string
     }
     if (multiplier != 1) text.remove_suffix(1);
   }
+  const std::string_view number = text;
   std::size_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc{} || end != text.data() + text.size()) {
-    malformed(what, rule, fmt::format("'{}' is not a size (bytes, with k/m/g, or inf)", text));
+  const auto [end, error] = std::from_chars(number.data(), number.data() + number.size(), value);
+  if (number.empty() || error != std::errc{} || end != number.data() + number.size()) {
+    malformed(what, rule, fmt::format("'{}' is not a size (bytes, with k/m/g, or inf)", number));
+  }
+  if (value > kInfinity / multiplier) {
+    malformed(what, rule, fmt::format("'{}' times {} does not fit in 64 bits", number, multiplier));
   }
   return value * multiplier;
 }

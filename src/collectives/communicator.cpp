@@ -394,6 +394,19 @@ Deadline deadline_for(Clock::duration timeout) {
 
 }  // namespace
 
+asio::awaitable<void> Communicator::submit(std::unique_ptr<CollectiveCall> call) {
+  call->algorithm = algorithm_for(call->kind, call->bytes);
+  // An empty call moves nothing (run() skips it), so it takes no turn in the arena.
+  if (call->algorithm == Algorithm::shared_memory && call->bytes != 0) {
+    call->arena = arena_.get();
+    call->arena_ticket = arena_->take_ticket();
+  }
+  call->sequence = take_sequence();
+  call->deadline = deadline_for(timeout_);
+  std::shared_ptr<Communicator> self = shared_from_this();
+  return run(std::move(self), std::move(call));
+}
+
 asio::awaitable<void> Communicator::all_reduce(Buffer input, Buffer output, ReduceOp op) {
   const ArgumentCheck check(*this, "all_reduce");
   check.host(input, "input");
@@ -407,16 +420,7 @@ asio::awaitable<void> Communicator::all_reduce(Buffer input, Buffer output, Redu
   call->output = output;
   call->reduce_op = op;
   call->bytes = input.size_bytes();
-  call->algorithm = algorithm_for(call->kind, call->bytes);
-  // An empty call moves nothing (run() skips it), so it takes no turn in the arena.
-  if (call->algorithm == Algorithm::shared_memory && call->bytes != 0) {
-    call->arena = arena_.get();
-    call->arena_ticket = arena_->take_ticket();
-  }
-  call->sequence = take_sequence();
-  call->deadline = deadline_for(timeout_);
-  std::shared_ptr<Communicator> self = shared_from_this();
-  return run(std::move(self), std::move(call));
+  return submit(std::move(call));
 }
 
 asio::awaitable<void> Communicator::all_reduce(Buffer data, ReduceOp op) {
@@ -440,11 +444,7 @@ asio::awaitable<void> Communicator::reduce_scatter(Buffer input, Buffer output, 
   call->output = output;
   call->reduce_op = op;
   call->bytes = input.size_bytes();
-  call->algorithm = algorithm_for(call->kind, call->bytes);
-  call->sequence = take_sequence();
-  call->deadline = deadline_for(timeout_);
-  std::shared_ptr<Communicator> self = shared_from_this();
-  return run(std::move(self), std::move(call));
+  return submit(std::move(call));
 }
 
 asio::awaitable<void> Communicator::reduce_scatter(Buffer data, ReduceOp op) {
@@ -473,11 +473,7 @@ asio::awaitable<void> Communicator::reduce(Buffer input, Buffer output, ReduceOp
   call->reduce_op = op;
   call->root = root;
   call->bytes = input.size_bytes();
-  call->algorithm = algorithm_for(call->kind, call->bytes);
-  call->sequence = take_sequence();
-  call->deadline = deadline_for(timeout_);
-  std::shared_ptr<Communicator> self = shared_from_this();
-  return run(std::move(self), std::move(call));
+  return submit(std::move(call));
 }
 
 asio::awaitable<void> Communicator::reduce(Buffer data, ReduceOp op, int root) {
@@ -500,11 +496,7 @@ asio::awaitable<void> Communicator::all_gather(Buffer input, Buffer output) {
   call->input = input;
   call->output = output;
   call->bytes = output.size_bytes();
-  call->algorithm = algorithm_for(call->kind, call->bytes);
-  call->sequence = take_sequence();
-  call->deadline = deadline_for(timeout_);
-  std::shared_ptr<Communicator> self = shared_from_this();
-  return run(std::move(self), std::move(call));
+  return submit(std::move(call));
 }
 
 asio::awaitable<void> Communicator::all_gather(Buffer data) {
@@ -539,11 +531,7 @@ asio::awaitable<void> Communicator::all_gather_v(Buffer input, Buffer output,
   call->counts = counts;
   call->variable = true;
   call->bytes = output.size_bytes();
-  call->algorithm = algorithm_for(call->kind, call->bytes);
-  call->sequence = take_sequence();
-  call->deadline = deadline_for(timeout_);
-  std::shared_ptr<Communicator> self = shared_from_this();
-  return run(std::move(self), std::move(call));
+  return submit(std::move(call));
 }
 
 asio::awaitable<void> Communicator::broadcast(Buffer data, int root) {
@@ -555,11 +543,7 @@ asio::awaitable<void> Communicator::broadcast(Buffer data, int root) {
   call->output = data;
   call->root = root;
   call->bytes = data.size_bytes();
-  call->algorithm = algorithm_for(call->kind, call->bytes);
-  call->sequence = take_sequence();
-  call->deadline = deadline_for(timeout_);
-  std::shared_ptr<Communicator> self = shared_from_this();
-  return run(std::move(self), std::move(call));
+  return submit(std::move(call));
 }
 
 asio::awaitable<void> Communicator::gather(Buffer input, Buffer output, int root) {
@@ -582,11 +566,7 @@ asio::awaitable<void> Communicator::gather(Buffer input, Buffer output, int root
   call->output = rank_ == root ? output : Buffer{};
   call->root = root;
   call->bytes = input.size_bytes() * static_cast<std::size_t>(size());
-  call->algorithm = algorithm_for(call->kind, call->bytes);
-  call->sequence = take_sequence();
-  call->deadline = deadline_for(timeout_);
-  std::shared_ptr<Communicator> self = shared_from_this();
-  return run(std::move(self), std::move(call));
+  return submit(std::move(call));
 }
 
 asio::awaitable<void> Communicator::scatter(Buffer input, Buffer output, int root) {
@@ -609,11 +589,7 @@ asio::awaitable<void> Communicator::scatter(Buffer input, Buffer output, int roo
   call->output = output;
   call->root = root;
   call->bytes = output.size_bytes() * static_cast<std::size_t>(size());
-  call->algorithm = algorithm_for(call->kind, call->bytes);
-  call->sequence = take_sequence();
-  call->deadline = deadline_for(timeout_);
-  std::shared_ptr<Communicator> self = shared_from_this();
-  return run(std::move(self), std::move(call));
+  return submit(std::move(call));
 }
 
 asio::awaitable<void> Communicator::all_to_all(Buffer input, Buffer output) {
@@ -630,11 +606,7 @@ asio::awaitable<void> Communicator::all_to_all(Buffer input, Buffer output) {
   call->input = input;
   call->output = output;
   call->bytes = input.size_bytes();
-  call->algorithm = algorithm_for(call->kind, call->bytes);
-  call->sequence = take_sequence();
-  call->deadline = deadline_for(timeout_);
-  std::shared_ptr<Communicator> self = shared_from_this();
-  return run(std::move(self), std::move(call));
+  return submit(std::move(call));
 }
 
 asio::awaitable<void> Communicator::all_to_all(Buffer data) {
@@ -670,20 +642,12 @@ asio::awaitable<void> Communicator::all_to_all_v(Buffer input,
   call->recv_counts = recv_counts;
   call->variable = true;
   call->bytes = input.size_bytes();
-  call->algorithm = algorithm_for(call->kind, call->bytes);
-  call->sequence = take_sequence();
-  call->deadline = deadline_for(timeout_);
-  std::shared_ptr<Communicator> self = shared_from_this();
-  return run(std::move(self), std::move(call));
+  return submit(std::move(call));
 }
 
 asio::awaitable<void> Communicator::barrier() {
   auto call = prepare(CollectiveKind::barrier);
-  call->algorithm = algorithm_for(call->kind, 0);
-  call->sequence = take_sequence();
-  call->deadline = deadline_for(timeout_);
-  std::shared_ptr<Communicator> self = shared_from_this();
-  return run(std::move(self), std::move(call));
+  return submit(std::move(call));
 }
 
 // ---------------------------------------------------------------- point to point

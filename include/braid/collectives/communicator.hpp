@@ -182,7 +182,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
  private:
   friend struct detail::CollectiveCall;
 
-  // Checks done, sequence taken: runs the call (fingerprints, algorithm, error context).
+  // Checks done: picks the algorithm, takes the call's place in the order (sequence
+  // number, shared-memory turn) now, and returns run().
+  asio::awaitable<void> submit(std::unique_ptr<detail::CollectiveCall> call);
+  // Runs the call (fingerprints, algorithm, error context, settling after a failure).
   asio::awaitable<void> run(std::shared_ptr<Communicator> self,
                             std::unique_ptr<detail::CollectiveCall> call);
   asio::awaitable<std::shared_ptr<Communicator>> run_split(std::shared_ptr<Communicator> self,

@@ -33,19 +33,14 @@ constexpr std::uint32_t kWorldCommunicatorId = 1;
 constexpr std::uint32_t kFirstSplitId = 2;
 constexpr std::string_view kCommunicatorCounterKey = "braid/collectives/next_communicator";
 
+// Span names are the kinds' own names, interned once (intern() locks; a span must not).
 trace::Name span_name(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::all_reduce: return "all_reduce";
-    case CollectiveKind::reduce_scatter: return "reduce_scatter";
-    case CollectiveKind::all_gather: return "all_gather";
-    case CollectiveKind::broadcast: return "broadcast";
-    case CollectiveKind::reduce: return "reduce";
-    case CollectiveKind::gather: return "gather";
-    case CollectiveKind::scatter: return "scatter";
-    case CollectiveKind::all_to_all: return "all_to_all";
-    case CollectiveKind::barrier: return "barrier";
-  }
-  return "collective";
+  static const auto names = [] {
+    std::vector<trace::Name> interned;
+    for (CollectiveKind k : all_collective_kinds) interned.push_back(trace::intern(to_string(k)));
+    return interned;
+  }();
+  return names.at(static_cast<std::size_t>(kind));
 }
 
 bool fingerprints_from_environment() {

@@ -2,6 +2,10 @@
 #pragma once
 
 #include <braid/build_config.hpp>
+#include <braid/collectives/algorithm.hpp>
+#include <braid/collectives/communicator.hpp>
+#include <braid/collectives/reduce_kernels.hpp>
+#include <braid/collectives/selection.hpp>
 #include <braid/core/buffer.hpp>
 #include <braid/core/config.hpp>
 #include <braid/core/deadline.hpp>
@@ -15,8 +19,13 @@
 #include <braid/core/reduce_op.hpp>
 #include <braid/core/runtime.hpp>
 #include <braid/core/stream.hpp>
+#include <braid/trace/chrome_trace.hpp>
+#include <braid/trace/output.hpp>
 #include <braid/trace/recorder.hpp>
+#include <braid/trace/region.hpp>
 #include <braid/trace/span.hpp>
+#include <braid/trace/summary.hpp>
+#include <braid/trace/timeline.hpp>
 #include <braid/transport/bootstrap.hpp>
 #include <braid/transport/store.hpp>
 #include <braid/transport/tag.hpp>

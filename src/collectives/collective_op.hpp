@@ -36,6 +36,7 @@
 #include <braid/core/buffer.hpp>
 #include <braid/core/deadline.hpp>
 #include <braid/core/reduce_op.hpp>
+#include <braid/trace/span.hpp>
 #include <braid/transport/ucx_worker.hpp>
 
 #include "scratch_pool.hpp"
@@ -74,6 +75,12 @@ class CollectiveOp {
   int world_rank(int rank) const noexcept { return world_ranks_[static_cast<std::size_t>(rank)]; }
   std::uint64_t sequence() const noexcept { return sequence_; }
   Deadline deadline() const noexcept { return deadline_; }
+
+  // The communicator's timeline row; phase() spans nest under the collective's span there.
+  void set_track(trace::Track track) noexcept { track_ = track; }
+  trace::AsyncSpan phase(trace::Name name, std::size_t bytes = 0) const noexcept {
+    return trace::AsyncSpan(trace::Category::step, name, track_, bytes);
+  }
 
   Message send(int peer, Buffer data, std::uint32_t step);
   Message recv(int peer, Buffer data, std::uint32_t step);
@@ -127,6 +134,7 @@ class CollectiveOp {
   std::uint64_t sequence_;
   Deadline deadline_;
   ScratchPool& scratch_;
+  trace::Track track_;
 };
 
 // ---- element-wise work shared by the algorithms

@@ -43,6 +43,15 @@ trace::Name span_name(CollectiveKind kind) {
   return names.at(static_cast<std::size_t>(kind));
 }
 
+trace::Name span_name(Algorithm algorithm) {
+  static const auto names = [] {
+    std::vector<trace::Name> interned;
+    for (Algorithm a : all_algorithms) interned.push_back(trace::intern(to_string(a)));
+    return interned;
+  }();
+  return names.at(static_cast<std::size_t>(algorithm));
+}
+
 bool fingerprints_from_environment() {
   const std::string value = config::string_value("BRAID_DEBUG");
   if (value == "detail") return true;
@@ -287,7 +296,8 @@ Communicator::Communicator(Private, transport::World& world, std::vector<int> wo
       selection_(options.selection),
       send_sequence_(new std::atomic<std::uint64_t>[world_ranks_.size()]),
       recv_sequence_(new std::atomic<std::uint64_t>[world_ranks_.size()]),
-      scratch_(std::make_unique<detail::ScratchPool>()) {
+      scratch_(std::make_unique<detail::ScratchPool>()),
+      track_(trace::track(fmt::format("communicator {}", id))) {
   // Every member on this node (the whole job is): collectives may go through shared memory.
   if (world.launch().num_nodes == 1 && world_ranks_.size() > 1) {
     arena_ = std::make_unique<detail::SharedMemoryArena>(size());
@@ -332,9 +342,10 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
                                         std::unique_ptr<CollectiveCall> call) {
   CollectiveOp op(world_.transport(), world_ranks_, rank_, id_, call->sequence, call->deadline,
                   *scratch_);
-  trace::AsyncSpan span(trace::Category::comm, span_name(call->kind), {}, call->bytes);
+  op.set_track(track_);
+  trace::AsyncSpan span(trace::Category::comm, span_name(call->kind), track_, call->bytes);
   span.arg("seq", static_cast<std::int64_t>(call->sequence));
-  span.arg("algorithm", static_cast<std::int64_t>(call->algorithm));
+  span.text("algorithm", span_name(call->algorithm));
   // While in flight, a member's death aborts the op (see on_member_failed()).
   in_flight_.insert(&op);
   std::exception_ptr failure;

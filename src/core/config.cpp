@@ -39,6 +39,9 @@ constexpr std::array kKnobs{
     Knob{"BRAID_DEBUG", "off",
          "off, or detail: ranks exchange a fingerprint (kind, count, dtype, op, root) before "
          "every collective and a desync fails on every rank, naming both sides"},
+    Knob{"BRAID_TRACE", "",
+         "directory: record a timeline and write rank-<r>.trace.json there (Chrome trace "
+         "format) when the World leaves, at exit and on trace::write(); empty: off"},
 };
 
 std::string_view trim(std::string_view s) {

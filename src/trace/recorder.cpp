@@ -175,6 +175,8 @@ std::string_view to_string(Category category) noexcept {
       return "compute";
     case Category::comm:
       return "comm";
+    case Category::step:
+      return "step";
     case Category::transport:
       return "transport";
     case Category::hook:

@@ -141,6 +141,8 @@ asio::awaitable<std::size_t> UcxWorker::wait(Transfer& transfer) {
     if (error) std::rethrow_exception(error);
     co_return length;
   }
+  // Only a wait that suspends is a span: the time a coroutine sat waiting on the wire.
+  const trace::AsyncSpan waiting(trace::Category::transport, "ucx.wait");
   co_return co_await wait_for(*op);
 }
 

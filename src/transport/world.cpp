@@ -1,3 +1,4 @@
+#include <array>
 #include <charconv>
 #include <optional>
 #include <string>
@@ -10,8 +11,14 @@
 
 #include <braid/core/enforce.hpp>
 #include <braid/core/error.hpp>
+#include <braid/core/config.hpp>
 #include <braid/core/log.hpp>
+#include <braid/trace/output.hpp>
 #include <braid/transport/world.hpp>
+
+#include <unistd.h>
+
+#include "clock_alignment.hpp"
 
 namespace braid::transport {
 namespace {
@@ -68,6 +75,9 @@ std::unique_ptr<World> World::join(Runtime& runtime, const LaunchInfo& launch, O
 asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, LaunchInfo launch,
                                                           Options options) {
   log::set_process_rank(launch.rank);
+  // BRAID_TRACE: recording starts now, so joining is on the timeline too.
+  const std::string trace_directory = config::string_value("BRAID_TRACE");
+  if (!trace_directory.empty()) trace::set_enabled(true);
   const Deadline deadline = deadline_after(options.join_timeout.value_or(default_timeout()));
   std::unique_ptr<World> world(new World(runtime, std::move(launch), std::move(options)));
   const LaunchInfo& info = world->launch_;
@@ -101,10 +111,27 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
     addresses[static_cast<std::size_t>(r)] = co_await world->store_->get(address_key(r), deadline);
   }
   world->ucx_->connect(addresses, info.rank);
+  if (!trace_directory.empty()) co_await world->start_trace_output(trace_directory, deadline);
   asio::co_spawn(runtime.executor(), world->watch_peers(world->watch_), asio::detached);
   log::info("joined a world of {} rank(s) (launched by {}, store {})", info.world_size, info.source,
             format_host_port(info.store_host, store_port));
   co_return world;
+}
+
+asio::awaitable<void> World::start_trace_output(std::string directory, Deadline deadline) {
+  trace::TraceIdentity identity{.rank = rank(), .world_size = size()};
+  identity.clock = co_await detail::align_clocks(*ucx_, deadline);
+  std::array<char, 256> host{};
+  if (gethostname(host.data(), host.size() - 1) == 0) identity.host = host.data();
+  log::debug("tracing to {} (clock offset against rank 0: {} ns, round trip {} ns)", directory,
+             identity.clock.offset_ns, identity.clock.round_trip_ns);
+  try {
+    trace::set_output(directory, std::move(identity));
+  } catch (const Error& e) {
+    throw Error(Errc::invalid_environment, fmt::format("BRAID_TRACE: {}", e.detail()),
+                {.rank = rank(), .operation = "World::join"});
+  }
+  writes_trace_ = true;
 }
 
 asio::awaitable<void> World::watch_peers(std::shared_ptr<PeerWatch> watch) {
@@ -187,6 +214,13 @@ World::~World() {
   ucx_.reset();
   store_.reset();
   server_.reset();
+  if (writes_trace_) {
+    try {
+      trace::write();
+    } catch (const std::exception& e) {
+      log::warn("writing the trace: {}", e.what());
+    }
+  }
 }
 
 Tag World::world_tag(std::uint64_t tag) noexcept {

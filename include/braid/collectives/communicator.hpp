@@ -70,6 +70,7 @@
 #include <braid/core/future.hpp>
 #include <braid/core/reduce_op.hpp>
 #include <braid/core/runtime.hpp>
+#include <braid/trace/recorder.hpp>
 
 namespace braid::transport {
 class World;
@@ -212,6 +213,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Collectives in flight (runtime thread only), aborted when a member dies.
   std::set<detail::CollectiveOp*> in_flight_;
   std::uint64_t failure_listener_ = 0;
+  // This communicator's row in a timeline ("communicator 1"): its collectives' spans.
+  trace::Track track_;
 };
 
 }  // namespace braid::collectives

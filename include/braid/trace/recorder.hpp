@@ -26,6 +26,7 @@ namespace braid::trace {
 enum class Category : std::uint8_t {
   compute,    // forward/backward work, reduction kernels
   comm,       // collectives and point-to-point operations as the user sees them
+  step,       // a phase inside a collective (a ring's reduce-scatter, a copy into shared memory)
   transport,  // UCX sends, receives and progress
   hook,       // autograd hooks and comm hooks
   bucket,     // gradient bucket lifetime (filled, launched, reduced)
@@ -92,6 +93,10 @@ struct Record {
   std::uint64_t bytes = 0;
   const char* name = nullptr;  // a Name's text
   std::array<Arg, kMaxArgs> args{};
+  // One text argument (the algorithm a collective ran, a hook's kind): a Name's text for
+  // both, or nullptr.
+  const char* text_key = nullptr;
+  const char* text = nullptr;
   std::uint32_t track = 0;  // never 0 in a snapshot: resolved to the thread's track
   Category category = Category::user;
   RecordKind kind = RecordKind::span;

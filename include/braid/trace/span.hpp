@@ -54,6 +54,13 @@ class OpenSpan {
       storage_.record.args[storage_.record.arg_count++] = Arg{key.c_str(), value};
     }
   }
+  // One text argument; a second call replaces the first.
+  void text(Name key, Name value) noexcept {
+    if (active_) {
+      storage_.record.text_key = key.c_str();
+      storage_.record.text = value.c_str();
+    }
+  }
   void end() noexcept {
     if (!active_) return;
     active_ = false;
@@ -84,6 +91,7 @@ class Span : private detail::OpenSpan {
   using OpenSpan::active;
   using OpenSpan::arg;
   using OpenSpan::set_bytes;
+  using OpenSpan::text;
 };
 
 // A span whose end is elsewhere: movable, ended by end() or, failing that, by its
@@ -107,6 +115,7 @@ class AsyncSpan : private detail::OpenSpan {
   using OpenSpan::arg;
   using OpenSpan::end;
   using OpenSpan::set_bytes;
+  using OpenSpan::text;
 };
 
 inline AsyncSpan begin(Category category, Name name, Track track = {},

@@ -12,6 +12,10 @@
 // Threading: join() and the destructor block, so call them from a thread other than the
 // runtime's (main, typically); send() and recv() are awaited by coroutines on the runtime.
 //
+// Tracing: with BRAID_TRACE=dir, joining turns the recorder on, measures this rank's
+// clock offset against rank 0 and sets dir as the trace output (trace/output.hpp); the
+// destructor writes rank-<r>.trace.json there once the ranks have left.
+//
 // Leaving: the destructor is a barrier (bounded by Options::leave_timeout). No rank tears
 // its UCX worker down until every rank has started leaving, so a slower peer never finds
 // it gone while still connecting or receiving, and rank 0 serves the store until every
@@ -31,6 +35,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
 namespace braid::transport {
 
@@ -86,6 +91,8 @@ class World {
 
   World(Runtime& runtime, LaunchInfo launch, Options options);
   asio::awaitable<void> leave();
+  // BRAID_TRACE: measures the clock offset against rank 0 and sets the trace output.
+  asio::awaitable<void> start_trace_output(std::string directory, Deadline deadline);
   // Waits for a rank's will to fire and fails that rank; see "Dead peers" above. Touches
   // this World only while `watch` says it has not been stopped.
   asio::awaitable<void> watch_peers(std::shared_ptr<PeerWatch> watch);
@@ -97,6 +104,7 @@ class World {
   std::unique_ptr<StoreClient> store_;
   std::unique_ptr<UcxWorker> ucx_;
   std::shared_ptr<PeerWatch> watch_;  // shared with watch_peers(), which may outlive us
+  bool writes_trace_ = false;         // BRAID_TRACE was set: the destructor writes the trace
 };
 
 }  // namespace braid::transport

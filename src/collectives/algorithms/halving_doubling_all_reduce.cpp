@@ -31,6 +31,7 @@ asio::awaitable<void> halving_doubling_all_reduce(CollectiveOp& op, Buffer input
     std::size_t lo = 0;
     std::size_t hi = static_cast<std::size_t>(fold.power);
     std::uint32_t step = 1;
+    trace::AsyncSpan halving = op.phase("halving_doubling.reduce_scatter", data.size_bytes());
     for (std::size_t distance = hi / 2; distance >= 1; distance /= 2, ++step) {
       const int partner = fold.rank_of(static_cast<int>(me ^ distance));
       const std::size_t mid = lo + (hi - lo) / 2;
@@ -50,6 +51,8 @@ asio::awaitable<void> halving_doubling_all_reduce(CollectiveOp& op, Buffer input
       }
     }
     finish_average(window(lo, hi), reduce_op, op.size());
+    halving.end();
+    const trace::AsyncSpan doubling = op.phase("halving_doubling.all_gather", data.size_bytes());
     for (std::size_t distance = 1; distance < static_cast<std::size_t>(fold.power);
          distance *= 2, ++step) {
       const int partner = fold.rank_of(static_cast<int>(me ^ distance));

@@ -74,6 +74,7 @@ asio::awaitable<void> ring_reduce_scatter_phase(CollectiveOp& op, const Buffer& 
   const int world = op.size();
   const int rank = op.rank();
   if (world == 1) co_return;
+  const trace::AsyncSpan phase = op.phase("ring.reduce_scatter", input.size_bytes());
   const int right = (rank + 1) % world;
   const int left = (rank + world - 1) % world;
   const std::size_t pieces = layout.pieces();
@@ -137,6 +138,7 @@ asio::awaitable<void> ring_all_gather_phase(CollectiveOp& op, const Buffer& outp
   const int world = op.size();
   const int rank = op.rank();
   if (world == 1) co_return;
+  const trace::AsyncSpan phase = op.phase("ring.all_gather", output.size_bytes());
   const int right = (rank + 1) % world;
   const int left = (rank + world - 1) % world;
   const std::size_t pieces = layout.pieces();

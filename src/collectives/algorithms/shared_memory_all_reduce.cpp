@@ -65,6 +65,7 @@ asio::awaitable<void> shared_memory_all_reduce(CollectiveOp& op, Buffer input, B
   const Buffer out = output;
   const std::uint64_t my_ticket = ticket;
   SharedMemoryArena* shared = &arena;
+  trace::AsyncSpan turn = op.phase("shared_memory.wait_turn");
   co_await op.poll_until([shared, my_ticket] { return shared->serving() == my_ticket || shared->broken(); },
                          "the communicator's previous shared-memory operation");
   struct Served {
@@ -75,6 +76,7 @@ asio::awaitable<void> shared_memory_all_reduce(CollectiveOp& op, Buffer input, B
       arena->done_serving();
     }
   } served{shared};
+  turn.end();
   if (shared->broken()) {
     throw Error(Errc::peer_failed,
                 "an earlier shared-memory collective on this communicator failed, so its ranks "
@@ -93,6 +95,7 @@ asio::awaitable<void> shared_memory_all_reduce(CollectiveOp& op, Buffer input, B
   const std::size_t chunk_elements = SharedMemoryArena::kSlotBytes / element;
   for (std::size_t offset = 0; offset < in.count(); offset += chunk_elements) {
     const std::size_t n = std::min(chunk_elements, in.count() - offset);
+    const trace::AsyncSpan chunk = op.phase("shared_memory.chunk", n * element);
     const std::uint64_t generation = shared->next_generation();
     std::memcpy(shared->slot(me), static_cast<const std::byte*>(in.data()) + offset * element,
                 n * element);

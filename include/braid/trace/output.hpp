@@ -1,0 +1,32 @@
+// Where and when a process writes its trace. `World::join` calls set_output() when
+// BRAID_TRACE names a directory, after measuring the clock offset; programs without a
+// World (or tests) may call it themselves.
+//
+//   trace::set_output("traces", {.rank = 0, .world_size = 1});  // tracing on
+//   ...
+//   trace::write();  // on demand; also when the World leaves and at exit
+//
+// Every write is the whole snapshot so far, replacing the rank's file, so a job killed
+// later still leaves the trace of its last write.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+
+#include <braid/trace/chrome_trace.hpp>
+
+namespace braid::trace {
+
+// Turns tracing on and makes `directory` (created if missing) this process's trace
+// output, replacing an earlier one; the first call also registers a write at exit.
+// Throws braid::Error(Errc::invalid_argument) when the directory cannot be created.
+void set_output(const std::filesystem::path& directory, TraceIdentity identity);
+
+// Writes the snapshot to <directory>/rank-<r>.trace.json and returns that path; nullopt
+// when no output is set. Safe from any thread, while others record.
+std::optional<std::filesystem::path> write();
+
+// The output set, if any.
+std::optional<std::filesystem::path> output_file();
+
+}  // namespace braid::trace

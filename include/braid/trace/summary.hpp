@@ -1,0 +1,84 @@
+// What a timeline says about overlap, per rank and for the job. Definitions (those of
+// PyTorch's Holistic Trace Analysis, so the numbers compare):
+//
+//   compute        the union of a rank's compute spans (every track), in time
+//   communication  the union of its comm spans (collectives and point-to-point as the
+//                  user called them; transport and step spans nest inside and add nothing)
+//   overlap        the time both run; overlap % = overlap / communication
+//   exposed        communication - overlap: the time communication ran with no compute,
+//                  what a step pays for it
+//
+// The job's figures add the ranks' times up, so its overlap % weighs ranks by their
+// communication time. Per collective (a comm span's name): count, bytes, latency
+// percentiles. Per bucket (bucket spans with a "bucket" argument): ready-to-reduced
+// latency. Per rank with pipeline spans: bubble % = idle time between its first and last
+// pipeline span / that window.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <braid/trace/timeline.hpp>
+
+namespace braid::trace {
+
+struct LatencyStats {
+  std::size_t count = 0;
+  std::uint64_t bytes = 0;  // all occurrences together
+  std::int64_t total_ns = 0;
+  std::int64_t p50_ns = 0;
+  std::int64_t p90_ns = 0;
+  std::int64_t p99_ns = 0;
+  std::int64_t max_ns = 0;
+};
+
+struct OverlapFigures {
+  std::int64_t wall_ns = 0;  // first event's begin to last event's end
+  std::int64_t compute_ns = 0;
+  std::int64_t communication_ns = 0;
+  std::int64_t overlap_ns = 0;
+  std::int64_t exposed_ns = 0;
+  // overlap / communication, in percent; nullopt without communication.
+  std::optional<double> overlap_percent() const;
+};
+
+struct RankSummary {
+  int rank = -1;  // -1: the whole job
+  OverlapFigures figures;
+  std::map<std::string, LatencyStats> collectives;  // by span name
+  std::map<std::int64_t, LatencyStats> buckets;     // by bucket index
+  std::optional<double> bubble_percent;             // with pipeline spans only
+};
+
+struct Summary {
+  int world_size = 0;
+  std::vector<RankSummary> ranks;
+  RankSummary job;
+};
+
+// Intervals [begin, end) in nanoseconds.
+struct Interval {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  friend bool operator==(const Interval&, const Interval&) = default;
+};
+
+// Sorted, disjoint, merged. The building blocks of the figures, public for the HTML
+// timeline (which draws the hidden part of communication) and for tests.
+std::vector<Interval> union_of(std::vector<Interval> intervals);
+std::vector<Interval> intersection_of(const std::vector<Interval>& a,
+                                      const std::vector<Interval>& b);
+std::int64_t total_length(const std::vector<Interval>& merged);
+// A rank's intervals of one category (merged).
+std::vector<Interval> intervals_of(const RankTimeline& rank, std::string_view category);
+
+Summary summarize(const Timeline& timeline);
+
+// Human-readable tables; the JSON form is one object with "ranks" and "job".
+std::string format_text(const Summary& summary);
+std::string format_json(const Summary& summary);
+
+}  // namespace braid::trace

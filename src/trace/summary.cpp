@@ -1,0 +1,318 @@
+#include <braid/trace/summary.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <iterator>
+
+#include <fmt/format.h>
+
+#include "json_text.hpp"
+
+namespace braid::trace {
+namespace {
+
+// Nearest-rank percentile of sorted durations.
+std::int64_t percentile(const std::vector<std::int64_t>& sorted, double p) {
+  if (sorted.empty()) return 0;
+  const auto index = static_cast<std::size_t>(
+      std::max(0.0, std::ceil(p / 100.0 * static_cast<double>(sorted.size())) - 1.0));
+  return sorted[std::min(index, sorted.size() - 1)];
+}
+
+struct Samples {
+  std::vector<std::int64_t> durations;
+  std::uint64_t bytes = 0;
+
+  void add(const TimelineEvent& event) {
+    durations.push_back(event.duration_ns());
+    bytes += event.bytes;
+  }
+  LatencyStats stats() {
+    std::sort(durations.begin(), durations.end());
+    LatencyStats out;
+    out.count = durations.size();
+    out.bytes = bytes;
+    for (const std::int64_t d : durations) out.total_ns += d;
+    out.p50_ns = percentile(durations, 50);
+    out.p90_ns = percentile(durations, 90);
+    out.p99_ns = percentile(durations, 99);
+    out.max_ns = durations.empty() ? 0 : durations.back();
+    return out;
+  }
+};
+
+std::optional<std::int64_t> integer_arg(const TimelineEvent& event, std::string_view key) {
+  const auto text = event.arg(key);
+  if (!text) return std::nullopt;
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text->data(), text->data() + text->size(), value);
+  if (error != std::errc() || end != text->data() + text->size()) return std::nullopt;
+  return value;
+}
+
+OverlapFigures figures_of(const RankTimeline& rank) {
+  OverlapFigures figures;
+  const auto compute = intervals_of(rank, "compute");
+  const auto communication = intervals_of(rank, "comm");
+  figures.compute_ns = total_length(compute);
+  figures.communication_ns = total_length(communication);
+  figures.overlap_ns = total_length(intersection_of(compute, communication));
+  figures.exposed_ns = figures.communication_ns - figures.overlap_ns;
+  if (!rank.events.empty()) {
+    std::int64_t first = rank.events.front().begin_ns;
+    std::int64_t last = first;
+    for (const TimelineEvent& event : rank.events) {
+      first = std::min(first, event.begin_ns);
+      last = std::max(last, event.end_ns);
+    }
+    figures.wall_ns = last - first;
+  }
+  return figures;
+}
+
+void add_figures(OverlapFigures& into, const OverlapFigures& from) {
+  into.wall_ns = std::max(into.wall_ns, from.wall_ns);
+  into.compute_ns += from.compute_ns;
+  into.communication_ns += from.communication_ns;
+  into.overlap_ns += from.overlap_ns;
+  into.exposed_ns += from.exposed_ns;
+}
+
+std::optional<double> bubble_of(const RankTimeline& rank) {
+  std::vector<Interval> busy;
+  for (const TimelineEvent& event : rank.events) {
+    if (event.category == "pipeline" && !event.instant) busy.push_back({event.begin_ns, event.end_ns});
+  }
+  if (busy.empty()) return std::nullopt;
+  busy = union_of(std::move(busy));
+  const std::int64_t window = busy.back().end - busy.front().begin;
+  if (window <= 0) return std::nullopt;
+  return 100.0 * static_cast<double>(window - total_length(busy)) / static_cast<double>(window);
+}
+
+std::string duration_text(std::int64_t ns) {
+  if (ns >= 10'000'000'000) return fmt::format("{:.1f} s", static_cast<double>(ns) / 1e9);
+  if (ns >= 10'000'000) return fmt::format("{:.1f} ms", static_cast<double>(ns) / 1e6);
+  if (ns >= 10'000) return fmt::format("{:.1f} us", static_cast<double>(ns) / 1e3);
+  return fmt::format("{} ns", ns);
+}
+
+std::string bytes_text(std::uint64_t bytes) {
+  if (bytes >= (std::uint64_t{10} << 30)) return fmt::format("{} GiB", bytes >> 30);
+  if (bytes >= (std::uint64_t{10} << 20)) return fmt::format("{} MiB", bytes >> 20);
+  if (bytes >= (std::uint64_t{10} << 10)) return fmt::format("{} KiB", bytes >> 10);
+  return fmt::format("{} B", bytes);
+}
+
+std::string percent_text(std::optional<double> percent) {
+  return percent ? fmt::format("{:.1f}%", *percent) : std::string("-");
+}
+
+void append_stats_json(std::string& out, const LatencyStats& s) {
+  fmt::format_to(std::back_inserter(out),
+                 R"({{"count":{},"bytes":{},"total_ns":{},"p50_ns":{},"p90_ns":{},"p99_ns":{},)"
+                 R"("max_ns":{}}})",
+                 s.count, s.bytes, s.total_ns, s.p50_ns, s.p90_ns, s.p99_ns, s.max_ns);
+}
+
+void append_rank_json(std::string& out, const RankSummary& rank) {
+  const OverlapFigures& f = rank.figures;
+  out += '{';
+  if (rank.rank >= 0) fmt::format_to(std::back_inserter(out), R"("rank":{},)", rank.rank);
+  fmt::format_to(std::back_inserter(out),
+                 R"("wall_ns":{},"compute_ns":{},"communication_ns":{},"overlap_ns":{},)"
+                 R"("exposed_communication_ns":{},"overlap_percent":)",
+                 f.wall_ns, f.compute_ns, f.communication_ns, f.overlap_ns, f.exposed_ns);
+  if (const auto p = f.overlap_percent()) {
+    fmt::format_to(std::back_inserter(out), "{:.3f}", *p);
+  } else {
+    out += "null";
+  }
+  out += R"(,"collectives":{)";
+  bool first = true;
+  for (const auto& [name, stats] : rank.collectives) {
+    if (!first) out += ',';
+    first = false;
+    detail::append_json_string(out, name);
+    out += ':';
+    append_stats_json(out, stats);
+  }
+  out += R"(},"buckets":{)";
+  first = true;
+  for (const auto& [index, stats] : rank.buckets) {
+    if (!first) out += ',';
+    first = false;
+    fmt::format_to(std::back_inserter(out), R"("{}":)", index);
+    append_stats_json(out, stats);
+  }
+  out += R"(},"pipeline_bubble_percent":)";
+  if (rank.bubble_percent) {
+    fmt::format_to(std::back_inserter(out), "{:.3f}", *rank.bubble_percent);
+  } else {
+    out += "null";
+  }
+  out += '}';
+}
+
+void append_stats_table(std::string& out, std::string_view what,
+                        const std::map<std::string, LatencyStats>& rows) {
+  fmt::format_to(std::back_inserter(out), "  {:<22} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+                 what, "count", "bytes", "p50", "p90", "p99", "max");
+  for (const auto& [name, s] : rows) {
+    fmt::format_to(std::back_inserter(out), "  {:<22} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+                   name, s.count, bytes_text(s.bytes), duration_text(s.p50_ns),
+                   duration_text(s.p90_ns), duration_text(s.p99_ns), duration_text(s.max_ns));
+  }
+}
+
+}  // namespace
+
+std::optional<double> OverlapFigures::overlap_percent() const {
+  if (communication_ns <= 0) return std::nullopt;
+  return 100.0 * static_cast<double>(overlap_ns) / static_cast<double>(communication_ns);
+}
+
+std::vector<Interval> union_of(std::vector<Interval> intervals) {
+  std::erase_if(intervals, [](const Interval& i) { return i.end <= i.begin; });
+  std::sort(intervals.begin(), intervals.end(),
+            [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
+  std::vector<Interval> merged;
+  for (const Interval& i : intervals) {
+    if (!merged.empty() && i.begin <= merged.back().end) {
+      merged.back().end = std::max(merged.back().end, i.end);
+    } else {
+      merged.push_back(i);
+    }
+  }
+  return merged;
+}
+
+std::vector<Interval> intersection_of(const std::vector<Interval>& a,
+                                      const std::vector<Interval>& b) {
+  std::vector<Interval> out;
+  std::size_t i = 0;
+  std::size_t j = 0;
+  while (i < a.size() && j < b.size()) {
+    const std::int64_t begin = std::max(a[i].begin, b[j].begin);
+    const std::int64_t end = std::min(a[i].end, b[j].end);
+    if (begin < end) out.push_back({begin, end});
+    if (a[i].end < b[j].end) {
+      ++i;
+    } else {
+      ++j;
+    }
+  }
+  return out;
+}
+
+std::int64_t total_length(const std::vector<Interval>& merged) {
+  std::int64_t total = 0;
+  for (const Interval& i : merged) total += i.end - i.begin;
+  return total;
+}
+
+std::vector<Interval> intervals_of(const RankTimeline& rank, std::string_view category) {
+  std::vector<Interval> intervals;
+  for (const TimelineEvent& event : rank.events) {
+    if (!event.instant && event.category == category) {
+      intervals.push_back({event.begin_ns, event.end_ns});
+    }
+  }
+  return union_of(std::move(intervals));
+}
+
+Summary summarize(const Timeline& timeline) {
+  Summary summary;
+  summary.world_size = timeline.world_size;
+  std::map<std::string, Samples> job_collectives;
+  std::map<std::int64_t, Samples> job_buckets;
+  std::vector<double> bubbles;
+  for (const RankTimeline& rank : timeline.ranks) {
+    RankSummary out;
+    out.rank = rank.rank;
+    out.figures = figures_of(rank);
+    std::map<std::string, Samples> collectives;
+    std::map<std::int64_t, Samples> buckets;
+    for (const TimelineEvent& event : rank.events) {
+      if (event.instant) continue;
+      if (event.category == "comm") {
+        collectives[event.name].add(event);
+        job_collectives[event.name].add(event);
+      } else if (event.category == "bucket") {
+        if (const auto index = integer_arg(event, "bucket")) {
+          buckets[*index].add(event);
+          job_buckets[*index].add(event);
+        }
+      }
+    }
+    for (auto& [name, samples] : collectives) out.collectives[name] = samples.stats();
+    for (auto& [index, samples] : buckets) out.buckets[index] = samples.stats();
+    out.bubble_percent = bubble_of(rank);
+    if (out.bubble_percent) bubbles.push_back(*out.bubble_percent);
+    add_figures(summary.job.figures, out.figures);
+    summary.ranks.push_back(std::move(out));
+  }
+  for (auto& [name, samples] : job_collectives) summary.job.collectives[name] = samples.stats();
+  for (auto& [index, samples] : job_buckets) summary.job.buckets[index] = samples.stats();
+  if (!bubbles.empty()) {
+    double sum = 0;
+    for (const double b : bubbles) sum += b;
+    summary.job.bubble_percent = sum / static_cast<double>(bubbles.size());
+  }
+  return summary;
+}
+
+std::string format_text(const Summary& summary) {
+  std::string out;
+  fmt::format_to(std::back_inserter(out), "{} rank(s)\n\n", summary.ranks.size());
+  fmt::format_to(std::back_inserter(out), "{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}\n",
+                 "rank", "wall", "compute", "comm", "overlap", "exposed", "overlap%");
+  auto row = [&](std::string label, const OverlapFigures& f) {
+    fmt::format_to(std::back_inserter(out), "{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}\n",
+                   label, duration_text(f.wall_ns), duration_text(f.compute_ns),
+                   duration_text(f.communication_ns), duration_text(f.overlap_ns),
+                   duration_text(f.exposed_ns), percent_text(f.overlap_percent()));
+  };
+  for (const RankSummary& rank : summary.ranks) row(std::to_string(rank.rank), rank.figures);
+  row("all", summary.job.figures);
+  if (!summary.job.collectives.empty()) {
+    out += "\ncollectives, every rank:\n";
+    append_stats_table(out, "name", summary.job.collectives);
+  }
+  if (!summary.job.buckets.empty()) {
+    out += "\nbuckets, ready to reduced, every rank:\n";
+    std::map<std::string, LatencyStats> rows;
+    for (const auto& [index, stats] : summary.job.buckets) {
+      rows[fmt::format("bucket {:>4}", index)] = stats;
+    }
+    append_stats_table(out, "bucket", rows);
+  }
+  if (summary.job.bubble_percent) {
+    out += "\npipeline bubble:";
+    for (const RankSummary& rank : summary.ranks) {
+      if (rank.bubble_percent) {
+        fmt::format_to(std::back_inserter(out), " rank {} {:.1f}%,", rank.rank, *rank.bubble_percent);
+      }
+    }
+    fmt::format_to(std::back_inserter(out), " mean {:.1f}%\n", *summary.job.bubble_percent);
+  }
+  return out;
+}
+
+std::string format_json(const Summary& summary) {
+  std::string out;
+  fmt::format_to(std::back_inserter(out), R"({{"world_size":{},"ranks":[)", summary.world_size);
+  bool first = true;
+  for (const RankSummary& rank : summary.ranks) {
+    if (!first) out += ',';
+    first = false;
+    append_rank_json(out, rank);
+  }
+  out += R"(],"job":)";
+  append_rank_json(out, summary.job);
+  out += "}\n";
+  return out;
+}
+
+}  // namespace braid::trace

@@ -1,6 +1,7 @@
 #include <braid/trace/output.hpp>
 
 #include <cstdlib>
+#include <map>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -15,6 +16,9 @@ struct Output {
   std::optional<std::filesystem::path> file;
   TraceIdentity identity;
   bool exit_hook = false;
+  std::mutex hooks_mutex;  // apart from `mutex`, so a hook may record while write() waits
+  std::map<std::uint64_t, std::function<void()>> hooks;
+  std::uint64_t next_hook = 1;
 };
 
 // Never destroyed: the exit hook runs while static destructors may already have run.
@@ -57,11 +61,29 @@ void set_output(const std::filesystem::path& directory, TraceIdentity identity) 
 
 std::optional<std::filesystem::path> write() {
   Output& state = output();
+  {
+    std::lock_guard hooks_lock(state.hooks_mutex);
+    for (auto& [id, hook] : state.hooks) hook();
+  }
   // Held while writing, so two writers never race on the temporary file.
   std::lock_guard lock(state.mutex);
   if (!state.file) return std::nullopt;
   write_chrome_trace(*state.file, snapshot(), state.identity);
   return state.file;
+}
+
+std::uint64_t add_write_hook(std::function<void()> hook) {
+  Output& state = output();
+  std::lock_guard lock(state.hooks_mutex);
+  const std::uint64_t id = state.next_hook++;
+  state.hooks.emplace(id, std::move(hook));
+  return id;
+}
+
+void remove_write_hook(std::uint64_t id) {
+  Output& state = output();
+  std::lock_guard lock(state.hooks_mutex);
+  state.hooks.erase(id);
 }
 
 std::optional<std::filesystem::path> output_file() {

@@ -10,7 +10,9 @@
 // later still leaves the trace of its last write.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 
 #include <braid/trace/chrome_trace.hpp>
@@ -28,5 +30,11 @@ std::optional<std::filesystem::path> write();
 
 // The output set, if any.
 std::optional<std::filesystem::path> output_file();
+
+// Functions write() runs before it takes its snapshot, so that recorders holding records
+// back (GPU spans waiting for their events) hand them in first. A hook must not call
+// write(). Returns an id for remove_write_hook().
+std::uint64_t add_write_hook(std::function<void()> hook);
+void remove_write_hook(std::uint64_t id);
 
 }  // namespace braid::trace

@@ -72,6 +72,12 @@ std::optional<std::filesystem::path> write() {
   return state.file;
 }
 
+void clear_output() {
+  Output& state = output();
+  std::lock_guard lock(state.mutex);
+  state.file.reset();
+}
+
 std::uint64_t add_write_hook(std::function<void()> hook) {
   Output& state = output();
   std::lock_guard lock(state.hooks_mutex);

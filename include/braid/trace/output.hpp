@@ -28,6 +28,9 @@ void set_output(const std::filesystem::path& directory, TraceIdentity identity);
 // when no output is set. Safe from any thread, while others record.
 std::optional<std::filesystem::path> write();
 
+// Forgets the output: later write()s, and the one at exit, write nothing. Tracing stays on.
+void clear_output();
+
 // The output set, if any.
 std::optional<std::filesystem::path> output_file();
 

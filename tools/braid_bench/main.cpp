@@ -11,6 +11,7 @@
 
 #include "collectives.hpp"
 #include "p2p.hpp"
+#include "trace_cost.hpp"
 
 namespace {
 
@@ -23,7 +24,10 @@ constexpr const char* kUsage =
     "        and torch.distributed Gloo; every size checked for correctness\n"
     "        options: --ranks 2,4 --ops all_reduce,... --min-bytes 8 --max-bytes 64M --iters N\n"
     "                 --json --no-peers\n"
-    "  algorithms   the collective algorithm selection table in force (BRAID_ALGO applied)\n";
+    "  algorithms   the collective algorithm selection table in force (BRAID_ALGO applied)\n"
+    "  trace-cost   ns per trace span off and on, and an all-reduce loop's time with tracing\n"
+    "               off and on in alternating rounds\n"
+    "        options: --ranks 2 --sizes 8,65536,1048576 --rounds 11 --iters N\n";
 
 }  // namespace
 
@@ -37,6 +41,7 @@ int main(int argc, char** argv) {
   try {
     if (mode == "p2p") return braid::bench::run_p2p(args);
     if (mode == "collectives") return braid::bench::run_collectives(args);
+    if (mode == "trace-cost") return braid::bench::run_trace_cost(args);
     if (mode == "algorithms") {
       std::cout << braid::collectives::SelectionTable::from_environment().describe();
       return 0;

@@ -1,0 +1,15 @@
+// braid-bench trace-cost: what tracing costs. In process: ns per span with tracing off
+// and on. Under braid-run: an all-reduce loop timed in rounds that alternate tracing off
+// and on (so drift in the machine's load hits both alike), reported as the median round's
+// time per iteration, the overhead in percent, and spans recorded per iteration.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace braid::bench {
+
+// Entry point for `braid-bench trace-cost ...`; returns the process exit code.
+int run_trace_cost(const std::vector<std::string>& args);
+
+}  // namespace braid::bench

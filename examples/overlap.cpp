@@ -8,14 +8,14 @@
 //   braid-trace html traces -o timeline.html
 //
 // The compute regions are trace::ComputeRegion scopes; the collectives record themselves.
-#include <braid/braid.hpp>
-#include <braid/collectives/communicator.hpp>
-#include <braid/trace/region.hpp>
-
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <vector>
+
+#include <braid/braid.hpp>
+#include <braid/collectives/communicator.hpp>
+#include <braid/trace/region.hpp>
 
 namespace {
 
@@ -77,8 +77,7 @@ int main(int argc, char** argv) {
       std::cout << "overlap: " << steps << " steps of a " << kib << " KiB all-reduce on "
                 << comm->size() << " rank(s), results checked (checksum " << checksum << ")\n";
       if (auto file = braid::trace::output_file()) {
-        std::cout << "trace: " << file->parent_path().string()
-                  << " (braid-trace summary / html)\n";
+        std::cout << "trace: " << file->parent_path().string() << " (braid-trace summary / html)\n";
       }
     }
     return 0;

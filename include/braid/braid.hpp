@@ -36,6 +36,7 @@
 #if BRAID_WITH_CUDA
 #include <braid/core/cuda_error.hpp>
 #include <braid/core/cuda_stream.hpp>
+#include <braid/trace/cuda_timeline.hpp>
 #include <braid/core/nccl_error.hpp>
 #endif
 

@@ -10,24 +10,10 @@
 #include <braid/core/enforce.hpp>
 #include <braid/core/log.hpp>
 
+#include "cuda_device_guard.hpp"
+
 namespace braid {
 namespace {
-
-// Streams and events are created on the current device; this makes `device` current
-// for the guard's scope and restores the caller's device afterwards.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    BRAID_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) BRAID_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceGuard() { (void)cudaSetDevice(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 // cudaSuccess: true; cudaErrorNotReady: false (and cleared from the last-error slot, as
 // it is not an error); anything else throws.
@@ -77,7 +63,7 @@ auto& as_cuda_event(E& event, int device) {
 }  // namespace
 
 CudaEvent::CudaEvent(int device) : device_(device) {
-  DeviceGuard guard(device);
+  detail::CudaDeviceGuard guard(device);
   BRAID_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
 }
 
@@ -106,7 +92,7 @@ void CudaEvent::synchronize(Deadline deadline) {
 
 void CudaEvent::on_complete(ForeignSignal<> signal) {
   if (notify_stream_ == nullptr) {
-    DeviceGuard guard(device_);
+    detail::CudaDeviceGuard guard(device_);
     BRAID_CUDA_CHECK(cudaStreamCreateWithFlags(&notify_stream_, cudaStreamNonBlocking));
   }
   BRAID_CUDA_CHECK(cudaStreamWaitEvent(notify_stream_, event_, 0));
@@ -116,7 +102,7 @@ void CudaEvent::on_complete(ForeignSignal<> signal) {
 }
 
 CudaStream::CudaStream(int device, int priority) : device_(device), owned_(true) {
-  DeviceGuard guard(device);
+  detail::CudaDeviceGuard guard(device);
   BRAID_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
 }
 

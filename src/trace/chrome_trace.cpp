@@ -1,5 +1,3 @@
-#include <braid/trace/chrome_trace.hpp>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -11,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <braid/core/error.hpp>
+#include <braid/trace/chrome_trace.hpp>
 
 #include "json_text.hpp"
 
@@ -161,11 +160,10 @@ std::string chrome_trace_json(const Snapshot& snapshot, const TraceIdentity& ide
   writer.metadata("process_name", 0, "name", process);
   writer.metadata("process_sort_index", 0, "sort_index", identity.rank);
   for (const TrackInfo& track : snapshot.tracks) {
-    const std::string name = track.thread ? fmt::format("{} (thread {})", track.name.empty()
-                                                                              ? "thread"
-                                                                              : track.name,
-                                                        track.os_thread_id)
-                                          : track.name;
+    const std::string name =
+        track.thread ? fmt::format("{} (thread {})", track.name.empty() ? "thread" : track.name,
+                                   track.os_thread_id)
+                     : track.name;
     writer.metadata("thread_name", track.id, "name", name);
     // Named tracks (communicators, streams) above the threads that drive them.
     writer.metadata("thread_sort_index", track.id, "sort_index",
@@ -216,20 +214,20 @@ void write_chrome_trace(const std::filesystem::path& file, const Snapshot& snaps
     stream.close();
     if (!stream) {
       const int error = errno;
-      throw Error(Errc::invalid_argument,
-                  fmt::format("cannot write the trace to {}: {}", temporary.string(),
-                              std::strerror(error)),
-                  {.rank = identity.rank, .operation = "trace::write"});
+      throw Error(
+          Errc::invalid_argument,
+          fmt::format("cannot write the trace to {}: {}", temporary.string(), std::strerror(error)),
+          {.rank = identity.rank, .operation = "trace::write"});
     }
   }
   std::error_code error;
   std::filesystem::rename(temporary, file, error);
   if (error) {
     std::filesystem::remove(temporary, error);
-    throw Error(Errc::invalid_argument,
-                fmt::format("cannot move the trace into place at {}: {}", file.string(),
-                            error.message()),
-                {.rank = identity.rank, .operation = "trace::write"});
+    throw Error(
+        Errc::invalid_argument,
+        fmt::format("cannot move the trace into place at {}: {}", file.string(), error.message()),
+        {.rank = identity.rank, .operation = "trace::write"});
   }
 }
 

@@ -48,8 +48,8 @@ inline std::string json_string(std::string_view text) {
 // (three decimals) and no exponent.
 inline void append_microseconds(std::string& out, std::int64_t ns) {
   const char* sign = ns < 0 ? "-" : "";
-  const std::uint64_t magnitude = ns < 0 ? static_cast<std::uint64_t>(-(ns + 1)) + 1
-                                         : static_cast<std::uint64_t>(ns);
+  const std::uint64_t magnitude =
+      ns < 0 ? static_cast<std::uint64_t>(-(ns + 1)) + 1 : static_cast<std::uint64_t>(ns);
   fmt::format_to(std::back_inserter(out), "{}{}.{:03}", sign, magnitude / 1000, magnitude % 1000);
 }
 

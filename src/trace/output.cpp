@@ -1,5 +1,3 @@
-#include <braid/trace/output.hpp>
-
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -7,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <braid/core/error.hpp>
+#include <braid/trace/output.hpp>
 
 namespace braid::trace {
 namespace {

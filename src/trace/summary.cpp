@@ -1,11 +1,11 @@
-#include <braid/trace/summary.hpp>
-
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <iterator>
 
 #include <fmt/format.h>
+
+#include <braid/trace/summary.hpp>
 
 #include "json_text.hpp"
 
@@ -82,7 +82,8 @@ void add_figures(OverlapFigures& into, const OverlapFigures& from) {
 std::optional<double> bubble_of(const RankTimeline& rank) {
   std::vector<Interval> busy;
   for (const TimelineEvent& event : rank.events) {
-    if (event.category == "pipeline" && !event.instant) busy.push_back({event.begin_ns, event.end_ns});
+    if (event.category == "pipeline" && !event.instant)
+      busy.push_back({event.begin_ns, event.end_ns});
   }
   if (busy.empty()) return std::nullopt;
   busy = union_of(std::move(busy));
@@ -292,7 +293,8 @@ std::string format_text(const Summary& summary) {
     out += "\npipeline bubble:";
     for (const RankSummary& rank : summary.ranks) {
       if (rank.bubble_percent) {
-        fmt::format_to(std::back_inserter(out), " rank {} {:.1f}%,", rank.rank, *rank.bubble_percent);
+        fmt::format_to(std::back_inserter(out), " rank {} {:.1f}%,", rank.rank,
+                       *rank.bubble_percent);
       }
     }
     fmt::format_to(std::back_inserter(out), " mean {:.1f}%\n", *summary.job.bubble_percent);

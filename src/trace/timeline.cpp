@@ -1,6 +1,6 @@
-#include <braid/trace/timeline.hpp>
-
 #include <algorithm>
+
+#include <braid/trace/timeline.hpp>
 
 namespace braid::trace {
 
@@ -19,10 +19,10 @@ RankTimeline rank_timeline(const Snapshot& snapshot, const TraceIdentity& identi
   for (const TrackInfo& track : snapshot.tracks) rank.track_names[track.id] = track.name;
   std::int64_t origin = 0;
   if (!snapshot.records.empty()) {
-    origin = std::min_element(snapshot.records.begin(), snapshot.records.end(),
-                              [](const Record& a, const Record& b) {
-                                return a.begin_ns < b.begin_ns;
-                              })->begin_ns;
+    origin =
+        std::min_element(snapshot.records.begin(), snapshot.records.end(),
+                         [](const Record& a, const Record& b) { return a.begin_ns < b.begin_ns; })
+            ->begin_ns;
   }
   rank.events.reserve(snapshot.records.size());
   for (const Record& record : snapshot.records) {
@@ -42,10 +42,9 @@ RankTimeline rank_timeline(const Snapshot& snapshot, const TraceIdentity& identi
     }
     rank.events.push_back(std::move(event));
   }
-  std::stable_sort(rank.events.begin(), rank.events.end(),
-                   [](const TimelineEvent& a, const TimelineEvent& b) {
-                     return a.begin_ns < b.begin_ns;
-                   });
+  std::stable_sort(
+      rank.events.begin(), rank.events.end(),
+      [](const TimelineEvent& a, const TimelineEvent& b) { return a.begin_ns < b.begin_ns; });
   return rank;
 }
 

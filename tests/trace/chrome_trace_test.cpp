@@ -4,11 +4,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <braid/core/error.hpp>
 #include <braid/trace/chrome_trace.hpp>
@@ -84,7 +84,9 @@ TEST(ChromeTrace, EveryEventHasTheFieldsTheFormatRequires) {
 }
 
 TEST(ChromeTrace, NamesTheProcessAndEveryTrackAndSaysWhoWroteIt) {
-  const json trace = exported(two_tracks(), {.rank = 3, .world_size = 4, .host = "node7",
+  const json trace = exported(two_tracks(), {.rank = 3,
+                                             .world_size = 4,
+                                             .host = "node7",
                                              .clock = {.offset_ns = -250, .round_trip_ns = 900}});
   EXPECT_EQ(trace["distributedInfo"]["rank"], 3);
   EXPECT_EQ(trace["distributedInfo"]["world_size"], 4);
@@ -100,8 +102,7 @@ TEST(ChromeTrace, NamesTheProcessAndEveryTrackAndSaysWhoWroteIt) {
     metadata[e["name"]].insert(value.is_string() ? value.get<std::string>() : value.dump());
   }
   EXPECT_EQ(metadata["process_name"], std::set<std::string>{"rank 3 (node7)"});
-  EXPECT_EQ(metadata["thread_name"],
-            (std::set<std::string>{"communicator 1", "main (thread 42)"}));
+  EXPECT_EQ(metadata["thread_name"], (std::set<std::string>{"communicator 1", "main (thread 42)"}));
   EXPECT_EQ(metadata["thread_sort_index"].size(), 2u);
 }
 
@@ -109,12 +110,12 @@ TEST(ChromeTrace, NestedSpansAreCompleteEventsAndOverlappingAsyncSpansArePairs) 
   Snapshot snap = two_tracks();
   // Two collectives in flight at once on one communicator, the first with a phase inside.
   snap.records.push_back(span(1, 0, 10'000, "all_reduce", Category::comm, RecordKind::async_span));
-  snap.records.push_back(span(1, 1'000, 4'000, "ring.reduce_scatter", Category::step,
-                              RecordKind::async_span));
-  snap.records.push_back(span(1, 2'000, 15'000, "all_gather", Category::comm,
-                              RecordKind::async_span));
-  snap.records.push_back(span(1, 20'000, 21'000, "barrier", Category::comm,
-                              RecordKind::async_span));
+  snap.records.push_back(
+      span(1, 1'000, 4'000, "ring.reduce_scatter", Category::step, RecordKind::async_span));
+  snap.records.push_back(
+      span(1, 2'000, 15'000, "all_gather", Category::comm, RecordKind::async_span));
+  snap.records.push_back(
+      span(1, 20'000, 21'000, "barrier", Category::comm, RecordKind::async_span));
   const json trace = exported(snap);
   std::set<std::string> complete;
   for (const json& e : events_with(trace, "X")) complete.insert(e["name"]);
@@ -149,8 +150,8 @@ TEST(ChromeTrace, CarriesBytesArgumentsAndTextAndEscapesNames) {
 }
 
 TEST(TraceOutput, WritesTheRankFileOnDemandAndRefusesAnUnusableDirectory) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("braid-trace-output-" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("braid-trace-output-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   set_output(dir, {.rank = 5, .world_size = 8});
   EXPECT_TRUE(enabled()) << "setting an output turns tracing on";

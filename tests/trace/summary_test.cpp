@@ -1,7 +1,8 @@
 // Overlap and exposed communication against hand-built timelines whose answers are known:
 // disjoint, nested, partial, several lanes, several ranks; and the latency tables.
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include <gtest/gtest.h>
 
 #include <braid/trace/summary.hpp>
 
@@ -144,8 +145,8 @@ TEST(Latency, BucketsAreKeyedByTheirIndexArgument) {
 }
 
 TEST(Pipeline, BubbleIsTheIdleShareOfTheWindowBetweenFirstAndLastStage) {
-  const Summary s = summarize(one_rank({event("pipeline", 0, 30, "forward"),
-                                        event("pipeline", 50, 100, "backward")}));
+  const Summary s = summarize(
+      one_rank({event("pipeline", 0, 30, "forward"), event("pipeline", 50, 100, "backward")}));
   ASSERT_TRUE(s.ranks[0].bubble_percent.has_value());
   EXPECT_DOUBLE_EQ(*s.ranks[0].bubble_percent, 20.0);
   EXPECT_DOUBLE_EQ(*s.job.bubble_percent, 20.0);
@@ -153,8 +154,8 @@ TEST(Pipeline, BubbleIsTheIdleShareOfTheWindowBetweenFirstAndLastStage) {
 }
 
 TEST(Formats, TextHasTheTableAndJsonParsesWithTheSameFigures) {
-  const Summary s = summarize(one_rank({event("compute", 0, 100), event("comm", 80, 180,
-                                                                        "all_reduce")}));
+  const Summary s =
+      summarize(one_rank({event("compute", 0, 100), event("comm", 80, 180, "all_reduce")}));
   const std::string text = format_text(s);
   EXPECT_NE(text.find("overlap%"), std::string::npos) << text;
   EXPECT_NE(text.find("20.0%"), std::string::npos) << text;

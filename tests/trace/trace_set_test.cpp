@@ -1,19 +1,19 @@
 // braid-trace's reading side: ranks lined up on one clock, merge keeping that alignment,
 // and bad input refused with a message naming the file -- through the library and through
 // the braid-trace command (BRAID_TRACE_TOOL), whose exit status says what went wrong.
+#include "trace_set.hpp"
+
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
-#include "trace_set.hpp"
 
 namespace braid::tools::trace_tool {
 namespace {
@@ -55,13 +55,12 @@ class TraceDirectory : public ::testing::Test {
   }
   static json complete(int pid, double ts, double dur, const std::string& cat,
                        const std::string& name) {
-    return {{"ph", "X"}, {"pid", pid}, {"tid", 1}, {"ts", ts}, {"dur", dur}, {"cat", cat},
-            {"name", name}};
+    return {{"ph", "X"},  {"pid", pid}, {"tid", 1},    {"ts", ts},
+            {"dur", dur}, {"cat", cat}, {"name", name}};
   }
 
   fs::path dir_;
 };
-
 
 TEST_F(TraceDirectory, RanksAreAlignedOnTheReferenceClockFromTheJobsFirstEvent) {
   write_rank(0, 1'000'000, 0, json::array({complete(0, 10.0, 5.0, "comm", "all_reduce")}));
@@ -99,11 +98,21 @@ TEST_F(TraceDirectory, RanksAreAlignedOnTheReferenceClockFromTheJobsFirstEvent) 
 
 TEST_F(TraceDirectory, AsyncPairsBecomeSpansAndArgumentsSurvive) {
   write_rank(0, 0, 0,
-             json::array({json{{"ph", "b"}, {"pid", 0}, {"tid", 2}, {"ts", 1.0}, {"cat", "comm"},
-                               {"name", "all_gather"}, {"id", "0x1"},
+             json::array({json{{"ph", "b"},
+                               {"pid", 0},
+                               {"tid", 2},
+                               {"ts", 1.0},
+                               {"cat", "comm"},
+                               {"name", "all_gather"},
+                               {"id", "0x1"},
                                {"args", {{"bytes", 64}, {"algorithm", "ring"}}}},
-                          json{{"ph", "e"}, {"pid", 0}, {"tid", 2}, {"ts", 4.5}, {"cat", "comm"},
-                               {"name", "all_gather"}, {"id", "0x1"}}}));
+                          json{{"ph", "e"},
+                               {"pid", 0},
+                               {"tid", 2},
+                               {"ts", 4.5},
+                               {"cat", "comm"},
+                               {"name", "all_gather"},
+                               {"id", "0x1"}}}));
   const trace::Timeline timeline = TraceSet::load(dir_).timeline();
   ASSERT_EQ(timeline.ranks.at(0).events.size(), 1u);
   const trace::TimelineEvent& e = timeline.ranks[0].events[0];
@@ -171,7 +180,8 @@ TEST_F(TraceDirectory, TheCommandExitsOneOnBadInputAndTwoOnMisuse) {
   const fs::path empty = dir_ / "empty";
   fs::create_directories(empty);
   for (const std::string command : {"summary", "html", "merge"}) {
-    CommandResult run = braid_trace(command + " " + empty.string() + " -o " + (dir_ / "out").string());
+    CommandResult run =
+        braid_trace(command + " " + empty.string() + " -o " + (dir_ / "out").string());
     EXPECT_EQ(run.status, 1) << command << ": " << run.output;
     EXPECT_NE(run.output.find("no trace files"), std::string::npos) << run.output;
   }

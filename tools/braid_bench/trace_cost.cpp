@@ -58,18 +58,18 @@ awaitable<double> slowest(Communicator& comm, double seconds) {
 }
 
 // One size: rounds alternating off and on; prints one line (rank 0).
-awaitable<void> measure_size(Communicator& comm, std::size_t bytes, const TraceCostOptions& options) {
+awaitable<void> measure_size(Communicator& comm, std::size_t bytes,
+                             const TraceCostOptions& options) {
   std::vector<float> data(std::max<std::size_t>(bytes / sizeof(float), 1), 1.0f);
   const Buffer buffer(data);
   for (int i = 0; i < 5; ++i) co_await comm.all_reduce(buffer, ReduceOp::max);
   const auto warm_start = Clock::now();
   for (int i = 0; i < 5; ++i) co_await comm.all_reduce(buffer, ReduceOp::max);
   const double warm = std::chrono::duration<double>(Clock::now() - warm_start).count() / 5;
-  std::vector<std::int64_t> iters{options.iters > 0
-                                      ? options.iters
-                                      : std::clamp<std::int64_t>(
-                                            static_cast<std::int64_t>(0.05 / std::max(warm, 1e-7)),
-                                            10, 20000)};
+  std::vector<std::int64_t> iters{
+      options.iters > 0 ? options.iters
+                        : std::clamp<std::int64_t>(
+                              static_cast<std::int64_t>(0.05 / std::max(warm, 1e-7)), 10, 20000)};
   co_await comm.broadcast(Buffer(iters), 0);
   std::vector<double> off;
   std::vector<double> on;
@@ -93,9 +93,10 @@ awaitable<void> measure_size(Communicator& comm, std::size_t bytes, const TraceC
     const double on_us = median(on);
     // The barrier before the loop is traced too; it is a handful of spans per round.
     const double spans_per_iter = static_cast<double>(spans) / static_cast<double>(iters[0]);
-    std::cout << fmt::format("{{\"bytes\":{},\"iters\":{},\"off_us\":{:.3f},\"on_us\":{:.3f},"
-                             "\"spans_per_iter\":{:.2f}}}",
-                             bytes, iters[0], off_us, on_us, spans_per_iter)
+    std::cout << fmt::format(
+                     "{{\"bytes\":{},\"iters\":{},\"off_us\":{:.3f},\"on_us\":{:.3f},"
+                     "\"spans_per_iter\":{:.2f}}}",
+                     bytes, iters[0], off_us, on_us, spans_per_iter)
               << std::endl;
   }
 }
@@ -124,9 +125,14 @@ int run_driver(const TraceCostOptions& options) {
   const double on_ns = ns_per_span(true, 20);
   std::cout << fmt::format("trace::Span in process: {:.2f} ns off, {:.2f} ns on (goal: 50 ns)\n",
                            off_ns, on_ns);
-  std::vector<std::string> argv{sibling_program("braid-run"), "-n", std::to_string(options.ranks),
-                                sibling_program("braid-bench"), "trace-cost", "--worker",
-                                "--rounds", std::to_string(options.rounds)};
+  std::vector<std::string> argv{sibling_program("braid-run"),
+                                "-n",
+                                std::to_string(options.ranks),
+                                sibling_program("braid-bench"),
+                                "trace-cost",
+                                "--worker",
+                                "--rounds",
+                                std::to_string(options.rounds)};
   std::string sizes;
   for (const std::size_t s : options.sizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(s);
   argv.insert(argv.end(), {"--sizes", sizes});

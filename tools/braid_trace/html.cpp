@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "html_page.hpp"
 
@@ -89,8 +89,8 @@ class LaneBuilder {
     for (const trace::TimelineEvent* event : events) {
       flat.push_back(event->begin_ns);
       flat.push_back(event->end_ns);
-      flat.push_back(name_index(event->category.empty() ? event->name
-                                                         : event->name + " [" + event->category + "]"));
+      flat.push_back(name_index(
+          event->category.empty() ? event->name : event->name + " [" + event->category + "]"));
       flat.push_back(event->bytes);
       if (event->args.empty()) {
         flat.push_back(-1);

@@ -44,7 +44,8 @@ std::int64_t shift_of(const TraceFile& file) {
   if (braid == doc.end() || !braid->is_object()) return 0;
   if (braid->value("format", "") != "braid-trace") return 0;
   const auto clock = braid->find("clock");
-  if (clock == braid->end() || !clock->is_object()) bad(file.path, "\"braid\" has no \"clock\" object");
+  if (clock == braid->end() || !clock->is_object())
+    bad(file.path, "\"braid\" has no \"clock\" object");
   return integer_field(file, *clock, "origin_ns", "\"braid.clock\"") +
          integer_field(file, *clock, "offset_ns", "\"braid.clock\"");
 }
@@ -88,8 +89,8 @@ TraceFile read_file(const std::filesystem::path& path) {
   if (file.document.is_array()) {  // Chrome's "JSON array format"
     file.document = json{{"traceEvents", std::move(file.document)}};
   }
-  const auto events = file.document.is_object() ? file.document.find("traceEvents")
-                                                 : file.document.end();
+  const auto events =
+      file.document.is_object() ? file.document.find("traceEvents") : file.document.end();
   if (!file.document.is_object() || events == file.document.end() || !events->is_array()) {
     bad(path, "not a Chrome trace: expected an object with a \"traceEvents\" array");
   }
@@ -263,12 +264,12 @@ json TraceSet::merged() const {
     if (const auto braid = doc.find("braid"); braid != doc.end() && braid->is_object()) {
       world = std::max(world, braid->value("world_size", 0));
       if (braid->value("format", "") == "braid-trace") {
-        ranks.push_back(json{{"rank", braid->value("rank", 0)},
-                             {"host", braid->value("host", "")},
-                             {"file", file.path.filename().string()},
-                             {"offset_ns", (*braid)["clock"].value("offset_ns", std::int64_t{0})},
-                             {"round_trip_ns",
-                              (*braid)["clock"].value("round_trip_ns", std::int64_t{0})}});
+        ranks.push_back(
+            json{{"rank", braid->value("rank", 0)},
+                 {"host", braid->value("host", "")},
+                 {"file", file.path.filename().string()},
+                 {"offset_ns", (*braid)["clock"].value("offset_ns", std::int64_t{0})},
+                 {"round_trip_ns", (*braid)["clock"].value("round_trip_ns", std::int64_t{0})}});
       }
     }
     for (const json& event : doc["traceEvents"]) {
@@ -282,11 +283,12 @@ json TraceSet::merged() const {
   }
   world = std::max(world, static_cast<int>(pids.size()));
   return json{{"displayTimeUnit", "ns"},
-              {"braid", {{"format", "braid-trace-merged"},
-                         {"version", 1},
-                         {"world_size", world},
-                         {"origin_ns", origin_ns_},
-                         {"ranks", std::move(ranks)}}},
+              {"braid",
+               {{"format", "braid-trace-merged"},
+                {"version", 1},
+                {"world_size", world},
+                {"origin_ns", origin_ns_},
+                {"ranks", std::move(ranks)}}},
               {"traceEvents", std::move(events)}};
 }
 

@@ -41,8 +41,8 @@ class ComputeRegion {
 // Awaits `work` inside an async span of `category`: begun before the first suspension,
 // ended when `work` completes or throws.
 template <class T>
-asio::awaitable<T> traced(Category category, Name name, asio::awaitable<T> work,
-                          Track track = {}, std::uint64_t bytes = 0) {
+asio::awaitable<T> traced(Category category, Name name, asio::awaitable<T> work, Track track = {},
+                          std::uint64_t bytes = 0) {
   AsyncSpan span(category, name, track, bytes);
   co_return co_await std::move(work);
 }

@@ -1,0 +1,134 @@
+// The gradient reducer: data parallelism's engine, framework-agnostic. An adapter (the
+// libtorch one is braid/torch/distributed_data_parallel.hpp) describes the parameters,
+// calls prepare_for_backward() after each forward, mark_ready(i) from the autograd hook
+// of each parameter as its gradient becomes final, and finalize() at the end of backward.
+//
+//   mark_ready(i)   copies gradient i into its bucket, scaled by this rank's share (1/W
+//                   unless set_batch_share says otherwise) in the same pass; the bucket
+//                   whose last gradient this was is full, and every full bucket whose
+//                   predecessors have launched launches its all-reduce (sum) now, on the
+//                   communicator's runtime thread, while backward goes on computing.
+//   finalize()      waits for every bucket in order and writes the averaged gradients
+//                   back; what it waits for is the communication backward did not hide.
+//
+// Order. Buckets launch strictly in index order on every rank, whatever order gradients
+// arrive in, so all ranks issue the same collectives in the same order. After the first
+// synchronised iteration the buckets are rebuilt once from the order gradients actually
+// arrived on rank 0 (broadcast, so every rank agrees), so later iterations launch each
+// bucket as early as its gradients allow.
+//
+// Threads. mark_ready may run on any thread (autograd engine threads) and concurrently:
+// copies into distinct slots run outside the lock, which guards only the bookkeeping.
+// prepare_for_backward and finalize run on the training loop's thread, never on the
+// communicator's runtime thread (finalize blocks on it).
+//
+// Misuse is an Error(Errc::invalid_argument) naming the parameter: a gradient marked
+// ready twice in one backward (backward twice after one forward), a mark with no
+// prepare_for_backward (no forward through the wrapper), a new iteration while the
+// previous one's reduction is unfinished, and gradients that never arrived (parameters
+// the forward did not use, without find-unused handling).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <braid/collectives/communicator.hpp>
+#include <braid/core/buffer.hpp>
+#include <braid/core/future.hpp>
+#include <braid/dp/bucket_plan.hpp>
+#include <braid/trace/recorder.hpp>
+#include <braid/trace/span.hpp>
+
+namespace braid::dp {
+
+// How the reducer reaches the framework's gradients.
+class GradientAccess {
+ public:
+  virtual ~GradientAccess() = default;
+  // Parameter `index`'s gradient: `count` contiguous elements of its dtype. With `create`,
+  // make a zero gradient where there is none yet; without, nullopt where there is none.
+  virtual std::optional<Buffer> gradient(std::size_t index, bool create) = 0;
+};
+
+struct ReducerOptions {
+  BucketLimits limits;
+  // Rebuild the buckets once, after the first synchronised iteration, from the order
+  // gradients arrived in on rank 0.
+  bool rebuild_buckets = true;
+};
+
+class Reducer {
+ public:
+  using Options = ReducerOptions;
+
+  // `access` must outlive the reducer. Throws Error(invalid_argument) for parameters the
+  // communicator cannot move (CUDA memory on this host communicator) or non-float dtypes.
+  Reducer(std::shared_ptr<collectives::Communicator> comm, std::vector<ParameterSpec> parameters,
+          GradientAccess& access, Options options = {});
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Begins an iteration. With sync false (no_sync), gradients just accumulate where they
+  // are: marks are ignored and finalize does nothing. `locally_unused` lists parameters
+  // this rank's forward did not use: they count as ready with a zero gradient, and a
+  // parameter unused on every rank is left alone (its gradient untouched). Every rank
+  // passes a list (maybe empty) or every rank passes nullopt: with a list, the ranks
+  // all-reduce which parameters anyone used, one small collective per iteration.
+  void prepare_for_backward(bool sync = true,
+                            std::optional<std::vector<std::size_t>> locally_unused = std::nullopt);
+  void mark_ready(std::size_t index);
+  // Waits for every bucket and writes the results back. Throws what a reduction threw,
+  // or Error(invalid_argument) naming parameters whose gradients never arrived.
+  void finalize();
+
+  // This rank's share of the global batch (its samples / all samples), for uneven
+  // shares: gradients are scaled by it instead of 1/W, so the sum over ranks is the
+  // gradient of the whole batch's mean loss. The shares must add up to 1 over ranks.
+  void set_batch_share(double share);
+
+  // True between prepare_for_backward(sync = true) and the end of finalize().
+  bool in_backward() const noexcept { return state_ == State::backward; }
+  std::size_t bucket_count() const;
+  const BucketLayout& bucket(std::size_t index) const;
+  bool buckets_rebuilt() const noexcept { return rebuilt_; }
+  const std::vector<ParameterSpec>& parameters() const noexcept { return parameters_; }
+  collectives::Communicator& communicator() noexcept { return *comm_; }
+
+ private:
+  enum class State { idle, backward, accumulating };
+  struct Bucket;
+
+  void build_buckets(const std::vector<std::size_t>& ready_order);
+  // Needs mutex_. Launches every full bucket from next_launch_ on.
+  void launch_ready_buckets();
+  void fill_slot(std::size_t index);
+  void rebuild_from_arrival_order();
+
+  std::shared_ptr<collectives::Communicator> comm_;
+  std::vector<ParameterSpec> parameters_;
+  GradientAccess& access_;
+  Options options_;
+  double scale_;
+  trace::Track track_;
+
+  std::mutex mutex_;
+  std::atomic<State> state_{State::idle};
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<std::size_t> bucket_of_;    // parameter -> bucket
+  std::vector<std::size_t> slot_of_;      // parameter -> position in its bucket
+  std::vector<std::uint8_t> ready_;       // parameter -> marked this iteration
+  std::vector<std::size_t> arrival_;      // first synchronised iteration's order
+  std::vector<std::uint8_t> locally_used_;
+  std::optional<Future<void>> used_reduction_;  // all-reduce(max) of locally_used_
+  std::size_t next_launch_ = 0;
+  bool first_sync_done_ = false;
+  bool rebuilt_ = false;
+};
+
+}  // namespace braid::dp

@@ -1,0 +1,284 @@
+#include <braid/dp/reducer.hpp>
+
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include <braid/core/error.hpp>
+#include <braid/core/log.hpp>
+
+#include "scaled_copy.hpp"
+
+namespace braid::dp {
+namespace {
+
+using collectives::Communicator;
+
+[[noreturn]] void misuse(const Communicator& comm, std::string what) {
+  throw Error(Errc::invalid_argument, std::move(what),
+              {.rank = comm.world_rank(comm.rank()), .operation = "ddp"});
+}
+
+std::string describe(const ParameterSpec& p, std::size_t index) {
+  return fmt::format("'{}' (parameter {})", p.name.empty() ? "?" : p.name, index);
+}
+
+// The reduction of one bucket, on the runtime thread: the span runs from the moment the
+// bucket was full to the moment its sum is back.
+asio::awaitable<void> reduce_bucket(std::shared_ptr<Communicator> comm, Buffer data,
+                                    trace::AsyncSpan span) {
+  co_await comm->all_reduce(data, ReduceOp::sum);
+  span.end();
+}
+
+}  // namespace
+
+struct Reducer::Bucket {
+  BucketLayout layout;
+  std::vector<std::byte> storage;
+  Buffer data;
+  std::size_t pending = 0;  // parameters not yet ready this iteration
+  bool full = false;
+  bool launched = false;
+  std::optional<Future<void>> reduction;
+
+  Buffer slot(std::size_t position, std::size_t count) const {
+    return data.slice(layout.offsets[position], count);
+  }
+};
+
+Reducer::Reducer(std::shared_ptr<Communicator> comm, std::vector<ParameterSpec> parameters,
+                 GradientAccess& access, Options options)
+    : comm_(std::move(comm)),
+      parameters_(std::move(parameters)),
+      access_(access),
+      options_(options),
+      scale_(1.0 / comm_->size()),
+      track_(trace::track("ddp buckets")) {
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    const ParameterSpec& p = parameters_[i];
+    if (p.memory != MemoryKind::host) {
+      misuse(*comm_, fmt::format("{} is in {} memory; this reducer's communicator moves host "
+                                 "memory",
+                                 describe(p, i), to_string(p.memory)));
+    }
+    if (p.dtype != DType::f32 && p.dtype != DType::f64 && p.dtype != DType::f16 &&
+        p.dtype != DType::bf16) {
+      misuse(*comm_, fmt::format("{} is {}; gradients must be floating point", describe(p, i),
+                                 to_string(p.dtype)));
+    }
+  }
+  ready_.assign(parameters_.size(), 0);
+  locally_used_.assign(parameters_.size(), 1);
+  build_buckets(reverse_order(parameters_.size()));
+}
+
+Reducer::~Reducer() {
+  // In-flight reductions still read and write the buckets: give them a bounded while.
+  for (auto& bucket : buckets_) {
+    if (bucket->reduction && !bucket->reduction->wait_for(std::chrono::seconds(30))) {
+      log::warn("ddp: a bucket reduction was still running when the reducer was destroyed");
+    }
+  }
+  if (used_reduction_) (void)used_reduction_->wait_for(std::chrono::seconds(30));
+}
+
+void Reducer::build_buckets(const std::vector<std::size_t>& ready_order) {
+  buckets_.clear();
+  bucket_of_.assign(parameters_.size(), 0);
+  slot_of_.assign(parameters_.size(), 0);
+  for (BucketLayout& layout : plan_buckets(parameters_, ready_order, options_.limits)) {
+    auto bucket = std::make_unique<Bucket>();
+    bucket->storage.resize(layout.count * dtype_size(layout.dtype));
+    bucket->data = Buffer(bucket->storage.data(), layout.count, layout.dtype);
+    for (std::size_t position = 0; position < layout.parameters.size(); ++position) {
+      bucket_of_[layout.parameters[position]] = buckets_.size();
+      slot_of_[layout.parameters[position]] = position;
+    }
+    bucket->layout = std::move(layout);
+    buckets_.push_back(std::move(bucket));
+  }
+}
+
+std::size_t Reducer::bucket_count() const {
+  return buckets_.size();
+}
+
+const BucketLayout& Reducer::bucket(std::size_t index) const {
+  return buckets_.at(index)->layout;
+}
+
+void Reducer::set_batch_share(double share) {
+  if (!(share > 0.0 && share <= 1.0)) {
+    misuse(*comm_, fmt::format("batch share {} is not in (0, 1]", share));
+  }
+  scale_ = share;
+}
+
+void Reducer::prepare_for_backward(bool sync, std::optional<std::vector<std::size_t>> locally_unused) {
+  std::unique_lock lock(mutex_);
+  if (state_ == State::backward) {
+    misuse(*comm_,
+           "the previous iteration's gradient reduction did not finish: every forward through "
+           "DistributedDataParallel needs its backward() before the next forward (use no_sync() "
+           "to accumulate, or find_unused_parameters if some parameters get no gradient)");
+  }
+  if (!sync) {
+    state_ = State::accumulating;
+    return;
+  }
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (auto& bucket : buckets_) {
+    bucket->pending = bucket->layout.parameters.size();
+    bucket->full = false;
+    bucket->launched = false;
+    bucket->reduction.reset();
+  }
+  next_launch_ = 0;
+  state_ = State::backward;
+  used_reduction_.reset();
+  if (!locally_unused) return;
+  std::fill(locally_used_.begin(), locally_used_.end(), 1);
+  for (const std::size_t index : *locally_unused) {
+    if (index >= parameters_.size()) misuse(*comm_, fmt::format("unused parameter {} is out of range", index));
+    locally_used_[index] = 0;
+  }
+  // Which parameters some rank used: one small all-reduce, issued now so it is done long
+  // before backward ends (every rank tracking unused parameters issues it here).
+  used_reduction_ = comm_->launch(
+      comm_->all_reduce(Buffer(locally_used_.data(), locally_used_.size(), DType::u8), ReduceOp::max));
+  for (const std::size_t index : *locally_unused) {
+    ready_[index] = 1;
+    if (!first_sync_done_) arrival_.push_back(index);
+    Bucket& bucket = *buckets_[bucket_of_[index]];
+    detail::zero(bucket.slot(slot_of_[index], parameters_[index].count));
+    if (--bucket.pending == 0) bucket.full = true;
+  }
+  launch_ready_buckets();
+}
+
+void Reducer::fill_slot(std::size_t index) {
+  const ParameterSpec& p = parameters_[index];
+  Bucket& bucket = *buckets_[bucket_of_[index]];
+  const Buffer slot = bucket.slot(slot_of_[index], p.count);
+  const std::optional<Buffer> gradient = access_.gradient(index, false);
+  if (!gradient) {
+    detail::zero(slot);
+    return;
+  }
+  if (gradient->count() != p.count || gradient->dtype() != p.dtype) {
+    misuse(*comm_, fmt::format("the gradient of {} has {} {} elements; the parameter has {} {}",
+                               describe(p, index), gradient->count(),
+                               to_string(gradient->dtype()), p.count, to_string(p.dtype)));
+  }
+  detail::scaled_copy(slot, *gradient, scale_);
+}
+
+void Reducer::mark_ready(std::size_t index) {
+  {
+    std::lock_guard lock(mutex_);
+    if (index >= parameters_.size()) misuse(*comm_, fmt::format("parameter {} is out of range", index));
+    if (state_ == State::accumulating) return;
+    if (state_ == State::idle) {
+      misuse(*comm_, fmt::format("the gradient of {} arrived outside an iteration: run the forward "
+                                 "through DistributedDataParallel, and call backward() once per "
+                                 "forward",
+                                 describe(parameters_[index], index)));
+    }
+    if (ready_[index] != 0) {
+      misuse(*comm_, fmt::format("{} was marked ready twice in one backward pass (backward() "
+                                 "called twice after one forward, or a parameter shared in a way "
+                                 "that fires its hook twice)",
+                                 describe(parameters_[index], index)));
+    }
+    ready_[index] = 1;
+    if (!first_sync_done_) arrival_.push_back(index);
+  }
+  fill_slot(index);  // outside the lock: slots are disjoint
+  std::lock_guard lock(mutex_);
+  Bucket& bucket = *buckets_[bucket_of_[index]];
+  if (--bucket.pending == 0) bucket.full = true;
+  launch_ready_buckets();
+}
+
+void Reducer::launch_ready_buckets() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_]->full) {
+    Bucket& bucket = *buckets_[next_launch_];
+    trace::AsyncSpan span(trace::Category::bucket, "bucket", track_, bucket.data.size_bytes());
+    span.arg("bucket", static_cast<std::int64_t>(next_launch_));
+    bucket.reduction = comm_->launch(reduce_bucket(comm_, bucket.data, std::move(span)));
+    bucket.launched = true;
+    ++next_launch_;
+  }
+}
+
+void Reducer::finalize() {
+  if (state_ == State::accumulating) {
+    state_ = State::idle;
+    return;
+  }
+  if (state_ == State::idle) return;  // nothing prepared: a backward outside the wrapper
+  {
+    std::lock_guard lock(mutex_);
+    std::vector<std::string> missing;
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      if (ready_[i] == 0) missing.push_back(describe(parameters_[i], i));
+    }
+    if (!missing.empty()) {
+      // The iteration stays unfinished: the next forward says so too.
+      const std::size_t shown = std::min<std::size_t>(missing.size(), 5);
+      std::string names;
+      for (std::size_t i = 0; i < shown; ++i) names += (i ? ", " : "") + missing[i];
+      if (shown < missing.size()) names += fmt::format(" and {} more", missing.size() - shown);
+      misuse(*comm_, fmt::format("backward ended with {} parameter(s) still waiting for a "
+                                 "gradient: {}. Parameters the forward does not use need "
+                                 "find_unused_parameters",
+                                 missing.size(), names));
+    }
+  }
+  for (auto& bucket : buckets_) bucket->reduction->get();
+  if (used_reduction_) used_reduction_->get();
+  {
+    trace::Span write_back(trace::Category::bucket, "bucket.write_back", track_);
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      // Unused on every rank: nobody has a gradient for it; leave it as it is.
+      if (used_reduction_ && locally_used_[i] == 0) continue;
+      const Bucket& bucket = *buckets_[bucket_of_[i]];
+      const std::optional<Buffer> gradient = access_.gradient(i, true);
+      if (gradient) detail::scaled_copy(*gradient, bucket.slot(slot_of_[i], parameters_[i].count), 1.0);
+    }
+  }
+  state_ = State::idle;
+  if (!first_sync_done_) {
+    first_sync_done_ = true;
+    if (options_.rebuild_buckets) rebuild_from_arrival_order();
+  }
+}
+
+void Reducer::rebuild_from_arrival_order() {
+  std::vector<std::int64_t> order(parameters_.size());
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    order[i] = i < arrival_.size() ? static_cast<std::int64_t>(arrival_[i]) : -1;
+  }
+  comm_->launch(comm_->broadcast(Buffer(order), 0)).get();
+  std::vector<std::size_t> ready_order;
+  std::vector<std::uint8_t> seen(parameters_.size(), 0);
+  for (const std::int64_t index : order) {
+    if (index >= 0 && static_cast<std::size_t>(index) < parameters_.size() && seen[index] == 0) {
+      seen[index] = 1;
+      ready_order.push_back(static_cast<std::size_t>(index));
+    }
+  }
+  // Rank 0 saw every parameter (finalize checked); anything else keeps reverse order.
+  for (const std::size_t index : reverse_order(parameters_.size())) {
+    if (seen[index] == 0) ready_order.push_back(index);
+  }
+  std::lock_guard lock(mutex_);
+  build_buckets(ready_order);
+  rebuilt_ = true;
+  arrival_.clear();
+  arrival_.shrink_to_fit();
+}
+
+}  // namespace braid::dp

@@ -116,14 +116,18 @@ void Reducer::set_batch_share(double share) {
   scale_ = share;
 }
 
-void Reducer::prepare_for_backward(bool sync, std::optional<std::vector<std::size_t>> locally_unused) {
-  std::unique_lock lock(mutex_);
+void Reducer::check_previous_finished() const {
   if (state_ == State::backward) {
     misuse(*comm_,
            "the previous iteration's gradient reduction did not finish: every forward through "
            "DistributedDataParallel needs its backward() before the next forward (use no_sync() "
            "to accumulate, or find_unused_parameters if some parameters get no gradient)");
   }
+}
+
+void Reducer::prepare_for_backward(bool sync, std::optional<std::vector<std::size_t>> locally_unused) {
+  std::unique_lock lock(mutex_);
+  check_previous_finished();
   if (!sync) {
     state_ = State::accumulating;
     return;

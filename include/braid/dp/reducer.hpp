@@ -83,6 +83,9 @@ class Reducer {
   void prepare_for_backward(bool sync = true,
                             std::optional<std::vector<std::size_t>> locally_unused = std::nullopt);
   void mark_ready(std::size_t index);
+  // Throws the unfinished-iteration error prepare_for_backward would; a wrapper calls it
+  // before running a forward, so the error comes before the work.
+  void check_previous_finished() const;
   // Waits for every bucket and writes the results back. Throws what a reduction threw,
   // or Error(invalid_argument) naming parameters whose gradients never arrived.
   void finalize();

@@ -1,0 +1,162 @@
+// braid::torch::DistributedDataParallel: PyTorch DDP's contract for a libtorch module,
+// with braid's reducer underneath. The training loop does not change:
+//
+//   auto comm = braid::collectives::Communicator::world(*world);
+//   braid::torch::DistributedDataParallel ddp(model, comm);   // broadcasts rank 0's weights
+//   torch::optim::SGD opt(model->parameters(), 0.1);
+//   for (auto& [x, y] : batches) {
+//     opt.zero_grad();
+//     auto loss = torch::mse_loss(ddp.forward(x), y);
+//     loss.backward();   // buckets all-reduce while backward runs; averaged at its end
+//     opt.step();
+//   }
+//
+// How: every parameter's gradient accumulator gets a post-hook that hands the gradient
+// to the reducer (dp/reducer.hpp) the moment it is final; the first hook of a backward
+// queues an engine callback (Engine::queue_callback) that finalizes the reduction when
+// backward ends, so backward() returns with averaged gradients. forward() runs the
+// module, re-broadcasts buffers from rank 0 first (broadcast_buffers), and, with
+// find_unused_parameters, walks the autograd graph from the outputs to find parameters
+// this forward did not use.
+//
+// Construction is a collective: every rank checks its parameters (names order, shapes,
+// dtypes) against rank 0's and fails, naming the first difference, if any rank differs;
+// then parameters and buffers are broadcast from rank 0.
+//
+// Tracing: forward and backward are compute spans on the training thread; each bucket is
+// a "bucket" span from full to reduced on the "ddp buckets" track, the all-reduces are
+// comm spans on the communicator's track, so `braid-trace summary` reports the overlap.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <braid/collectives/communicator.hpp>
+#include <braid/dp/reducer.hpp>
+#include <braid/trace/span.hpp>
+
+namespace braid::torch {
+
+struct DistributedDataParallelOptions {
+  dp::BucketLimits limits;               // 1 MiB first bucket, 25 MiB after
+  bool broadcast_buffers = true;         // buffers from rank 0 before every forward
+  bool find_unused_parameters = false;   // walk the graph after forward (costs a traversal)
+  bool rebuild_buckets = true;           // once, from the first iteration's arrival order
+};
+
+namespace detail {
+
+// Everything that does not depend on the module's type (distributed_data_parallel.cpp).
+class DataParallelCore final : public dp::GradientAccess {
+ public:
+  DataParallelCore(::torch::nn::Module& module, std::shared_ptr<collectives::Communicator> comm,
+                   DistributedDataParallelOptions options);
+  ~DataParallelCore() override;
+  DataParallelCore(const DataParallelCore&) = delete;
+  DataParallelCore& operator=(const DataParallelCore&) = delete;
+
+  void before_forward();
+  void after_forward(const std::vector<at::Tensor>& outputs);
+
+  std::optional<Buffer> gradient(std::size_t index, bool create) override;
+
+  dp::Reducer& reducer() noexcept { return *reducer_; }
+  std::atomic<bool>& require_sync() noexcept { return require_sync_; }
+
+ private:
+  void on_gradient(std::size_t index);
+  void end_of_backward();
+  void check_same_model();
+  void broadcast_from_rank0(const std::vector<at::Tensor>& tensors);
+  std::vector<std::size_t> unused_parameters(const std::vector<at::Tensor>& outputs) const;
+
+  ::torch::nn::Module& module_;
+  std::shared_ptr<collectives::Communicator> comm_;
+  DistributedDataParallelOptions options_;
+  std::vector<at::Tensor> parameters_;
+  std::vector<std::string> names_;
+  std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators_;
+  std::vector<std::uintptr_t> hook_keys_;
+  std::unique_ptr<dp::Reducer> reducer_;
+  std::atomic<bool> require_sync_{true};
+  std::atomic<bool> callback_queued_{false};
+  std::atomic<bool> backward_started_{false};
+  std::optional<trace::AsyncSpan> forward_span_;
+  std::optional<trace::AsyncSpan> backward_span_;
+  std::mutex span_mutex_;
+};
+
+inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
+inline void collect_tensors(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
+  out.insert(out.end(), ts.begin(), ts.end());
+}
+template <class... T>
+void collect_tensors(const std::tuple<T...>& tuple, std::vector<at::Tensor>& out) {
+  std::apply([&](const auto&... element) { (collect_tensors(element, out), ...); }, tuple);
+}
+template <class T>
+void collect_tensors(const T&, std::vector<at::Tensor>&) {}  // not a tensor: nothing to track
+
+}  // namespace detail
+
+template <class ModulePointer>
+class DistributedDataParallel {
+ public:
+  using Options = DistributedDataParallelOptions;
+
+  // `module`: a ModuleHolder (torch::nn::Linear, TORCH_MODULE types) or a shared_ptr to a
+  // torch::nn::Module subclass with a forward(). A collective call (see above).
+  DistributedDataParallel(ModulePointer module, std::shared_ptr<collectives::Communicator> comm,
+                          Options options = {})
+      : module_(std::move(module)),
+        core_(std::make_unique<detail::DataParallelCore>(
+            static_cast<::torch::nn::Module&>(*module_), std::move(comm), options)) {}
+
+  template <class... Args>
+  auto forward(Args&&... args) {
+    core_->before_forward();
+    auto output = module_->forward(std::forward<Args>(args)...);
+    std::vector<at::Tensor> tensors;
+    detail::collect_tensors(output, tensors);
+    core_->after_forward(tensors);
+    return output;
+  }
+  template <class... Args>
+  auto operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  // While it lives, backward passes accumulate gradients locally without communicating;
+  // the first backward after it reduces the accumulated sum (PyTorch's no_sync()).
+  class NoSync {
+   public:
+    explicit NoSync(std::atomic<bool>& flag) : flag_(flag) { flag_ = false; }
+    ~NoSync() { flag_ = true; }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    std::atomic<bool>& flag_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(core_->require_sync()); }
+
+  ModulePointer& module() noexcept { return module_; }
+  dp::Reducer& reducer() noexcept { return core_->reducer(); }
+
+ private:
+  ModulePointer module_;
+  std::unique_ptr<detail::DataParallelCore> core_;
+};
+
+}  // namespace braid::torch

@@ -1,0 +1,231 @@
+#include <braid/torch/distributed_data_parallel.hpp>
+
+#include <unordered_set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include <braid/core/error.hpp>
+#include <braid/torch/tensor_buffer.hpp>
+
+namespace braid::torch::detail {
+namespace {
+
+using collectives::Communicator;
+
+[[noreturn]] void refuse(const Communicator& comm, std::string what) {
+  throw Error(Errc::invalid_argument, std::move(what),
+              {.rank = comm.world_rank(comm.rank()), .operation = "DistributedDataParallel"});
+}
+
+// A model's shape as numbers, for comparing ranks: per parameter its dtype, rank and
+// sizes, then a hash of its name.
+std::vector<std::int64_t> signature(const std::vector<at::Tensor>& parameters,
+                                    const std::vector<std::string>& names) {
+  std::vector<std::int64_t> out{static_cast<std::int64_t>(parameters.size())};
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    out.push_back(static_cast<std::int64_t>(parameters[i].scalar_type()));
+    out.push_back(parameters[i].dim());
+    for (const std::int64_t size : parameters[i].sizes()) out.push_back(size);
+    out.push_back(static_cast<std::int64_t>(std::hash<std::string>{}(names[i]) >> 1));
+  }
+  return out;
+}
+
+}  // namespace
+
+DataParallelCore::DataParallelCore(::torch::nn::Module& module,
+                                   std::shared_ptr<collectives::Communicator> comm,
+                                   DistributedDataParallelOptions options)
+    : module_(module), comm_(std::move(comm)), options_(options) {
+  std::vector<dp::ParameterSpec> specs;
+  for (const auto& item : module_.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    if (!p.requires_grad()) continue;
+    const auto dtype = dtype_of(p.scalar_type());
+    if (!p.is_contiguous() || !p.device().is_cpu() || !dtype) {
+      refuse(*comm_, fmt::format("parameter '{}' must be a contiguous CPU tensor of a floating "
+                                 "type for this communicator",
+                                 item.key()));
+    }
+    parameters_.push_back(p);
+    names_.push_back(item.key());
+    specs.push_back(dp::ParameterSpec{.name = item.key(),
+                                      .count = static_cast<std::size_t>(p.numel()),
+                                      .dtype = *dtype});
+  }
+  check_same_model();
+  std::vector<at::Tensor> state = parameters_;
+  for (const auto& buffer : module_.buffers(/*recurse=*/true)) state.push_back(buffer);
+  broadcast_from_rank0(state);
+  reducer_ = std::make_unique<dp::Reducer>(
+      comm_, std::move(specs), *this,
+      dp::ReducerOptions{.limits = options_.limits, .rebuild_buckets = options_.rebuild_buckets});
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    auto accumulator = ::torch::autograd::impl::grad_accumulator(parameters_[i]);
+    hook_keys_.push_back(accumulator->add_post_hook(
+        std::make_unique<::torch::autograd::utils::LambdaPostHook>(
+            [this, i](const ::torch::autograd::variable_list& outputs,
+                      const ::torch::autograd::variable_list&) {
+              on_gradient(i);
+              return outputs;
+            })));
+    accumulators_.push_back(std::move(accumulator));
+  }
+}
+
+DataParallelCore::~DataParallelCore() {
+  for (std::size_t i = 0; i < accumulators_.size(); ++i) {
+    accumulators_[i]->del_post_hook(hook_keys_[i]);
+  }
+}
+
+void DataParallelCore::check_same_model() {
+  const std::vector<std::int64_t> mine = signature(parameters_, names_);
+  std::vector<std::int64_t> length{static_cast<std::int64_t>(mine.size())};
+  comm_->launch(comm_->broadcast(Buffer(length), 0)).get();
+  std::vector<std::int64_t> reference(static_cast<std::size_t>(length[0]));
+  if (comm_->rank() == 0) reference = mine;
+  comm_->launch(comm_->broadcast(Buffer(reference), 0)).get();
+  std::string difference;
+  if (reference != mine) {
+    if (reference.empty() || reference[0] != mine[0]) {
+      difference = fmt::format("it has {} parameters requiring gradients, rank 0 has {}",
+                               mine[0], reference.empty() ? 0 : reference[0]);
+    } else {
+      // Walk both signatures to the first parameter that differs.
+      std::size_t a = 1;
+      std::size_t b = 1;
+      for (std::size_t i = 0; i < parameters_.size(); ++i) {
+        const std::size_t width_a = 3 + static_cast<std::size_t>(mine[a + 1]);
+        const std::size_t width_b = b + 1 < reference.size() ? 3 + static_cast<std::size_t>(reference[b + 1]) : 0;
+        if (width_b == 0 || !std::equal(mine.begin() + a, mine.begin() + a + width_a,
+                                        reference.begin() + b, reference.begin() + b + width_b)) {
+          std::vector<std::int64_t> theirs;
+          if (width_b >= 3) theirs.assign(reference.begin() + b + 2, reference.begin() + b + width_b - 1);
+          difference = fmt::format("parameter {} '{}' is {} [{}]; rank 0's parameter {} is {} [{}] "
+                                   "(or named differently)",
+                                   i, names_[i], c10::toString(parameters_[i].scalar_type()),
+                                   fmt::join(parameters_[i].sizes(), ", "), i,
+                                   width_b >= 3 ? c10::toString(static_cast<c10::ScalarType>(
+                                                      reference[b]))
+                                                : "?",
+                                   fmt::join(theirs, ", "));
+          break;
+        }
+        a += width_a;
+        b += width_b;
+      }
+    }
+  }
+  std::vector<std::int32_t> differs{difference.empty() ? 0 : 1};
+  std::vector<std::int32_t> any(1, 0);
+  comm_->launch(comm_->all_reduce(Buffer(differs), Buffer(any), ReduceOp::max)).get();
+  if (!difference.empty()) {
+    refuse(*comm_, "this rank's model differs from rank 0's: " + difference);
+  }
+  if (any[0] != 0) {
+    refuse(*comm_, "another rank's model differs from rank 0's (that rank's error names the "
+                   "parameter)");
+  }
+}
+
+void DataParallelCore::broadcast_from_rank0(const std::vector<at::Tensor>& tensors) {
+  if (comm_->size() == 1) return;
+  std::vector<Future<void>> pending;
+  std::vector<at::Tensor> staged;  // non-contiguous or non-CPU tensors would be refused
+  for (const at::Tensor& tensor : tensors) {
+    if (tensor.numel() == 0) continue;
+    pending.push_back(comm_->launch(comm_->broadcast(as_buffer(tensor.detach()), 0)));
+  }
+  for (auto& future : pending) future.get();
+}
+
+void DataParallelCore::before_forward() {
+  if (::torch::autograd::GradMode::is_enabled() && require_sync_) {
+    reducer_->check_previous_finished();
+  }
+  if (options_.broadcast_buffers) {
+    std::vector<at::Tensor> buffers;
+    for (const auto& buffer : module_.buffers(/*recurse=*/true)) buffers.push_back(buffer);
+    broadcast_from_rank0(buffers);
+  }
+  std::lock_guard lock(span_mutex_);
+  forward_span_.emplace(trace::Category::compute, trace::Name("forward"));
+}
+
+void DataParallelCore::after_forward(const std::vector<at::Tensor>& outputs) {
+  {
+    std::lock_guard lock(span_mutex_);
+    forward_span_.reset();
+  }
+  if (!::torch::autograd::GradMode::is_enabled()) return;
+  std::optional<std::vector<std::size_t>> unused;
+  if (options_.find_unused_parameters && require_sync_) unused = unused_parameters(outputs);
+  reducer_->prepare_for_backward(require_sync_, std::move(unused));
+  callback_queued_ = false;
+  backward_started_ = false;
+  // The gradient of an output is the first thing backward computes that is ours: the
+  // backward compute span starts there.
+  for (const at::Tensor& output : outputs) {
+    if (!output.defined() || !output.requires_grad()) continue;
+    output.register_hook([this](const at::Tensor&) {
+      if (backward_started_.exchange(true)) return;
+      std::lock_guard lock(span_mutex_);
+      backward_span_.emplace(trace::Category::compute, trace::Name("backward"));
+    });
+  }
+}
+
+std::vector<std::size_t> DataParallelCore::unused_parameters(
+    const std::vector<at::Tensor>& outputs) const {
+  std::unordered_set<const ::torch::autograd::Node*> seen;
+  std::vector<const ::torch::autograd::Node*> stack;
+  for (const at::Tensor& output : outputs) {
+    if (!output.defined()) continue;
+    if (const auto& fn = output.grad_fn()) stack.push_back(fn.get());
+  }
+  while (!stack.empty()) {
+    const ::torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function) stack.push_back(edge.function.get());
+    }
+  }
+  std::vector<std::size_t> unused;
+  for (std::size_t i = 0; i < accumulators_.size(); ++i) {
+    if (seen.count(accumulators_[i].get()) == 0) unused.push_back(i);
+  }
+  return unused;
+}
+
+void DataParallelCore::on_gradient(std::size_t index) {
+  if (!callback_queued_.exchange(true)) {
+    ::torch::autograd::Engine::get_default_engine().queue_callback([this] { end_of_backward(); });
+  }
+  reducer_->mark_ready(index);
+}
+
+void DataParallelCore::end_of_backward() {
+  {
+    std::lock_guard lock(span_mutex_);
+    backward_span_.reset();
+  }
+  reducer_->finalize();
+}
+
+std::optional<Buffer> DataParallelCore::gradient(std::size_t index, bool create) {
+  at::Tensor& grad = parameters_[index].mutable_grad();
+  if (!grad.defined()) {
+    if (!create) return std::nullopt;
+    grad = ::torch::zeros_like(parameters_[index]);
+  }
+  return as_buffer(grad);
+}
+
+}  // namespace braid::torch::detail

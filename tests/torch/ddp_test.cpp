@@ -1,0 +1,340 @@
+// braid::torch::DistributedDataParallel, ranks as threads (each with its own Runtime,
+// World and Communicator; libtorch runs each thread's backward on that thread): the
+// contract PyTorch DDP users rely on, and the errors they hit.
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <braid/core/error.hpp>
+#include <braid/torch/distributed_data_parallel.hpp>
+#include <braid/transport/bootstrap.hpp>
+#include <braid/transport/world.hpp>
+
+namespace ddp_test {
+namespace {
+
+using braid::Buffer;
+using braid::ReduceOp;
+using braid::Runtime;
+using braid::collectives::Communicator;
+using braid::torch::DistributedDataParallel;
+using braid::torch::DistributedDataParallelOptions;
+namespace transport = braid::transport;
+using RankBody = std::function<void(int rank, std::shared_ptr<Communicator>)>;
+
+// Runs `body` on a thread per rank (not on the runtime: DDP blocks it); returns each
+// rank's error message, empty where it passed.
+std::vector<std::string> run_ranks(int size, const RankBody& body) {
+  const auto port = transport::find_free_port();
+  std::vector<std::string> errors(static_cast<std::size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ::torch::set_num_threads(1);
+        Runtime runtime({.rank = r});
+        transport::LaunchInfo launch{.rank = r, .world_size = size, .local_rank = r,
+                                     .local_world_size = size, .store_host = "127.0.0.1",
+                                     .store_port = port, .token = "", .source = "test"};
+        auto world = transport::World::join(runtime, launch);
+        auto comm = Communicator::world(*world, {.timeout = std::chrono::seconds(20)});
+        body(r, comm);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+        if (errors[static_cast<std::size_t>(r)].empty()) errors[static_cast<std::size_t>(r)] = "?";
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+void expect_all_passed(const std::vector<std::string>& errors) {
+  for (std::size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+struct NetImpl : ::torch::nn::Module {
+  NetImpl() {
+    fc1 = register_module("fc1", ::torch::nn::Linear(8, 16));
+    fc2 = register_module("fc2", ::torch::nn::Linear(16, 16));
+    fc3 = register_module("fc3", ::torch::nn::Linear(16, 1));
+  }
+  ::torch::Tensor forward(const ::torch::Tensor& x) {
+    return fc3->forward(::torch::relu(fc2->forward(::torch::relu(fc1->forward(x)))));
+  }
+  ::torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+TORCH_MODULE(Net);
+
+// libtorch's default generator is one per process: rank threads seeding and drawing at
+// once would interleave, so seeding and drawing happen under one lock.
+std::mutex rng_mutex;
+
+Net make_net(int seed) {
+  std::lock_guard lock(rng_mutex);
+  ::torch::manual_seed(seed);
+  return Net();
+}
+
+std::pair<::torch::Tensor, ::torch::Tensor> data(int rank, int step, int rows = 4) {
+  std::lock_guard lock(rng_mutex);
+  ::torch::manual_seed(100 * step + rank + 1);
+  auto x = ::torch::randn({rows, 8});
+  return {x, ::torch::randn({rows, 1})};
+}
+
+std::vector<::torch::Tensor> snapshot(Net& net) {
+  std::vector<::torch::Tensor> out;
+  for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+// Tiny buckets so a 3-layer net spans several.
+DistributedDataParallelOptions small_buckets() {
+  DistributedDataParallelOptions options;
+  options.limits = {.first_bucket_bytes = 64, .bucket_cap_bytes = 256};
+  return options;
+}
+
+TEST(DistributedDataParallel, EveryRankHoldsBitIdenticalParametersAfterTraining) {
+  std::vector<std::vector<::torch::Tensor>> finals(2);
+  expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Net net = make_net(rank + 7);  // different initial weights: rank 0's are broadcast
+    DistributedDataParallel ddp(net, comm, small_buckets());
+    ::torch::optim::SGD opt(net->parameters(), 0.1);
+    for (int step = 0; step < 5; ++step) {
+      auto [x, y] = data(rank, step);
+      opt.zero_grad();
+      ::torch::mse_loss(ddp.forward(x), y).backward();
+      opt.step();
+    }
+    EXPECT_GT(ddp.reducer().bucket_count(), 1u);
+    finals[static_cast<std::size_t>(rank)] = snapshot(net);
+  }));
+  ASSERT_EQ(finals[0].size(), finals[1].size());
+  for (std::size_t i = 0; i < finals[0].size(); ++i) {
+    EXPECT_TRUE(::torch::equal(finals[0][i], finals[1][i])) << "parameter " << i;
+  }
+}
+
+TEST(DistributedDataParallel, MatchesOneProcessTrainingOnTheConcatenatedBatch) {
+  constexpr int kSteps = 4;
+  Net reference = make_net(7);
+  ::torch::optim::SGD ref_opt(reference->parameters(), 0.1);
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x0, y0] = data(0, step);
+    auto [x1, y1] = data(1, step);
+    ref_opt.zero_grad();
+    ::torch::mse_loss(reference->forward(::torch::cat({x0, x1})), ::torch::cat({y0, y1})).backward();
+    ref_opt.step();
+  }
+  std::vector<::torch::Tensor> rank0;
+  expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Net net = make_net(7);
+    DistributedDataParallel ddp(net, comm, small_buckets());
+    ::torch::optim::SGD opt(net->parameters(), 0.1);
+    for (int step = 0; step < kSteps; ++step) {
+      auto [x, y] = data(rank, step);
+      opt.zero_grad();
+      ::torch::mse_loss(ddp.forward(x), y).backward();
+      opt.step();
+    }
+    if (rank == 0) rank0 = snapshot(net);
+  }));
+  const auto expected = snapshot(reference);
+  ASSERT_EQ(rank0.size(), expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_TRUE(::torch::allclose(rank0[i], expected[i], 1e-5, 1e-6)) << "parameter " << i;
+  }
+}
+
+TEST(DistributedDataParallel, NoSyncAccumulatesAndTheNextBackwardReducesTheSum) {
+  // Two micro-batches per rank, the first under no_sync: the gradient equals the
+  // average over ranks of each rank's summed micro-batch gradients.
+  Net reference = make_net(3);
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int micro = 0; micro < 2; ++micro) {
+      auto [x, y] = data(rank, micro);
+      (::torch::mse_loss(reference->forward(x), y) / 2).backward();  // /2: the rank average
+    }
+  }
+  std::vector<::torch::Tensor> expected;
+  for (const auto& p : reference->parameters()) expected.push_back(p.grad().clone());
+  std::vector<::torch::Tensor> got;
+  expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Net net = make_net(3);
+    DistributedDataParallel ddp(net, comm, small_buckets());
+    {
+      auto guard = ddp.no_sync();
+      auto [x, y] = data(rank, 0);
+      ::torch::mse_loss(ddp.forward(x), y).backward();
+    }
+    auto [x, y] = data(rank, 1);
+    ::torch::mse_loss(ddp.forward(x), y).backward();
+    if (rank == 0) {
+      for (const auto& p : net->parameters()) got.push_back(p.grad().clone());
+    }
+  }));
+  ASSERT_EQ(got.size(), expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(::torch::allclose(got[i], expected[i], 1e-5, 1e-6)) << "gradient " << i;
+  }
+}
+
+// fc_rank1 is used by rank 1 only; fc_never by nobody.
+struct BranchyImpl : ::torch::nn::Module {
+  BranchyImpl() {
+    trunk = register_module("trunk", ::torch::nn::Linear(4, 4));
+    fc_rank1 = register_module("fc_rank1", ::torch::nn::Linear(4, 4));
+    fc_never = register_module("fc_never", ::torch::nn::Linear(4, 4));
+  }
+  ::torch::Tensor forward(const ::torch::Tensor& x, bool use_branch) {
+    auto h = trunk->forward(x);
+    return use_branch ? fc_rank1->forward(h) : h;
+  }
+  ::torch::nn::Linear trunk{nullptr}, fc_rank1{nullptr}, fc_never{nullptr};
+};
+TORCH_MODULE(Branchy);
+
+TEST(DistributedDataParallel, FindsUnusedParametersLocallyZeroGloballyUntouched) {
+  std::vector<std::string> errors = run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Branchy net;
+    DistributedDataParallelOptions options;
+    options.find_unused_parameters = true;
+    DistributedDataParallel ddp(net, comm, options);
+    auto x = data(rank, 0).first.narrow(1, 0, 4);
+    ddp.forward(x, rank == 1).sum().backward();
+    // Rank 1's branch gradient, averaged with rank 0's zero contribution.
+    ASSERT_TRUE(net->fc_rank1->weight.grad().defined());
+    EXPECT_FALSE(net->fc_never->weight.grad().defined()) << "unused everywhere: left alone";
+    EXPECT_TRUE(net->trunk->weight.grad().defined());
+    std::vector<float> norm{net->fc_rank1->weight.grad().norm().item<float>()};
+    std::vector<float> low = norm;
+    comm->launch(comm->all_reduce(Buffer(low), ReduceOp::min)).get();
+    EXPECT_EQ(low[0], norm[0]) << "both ranks hold the same averaged gradient";
+    EXPECT_GT(norm[0], 0.0f);
+  });
+  expect_all_passed(errors);
+}
+
+TEST(DistributedDataParallel, RebuildsBucketsOnceFromTheOrderGradientsArrived) {
+  expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Net net = make_net(1);
+    DistributedDataParallelOptions options;
+    options.limits = {.first_bucket_bytes = 4, .bucket_cap_bytes = 4};  // one parameter each
+    DistributedDataParallel ddp(net, comm, options);
+    EXPECT_FALSE(ddp.reducer().buckets_rebuilt());
+    // Initially reverse declaration order: fc3.bias is the first bucket.
+    EXPECT_EQ(ddp.reducer().parameters()[ddp.reducer().bucket(0).parameters[0]].name, "fc3.bias");
+    auto [x, y] = data(rank, 0);
+    ::torch::mse_loss(ddp.forward(x), y).backward();
+    EXPECT_TRUE(ddp.reducer().buckets_rebuilt());
+    // Backward produces fc3's gradients first; autograd decides weight or bias first. The
+    // rebuilt order is rank 0's arrival order, the same on both ranks.
+    std::vector<std::int64_t> firsts;
+    for (std::size_t b = 0; b < ddp.reducer().bucket_count(); ++b) {
+      firsts.push_back(static_cast<std::int64_t>(ddp.reducer().bucket(b).parameters[0]));
+    }
+    std::vector<std::int64_t> rank0 = firsts;
+    comm->launch(comm->broadcast(Buffer(rank0), 0)).get();
+    EXPECT_EQ(firsts, rank0);
+    EXPECT_TRUE(ddp.reducer().parameters()[static_cast<std::size_t>(firsts[0])].name.starts_with("fc3"));
+    // Training goes on with the new buckets.
+    auto [x2, y2] = data(rank, 1);
+    ::torch::mse_loss(ddp.forward(x2), y2).backward();
+  }));
+}
+
+TEST(DistributedDataParallel, UnevenBatchSharesWeighTheGradients) {
+  // Rank 0 has 3 rows, rank 1 one: shares 3/4 and 1/4 reproduce the mean over all 4.
+  Net reference = make_net(9);
+  auto [x0, y0] = data(0, 0, 3);
+  auto [x1, y1] = data(1, 0, 1);
+  ::torch::mse_loss(reference->forward(::torch::cat({x0, x1})), ::torch::cat({y0, y1})).backward();
+  std::vector<::torch::Tensor> expected;
+  for (const auto& p : reference->parameters()) expected.push_back(p.grad().clone());
+  std::vector<::torch::Tensor> got;
+  expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Net net = make_net(9);
+    DistributedDataParallel ddp(net, comm);
+    const int rows = rank == 0 ? 3 : 1;
+    ddp.reducer().set_batch_share(rows / 4.0);
+    auto [x, y] = data(rank, 0, rows);
+    ::torch::mse_loss(ddp.forward(x), y).backward();
+    if (rank == 0) {
+      for (const auto& p : net->parameters()) got.push_back(p.grad().clone());
+    }
+  }));
+  ASSERT_EQ(got.size(), expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(::torch::allclose(got[i], expected[i], 1e-5, 1e-6)) << "gradient " << i;
+  }
+}
+
+// ---------------------------------------------------------------- misuse
+
+void expect_error_on(const std::vector<std::string>& errors, std::size_t rank,
+                     const std::string& says) {
+  ASSERT_NE(errors[rank], "") << "rank " << rank << " should have failed";
+  EXPECT_NE(errors[rank].find(says), std::string::npos) << errors[rank];
+}
+
+TEST(DistributedDataParallelMisuse, BackwardTwiceAfterOneForwardMarksAParameterReadyTwice) {
+  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Net net = make_net(1);
+    DistributedDataParallel ddp(net, comm);
+    auto [x, y] = data(rank, 0);
+    auto loss = ::torch::mse_loss(ddp.forward(x), y);
+    loss.backward({}, /*retain_graph=*/true);
+    loss.backward();
+  });
+  for (std::size_t r = 0; r < 2; ++r) expect_error_on(errors, r, "outside an iteration");
+}
+
+TEST(DistributedDataParallelMisuse, ANewForwardBeforeTheLastBackwardIsRefused) {
+  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Net net = make_net(1);
+    DistributedDataParallel ddp(net, comm);
+    auto [x, y] = data(rank, 0);
+    auto unused = ddp.forward(x);
+    ddp.forward(x);
+  });
+  for (std::size_t r = 0; r < 2; ++r) expect_error_on(errors, r, "did not finish");
+}
+
+TEST(DistributedDataParallelMisuse, ParametersWithoutGradientsAreNamedAtTheEndOfBackward) {
+  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Branchy net;
+    DistributedDataParallel ddp(net, comm);  // no find_unused_parameters
+    auto x = data(rank, 0).first.narrow(1, 0, 4);
+    ddp.forward(x, true).sum().backward();
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    expect_error_on(errors, r, "fc_never.weight");
+    expect_error_on(errors, r, "find_unused_parameters");
+  }
+}
+
+struct WideImpl : ::torch::nn::Module {
+  explicit WideImpl(int width) { fc = register_module("fc", ::torch::nn::Linear(4, width)); }
+  ::torch::Tensor forward(const ::torch::Tensor& x) { return fc->forward(x); }
+  ::torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(Wide);
+
+TEST(DistributedDataParallelMisuse, ModelsThatDifferAcrossRanksFailOnEveryRank) {
+  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Wide net(rank == 0 ? 3 : 5);
+    DistributedDataParallel ddp(net, comm);
+  });
+  expect_error_on(errors, 1, "fc.weight");
+  expect_error_on(errors, 1, "differs from rank 0");
+  expect_error_on(errors, 0, "another rank's model differs");
+}
+
+}  // namespace
+}  // namespace ddp_test

@@ -18,6 +18,8 @@
 // abort() is how the Communicator fails an op when a member it is not talking to dies.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -30,6 +32,7 @@
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
@@ -47,6 +50,11 @@ namespace braid::collectives::detail {
 inline constexpr std::uint32_t kAlgorithmSteps = 4094;
 inline constexpr std::uint32_t kPointToPointStep = 4094;  // Communicator::send/recv
 inline constexpr std::uint32_t kFingerprintStep = 4095;   // BRAID_DEBUG=detail
+
+// poll_until: spin this long, then sleep in naps doubling from the first to the longest.
+inline constexpr auto kSpinWindow = std::chrono::microseconds(50);
+inline constexpr auto kFirstNap = std::chrono::microseconds(10);
+inline constexpr auto kLongestNap = std::chrono::microseconds(200);
 
 struct Message {
   transport::Transfer* transfer = nullptr;  // owned by the CollectiveOp
@@ -106,12 +114,26 @@ class CollectiveOp {
   template <class Ready>
   asio::awaitable<void> poll_until(Ready ready, std::string_view what) {
     const auto executor = co_await asio::this_coro::executor;
+    const auto started = Clock::now();
+    auto nap = kFirstNap;
+    asio::steady_timer timer(executor);
     for (unsigned round = 0; !ready(); ++round) {
       if (abort_) throw_aborted();
-      // Yield often: with more ranks than cores the rank we wait for may need this core.
-      if ((round & 3) == 3) sched_yield();
       if ((round & 255) == 255 && Clock::now() > deadline_) throw_timeout(what);
-      co_await asio::post(executor, asio::use_awaitable);
+      if (Clock::now() - started < kSpinWindow) {
+        // Yield often: with more ranks than cores the rank we wait for may need this core.
+        if ((round & 3) == 3) sched_yield();
+        co_await asio::post(executor, asio::use_awaitable);
+        continue;
+      }
+      // Past the spin window the partner is busy elsewhere (still computing the gradients
+      // it will bring): sleep in growing naps, so this thread stops taking CPU from the
+      // compute threads it is meant to overlap with. Costs up to kLongestNap of latency
+      // on waits that last that long anyway.
+      timer.expires_after(nap);
+      co_await timer.async_wait(asio::use_awaitable);
+      nap = std::min(nap * 2, kLongestNap);
+      if (Clock::now() > deadline_) throw_timeout(what);
     }
   }
 

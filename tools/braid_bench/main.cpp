@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "collectives.hpp"
+#include "ddp.hpp"
 #include "p2p.hpp"
 #include "trace_cost.hpp"
 
@@ -27,7 +28,10 @@ constexpr const char* kUsage =
     "  algorithms   the collective algorithm selection table in force (BRAID_ALGO applied)\n"
     "  trace-cost   ns per trace span off and on, and an all-reduce loop's time with tracing\n"
     "               off and on in alternating rounds\n"
-    "        options: --ranks 2 --sizes 8,65536,1048576 --rounds 11 --iters N\n";
+    "        options: --ranks 2 --sizes 8,65536,1048576 --rounds 11 --iters N\n"
+    "  ddp          one model trained with braid DDP, PyTorch DDP (Gloo) and no sync, in one run:\n"
+    "               step time, exposed communication, bare all-reduce, ratios\n"
+    "        options: --ranks 2 --hidden 1024 --layers 8 --batch 32 --steps 30 --optimizer sgd\n";
 
 }  // namespace
 
@@ -42,6 +46,7 @@ int main(int argc, char** argv) {
     if (mode == "p2p") return braid::bench::run_p2p(args);
     if (mode == "collectives") return braid::bench::run_collectives(args);
     if (mode == "trace-cost") return braid::bench::run_trace_cost(args);
+    if (mode == "ddp") return braid::bench::run_ddp(args);
     if (mode == "algorithms") {
       std::cout << braid::collectives::SelectionTable::from_environment().describe();
       return 0;

@@ -19,6 +19,8 @@
 #include <braid/core/reduce_op.hpp>
 #include <braid/core/runtime.hpp>
 #include <braid/core/stream.hpp>
+#include <braid/dp/bucket_plan.hpp>
+#include <braid/dp/reducer.hpp>
 #include <braid/trace/chrome_trace.hpp>
 #include <braid/trace/output.hpp>
 #include <braid/trace/recorder.hpp>
@@ -36,10 +38,11 @@
 #if BRAID_WITH_CUDA
 #include <braid/core/cuda_error.hpp>
 #include <braid/core/cuda_stream.hpp>
-#include <braid/trace/cuda_timeline.hpp>
 #include <braid/core/nccl_error.hpp>
+#include <braid/trace/cuda_timeline.hpp>
 #endif
 
 #if BRAID_WITH_TORCH
+#include <braid/torch/distributed_data_parallel.hpp>
 #include <braid/torch/tensor_buffer.hpp>
 #endif

@@ -14,19 +14,19 @@
 //          --threads T (libtorch intra-op threads per rank, default 1)
 //          --optimizer adam|sgd (default adam, lr --lr; sgd: lr 0.01, momentum 0.9)
 //          --bucket-cap-mib M (DDP bucket cap, default 25)
-#include <braid/braid.hpp>
-#include <braid/torch/distributed_data_parallel.hpp>
-#include <braid/torch/tensor_buffer.hpp>
-#include <torch/torch.h>
-
 #include <chrono>
-#include <deque>
-#include <numeric>
 #include <cstdlib>
+#include <deque>
 #include <iostream>
+#include <numeric>
 #include <string>
 
 #include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <braid/braid.hpp>
+#include <braid/torch/distributed_data_parallel.hpp>
+#include <braid/torch/tensor_buffer.hpp>
 
 namespace {
 
@@ -52,22 +52,36 @@ Settings parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
       return argv[++i];
     };
-    if (arg == "--model") s.model = value();
-    else if (arg == "--steps") s.steps = std::stoi(value());
-    else if (arg == "--batch") s.batch = std::stoi(value());
-    else if (arg == "--hidden") s.hidden = std::stoi(value());
-    else if (arg == "--layers") s.layers = std::stoi(value());
-    else if (arg == "--lr") s.lr = std::stod(value());
-    else if (arg == "--sync") s.sync = value();
-    else if (arg == "--threads") s.threads = std::stoi(value());
-    else if (arg == "--optimizer") s.optimizer = value();
-    else if (arg == "--bucket-cap-mib") s.bucket_cap_mib = std::stod(value());
-    else if (arg == "--bench") s.bench = true;
-    else throw std::invalid_argument("unknown option " + arg);
+    if (arg == "--model")
+      s.model = value();
+    else if (arg == "--steps")
+      s.steps = std::stoi(value());
+    else if (arg == "--batch")
+      s.batch = std::stoi(value());
+    else if (arg == "--hidden")
+      s.hidden = std::stoi(value());
+    else if (arg == "--layers")
+      s.layers = std::stoi(value());
+    else if (arg == "--lr")
+      s.lr = std::stod(value());
+    else if (arg == "--sync")
+      s.sync = value();
+    else if (arg == "--threads")
+      s.threads = std::stoi(value());
+    else if (arg == "--optimizer")
+      s.optimizer = value();
+    else if (arg == "--bucket-cap-mib")
+      s.bucket_cap_mib = std::stod(value());
+    else if (arg == "--bench")
+      s.bench = true;
+    else
+      throw std::invalid_argument("unknown option " + arg);
   }
-  if (s.model != "mlp" && s.model != "transformer") throw std::invalid_argument("--model mlp|transformer");
+  if (s.model != "mlp" && s.model != "transformer")
+    throw std::invalid_argument("--model mlp|transformer");
   if (s.sync != "ddp" && s.sync != "none") throw std::invalid_argument("--sync ddp|none");
-  if (s.optimizer != "adam" && s.optimizer != "sgd") throw std::invalid_argument("--optimizer adam|sgd");
+  if (s.optimizer != "adam" && s.optimizer != "sgd")
+    throw std::invalid_argument("--optimizer adam|sgd");
   if (s.steps < 2 || s.batch < 1 || s.hidden < 8 || s.layers < 1 || s.threads < 1) {
     throw std::invalid_argument("--steps >= 2, --batch >= 1, --hidden >= 8, --layers >= 1");
   }
@@ -98,8 +112,9 @@ struct TransformerImpl : torch::nn::Module {
     for (int i = 0; i < layers; ++i) {
       blocks.push_back(register_module(
           "block" + std::to_string(i),
-          torch::nn::TransformerEncoderLayer(
-              torch::nn::TransformerEncoderLayerOptions(hidden, 4).dim_feedforward(2 * hidden).dropout(0.0))));
+          torch::nn::TransformerEncoderLayer(torch::nn::TransformerEncoderLayerOptions(hidden, 4)
+                                                 .dim_feedforward(2 * hidden)
+                                                 .dropout(0.0))));
     }
     head = register_module("head", torch::nn::Linear(hidden, 1));
   }
@@ -153,16 +168,18 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   // cheaper step the benchmark uses, so communication is a larger share of it.
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   if (s.optimizer == "adam") {
-    optimizer = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(s.lr));
+    optimizer =
+        std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(s.lr));
   } else {
     optimizer = std::make_unique<torch::optim::SGD>(model->parameters(),
                                                     torch::optim::SGDOptions(0.01).momentum(0.9));
   }
   if (comm->rank() == 0 && !s.bench) {
-    std::cout << fmt::format("ddp_train: {} with {:.2f}M parameters on {} rank(s), batch {} per "
-                             "rank, {} steps, gradient sync: {}\n",
-                             s.model, static_cast<double>(parameters) / 1e6, comm->size(), s.batch,
-                             s.steps, sync ? "braid DDP" : "none");
+    std::cout << fmt::format(
+        "ddp_train: {} with {:.2f}M parameters on {} rank(s), batch {} per "
+        "rank, {} steps, gradient sync: {}\n",
+        s.model, static_cast<double>(parameters) / 1e6, comm->size(), s.batch, s.steps,
+        sync ? "braid DDP" : "none");
   }
   const int warmup = s.bench ? std::min(5, s.steps / 4) : 0;
   double first_loss = 0;
@@ -191,9 +208,11 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     recent.push_back(value);
     if (recent.size() > 5) recent.pop_front();
     if (step == 4) first_loss = std::accumulate(recent.begin(), recent.end(), 0.0) / 5;
-    last_loss = std::accumulate(recent.begin(), recent.end(), 0.0) / static_cast<double>(recent.size());
+    last_loss =
+        std::accumulate(recent.begin(), recent.end(), 0.0) / static_cast<double>(recent.size());
     const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
+            .count();
     if (comm->rank() == 0 && !s.bench && (step % 5 == 0 || step == s.steps - 1)) {
       const int done = (step + 1) * 30 / s.steps;
       std::cout << fmt::format("step {:>4}/{} [{:<30}] loss {:.5f}  {:.1f} ms/step\n", step + 1,
@@ -202,9 +221,10 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     }
   }
   const std::int64_t summary_to_ns = braid::trace::now_ns();
-  const double step_ms = std::chrono::duration<double, std::milli>(
-                             std::chrono::steady_clock::now() - timed_from).count() /
-                         (s.steps - warmup);
+  const double step_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - timed_from)
+          .count() /
+      (s.steps - warmup);
   // Every rank holds the same weights after DDP: check one checksum across ranks.
   std::vector<double> checksum{0.0};
   for (const auto& p : model->parameters()) checksum[0] += p.sum().template item<double>();
@@ -213,7 +233,8 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   comm->launch(comm->all_reduce(braid::Buffer(low), braid::ReduceOp::min)).get();
   comm->launch(comm->all_reduce(braid::Buffer(high), braid::ReduceOp::max)).get();
   if (sync && low[0] != high[0]) {
-    std::cerr << fmt::format("ddp_train: ranks disagree on the weights ({} vs {})\n", low[0], high[0]);
+    std::cerr << fmt::format("ddp_train: ranks disagree on the weights ({} vs {})\n", low[0],
+                             high[0]);
     return 1;
   }
 
@@ -241,7 +262,8 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     for (int i = 0; i < kRounds; ++i) {
       comm->launch(comm->all_reduce(braid::Buffer(gradients), braid::ReduceOp::sum)).get();
     }
-    bare_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
+    bare_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                  .count() /
               kRounds;
   }
   if (comm->rank() != 0) return 0;
@@ -251,8 +273,11 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     braid::trace::RankSummary rank;
     rank.rank = r;
     const std::int64_t* v = all.data() + 5 * r;
-    rank.figures = {.wall_ns = v[0], .compute_ns = v[1], .communication_ns = v[2],
-                    .overlap_ns = v[3], .exposed_ns = v[4]};
+    rank.figures = {.wall_ns = v[0],
+                    .compute_ns = v[1],
+                    .communication_ns = v[2],
+                    .overlap_ns = v[3],
+                    .exposed_ns = v[4]};
     summary.job.figures.wall_ns = std::max(summary.job.figures.wall_ns, v[0]);
     summary.job.figures.compute_ns += v[1];
     summary.job.figures.communication_ns += v[2];
@@ -261,13 +286,13 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     summary.ranks.push_back(rank);
   }
   if (s.bench) {
-    const double exposed_ms = static_cast<double>(summary.job.figures.exposed_ns) / 1e6 /
-                              comm->size() / (s.steps - 1);
-    std::cout << fmt::format("{{\"sync\":\"{}\",\"model\":\"{}\",\"parameters\":{},\"ranks\":{},"
-                             "\"step_ms\":{:.3f},\"exposed_ms_per_step\":{:.3f},"
-                             "\"bare_all_reduce_ms\":{:.3f},\"loss\":{:.6f}}}\n",
-                             s.sync, s.model, parameters, comm->size(), step_ms, exposed_ms,
-                             bare_ms, last_loss);
+    const double exposed_ms =
+        static_cast<double>(summary.job.figures.exposed_ns) / 1e6 / comm->size() / (s.steps - 1);
+    std::cout << fmt::format(
+        "{{\"sync\":\"{}\",\"model\":\"{}\",\"parameters\":{},\"ranks\":{},"
+        "\"step_ms\":{:.3f},\"exposed_ms_per_step\":{:.3f},"
+        "\"bare_all_reduce_ms\":{:.3f},\"loss\":{:.6f}}}\n",
+        s.sync, s.model, parameters, comm->size(), step_ms, exposed_ms, bare_ms, last_loss);
     return 0;
   }
   // Losses are means of 5 steps: steps 1-5 against the last 5.
@@ -290,7 +315,8 @@ int main(int argc, char** argv) {
     braid::trace::set_enabled(true);  // for the closing summary; BRAID_TRACE also writes files
     braid::Runtime runtime;
     auto world = braid::transport::World::join(runtime);
-    if (settings.model == "mlp") return train(*world, settings, Mlp(settings.hidden, settings.layers));
+    if (settings.model == "mlp")
+      return train(*world, settings, Mlp(settings.hidden, settings.layers));
     return train(*world, settings, Transformer(settings.hidden, settings.layers));
   } catch (const std::invalid_argument& e) {
     std::cerr << "ddp_train: " << e.what() << "\n";

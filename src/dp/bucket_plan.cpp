@@ -1,5 +1,3 @@
-#include <braid/dp/bucket_plan.hpp>
-
 #include <algorithm>
 #include <map>
 #include <numeric>
@@ -8,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <braid/core/error.hpp>
+#include <braid/dp/bucket_plan.hpp>
 
 namespace braid::dp {
 

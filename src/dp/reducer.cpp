@@ -1,12 +1,15 @@
-#include <braid/dp/reducer.hpp>
-
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <fmt/format.h>
 
 #include <braid/core/error.hpp>
 #include <braid/core/log.hpp>
+#include <braid/dp/reducer.hpp>
 
 #include "scaled_copy.hpp"
 
@@ -24,11 +27,40 @@ std::string describe(const ParameterSpec& p, std::size_t index) {
   return fmt::format("'{}' (parameter {})", p.name.empty() ? "?" : p.name, index);
 }
 
+}  // namespace
+
+// One bucket's reduction done, for the next bucket's hook to wait on (hooks that issue
+// several collectives run one bucket at a time). Touched only on the runtime thread.
+struct Reducer::Turn {
+  explicit Turn(asio::any_io_executor executor) : timer(std::move(executor)) {
+    timer.expires_at(asio::steady_timer::time_point::max());
+  }
+  bool done = false;
+  asio::steady_timer timer;  // cancelled when done: wakes the waiter
+};
+
+namespace {
+
 // The reduction of one bucket, on the runtime thread: the span runs from the moment the
 // bucket was full to the moment its sum is back.
-asio::awaitable<void> reduce_bucket(std::shared_ptr<Communicator> comm, Buffer data,
-                                    trace::AsyncSpan span) {
-  co_await comm->all_reduce(data, ReduceOp::sum);
+asio::awaitable<void> reduce_bucket(std::shared_ptr<Communicator> comm,
+                                    std::shared_ptr<CommHook> hook, BucketView bucket,
+                                    trace::AsyncSpan span, std::shared_ptr<Reducer::Turn> previous,
+                                    std::shared_ptr<Reducer::Turn> mine) {
+  if (previous && !previous->done) {
+    boost::system::error_code ignored;
+    co_await previous->timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+  }
+  struct Finish {
+    Reducer::Turn* turn;
+    ~Finish() {
+      if (turn != nullptr) {
+        turn->done = true;
+        turn->timer.cancel();
+      }
+    }
+  } finish{mine.get()};
+  co_await hook->reduce(*comm, bucket);
   span.end();
 }
 
@@ -42,6 +74,7 @@ struct Reducer::Bucket {
   bool full = false;
   bool launched = false;
   std::optional<Future<void>> reduction;
+  std::shared_ptr<Turn> turn;  // with hooks that run one bucket at a time
 
   Buffer slot(std::size_t position, std::size_t count) const {
     return data.slice(layout.offsets[position], count);
@@ -55,7 +88,8 @@ Reducer::Reducer(std::shared_ptr<Communicator> comm, std::vector<ParameterSpec> 
       access_(access),
       options_(options),
       scale_(1.0 / comm_->size()),
-      track_(trace::track("ddp buckets")) {
+      track_(trace::track("ddp buckets")),
+      hook_(all_reduce_hook()) {
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     const ParameterSpec& p = parameters_[i];
     if (p.memory != MemoryKind::host) {
@@ -109,6 +143,35 @@ const BucketLayout& Reducer::bucket(std::size_t index) const {
   return buckets_.at(index)->layout;
 }
 
+void Reducer::set_comm_hook(std::shared_ptr<CommHook> hook) {
+  std::lock_guard lock(mutex_);
+  if (state_ == State::backward) misuse(*comm_, "set_comm_hook during a backward pass");
+  if (!hook) misuse(*comm_, "set_comm_hook with no hook");
+  hook_ = std::move(hook);
+}
+
+double Reducer::clip_grad_norm(double max_norm) {
+  if (!(max_norm > 0)) misuse(*comm_, fmt::format("clip_grad_norm: max_norm {} <= 0", max_norm));
+  if (state_ == State::backward) misuse(*comm_, "clip_grad_norm before the backward finished");
+  double squares = 0;
+  std::vector<Buffer> gradients;
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    const std::optional<Buffer> g = access_.gradient(i, false);
+    if (!g) continue;
+    gradients.push_back(*g);
+    std::vector<float> widened(g->count());
+    detail::widen(*g, widened);
+    for (const float x : widened) squares += double{x} * x;
+  }
+  std::vector<double> norm{std::sqrt(squares)};
+  comm_->launch(comm_->all_reduce(Buffer(norm), ReduceOp::max)).get();
+  const double factor = max_norm / (norm[0] + 1e-6);
+  if (factor < 1.0) {
+    for (const Buffer& g : gradients) detail::scaled_copy(g, g, factor);
+  }
+  return norm[0];
+}
+
 void Reducer::set_batch_share(double share) {
   if (!(share > 0.0 && share <= 1.0)) {
     misuse(*comm_, fmt::format("batch share {} is not in (0, 1]", share));
@@ -125,7 +188,8 @@ void Reducer::check_previous_finished() const {
   }
 }
 
-void Reducer::prepare_for_backward(bool sync, std::optional<std::vector<std::size_t>> locally_unused) {
+void Reducer::prepare_for_backward(bool sync,
+                                   std::optional<std::vector<std::size_t>> locally_unused) {
   std::unique_lock lock(mutex_);
   check_previous_finished();
   if (!sync) {
@@ -138,6 +202,7 @@ void Reducer::prepare_for_backward(bool sync, std::optional<std::vector<std::siz
     bucket->full = false;
     bucket->launched = false;
     bucket->reduction.reset();
+    bucket->turn.reset();
   }
   next_launch_ = 0;
   state_ = State::backward;
@@ -145,13 +210,14 @@ void Reducer::prepare_for_backward(bool sync, std::optional<std::vector<std::siz
   if (!locally_unused) return;
   std::fill(locally_used_.begin(), locally_used_.end(), 1);
   for (const std::size_t index : *locally_unused) {
-    if (index >= parameters_.size()) misuse(*comm_, fmt::format("unused parameter {} is out of range", index));
+    if (index >= parameters_.size())
+      misuse(*comm_, fmt::format("unused parameter {} is out of range", index));
     locally_used_[index] = 0;
   }
   // Which parameters some rank used: one small all-reduce, issued now so it is done long
   // before backward ends (every rank tracking unused parameters issues it here).
-  used_reduction_ = comm_->launch(
-      comm_->all_reduce(Buffer(locally_used_.data(), locally_used_.size(), DType::u8), ReduceOp::max));
+  used_reduction_ = comm_->launch(comm_->all_reduce(
+      Buffer(locally_used_.data(), locally_used_.size(), DType::u8), ReduceOp::max));
   for (const std::size_t index : *locally_unused) {
     ready_[index] = 1;
     if (!first_sync_done_) arrival_.push_back(index);
@@ -173,8 +239,8 @@ void Reducer::fill_slot(std::size_t index) {
   }
   if (gradient->count() != p.count || gradient->dtype() != p.dtype) {
     misuse(*comm_, fmt::format("the gradient of {} has {} {} elements; the parameter has {} {}",
-                               describe(p, index), gradient->count(),
-                               to_string(gradient->dtype()), p.count, to_string(p.dtype)));
+                               describe(p, index), gradient->count(), to_string(gradient->dtype()),
+                               p.count, to_string(p.dtype)));
   }
   detail::scaled_copy(slot, *gradient, scale_);
 }
@@ -182,7 +248,8 @@ void Reducer::fill_slot(std::size_t index) {
 void Reducer::mark_ready(std::size_t index) {
   {
     std::lock_guard lock(mutex_);
-    if (index >= parameters_.size()) misuse(*comm_, fmt::format("parameter {} is out of range", index));
+    if (index >= parameters_.size())
+      misuse(*comm_, fmt::format("parameter {} is out of range", index));
     if (state_ == State::accumulating) return;
     if (state_ == State::idle) {
       misuse(*comm_, fmt::format("the gradient of {} arrived outside an iteration: run the forward "
@@ -211,7 +278,19 @@ void Reducer::launch_ready_buckets() {
     Bucket& bucket = *buckets_[next_launch_];
     trace::AsyncSpan span(trace::Category::bucket, "bucket", track_, bucket.data.size_bytes());
     span.arg("bucket", static_cast<std::int64_t>(next_launch_));
-    bucket.reduction = comm_->launch(reduce_bucket(comm_, bucket.data, std::move(span)));
+    BucketView view{.index = next_launch_,
+                    .data = bucket.data,
+                    .layout = &bucket.layout,
+                    .parameters = parameters_};
+    std::shared_ptr<Turn> previous;
+    std::shared_ptr<Turn> mine;
+    if (!hook_->single_collective()) {
+      previous = next_launch_ > 0 ? buckets_[next_launch_ - 1]->turn : nullptr;
+      mine = std::make_shared<Turn>(comm_->runtime().executor());
+    }
+    bucket.turn = mine;
+    bucket.reduction = comm_->launch(
+        reduce_bucket(comm_, hook_, view, std::move(span), std::move(previous), std::move(mine)));
     bucket.launched = true;
     ++next_launch_;
   }
@@ -250,7 +329,8 @@ void Reducer::finalize() {
       if (used_reduction_ && locally_used_[i] == 0) continue;
       const Bucket& bucket = *buckets_[bucket_of_[i]];
       const std::optional<Buffer> gradient = access_.gradient(i, true);
-      if (gradient) detail::scaled_copy(*gradient, bucket.slot(slot_of_[i], parameters_[i].count), 1.0);
+      if (gradient)
+        detail::scaled_copy(*gradient, bucket.slot(slot_of_[i], parameters_[i].count), 1.0);
     }
   }
   state_ = State::idle;
@@ -280,6 +360,7 @@ void Reducer::rebuild_from_arrival_order() {
   }
   std::lock_guard lock(mutex_);
   build_buckets(ready_order);
+  hook_->buckets_rebuilt();
   rebuilt_ = true;
   arrival_.clear();
   arrival_.shrink_to_fit();

@@ -11,7 +11,7 @@ namespace braid::dp::detail {
 namespace {
 
 template <class T>
-void scale_loop(T* __restrict dst, const T* __restrict src, std::size_t count, T factor) {
+void scale_loop(T* dst, const T* src, std::size_t count, T factor) {  // may alias: in-place scaling
   for (std::size_t i = 0; i < count; ++i) dst[i] = src[i] * factor;
 }
 
@@ -46,18 +46,42 @@ void scaled_copy(const Buffer& dst, const Buffer& src, double factor) {
       return;
     case DType::f16:
       scale_half<collectives::f16_to_f32, collectives::f32_to_f16>(
-          static_cast<std::uint16_t*>(dst.data()), static_cast<const std::uint16_t*>(src.data()),
-          n, static_cast<float>(factor));
+          static_cast<std::uint16_t*>(dst.data()), static_cast<const std::uint16_t*>(src.data()), n,
+          static_cast<float>(factor));
       return;
     case DType::bf16:
       scale_half<collectives::bf16_to_f32, collectives::f32_to_bf16>(
-          static_cast<std::uint16_t*>(dst.data()), static_cast<const std::uint16_t*>(src.data()),
-          n, static_cast<float>(factor));
+          static_cast<std::uint16_t*>(dst.data()), static_cast<const std::uint16_t*>(src.data()), n,
+          static_cast<float>(factor));
       return;
     default:
       throw Error(Errc::invalid_argument,
                   fmt::format("gradients must be floating point; got {}", to_string(src.dtype())),
                   {.operation = "dp::scaled_copy"});
+  }
+}
+
+void widen(const Buffer& data, std::span<float> out) {
+  const std::size_t n = data.count();
+  switch (data.dtype()) {
+    case DType::f32:
+      std::memcpy(out.data(), data.data(), n * sizeof(float));
+      return;
+    case DType::f64:
+      for (std::size_t i = 0; i < n; ++i)
+        out[i] = static_cast<float>(static_cast<const double*>(data.data())[i]);
+      return;
+    case DType::f16:
+      for (std::size_t i = 0; i < n; ++i)
+        out[i] = collectives::f16_to_f32(static_cast<const std::uint16_t*>(data.data())[i]);
+      return;
+    case DType::bf16:
+      for (std::size_t i = 0; i < n; ++i)
+        out[i] = collectives::bf16_to_f32(static_cast<const std::uint16_t*>(data.data())[i]);
+      return;
+    default:
+      throw Error(Errc::invalid_argument, "gradients must be floating point",
+                  {.operation = "dp::widen"});
   }
 }
 

@@ -1,5 +1,3 @@
-#include <braid/torch/distributed_data_parallel.hpp>
-
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -10,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <braid/core/error.hpp>
+#include <braid/torch/distributed_data_parallel.hpp>
 #include <braid/torch/tensor_buffer.hpp>
 
 namespace braid::torch::detail {
@@ -56,7 +55,8 @@ DataParallelCore::DataParallelCore(::torch::nn::Module& module,
     names_.push_back(item.key());
     specs.push_back(dp::ParameterSpec{.name = item.key(),
                                       .count = static_cast<std::size_t>(p.numel()),
-                                      .dtype = *dtype});
+                                      .dtype = *dtype,
+                                      .shape = p.sizes().vec()});
   }
   check_same_model();
   std::vector<at::Tensor> state = parameters_;
@@ -67,8 +67,8 @@ DataParallelCore::DataParallelCore(::torch::nn::Module& module,
       dp::ReducerOptions{.limits = options_.limits, .rebuild_buckets = options_.rebuild_buckets});
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     auto accumulator = ::torch::autograd::impl::grad_accumulator(parameters_[i]);
-    hook_keys_.push_back(accumulator->add_post_hook(
-        std::make_unique<::torch::autograd::utils::LambdaPostHook>(
+    hook_keys_.push_back(
+        accumulator->add_post_hook(std::make_unique<::torch::autograd::utils::LambdaPostHook>(
             [this, i](const ::torch::autograd::variable_list& outputs,
                       const ::torch::autograd::variable_list&) {
               on_gradient(i);
@@ -94,27 +94,28 @@ void DataParallelCore::check_same_model() {
   std::string difference;
   if (reference != mine) {
     if (reference.empty() || reference[0] != mine[0]) {
-      difference = fmt::format("it has {} parameters requiring gradients, rank 0 has {}",
-                               mine[0], reference.empty() ? 0 : reference[0]);
+      difference = fmt::format("it has {} parameters requiring gradients, rank 0 has {}", mine[0],
+                               reference.empty() ? 0 : reference[0]);
     } else {
       // Walk both signatures to the first parameter that differs.
       std::size_t a = 1;
       std::size_t b = 1;
       for (std::size_t i = 0; i < parameters_.size(); ++i) {
         const std::size_t width_a = 3 + static_cast<std::size_t>(mine[a + 1]);
-        const std::size_t width_b = b + 1 < reference.size() ? 3 + static_cast<std::size_t>(reference[b + 1]) : 0;
+        const std::size_t width_b =
+            b + 1 < reference.size() ? 3 + static_cast<std::size_t>(reference[b + 1]) : 0;
         if (width_b == 0 || !std::equal(mine.begin() + a, mine.begin() + a + width_a,
                                         reference.begin() + b, reference.begin() + b + width_b)) {
           std::vector<std::int64_t> theirs;
-          if (width_b >= 3) theirs.assign(reference.begin() + b + 2, reference.begin() + b + width_b - 1);
-          difference = fmt::format("parameter {} '{}' is {} [{}]; rank 0's parameter {} is {} [{}] "
-                                   "(or named differently)",
-                                   i, names_[i], c10::toString(parameters_[i].scalar_type()),
-                                   fmt::join(parameters_[i].sizes(), ", "), i,
-                                   width_b >= 3 ? c10::toString(static_cast<c10::ScalarType>(
-                                                      reference[b]))
-                                                : "?",
-                                   fmt::join(theirs, ", "));
+          if (width_b >= 3)
+            theirs.assign(reference.begin() + b + 2, reference.begin() + b + width_b - 1);
+          difference = fmt::format(
+              "parameter {} '{}' is {} [{}]; rank 0's parameter {} is {} [{}] "
+              "(or named differently)",
+              i, names_[i], c10::toString(parameters_[i].scalar_type()),
+              fmt::join(parameters_[i].sizes(), ", "), i,
+              width_b >= 3 ? c10::toString(static_cast<c10::ScalarType>(reference[b])) : "?",
+              fmt::join(theirs, ", "));
           break;
         }
         a += width_a;
@@ -129,8 +130,9 @@ void DataParallelCore::check_same_model() {
     refuse(*comm_, "this rank's model differs from rank 0's: " + difference);
   }
   if (any[0] != 0) {
-    refuse(*comm_, "another rank's model differs from rank 0's (that rank's error names the "
-                   "parameter)");
+    refuse(*comm_,
+           "another rank's model differs from rank 0's (that rank's error names the "
+           "parameter)");
   }
 }
 

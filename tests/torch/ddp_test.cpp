@@ -14,6 +14,8 @@
 #include <braid/transport/bootstrap.hpp>
 #include <braid/transport/world.hpp>
 
+#include "../support/rank_threads.hpp"
+
 namespace ddp_test {
 namespace {
 
@@ -24,33 +26,13 @@ using braid::collectives::Communicator;
 using braid::torch::DistributedDataParallel;
 using braid::torch::DistributedDataParallelOptions;
 namespace transport = braid::transport;
-using RankBody = std::function<void(int rank, std::shared_ptr<Communicator>)>;
-
-// Runs `body` on a thread per rank (not on the runtime: DDP blocks it); returns each
-// rank's error message, empty where it passed.
-std::vector<std::string> run_ranks(int size, const RankBody& body) {
-  const auto port = transport::find_free_port();
-  std::vector<std::string> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        ::torch::set_num_threads(1);
-        Runtime runtime({.rank = r});
-        transport::LaunchInfo launch{.rank = r, .world_size = size, .local_rank = r,
-                                     .local_world_size = size, .store_host = "127.0.0.1",
-                                     .store_port = port, .token = "", .source = "test"};
-        auto world = transport::World::join(runtime, launch);
-        auto comm = Communicator::world(*world, {.timeout = std::chrono::seconds(20)});
-        body(r, comm);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-        if (errors[static_cast<std::size_t>(r)].empty()) errors[static_cast<std::size_t>(r)] = "?";
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+// libtorch runs each thread's backward on that thread, so ranks can be threads.
+std::vector<std::string> run_ranks(int size, const braid::testing::BlockingRankBody& body) {
+  return braid::testing::run_blocking_ranks(size,
+                                            [&](int rank, std::shared_ptr<Communicator> comm) {
+                                              ::torch::set_num_threads(1);
+                                              body(rank, std::move(comm));
+                                            });
 }
 
 void expect_all_passed(const std::vector<std::string>& errors) {
@@ -129,7 +111,8 @@ TEST(DistributedDataParallel, MatchesOneProcessTrainingOnTheConcatenatedBatch) {
     auto [x0, y0] = data(0, step);
     auto [x1, y1] = data(1, step);
     ref_opt.zero_grad();
-    ::torch::mse_loss(reference->forward(::torch::cat({x0, x1})), ::torch::cat({y0, y1})).backward();
+    ::torch::mse_loss(reference->forward(::torch::cat({x0, x1})), ::torch::cat({y0, y1}))
+        .backward();
     ref_opt.step();
   }
   std::vector<::torch::Tensor> rank0;
@@ -242,7 +225,8 @@ TEST(DistributedDataParallel, RebuildsBucketsOnceFromTheOrderGradientsArrived) {
     std::vector<std::int64_t> rank0 = firsts;
     comm->launch(comm->broadcast(Buffer(rank0), 0)).get();
     EXPECT_EQ(firsts, rank0);
-    EXPECT_TRUE(ddp.reducer().parameters()[static_cast<std::size_t>(firsts[0])].name.starts_with("fc3"));
+    EXPECT_TRUE(
+        ddp.reducer().parameters()[static_cast<std::size_t>(firsts[0])].name.starts_with("fc3"));
     // Training goes on with the new buckets.
     auto [x2, y2] = data(rank, 1);
     ::torch::mse_loss(ddp.forward(x2), y2).backward();

@@ -37,21 +37,30 @@ std::optional<std::string> json_line(const CommandResult& result, const std::str
     if (brace != std::string::npos) return line.substr(brace);
   }
   std::cerr << "braid-bench ddp: " << who << " printed no result (exit " << result.exit_code
-            << "):\n" << result.output << "\n";
+            << "):\n"
+            << result.output << "\n";
   return std::nullopt;
 }
 
 std::vector<std::string> model_arguments(const DdpOptions& o) {
-  return {"--hidden", std::to_string(o.hidden), "--layers", std::to_string(o.layers),
-          "--batch", std::to_string(o.batch), "--steps", std::to_string(o.steps),
+  return {"--hidden",    std::to_string(o.hidden),
+          "--layers",    std::to_string(o.layers),
+          "--batch",     std::to_string(o.batch),
+          "--steps",     std::to_string(o.steps),
           "--optimizer", o.optimizer};
 }
 
 std::optional<std::string> run_braid(const DdpOptions& o, const std::string& sync) {
-  const std::filesystem::path tools = std::filesystem::path(sibling_program("braid-run")).parent_path();
+  const std::filesystem::path tools =
+      std::filesystem::path(sibling_program("braid-run")).parent_path();
   const std::string trainer = (tools.parent_path() / "examples" / "ddp_train").string();
-  std::vector<std::string> argv{sibling_program("braid-run"), "-n", std::to_string(o.ranks),
-                                trainer, "--bench", "--sync", sync};
+  std::vector<std::string> argv{sibling_program("braid-run"),
+                                "-n",
+                                std::to_string(o.ranks),
+                                trainer,
+                                "--bench",
+                                "--sync",
+                                sync};
   for (auto& a : model_arguments(o)) argv.push_back(a);
   return json_line(run_command(argv, std::chrono::seconds(900)), "ddp_train --sync " + sync);
 }
@@ -76,13 +85,20 @@ int run_ddp(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) throw std::invalid_argument(args[i] + " needs a value");
       return std::stoi(args[++i]);
     };
-    if (args[i] == "--ranks") o.ranks = value();
-    else if (args[i] == "--hidden") o.hidden = value();
-    else if (args[i] == "--layers") o.layers = value();
-    else if (args[i] == "--batch") o.batch = value();
-    else if (args[i] == "--steps") o.steps = value();
-    else if (args[i] == "--optimizer" && i + 1 < args.size()) o.optimizer = args[++i];
-    else throw std::invalid_argument("unknown option " + args[i]);
+    if (args[i] == "--ranks")
+      o.ranks = value();
+    else if (args[i] == "--hidden")
+      o.hidden = value();
+    else if (args[i] == "--layers")
+      o.layers = value();
+    else if (args[i] == "--batch")
+      o.batch = value();
+    else if (args[i] == "--steps")
+      o.steps = value();
+    else if (args[i] == "--optimizer" && i + 1 < args.size())
+      o.optimizer = args[++i];
+    else
+      throw std::invalid_argument("unknown option " + args[i]);
   }
   if (o.steps < 8) throw std::invalid_argument("--steps must be at least 8");
   // Interleaved: none, braid, pytorch -- each once, in one run.
@@ -102,8 +118,9 @@ int run_ddp(const std::vector<std::string>& args) {
       o.steps);
   std::cout << fmt::format("{:<22} {:>10} {:>22}\n", "", "step ms", "exposed comm ms/step");
   std::cout << fmt::format("{:<22} {:>10.2f} {:>22}\n", "no gradient sync", none_ms, "-");
-  std::cout << fmt::format("{:<22} {:>10.2f} {:>22}\n", "braid DDP", braid_ms,
-                           fmt::format("{:.2f} (trace: {:.2f})", braid_ms - none_ms, traced_exposed));
+  std::cout << fmt::format(
+      "{:<22} {:>10.2f} {:>22}\n", "braid DDP", braid_ms,
+      fmt::format("{:.2f} (trace: {:.2f})", braid_ms - none_ms, traced_exposed));
   std::optional<double> torch_ms;
   if (torch) {
     torch_ms = field(*torch, "step_ms");

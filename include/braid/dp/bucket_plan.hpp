@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,6 +30,9 @@ struct ParameterSpec {
   DType dtype = DType::f32;
   MemoryKind memory = MemoryKind::host;
   int device = 0;
+  // The tensor's shape, outermost first (empty: treat as a vector). Comm hooks that
+  // factor matrices (PowerSGD) read it; bucketing does not.
+  std::vector<std::int64_t> shape;
   friend bool operator==(const ParameterSpec&, const ParameterSpec&) = default;
 };
 

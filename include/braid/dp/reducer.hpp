@@ -41,6 +41,7 @@
 #include <braid/core/buffer.hpp>
 #include <braid/core/future.hpp>
 #include <braid/dp/bucket_plan.hpp>
+#include <braid/dp/comm_hook.hpp>
 #include <braid/trace/recorder.hpp>
 #include <braid/trace/span.hpp>
 
@@ -95,8 +96,19 @@ class Reducer {
   // gradient of the whole batch's mean loss. The shares must add up to 1 over ranks.
   void set_batch_share(double share);
 
+  // How buckets are reduced from the next iteration on (comm_hook.hpp); every rank must
+  // set the same kind of hook. Default: all_reduce_hook(). Not during a backward.
+  void set_comm_hook(std::shared_ptr<CommHook> hook);
+
+  // Scales the gradients (after finalize) so their global L2 norm is at most max_norm,
+  // and returns the norm before clipping. All ranks hold the same averaged gradients, so
+  // the norm is computed once per rank and the ranks agree on the largest (one 8-byte
+  // all-reduce), so every rank applies the same factor. A collective call.
+  double clip_grad_norm(double max_norm);
+
   // True between prepare_for_backward(sync = true) and the end of finalize().
   bool in_backward() const noexcept { return state_ == State::backward; }
+  struct Turn;  // (reducer.cpp) one bucket's reduction done, for hooks run one at a time
   std::size_t bucket_count() const;
   const BucketLayout& bucket(std::size_t index) const;
   bool buckets_rebuilt() const noexcept { return rebuilt_; }
@@ -119,14 +131,15 @@ class Reducer {
   Options options_;
   double scale_;
   trace::Track track_;
+  std::shared_ptr<CommHook> hook_;
 
   std::mutex mutex_;
   std::atomic<State> state_{State::idle};
   std::vector<std::unique_ptr<Bucket>> buckets_;
-  std::vector<std::size_t> bucket_of_;    // parameter -> bucket
-  std::vector<std::size_t> slot_of_;      // parameter -> position in its bucket
-  std::vector<std::uint8_t> ready_;       // parameter -> marked this iteration
-  std::vector<std::size_t> arrival_;      // first synchronised iteration's order
+  std::vector<std::size_t> bucket_of_;  // parameter -> bucket
+  std::vector<std::size_t> slot_of_;    // parameter -> position in its bucket
+  std::vector<std::uint8_t> ready_;     // parameter -> marked this iteration
+  std::vector<std::size_t> arrival_;    // first synchronised iteration's order
   std::vector<std::uint8_t> locally_used_;
   std::optional<Future<void>> used_reduction_;  // all-reduce(max) of locally_used_
   std::size_t next_launch_ = 0;

@@ -49,10 +49,10 @@
 namespace braid::torch {
 
 struct DistributedDataParallelOptions {
-  dp::BucketLimits limits;               // 1 MiB first bucket, 25 MiB after
-  bool broadcast_buffers = true;         // buffers from rank 0 before every forward
-  bool find_unused_parameters = false;   // walk the graph after forward (costs a traversal)
-  bool rebuild_buckets = true;           // once, from the first iteration's arrival order
+  dp::BucketLimits limits;              // 1 MiB first bucket, 25 MiB after
+  bool broadcast_buffers = true;        // buffers from rank 0 before every forward
+  bool find_unused_parameters = false;  // walk the graph after forward (costs a traversal)
+  bool rebuild_buckets = true;          // once, from the first iteration's arrival order
 };
 
 namespace detail {
@@ -97,7 +97,9 @@ class DataParallelCore final : public dp::GradientAccess {
   std::mutex span_mutex_;
 };
 
-inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
+inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) {
+  out.push_back(t);
+}
 inline void collect_tensors(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
   out.insert(out.end(), ts.begin(), ts.end());
 }
@@ -150,6 +152,14 @@ class DistributedDataParallel {
     std::atomic<bool>& flag_;
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(core_->require_sync()); }
+
+  // PyTorch's register_comm_hook: how buckets are reduced (dp/comm_hook.hpp), e.g.
+  // ddp.register_comm_hook(braid::dp::power_sgd_hook(4)).
+  void register_comm_hook(std::shared_ptr<dp::CommHook> hook) {
+    core_->reducer().set_comm_hook(std::move(hook));
+  }
+  // After backward: clips the averaged gradients to a global L2 norm (a collective).
+  double clip_grad_norm(double max_norm) { return core_->reducer().clip_grad_norm(max_norm); }
 
   ModulePointer& module() noexcept { return module_; }
   dp::Reducer& reducer() noexcept { return core_->reducer(); }

@@ -1,0 +1,246 @@
+// The framework-agnostic reducer with gradients in plain vectors, ranks as threads:
+// averaging across buckets, the comm hooks' error bounds, and gradient clipping.
+#include <cmath>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <braid/core/error.hpp>
+#include <braid/dp/comm_hook.hpp>
+#include <braid/dp/reducer.hpp>
+
+#include "../support/rank_threads.hpp"
+
+namespace braid::dp {
+namespace {
+
+using collectives::Communicator;
+
+class VectorGradients final : public GradientAccess {
+ public:
+  explicit VectorGradients(const std::vector<ParameterSpec>& specs) {
+    for (const auto& spec : specs) values.emplace_back(spec.count, 0.0f);
+  }
+  std::optional<Buffer> gradient(std::size_t index, bool) override { return Buffer(values[index]); }
+  std::vector<std::vector<float>> values;
+};
+
+// A 6 x 5 matrix, a 5-vector and a 4 x 3 matrix.
+std::vector<ParameterSpec> model() {
+  return {ParameterSpec{.name = "w1", .count = 30, .shape = {6, 5}},
+          ParameterSpec{.name = "b1", .count = 5, .shape = {5}},
+          ParameterSpec{.name = "w2", .count = 12, .shape = {4, 3}}};
+}
+
+// Rank r's gradient of parameter p at step s: reproducible, different per rank.
+float gradient_value(int rank, std::size_t p, std::size_t i, int step) {
+  return std::sin(static_cast<float>(1 + rank * 7 + static_cast<int>(p) * 13 +
+                                     static_cast<int>(i) * 3 + step * 17));
+}
+
+void backward(Reducer& reducer, VectorGradients& grads, int rank, int step) {
+  reducer.prepare_for_backward();
+  for (std::size_t p = grads.values.size(); p-- > 0;) {
+    for (std::size_t i = 0; i < grads.values[p].size(); ++i)
+      grads.values[p][i] = gradient_value(rank, p, i, step);
+    reducer.mark_ready(p);
+  }
+  reducer.finalize();
+}
+
+float exact_average(int world, std::size_t p, std::size_t i, int step) {
+  float sum = 0;
+  for (int r = 0; r < world; ++r) sum += gradient_value(r, p, i, step);
+  return sum / static_cast<float>(world);
+}
+
+void expect_passed(const std::vector<std::string>& errors) {
+  for (std::size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+// One byte of limit: every parameter is a bucket of its own. A rebuild (after the first
+// iteration) resets hooks' per-bucket state, so error-feedback bounds are tested without.
+Reducer::Options one_per_bucket(bool rebuild = true) {
+  return {.limits = {.first_bucket_bytes = 1, .bucket_cap_bytes = 1}, .rebuild_buckets = rebuild};
+}
+
+TEST(Reducer, AveragesEveryBucketAcrossRanks) {
+  for (const int world : {2, 3}) {
+    expect_passed(
+        testing::run_blocking_ranks(world, [&](int rank, std::shared_ptr<Communicator> comm) {
+          VectorGradients grads(model());
+          Reducer reducer(comm, model(), grads, one_per_bucket());
+          EXPECT_EQ(reducer.bucket_count(), 3u);
+          for (int step = 0; step < 3; ++step) {
+            backward(reducer, grads, rank, step);
+            for (std::size_t p = 0; p < grads.values.size(); ++p) {
+              for (std::size_t i = 0; i < grads.values[p].size(); ++i) {
+                ASSERT_NEAR(grads.values[p][i], exact_average(world, p, i, step), 1e-6);
+              }
+            }
+          }
+        }));
+  }
+}
+
+// Largest |got - exact| over every element, after one step with `hook`.
+// Each rank makes its own hook: hooks keep per-rank state (residuals, factors).
+double worst_error(const std::function<std::shared_ptr<CommHook>()>& make_hook, int steps = 1) {
+  double worst = 0;
+  std::mutex mutex;
+  expect_passed(testing::run_blocking_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    VectorGradients grads(model());
+    Reducer reducer(comm, model(), grads, one_per_bucket());
+    reducer.set_comm_hook(make_hook());
+    for (int step = 0; step < steps; ++step) backward(reducer, grads, rank, step);
+    std::lock_guard lock(mutex);
+    for (std::size_t p = 0; p < grads.values.size(); ++p) {
+      for (std::size_t i = 0; i < grads.values[p].size(); ++i) {
+        worst = std::max(worst,
+                         std::abs(double{grads.values[p][i]} - exact_average(2, p, i, steps - 1)));
+      }
+    }
+  }));
+  return worst;
+}
+
+TEST(CommHooks, F16AndBf16CompressionStayWithinTheirRounding) {
+  // Values are at most 1: f16 keeps 11 significant bits, bf16 8 (plus the sum's rounding).
+  EXPECT_LE(worst_error([] { return compress_hook(DType::f16); }), 1e-3);
+  const double bf16 = worst_error([] { return compress_hook(DType::bf16); });
+  EXPECT_LE(bf16, 8e-3);
+  EXPECT_GT(bf16, 0.0) << "bf16 does round";
+  EXPECT_THROW(compress_hook(DType::f32), Error);
+}
+
+TEST(CommHooks, EightBitQuantisationErrsByAtMostHalfAStepAndFeedsTheErrorBack) {
+  // Per rank the step is s/127 (s = the largest |value|, <= 1/2 after the 1/W scaling);
+  // the sum of two ranks errs by at most two half-steps.
+  EXPECT_LE(worst_error([] { return quantize_8bit_hook(); }), 2 * 0.5 / 127 / 2 + 1e-6);
+  // Error feedback: summed over many steps, what was applied tracks the true sum with an
+  // error no larger than one step's (the residual carries the rest).
+  constexpr int kSteps = 20;
+  double drift = 0;
+  std::mutex mutex;
+  expect_passed(testing::run_blocking_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    VectorGradients grads(model());
+    Reducer reducer(comm, model(), grads, one_per_bucket(/*rebuild=*/false));
+    reducer.set_comm_hook(quantize_8bit_hook());
+    std::vector<std::vector<double>> applied(3), exact(3);
+    for (std::size_t p = 0; p < 3; ++p)
+      applied[p].assign(grads.values[p].size(), 0), exact[p] = applied[p];
+    for (int step = 0; step < kSteps; ++step) {
+      backward(reducer, grads, rank, step);
+      for (std::size_t p = 0; p < 3; ++p) {
+        for (std::size_t i = 0; i < grads.values[p].size(); ++i) {
+          applied[p][i] += grads.values[p][i];
+          exact[p][i] += exact_average(2, p, i, step);
+        }
+      }
+    }
+    std::lock_guard lock(mutex);
+    for (std::size_t p = 0; p < 3; ++p) {
+      for (std::size_t i = 0; i < applied[p].size(); ++i)
+        drift = std::max(drift, std::abs(applied[p][i] - exact[p][i]));
+    }
+  }));
+  EXPECT_LE(drift, 2 * 0.5 / 127 / 2 + 1e-5) << "the residual, not a growing sum of errors";
+}
+
+TEST(CommHooks, PowerSgdIsExactOnLowRankGradientsAndVectors) {
+  // Every rank's gradient of each matrix is the same rank-1 matrix u v^T (scaled by rank):
+  // a rank-1 PowerSGD step reproduces the average exactly; the bias travels uncompressed.
+  expect_passed(testing::run_blocking_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    VectorGradients grads(model());
+    Reducer reducer(comm, model(), grads, one_per_bucket());
+    reducer.set_comm_hook(power_sgd_hook(1, 7));
+    auto fill = [&](int r) {
+      for (std::size_t p = 0; p < 3; ++p) {
+        const auto& spec = reducer.parameters()[p];
+        const std::size_t cols =
+            spec.shape.size() == 2 ? static_cast<std::size_t>(spec.shape[1]) : 1;
+        for (std::size_t i = 0; i < spec.count; ++i) {
+          const float u = 1.0f + static_cast<float>(i / cols);
+          const float v = 0.5f - static_cast<float>(i % cols) * 0.25f;
+          grads.values[p][i] = static_cast<float>(r + 1) * u * v;
+        }
+      }
+    };
+    reducer.prepare_for_backward();
+    fill(rank);
+    for (std::size_t p = 3; p-- > 0;) reducer.mark_ready(p);
+    reducer.finalize();
+    std::vector<std::vector<float>> got = grads.values;
+    fill(0);  // (1 + 2) / 2 = 1.5 times rank 0's
+    for (std::size_t p = 0; p < 3; ++p) {
+      for (std::size_t i = 0; i < got[p].size(); ++i) {
+        EXPECT_NEAR(got[p][i], 1.5f * grads.values[p][i], 1e-4)
+            << "parameter " << p << " element " << i;
+      }
+    }
+  }));
+  EXPECT_THROW(power_sgd_hook(0), Error);
+}
+
+TEST(CommHooks, PowerSgdErrorFeedbackRecoversFullRankGradientsOverSteps) {
+  // The same full-rank gradient every step: with error feedback the applied average over
+  // many steps approaches it, far closer than one step's rank-1 approximation.
+  auto mean_error = [](int steps) {
+    double error = 0;
+    std::mutex mutex;
+    expect_passed(testing::run_blocking_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+      VectorGradients grads(model());
+      Reducer reducer(comm, model(), grads, one_per_bucket(/*rebuild=*/false));
+      reducer.set_comm_hook(power_sgd_hook(1, 3));
+      std::vector<double> applied(30, 0);
+      for (int step = 0; step < steps; ++step) {
+        reducer.prepare_for_backward();
+        for (std::size_t p = 3; p-- > 0;) {
+          for (std::size_t i = 0; i < grads.values[p].size(); ++i)
+            grads.values[p][i] = gradient_value(rank, p, i, 0);
+          reducer.mark_ready(p);
+        }
+        reducer.finalize();
+        for (std::size_t i = 0; i < 30; ++i) applied[i] += grads.values[0][i];
+      }
+      std::lock_guard lock(mutex);
+      double sum = 0;
+      for (std::size_t i = 0; i < 30; ++i)
+        sum += std::abs(applied[i] / steps - exact_average(2, 0, i, 0));
+      error = std::max(error, sum / 30);
+    }));
+    return error;
+  };
+  const double one = mean_error(1);
+  const double many = mean_error(40);
+  EXPECT_GT(one, 0.05) << "a rank-1 approximation of a full-rank 6x5 matrix is coarse";
+  EXPECT_LT(many, one / 4) << "error feedback makes up for it over steps";
+}
+
+TEST(Reducer, ClipsTheGlobalGradientNormTheSameOnEveryRank) {
+  std::vector<double> norms(2);
+  expect_passed(testing::run_blocking_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    VectorGradients grads(model());
+    Reducer reducer(comm, model(), grads);
+    backward(reducer, grads, rank, 0);
+    double before = 0;
+    for (const auto& v : grads.values)
+      for (const float x : v) before += double{x} * x;
+    before = std::sqrt(before);
+    const double reported = reducer.clip_grad_norm(0.5);
+    EXPECT_NEAR(reported, before, 1e-4);
+    double after = 0;
+    for (const auto& v : grads.values)
+      for (const float x : v) after += double{x} * x;
+    EXPECT_NEAR(std::sqrt(after), 0.5, 1e-4);
+    norms[static_cast<std::size_t>(rank)] = reported;
+    EXPECT_THROW(reducer.clip_grad_norm(0), Error);
+  }));
+  EXPECT_EQ(norms[0], norms[1]);
+}
+
+}  // namespace
+}  // namespace braid::dp

@@ -106,6 +106,21 @@ Reducer::Reducer(std::shared_ptr<Communicator> comm, std::vector<ParameterSpec> 
   ready_.assign(parameters_.size(), 0);
   locally_used_.assign(parameters_.size(), 1);
   build_buckets(reverse_order(parameters_.size()));
+  bind_gradients();
+}
+
+void Reducer::bind_gradients() {
+  if (!options_.gradient_as_bucket_view) return;
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    const Buffer slot = buckets_[bucket_of_[i]]->slot(slot_of_[i], parameters_[i].count);
+    const std::optional<Buffer> current = access_.gradient(i, false);
+    if (current && current->count() == slot.count() && current->dtype() == slot.dtype()) {
+      detail::scaled_copy(slot, *current, 1.0);
+    } else {
+      detail::zero(slot);
+    }
+    access_.bind_gradient(i, slot);
+  }
 }
 
 Reducer::~Reducer() {
@@ -359,7 +374,12 @@ void Reducer::rebuild_from_arrival_order() {
     if (seen[index] == 0) ready_order.push_back(index);
   }
   std::lock_guard lock(mutex_);
+  // The old buckets stay alive until the gradients (views into them, with bucket view)
+  // have been copied into the new ones.
+  std::vector<std::unique_ptr<Bucket>> old = std::move(buckets_);
   build_buckets(ready_order);
+  bind_gradients();
+  old.clear();
   hook_->buckets_rebuilt();
   rebuilt_ = true;
   arrival_.clear();

@@ -31,7 +31,8 @@ void scaled_copy(const Buffer& dst, const Buffer& src, double factor) {
   }
   const std::size_t n = src.count();
   if (n == 0) return;
-  if (factor == 1.0 && dst.data() != src.data()) {
+  if (factor == 1.0 && dst.data() == src.data()) return;
+  if (factor == 1.0) {
     std::memcpy(dst.data(), src.data(), src.size_bytes());
     return;
   }

@@ -64,7 +64,9 @@ DataParallelCore::DataParallelCore(::torch::nn::Module& module,
   broadcast_from_rank0(state);
   reducer_ = std::make_unique<dp::Reducer>(
       comm_, std::move(specs), *this,
-      dp::ReducerOptions{.limits = options_.limits, .rebuild_buckets = options_.rebuild_buckets});
+      dp::ReducerOptions{.limits = options_.limits,
+                         .rebuild_buckets = options_.rebuild_buckets,
+                         .gradient_as_bucket_view = options_.gradient_as_bucket_view});
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     auto accumulator = ::torch::autograd::impl::grad_accumulator(parameters_[i]);
     hook_keys_.push_back(
@@ -167,7 +169,14 @@ void DataParallelCore::after_forward(const std::vector<at::Tensor>& outputs) {
   }
   if (!::torch::autograd::GradMode::is_enabled()) return;
   std::optional<std::vector<std::size_t>> unused;
-  if (options_.find_unused_parameters && require_sync_) unused = unused_parameters(outputs);
+  if (options_.find_unused_parameters && require_sync_) {
+    if (options_.static_graph && static_unused_) {
+      unused = static_unused_;
+    } else {
+      unused = unused_parameters(outputs);
+      if (options_.static_graph) static_unused_ = unused;
+    }
+  }
   reducer_->prepare_for_backward(require_sync_, std::move(unused));
   callback_queued_ = false;
   backward_started_ = false;
@@ -219,6 +228,13 @@ void DataParallelCore::end_of_backward() {
     backward_span_.reset();
   }
   reducer_->finalize();
+}
+
+bool DataParallelCore::bind_gradient(std::size_t index, Buffer slot) {
+  const at::Tensor& p = parameters_[index];
+  // A view of bucket memory the reducer owns; it outlives the view until the next rebind.
+  p.mutable_grad() = ::torch::from_blob(slot.data(), p.sizes(), p.options());
+  return true;
 }
 
 std::optional<Buffer> DataParallelCore::gradient(std::size_t index, bool create) {

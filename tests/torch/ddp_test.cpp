@@ -135,6 +135,40 @@ TEST(DistributedDataParallel, MatchesOneProcessTrainingOnTheConcatenatedBatch) {
   }
 }
 
+TEST(DistributedDataParallel, GradientsAsBucketViewsTrainTheSameWithoutCopies) {
+  constexpr int kSteps = 4;
+  auto train = [](bool view) {
+    std::vector<::torch::Tensor> rank0;
+    expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+      Net net = make_net(7);
+      DistributedDataParallelOptions options = small_buckets();
+      options.gradient_as_bucket_view = view;
+      DistributedDataParallel ddp(net, comm, options);
+      ::torch::optim::SGD opt(net->parameters(), 0.1);
+      const void* first = nullptr;
+      for (int step = 0; step < kSteps; ++step) {
+        auto [x, y] = data(rank, step);
+        opt.zero_grad();
+        ::torch::mse_loss(ddp.forward(x), y).backward();
+        opt.step();
+        // After the rebuild (step 0) a view stays the same memory from step to step.
+        if (view && step == 1) first = net->fc1->weight.grad().data_ptr();
+        if (view && step > 1) {
+          EXPECT_EQ(net->fc1->weight.grad().data_ptr(), first);
+        }
+      }
+      if (rank == 0) rank0 = snapshot(net);
+    }));
+    return rank0;
+  };
+  const auto copied = train(false);
+  const auto viewed = train(true);
+  ASSERT_EQ(copied.size(), viewed.size());
+  for (std::size_t i = 0; i < copied.size(); ++i) {
+    EXPECT_TRUE(::torch::allclose(copied[i], viewed[i], 1e-6, 1e-7)) << "parameter " << i;
+  }
+}
+
 TEST(DistributedDataParallel, NoSyncAccumulatesAndTheNextBackwardReducesTheSum) {
   // Two micro-batches per rank, the first under no_sync: the gradient equals the
   // average over ranks of each rank's summed micro-batch gradients.
@@ -202,6 +236,23 @@ TEST(DistributedDataParallel, FindsUnusedParametersLocallyZeroGloballyUntouched)
     EXPECT_GT(norm[0], 0.0f);
   });
   expect_all_passed(errors);
+}
+
+TEST(DistributedDataParallel, StaticGraphReusesTheFirstIterationsUnusedSet) {
+  expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Branchy net;
+    DistributedDataParallelOptions options;
+    options.find_unused_parameters = true;
+    options.static_graph = true;
+    DistributedDataParallel ddp(net, comm, options);
+    for (int step = 0; step < 3; ++step) {
+      net->zero_grad();
+      auto x = data(rank, step).first.narrow(1, 0, 4);
+      ddp.forward(x, rank == 1).sum().backward();
+      EXPECT_TRUE(net->fc_rank1->weight.grad().defined()) << "step " << step;
+      EXPECT_FALSE(net->fc_never->weight.grad().defined()) << "step " << step;
+    }
+  }));
 }
 
 TEST(DistributedDataParallel, RebuildsBucketsOnceFromTheOrderGradientsArrived) {

@@ -50,7 +50,8 @@ std::vector<std::string> model_arguments(const DdpOptions& o) {
           "--optimizer", o.optimizer};
 }
 
-std::optional<std::string> run_braid(const DdpOptions& o, const std::string& sync) {
+std::optional<std::string> run_braid(const DdpOptions& o, const std::string& sync,
+                                     const std::vector<std::string>& extra = {}) {
   const std::filesystem::path tools =
       std::filesystem::path(sibling_program("braid-run")).parent_path();
   const std::string trainer = (tools.parent_path() / "examples" / "ddp_train").string();
@@ -62,6 +63,7 @@ std::optional<std::string> run_braid(const DdpOptions& o, const std::string& syn
                                 "--sync",
                                 sync};
   for (auto& a : model_arguments(o)) argv.push_back(a);
+  for (auto& a : extra) argv.push_back(a);
   return json_line(run_command(argv, std::chrono::seconds(900)), "ddp_train --sync " + sync);
 }
 
@@ -104,6 +106,7 @@ int run_ddp(const std::vector<std::string>& args) {
   // Interleaved: none, braid, pytorch -- each once, in one run.
   const auto none = run_braid(o, "none");
   const auto braid = run_braid(o, "ddp");
+  const auto view = run_braid(o, "ddp", {"--bucket-view"});
   const auto torch = run_pytorch(o);
   if (!none || !braid) return 1;
   const double params = field(*braid, "parameters").value_or(0);
@@ -121,6 +124,12 @@ int run_ddp(const std::vector<std::string>& args) {
   std::cout << fmt::format(
       "{:<22} {:>10.2f} {:>22}\n", "braid DDP", braid_ms,
       fmt::format("{:.2f} (trace: {:.2f})", braid_ms - none_ms, traced_exposed));
+  if (view) {
+    const double view_ms = field(*view, "step_ms").value_or(0);
+    std::cout << fmt::format("{:<22} {:>10.2f} {:>22}\n", "braid DDP, bucket view", view_ms,
+                             fmt::format("{:.2f} (trace: {:.2f})", view_ms - none_ms,
+                                         field(*view, "exposed_ms_per_step").value_or(0)));
+  }
   std::optional<double> torch_ms;
   if (torch) {
     torch_ms = field(*torch, "step_ms");

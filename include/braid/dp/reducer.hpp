@@ -54,6 +54,10 @@ class GradientAccess {
   // Parameter `index`'s gradient: `count` contiguous elements of its dtype. With `create`,
   // make a zero gradient where there is none yet; without, nullopt where there is none.
   virtual std::optional<Buffer> gradient(std::size_t index, bool create) = 0;
+  // gradient_as_bucket_view: make parameter `index`'s gradient a view of `slot` (bucket
+  // memory, already holding the current gradient's values), so the framework accumulates
+  // straight into the bucket. Returns false where it cannot (the reducer then copies).
+  virtual bool bind_gradient(std::size_t /*index*/, Buffer /*slot*/) { return false; }
 };
 
 struct ReducerOptions {
@@ -61,6 +65,11 @@ struct ReducerOptions {
   // Rebuild the buckets once, after the first synchronised iteration, from the order
   // gradients arrived in on rank 0.
   bool rebuild_buckets = true;
+  // Gradients live in the buckets (GradientAccess::bind_gradient): no copy into the
+  // bucket before the all-reduce and none back after it, at the price of scaling in
+  // place. A gradient the framework replaced (set to none, reassigned) falls back to
+  // copying for that iteration.
+  bool gradient_as_bucket_view = false;
 };
 
 class Reducer {
@@ -120,6 +129,7 @@ class Reducer {
   struct Bucket;
 
   void build_buckets(const std::vector<std::size_t>& ready_order);
+  void bind_gradients();  // gradient_as_bucket_view
   // Needs mutex_. Launches every full bucket from next_launch_ on.
   void launch_ready_buckets();
   void fill_slot(std::size_t index);

@@ -53,6 +53,13 @@ struct DistributedDataParallelOptions {
   bool broadcast_buffers = true;        // buffers from rank 0 before every forward
   bool find_unused_parameters = false;  // walk the graph after forward (costs a traversal)
   bool rebuild_buckets = true;          // once, from the first iteration's arrival order
+  // .grad tensors are views into the buckets: no copies around the all-reduce. Keep
+  // zeroing with optimizer.zero_grad() (in place); a gradient set to a new tensor falls
+  // back to copying.
+  bool gradient_as_bucket_view = false;
+  // The graph is the same every iteration: with find_unused_parameters, the unused set
+  // found in the first iteration is reused instead of walking the graph each time.
+  bool static_graph = false;
 };
 
 namespace detail {
@@ -70,6 +77,7 @@ class DataParallelCore final : public dp::GradientAccess {
   void after_forward(const std::vector<at::Tensor>& outputs);
 
   std::optional<Buffer> gradient(std::size_t index, bool create) override;
+  bool bind_gradient(std::size_t index, Buffer slot) override;
 
   dp::Reducer& reducer() noexcept { return *reducer_; }
   std::atomic<bool>& require_sync() noexcept { return require_sync_; }
@@ -95,6 +103,7 @@ class DataParallelCore final : public dp::GradientAccess {
   std::optional<trace::AsyncSpan> forward_span_;
   std::optional<trace::AsyncSpan> backward_span_;
   std::mutex span_mutex_;
+  std::optional<std::vector<std::size_t>> static_unused_;  // static_graph's first answer
 };
 
 inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) {

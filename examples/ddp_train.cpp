@@ -76,6 +76,8 @@ Settings parse(int argc, char** argv) {
       s.bucket_cap_mib = std::stod(value());
     else if (arg == "--bench")
       s.bench = true;
+    else if (arg == "--bucket-view")
+      s.bucket_view = true;
     else
       throw std::invalid_argument("unknown option " + arg);
   }

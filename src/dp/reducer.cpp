@@ -267,10 +267,17 @@ void Reducer::mark_ready(std::size_t index) {
       misuse(*comm_, fmt::format("parameter {} is out of range", index));
     if (state_ == State::accumulating) return;
     if (state_ == State::idle) {
-      misuse(*comm_, fmt::format("the gradient of {} arrived outside an iteration: run the forward "
-                                 "through DistributedDataParallel, and call backward() once per "
-                                 "forward",
-                                 describe(parameters_[index], index)));
+      // After a finished iteration this is the same gradient a second time: backward ran
+      // again on the graph of the last forward (retain_graph).
+      misuse(*comm_, first_sync_done_ || iterations_ > 0
+                         ? fmt::format("{} was marked ready twice for one forward: backward() ran "
+                                       "again without a new forward through "
+                                       "DistributedDataParallel (retain_graph?)",
+                                       describe(parameters_[index], index))
+                         : fmt::format("the gradient of {} arrived outside an iteration: run the "
+                                       "forward through DistributedDataParallel, and call "
+                                       "backward() once per forward",
+                                       describe(parameters_[index], index)));
     }
     if (ready_[index] != 0) {
       misuse(*comm_, fmt::format("{} was marked ready twice in one backward pass (backward() "
@@ -349,6 +356,7 @@ void Reducer::finalize() {
     }
   }
   state_ = State::idle;
+  ++iterations_;
   if (!first_sync_done_) {
     first_sync_done_ = true;
     if (options_.rebuild_buckets) rebuild_from_arrival_order();

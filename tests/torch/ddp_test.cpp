@@ -327,7 +327,7 @@ TEST(DistributedDataParallelMisuse, BackwardTwiceAfterOneForwardMarksAParameterR
     loss.backward({}, /*retain_graph=*/true);
     loss.backward();
   });
-  for (std::size_t r = 0; r < 2; ++r) expect_error_on(errors, r, "outside an iteration");
+  for (std::size_t r = 0; r < 2; ++r) expect_error_on(errors, r, "marked ready twice");
 }
 
 TEST(DistributedDataParallelMisuse, ANewForwardBeforeTheLastBackwardIsRefused) {

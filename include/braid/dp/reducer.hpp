@@ -31,6 +31,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -154,6 +155,7 @@ class Reducer {
   std::optional<Future<void>> used_reduction_;  // all-reduce(max) of locally_used_
   std::size_t next_launch_ = 0;
   bool first_sync_done_ = false;
+  std::uint64_t iterations_ = 0;  // finalized synchronised iterations
   bool rebuilt_ = false;
 };
 

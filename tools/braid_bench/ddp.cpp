@@ -1,5 +1,6 @@
 #include "ddp.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -20,8 +21,20 @@ struct DdpOptions {
   int layers = 8;
   int batch = 32;
   int steps = 30;
+  int rounds = 3;
   std::string optimizer = "sgd";
 };
+
+std::optional<double> field(const std::string& line, const std::string& key);
+
+// The run whose step time is the median of `runs` (their JSON lines).
+std::optional<std::string> median_run(std::vector<std::string> runs) {
+  if (runs.empty()) return std::nullopt;
+  std::sort(runs.begin(), runs.end(), [](const std::string& a, const std::string& b) {
+    return field(a, "step_ms").value_or(0) < field(b, "step_ms").value_or(0);
+  });
+  return runs[runs.size() / 2];
+}
 
 // The number after "key": in a one-line JSON object.
 std::optional<double> field(const std::string& line, const std::string& key) {
@@ -104,10 +117,19 @@ int run_ddp(const std::vector<std::string>& args) {
   }
   if (o.steps < 8) throw std::invalid_argument("--steps must be at least 8");
   // Interleaved: none, braid, pytorch -- each once, in one run.
-  const auto none = run_braid(o, "none");
-  const auto braid = run_braid(o, "ddp");
-  const auto view = run_braid(o, "ddp", {"--bucket-view"});
-  const auto torch = run_pytorch(o);
+  // Rounds interleave the four configurations, so a slow spell of the machine hits them
+  // alike; each configuration's figures come from its median-step-time run.
+  std::vector<std::string> none_runs, braid_runs, view_runs, torch_runs;
+  for (int round = 0; round < o.rounds; ++round) {
+    if (auto r = run_braid(o, "none")) none_runs.push_back(*r);
+    if (auto r = run_braid(o, "ddp")) braid_runs.push_back(*r);
+    if (auto r = run_braid(o, "ddp", {"--bucket-view"})) view_runs.push_back(*r);
+    if (auto r = run_pytorch(o)) torch_runs.push_back(*r);
+  }
+  const auto none = median_run(none_runs);
+  const auto braid = median_run(braid_runs);
+  const auto view = median_run(view_runs);
+  const auto torch = median_run(torch_runs);
   if (!none || !braid) return 1;
   const double params = field(*braid, "parameters").value_or(0);
   const double none_ms = field(*none, "step_ms").value_or(0);
@@ -116,9 +138,9 @@ int run_ddp(const std::vector<std::string>& args) {
   const double traced_exposed = field(*braid, "exposed_ms_per_step").value_or(0);
   std::cout << fmt::format(
       "MLP {}x{} ({:.1f}M parameters, {:.1f} MiB of f32 gradients), batch {} per rank, {}, {} "
-      "ranks, {} steps (mean after warm-up, slowest rank):\n\n",
+      "ranks, {} steps (mean after warm-up, slowest rank; median of {} interleaved rounds):\n\n",
       o.hidden, o.layers, params / 1e6, params * 4 / (1 << 20), o.batch, o.optimizer, o.ranks,
-      o.steps);
+      o.steps, o.rounds);
   std::cout << fmt::format("{:<22} {:>10} {:>22}\n", "", "step ms", "exposed comm ms/step");
   std::cout << fmt::format("{:<22} {:>10.2f} {:>22}\n", "no gradient sync", none_ms, "-");
   std::cout << fmt::format(

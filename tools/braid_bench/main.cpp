@@ -31,7 +31,7 @@ constexpr const char* kUsage =
     "        options: --ranks 2 --sizes 8,65536,1048576 --rounds 11 --iters N\n"
     "  ddp          one model trained with braid DDP, PyTorch DDP (Gloo) and no sync, in one run:\n"
     "               step time, exposed communication, bare all-reduce, ratios\n"
-    "        options: --ranks 2 --hidden 1024 --layers 8 --batch 32 --steps 30 --optimizer sgd\n";
+    "        options: --ranks 2 --hidden 1024 --layers 8 --batch 32 --steps 30 --rounds 3 --optimizer sgd\n";
 
 }  // namespace
 

@@ -110,6 +110,8 @@ int run_ddp(const std::vector<std::string>& args) {
       o.batch = value();
     else if (args[i] == "--steps")
       o.steps = value();
+    else if (args[i] == "--rounds")
+      o.rounds = value();
     else if (args[i] == "--optimizer" && i + 1 < args.size())
       o.optimizer = args[++i];
     else

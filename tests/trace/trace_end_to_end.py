@@ -19,11 +19,14 @@ import tempfile
 import zlib
 
 STEPS = 8
+SUMMARY_KIB = 1024
+# The render needs exposed communication wide enough to see: 4 MiB all-reduces.
+HTML_KIB = 4096
 
 
-def run_job(directory):
+def run_job(directory, kib):
     env = dict(os.environ, BRAID_TRACE=directory)
-    subprocess.run([os.environ["BRAID_RUN"], "-n", "2", os.environ["OVERLAP"], str(STEPS), "1024"],
+    subprocess.run([os.environ["BRAID_RUN"], "-n", "2", os.environ["OVERLAP"], str(STEPS), str(kib)],
                    env=env, check=True, timeout=120)
 
 
@@ -51,7 +54,7 @@ def check_summary(directory):
     job = summary["job"]
     assert summary["world_size"] == 2
     assert job["collectives"]["all_reduce"]["count"] == 2 * STEPS, job["collectives"]
-    assert job["collectives"]["all_reduce"]["bytes"] == 2 * STEPS * 1024 * 1024
+    assert job["collectives"]["all_reduce"]["bytes"] == 2 * STEPS * SUMMARY_KIB * 1024
     assert job["compute_ns"] > 0 and job["communication_ns"] > 0, job
     # Three steps in four overlap their all-reduce with compute, one waits first.
     assert 0 < job["overlap_percent"] < 100, job
@@ -125,12 +128,14 @@ def check_html(directory, scratch):
             counts[pixel] = counts.get(pixel, 0) + 1
     white = counts.get((255, 255, 255), 0)
     assert white < width * height * 0.97, "the screenshot is (almost) blank"
-    colours = {"compute": (242, 142, 43), "exposed": (225, 87, 89), "hidden": (89, 161, 79)}
-    for what, rgb in colours.items():
-        # Legend swatches are 12x12 (144 px); the lanes must add far more than that.
+    # Legend swatches are 12x12 (144 px): the lanes must add clearly more than that. How
+    # much communication is exposed varies run to run; compute and hidden are wide.
+    colours = {"compute": ((242, 142, 43), 1000), "exposed": ((225, 87, 89), 300),
+               "hidden": ((89, 161, 79), 1000)}
+    for what, (rgb, least) in colours.items():
         seen = sum(n for pixel, n in counts.items()
                    if all(abs(a - b) <= 6 for a, b in zip(pixel, rgb)))
-        assert seen > 1000, f"{what} {rgb}: only {seen} pixels in the screenshot"
+        assert seen > least, f"{what} {rgb}: only {seen} pixels in the screenshot"
         print(f"{what}: {seen} pixels")
 
 
@@ -139,7 +144,7 @@ def main():
     scratch = tempfile.mkdtemp(prefix="braid-trace-e2e-")
     try:
         directory = os.path.join(scratch, "traces")
-        run_job(directory)
+        run_job(directory, SUMMARY_KIB if part == "summary" else HTML_KIB)
         if part == "summary":
             check_summary(directory)
         else:

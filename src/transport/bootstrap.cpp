@@ -6,6 +6,7 @@
 #include <array>
 #include <cerrno>
 #include <charconv>
+#include <random>
 #include <climits>
 #include <optional>
 
@@ -327,7 +328,10 @@ std::string format_host_port(std::string_view host, std::uint16_t port) {
   return fmt::format("{}:{}", host, port);
 }
 
-std::uint16_t find_free_port() {
+namespace {
+
+// Whether `port` (0: any) can be bound on every IPv4 interface now; the port bound, or 0.
+std::uint16_t try_bind(std::uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     throw Error(std::error_code(errno, std::system_category()), "socket()",
@@ -336,16 +340,36 @@ std::uint16_t find_free_port() {
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_ANY);  // where StoreServer listens by default
+  address.sin_port = htons(port);
   socklen_t length = sizeof address;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    const int saved = errno;
-    ::close(fd);
+  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), length) == 0 &&
+                     ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  const int saved = errno;
+  ::close(fd);
+  if (!bound && port == 0) {
     throw Error(std::error_code(saved, std::system_category()), "binding port 0",
                 {.operation = "find_free_port"});
   }
-  ::close(fd);
-  return ntohs(address.sin_port);
+  return bound ? ntohs(address.sin_port) : 0;
+}
+
+}  // namespace
+
+// The port is free when checked and taken later (by the store, in another process), so
+// another program could take it in between. Ports the kernel hands out -- bind(0), and
+// the source ports of outgoing connections -- come from the ephemeral range (Linux:
+// 32768-60999), where that race is likeliest: two launchers asking bind(0) at once, or a
+// client's connection, can land on the port just probed. So pick at random below that
+// range first, and fall back to bind(0) only if 64 tries find nothing free.
+std::uint16_t find_free_port() {
+  constexpr std::uint16_t kLowest = 20000;
+  constexpr std::uint16_t kHighest = 32767;
+  static thread_local std::mt19937 random(std::random_device{}());
+  std::uniform_int_distribution<int> pick(kLowest, kHighest);
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    if (const std::uint16_t port = try_bind(static_cast<std::uint16_t>(pick(random)))) return port;
+  }
+  return try_bind(0);
 }
 
 LaunchInfo parse_launch_env(const config::EnvLookup& env) {

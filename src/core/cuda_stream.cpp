@@ -1,6 +1,5 @@
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -10,33 +9,17 @@
 #include <braid/core/enforce.hpp>
 #include <braid/core/log.hpp>
 
-#include "cuda_device_guard.hpp"
+#include "cuda_support.hpp"
 
 namespace braid {
 namespace {
 
-// cudaSuccess: true; cudaErrorNotReady: false (and cleared from the last-error slot, as
-// it is not an error); anything else throws.
-bool ready(cudaError_t status, const char* call) {
-  if (status == cudaErrorNotReady) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (status != cudaSuccess) detail::throw_cuda_error(status, call, __FILE__, __LINE__);
-  return true;
-}
-
-// Polls `done` until it returns true, backing off from 10 us to 1 ms between polls.
+// Host-side waits poll (CUDA's blocking synchronise calls take no deadline).
 template <class Done>
 void poll_until(Deadline deadline, Done done, const char* operation) {
-  auto pause = std::chrono::microseconds(10);
-  while (!done()) {
-    if (Clock::now() >= deadline) {
-      throw Error(Errc::timeout, "CUDA work did not finish before the deadline",
-                  {.operation = operation});
-    }
-    std::this_thread::sleep_for(pause);
-    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
+  if (!detail::poll_with_backoff(deadline, done)) {
+    throw Error(Errc::timeout, "CUDA work did not finish before the deadline",
+                {.operation = operation});
   }
 }
 
@@ -82,7 +65,7 @@ CudaEvent::~CudaEvent() {
 }
 
 bool CudaEvent::query() {
-  return ready(cudaEventQuery(event_), "cudaEventQuery");
+  return detail::cuda_ready(cudaEventQuery(event_), "cudaEventQuery");
 }
 
 void CudaEvent::synchronize(Deadline deadline) {
@@ -129,7 +112,7 @@ void CudaStream::wait(const Event& event) {
 }
 
 bool CudaStream::query() {
-  return ready(cudaStreamQuery(stream_), "cudaStreamQuery");
+  return detail::cuda_ready(cudaStreamQuery(stream_), "cudaStreamQuery");
 }
 
 void CudaStream::synchronize(Deadline deadline) {

@@ -2,7 +2,6 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
-#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
@@ -13,7 +12,7 @@
 #include <braid/trace/cuda_timeline.hpp>
 #include <braid/trace/output.hpp>
 
-#include "../core/cuda_device_guard.hpp"
+#include "../core/cuda_support.hpp"
 
 namespace braid {
 namespace {
@@ -29,17 +28,6 @@ constexpr auto kWriteFlushTimeout = std::chrono::milliseconds(100);
 constexpr auto kDestroyFlushTimeout = std::chrono::seconds(1);
 // Ended spans waiting before end() collects by itself.
 constexpr std::size_t kCollectBacklog = 64;
-
-// cudaSuccess: true; cudaErrorNotReady: false (and cleared from the last-error slot, as
-// it is not an error); anything else throws.
-bool ready(cudaError_t status, const char* call) {
-  if (status == cudaErrorNotReady) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (status != cudaSuccess) detail::throw_cuda_error(status, call, __FILE__, __LINE__);
-  return true;
-}
 
 std::int64_t ms_to_ns(float ms) {
   return std::llround(static_cast<double>(ms) * 1e6);
@@ -97,17 +85,9 @@ void CudaTimeline::calibrate(Deadline deadline) {
   // Records `probe` and waits for it; false if the deadline passed first.
   auto probe_completes = [&] {
     BRAID_CUDA_CHECK(cudaEventRecord(probe, stream_));
-    const auto spin_until = Clock::now() + kCalibrationSpin;
-    auto pause = std::chrono::microseconds(10);
-    while (!ready(cudaEventQuery(probe), "cudaEventQuery")) {
-      const auto now = Clock::now();
-      if (now >= deadline) return false;
-      if (now >= spin_until) {
-        std::this_thread::sleep_for(pause);
-        pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
-      }
-    }
-    return true;
+    return detail::poll_with_backoff(
+        deadline, [&] { return detail::cuda_ready(cudaEventQuery(probe), "cudaEventQuery"); },
+        kCalibrationSpin);
   };
 
   std::int64_t best_window = std::numeric_limits<std::int64_t>::max();
@@ -170,23 +150,18 @@ void CudaTimeline::flush(Deadline deadline) {
   }
   // The lock is taken per poll, not held while sleeping, so other threads keep
   // beginning and ending spans; spans they end meanwhile are not waited for.
-  auto pause = std::chrono::microseconds(10);
-  while (true) {
-    std::uint64_t left = 0;
-    {
-      std::lock_guard lock(mutex_);
-      collect_locked();
-      if (recorded_total_ >= target) return;
-      left = target - recorded_total_;
-    }
-    if (Clock::now() >= deadline) {
-      throw Error(Errc::timeout,
-                  fmt::format("{} GPU spans of track '{}' were still running at the deadline", left,
-                              track_name_),
-                  {.operation = "CudaTimeline::flush"});
-    }
-    std::this_thread::sleep_for(pause);
-    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
+  std::uint64_t left = 0;
+  const bool finished = detail::poll_with_backoff(deadline, [&] {
+    std::lock_guard lock(mutex_);
+    collect_locked();
+    left = target - std::min(target, recorded_total_);
+    return left == 0;
+  });
+  if (!finished) {
+    throw Error(Errc::timeout,
+                fmt::format("{} GPU spans of track '{}' were still running at the deadline", left,
+                            track_name_),
+                {.operation = "CudaTimeline::flush"});
   }
 }
 
@@ -210,7 +185,8 @@ std::size_t CudaTimeline::collect_locked() {
   std::size_t appended = 0;
   // Events on one stream complete in the order they were recorded, so the first span
   // whose end is not done is where the finished ones stop.
-  while (!ended_.empty() && ready(cudaEventQuery(ended_.front().end), "cudaEventQuery")) {
+  while (!ended_.empty() &&
+         detail::cuda_ready(cudaEventQuery(ended_.front().end), "cudaEventQuery")) {
     const EndedSpan span = ended_.front();
     float begin_ms = 0;
     float duration_ms = 0;

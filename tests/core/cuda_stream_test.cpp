@@ -14,17 +14,14 @@
 #include <braid/core/host_stream.hpp>
 #include <braid/core/runtime.hpp>
 
+#include "../support/cuda_device.hpp"
+
 namespace braid {
 namespace {
 
 using namespace std::chrono_literals;
 
-bool has_cuda_device() {
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  (void)cudaGetLastError();
-  return status == cudaSuccess && count > 0;
-}
+using braid::testing::has_cuda_device;
 
 class CudaStreamTest : public ::testing::Test {
  protected:

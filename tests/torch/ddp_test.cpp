@@ -75,6 +75,22 @@ std::vector<::torch::Tensor> snapshot(Net& net) {
   return out;
 }
 
+std::vector<::torch::Tensor> gradients(Net& net) {
+  std::vector<::torch::Tensor> out;
+  for (const auto& p : net->parameters()) out.push_back(p.grad().clone());
+  return out;
+}
+
+// Tensor by tensor, `got` is within the tolerances of `expected`.
+void expect_all_close(const std::vector<::torch::Tensor>& got,
+                      const std::vector<::torch::Tensor>& expected, const char* what,
+                      double rtol = 1e-5, double atol = 1e-6) {
+  ASSERT_EQ(got.size(), expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(::torch::allclose(got[i], expected[i], rtol, atol)) << what << " " << i;
+  }
+}
+
 // Tiny buckets so a 3-layer net spans several.
 DistributedDataParallelOptions small_buckets() {
   DistributedDataParallelOptions options;
@@ -128,11 +144,7 @@ TEST(DistributedDataParallel, MatchesOneProcessTrainingOnTheConcatenatedBatch) {
     }
     if (rank == 0) rank0 = snapshot(net);
   }));
-  const auto expected = snapshot(reference);
-  ASSERT_EQ(rank0.size(), expected.size());
-  for (std::size_t i = 0; i < expected.size(); ++i) {
-    EXPECT_TRUE(::torch::allclose(rank0[i], expected[i], 1e-5, 1e-6)) << "parameter " << i;
-  }
+  expect_all_close(rank0, snapshot(reference), "parameter");
 }
 
 TEST(DistributedDataParallel, GradientsAsBucketViewsTrainTheSameWithoutCopies) {
@@ -163,10 +175,7 @@ TEST(DistributedDataParallel, GradientsAsBucketViewsTrainTheSameWithoutCopies) {
   };
   const auto copied = train(false);
   const auto viewed = train(true);
-  ASSERT_EQ(copied.size(), viewed.size());
-  for (std::size_t i = 0; i < copied.size(); ++i) {
-    EXPECT_TRUE(::torch::allclose(copied[i], viewed[i], 1e-6, 1e-7)) << "parameter " << i;
-  }
+  expect_all_close(copied, viewed, "parameter", 1e-6, 1e-7);
 }
 
 TEST(DistributedDataParallel, NoSyncAccumulatesAndTheNextBackwardReducesTheSum) {
@@ -179,8 +188,7 @@ TEST(DistributedDataParallel, NoSyncAccumulatesAndTheNextBackwardReducesTheSum) 
       (::torch::mse_loss(reference->forward(x), y) / 2).backward();  // /2: the rank average
     }
   }
-  std::vector<::torch::Tensor> expected;
-  for (const auto& p : reference->parameters()) expected.push_back(p.grad().clone());
+  const std::vector<::torch::Tensor> expected = gradients(reference);
   std::vector<::torch::Tensor> got;
   expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
     Net net = make_net(3);
@@ -192,14 +200,9 @@ TEST(DistributedDataParallel, NoSyncAccumulatesAndTheNextBackwardReducesTheSum) 
     }
     auto [x, y] = data(rank, 1);
     ::torch::mse_loss(ddp.forward(x), y).backward();
-    if (rank == 0) {
-      for (const auto& p : net->parameters()) got.push_back(p.grad().clone());
-    }
+    if (rank == 0) got = gradients(net);
   }));
-  ASSERT_EQ(got.size(), expected.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    EXPECT_TRUE(::torch::allclose(got[i], expected[i], 1e-5, 1e-6)) << "gradient " << i;
-  }
+  expect_all_close(got, expected, "gradient");
 }
 
 // fc_rank1 is used by rank 1 only; fc_never by nobody.
@@ -290,8 +293,7 @@ TEST(DistributedDataParallel, UnevenBatchSharesWeighTheGradients) {
   auto [x0, y0] = data(0, 0, 3);
   auto [x1, y1] = data(1, 0, 1);
   ::torch::mse_loss(reference->forward(::torch::cat({x0, x1})), ::torch::cat({y0, y1})).backward();
-  std::vector<::torch::Tensor> expected;
-  for (const auto& p : reference->parameters()) expected.push_back(p.grad().clone());
+  const std::vector<::torch::Tensor> expected = gradients(reference);
   std::vector<::torch::Tensor> got;
   expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
     Net net = make_net(9);
@@ -300,14 +302,9 @@ TEST(DistributedDataParallel, UnevenBatchSharesWeighTheGradients) {
     ddp.reducer().set_batch_share(rows / 4.0);
     auto [x, y] = data(rank, 0, rows);
     ::torch::mse_loss(ddp.forward(x), y).backward();
-    if (rank == 0) {
-      for (const auto& p : net->parameters()) got.push_back(p.grad().clone());
-    }
+    if (rank == 0) got = gradients(net);
   }));
-  ASSERT_EQ(got.size(), expected.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    EXPECT_TRUE(::torch::allclose(got[i], expected[i], 1e-5, 1e-6)) << "gradient " << i;
-  }
+  expect_all_close(got, expected, "gradient");
 }
 
 // ---------------------------------------------------------------- misuse

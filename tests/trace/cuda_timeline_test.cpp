@@ -19,17 +19,14 @@
 #include <braid/trace/output.hpp>
 #include <braid/trace/recorder.hpp>
 
+#include "../support/cuda_device.hpp"
+
 namespace braid {
 namespace {
 
 using namespace std::chrono_literals;
 
-bool has_cuda_device() {
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  (void)cudaGetLastError();
-  return status == cudaSuccess && count > 0;
-}
+using braid::testing::has_cuda_device;
 
 class CudaTimelineTest : public ::testing::Test {
  protected:

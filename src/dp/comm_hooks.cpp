@@ -31,7 +31,22 @@ class AllReduceHook final : public CommHook {
   }
 };
 
-class CompressHook final : public CommHook {
+// The compressing hooks work on f32 buckets; buckets of other dtypes are reduced exactly.
+class Float32Hook : public CommHook {
+ public:
+  asio::awaitable<void> reduce(Communicator& comm, BucketView bucket) final {
+    if (bucket.data.dtype() != DType::f32) {
+      co_await comm.all_reduce(bucket.data, ReduceOp::sum);
+    } else {
+      co_await reduce_f32(comm, bucket);
+    }
+  }
+
+ protected:
+  virtual asio::awaitable<void> reduce_f32(Communicator& comm, BucketView bucket) = 0;
+};
+
+class CompressHook final : public Float32Hook {
  public:
   explicit CompressHook(DType wire) : wire_(wire) {
     if (wire != DType::f16 && wire != DType::bf16) {
@@ -44,11 +59,7 @@ class CompressHook final : public CommHook {
   std::string_view name() const noexcept override {
     return wire_ == DType::f16 ? "compress_f16" : "compress_bf16";
   }
-  asio::awaitable<void> reduce(Communicator& comm, BucketView bucket) override {
-    if (bucket.data.dtype() != DType::f32) {
-      co_await comm.all_reduce(bucket.data, ReduceOp::sum);
-      co_return;
-    }
+  asio::awaitable<void> reduce_f32(Communicator& comm, BucketView bucket) override {
     const std::size_t n = bucket.data.count();
     std::vector<std::uint16_t> wire(n);
     const float* values = floats(bucket.data);
@@ -71,15 +82,11 @@ class CompressHook final : public CommHook {
 // max|v| (one 4-byte all-reduce); q = round(v / s * 127) in [-127, 127] travels as a byte
 // (offset by 128) in an all-gather; every rank sums the dequantised vectors in rank order,
 // so all get the same result. residual = v - q * s / 127, at most s / 254 per element.
-class Quantize8Hook final : public CommHook {
+class Quantize8Hook final : public Float32Hook {
  public:
   std::string_view name() const noexcept override { return "quantize_8bit"; }
   void buckets_rebuilt() override { residuals_.clear(); }
-  asio::awaitable<void> reduce(Communicator& comm, BucketView bucket) override {
-    if (bucket.data.dtype() != DType::f32) {
-      co_await comm.all_reduce(bucket.data, ReduceOp::sum);
-      co_return;
-    }
+  asio::awaitable<void> reduce_f32(Communicator& comm, BucketView bucket) override {
     const std::size_t n = bucket.data.count();
     std::vector<float>& residual = residuals_[bucket.index];
     if (residual.size() != n) residual.assign(n, 0.0f);
@@ -129,7 +136,7 @@ void orthonormalise(std::vector<float>& p, std::size_t n, std::size_t r) {
   }
 }
 
-class PowerSgdHook final : public CommHook {
+class PowerSgdHook final : public Float32Hook {
  public:
   PowerSgdHook(int rank, std::uint64_t seed) : rank_(static_cast<std::size_t>(rank)), seed_(seed) {
     if (rank < 1) {
@@ -140,11 +147,7 @@ class PowerSgdHook final : public CommHook {
   std::string_view name() const noexcept override { return "power_sgd"; }
   void buckets_rebuilt() override { state_.clear(); }
 
-  asio::awaitable<void> reduce(Communicator& comm, BucketView bucket) override {
-    if (bucket.data.dtype() != DType::f32) {
-      co_await comm.all_reduce(bucket.data, ReduceOp::sum);
-      co_return;
-    }
+  asio::awaitable<void> reduce_f32(Communicator& comm, BucketView bucket) override {
     float* data = floats(bucket.data);
     const BucketLayout& layout = *bucket.layout;
     std::vector<float>& error = state_[bucket.index].error;

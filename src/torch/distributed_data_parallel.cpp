@@ -141,7 +141,6 @@ void DataParallelCore::check_same_model() {
 void DataParallelCore::broadcast_from_rank0(const std::vector<at::Tensor>& tensors) {
   if (comm_->size() == 1) return;
   std::vector<Future<void>> pending;
-  std::vector<at::Tensor> staged;  // non-contiguous or non-CPU tensors would be refused
   for (const at::Tensor& tensor : tensors) {
     if (tensor.numel() == 0) continue;
     pending.push_back(comm_->launch(comm_->broadcast(as_buffer(tensor.detach()), 0)));

@@ -181,14 +181,6 @@ trace::Timeline TraceSet::timeline() const {
     auto rank_of = [&](int pid) -> trace::RankTimeline& {
       trace::RankTimeline& rank = ranks[pid];
       rank.rank = pid;
-      if (braid != doc.end() && braid->is_object() && braid->value("format", "") == "braid-trace" &&
-          braid->value("rank", -1) == pid) {
-        rank.host = braid->value("host", "");
-        const json& clock = (*braid)["clock"];
-        rank.clock.reference_rank = clock.value("reference_rank", 0);
-        rank.clock.offset_ns = clock.value("offset_ns", std::int64_t{0});
-        rank.clock.round_trip_ns = clock.value("round_trip_ns", std::int64_t{0});
-      }
       return rank;
     };
     // Async pairs by (pid, cat, name, id); B/E stacks by (pid, tid).
@@ -239,6 +231,18 @@ trace::Timeline TraceSet::timeline() const {
         trace::TimelineEvent instant = event_from(event, at, at);
         instant.instant = true;
         rank.events.push_back(std::move(instant));
+      }
+    }
+    // A braid rank file says who wrote it: that rank's host and clock, read once per file.
+    if (braid != doc.end() && braid->is_object() && braid->value("format", "") == "braid-trace") {
+      const auto written_by = ranks.find(braid->value("rank", -1));
+      if (written_by != ranks.end()) {
+        trace::RankTimeline& rank = written_by->second;
+        rank.host = braid->value("host", "");
+        const json& clock = (*braid)["clock"];
+        rank.clock.reference_rank = clock.value("reference_rank", 0);
+        rank.clock.offset_ns = clock.value("offset_ns", std::int64_t{0});
+        rank.clock.round_trip_ns = clock.value("round_trip_ns", std::int64_t{0});
       }
     }
   }

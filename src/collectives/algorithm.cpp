@@ -27,6 +27,7 @@ std::string_view to_string(Algorithm algorithm) noexcept {
     case Algorithm::pairwise: return "pairwise";
     case Algorithm::dissemination: return "dissemination";
     case Algorithm::shared_memory: return "shared_memory";
+    case Algorithm::hierarchical: return "hierarchical";
   }
   return "?";
 }
@@ -62,7 +63,8 @@ bool implements(CollectiveKind kind, Algorithm algorithm) noexcept {
   switch (kind) {
     case CollectiveKind::all_reduce:
       return algorithm == Algorithm::ring || algorithm == Algorithm::recursive_doubling ||
-             algorithm == Algorithm::halving_doubling || algorithm == Algorithm::shared_memory;
+             algorithm == Algorithm::halving_doubling || algorithm == Algorithm::shared_memory ||
+             algorithm == Algorithm::hierarchical;
     case CollectiveKind::reduce_scatter:
     case CollectiveKind::all_gather:
       return algorithm == Algorithm::ring;

@@ -11,6 +11,10 @@
 #include <braid/core/deadline.hpp>
 #include <braid/core/reduce_op.hpp>
 
+namespace braid::collectives {
+struct HierarchyPlan;
+}  // namespace braid::collectives
+
 namespace braid::collectives::detail {
 
 struct CollectiveCall {
@@ -29,6 +33,8 @@ struct CollectiveCall {
   // shared_memory: the arena and this call's place in its order.
   class SharedMemoryArena* arena = nullptr;
   std::uint64_t arena_ticket = 0;
+  // hierarchical: the communicator's plan.
+  const HierarchyPlan* hierarchy = nullptr;
 };
 
 // What every rank must agree on for a call, exchanged under BRAID_DEBUG=detail. Plain

@@ -28,23 +28,39 @@ Error with_size_hint(const Error& error) {
 
 }  // namespace
 
+CollectiveOp::Subgroup::Subgroup(CollectiveOp& op, std::span<const int> members,
+                                 std::uint32_t first_step)
+    : op_(op),
+      saved_group_(op.group_),
+      saved_rank_(op.group_rank_),
+      saved_step_base_(op.step_base_) {
+  // Members are communicator ranks, so a scope inside a scope names them the same way.
+  const auto me = std::find(members.begin(), members.end(), op.rank_);
+  BRAID_ENFORCE(me != members.end(), "communicator rank {} is not in the sub-group it runs in",
+                op.rank_);
+  op.group_ = members;
+  op.group_rank_ = static_cast<int>(me - members.begin());
+  op.step_base_ = first_step;
+}
+
 Message CollectiveOp::send(int peer, Buffer data, std::uint32_t step) {
-  return send_reserved(peer, data, step % kAlgorithmSteps);
+  return send_reserved(peer, data, (step_base_ + step) % kAlgorithmSteps);
 }
 
 Message CollectiveOp::recv(int peer, Buffer data, std::uint32_t step) {
-  return recv_reserved(peer, data, step % kAlgorithmSteps, /*exact_size=*/true);
+  return recv_reserved(peer, data, (step_base_ + step) % kAlgorithmSteps, /*exact_size=*/true);
 }
 
 Message CollectiveOp::send_reserved(int peer, Buffer data, std::uint32_t step) {
   Message message;
   message.peer = peer;
+  message.world_peer = world_rank(peer);
   message.bytes = data.size_bytes();
   message.step = step;
   if (abort_) throw_aborted();
-  transfers_.push_back(
-      transport_.start_send(world_rank(peer), data, tag_of(communicator_, sequence_, step), deadline_));
-  peers_.push_back(peer);
+  transfers_.push_back(transport_.start_send(message.world_peer, data,
+                                             tag_of(communicator_, sequence_, step), deadline_));
+  peers_.push_back(message.world_peer);
   message.transfer = &transfers_.back();
   return message;
 }
@@ -52,20 +68,21 @@ Message CollectiveOp::send_reserved(int peer, Buffer data, std::uint32_t step) {
 Message CollectiveOp::recv_reserved(int peer, Buffer data, std::uint32_t step, bool exact_size) {
   Message message;
   message.peer = peer;
+  message.world_peer = world_rank(peer);
   message.bytes = data.size_bytes();
   message.step = step;
   message.receive = true;
   message.exact = exact_size;
   if (abort_) throw_aborted();
   try {
-    transfers_.push_back(transport_.start_recv(world_rank(peer), data,
+    transfers_.push_back(transport_.start_recv(message.world_peer, data,
                                                tag_of(communicator_, sequence_, step), deadline_));
   } catch (const Error& error) {
     // A larger message that had already arrived: refused at the start, not at the wait.
     if (error.code() != Errc::size_mismatch) throw;
     throw with_size_hint(error);
   }
-  peers_.push_back(peer);
+  peers_.push_back(message.world_peer);
   message.transfer = &transfers_.back();
   return message;
 }
@@ -85,8 +102,8 @@ asio::awaitable<std::size_t> CollectiveOp::wait(Message& message) {
     throw Error(Errc::size_mismatch,
                 fmt::format("rank {} sent {} bytes as message {} of this operation; this rank's "
                             "arguments call for {} bytes (do the ranks' counts or dtypes differ?)",
-                            world_rank(message.peer), received, message.step, message.bytes),
-                {.rank = world_rank(rank_), .peer = world_rank(message.peer)});
+                            message.world_peer, received, message.step, message.bytes),
+                {.rank = self_world_rank_, .peer = message.world_peer});
   }
   co_return message.receive ? received : message.bytes;
 }
@@ -99,12 +116,12 @@ asio::awaitable<void> CollectiveOp::wait_all(std::span<Message> messages) {
 
 void CollectiveOp::throw_aborted() const {
   throw Error(Errc::peer_failed, fmt::format("rank {} failed: {}", abort_->peer, abort_->why),
-              {.rank = world_rank(rank_), .peer = abort_->peer});
+              {.rank = self_world_rank_, .peer = abort_->peer});
 }
 
 void CollectiveOp::throw_timeout(std::string_view what) const {
   throw Error(Errc::timeout, fmt::format("{} did not happen before the deadline", what),
-              {.rank = world_rank(rank_)});
+              {.rank = self_world_rank_});
 }
 
 void CollectiveOp::abort(int peer, std::string why) {
@@ -137,7 +154,7 @@ asio::awaitable<void> CollectiveOp::settle(std::string why) {
     for (std::size_t i = 0; i < transfers_.size(); ++i) {
       if (transfers_[i].valid() && !transfers_[i].ready()) {
         // The transfer's peer is in its Message only; the op records it beside the transfer.
-        transport_.fail_peer(world_rank(peers_[i]),
+        transport_.fail_peer(peers_[i],
                              fmt::format("a collective on this rank failed ({}) while a message "
                                          "with it was in flight, and the endpoint was closed "
                                          "to release the buffer",

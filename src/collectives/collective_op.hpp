@@ -58,7 +58,8 @@ inline constexpr auto kLongestNap = std::chrono::microseconds(200);
 
 struct Message {
   transport::Transfer* transfer = nullptr;  // owned by the CollectiveOp
-  int peer = -1;           // communicator rank
+  int peer = -1;           // rank in the op's group when the message started
+  int world_peer = -1;     // the same peer's world rank
   std::size_t bytes = 0;   // sent, or expected
   std::uint32_t step = 0;
   bool receive = false;
@@ -76,11 +77,45 @@ class CollectiveOp {
         communicator_(communicator),
         sequence_(sequence),
         deadline_(deadline),
-        scratch_(scratch) {}
+        scratch_(scratch),
+        self_world_rank_(world_ranks[static_cast<std::size_t>(rank)]) {}
 
-  int rank() const noexcept { return rank_; }
-  int size() const noexcept { return static_cast<int>(world_ranks_.size()); }
-  int world_rank(int rank) const noexcept { return world_ranks_[static_cast<std::size_t>(rank)]; }
+  // Ranks, size and peers are those of the op's current group: the whole communicator,
+  // or the sub-group a Subgroup scope selected.
+  int rank() const noexcept { return group_.empty() ? rank_ : group_rank_; }
+  int size() const noexcept {
+    return static_cast<int>(group_.empty() ? world_ranks_.size() : group_.size());
+  }
+  int world_rank(int rank) const noexcept {
+    const auto r = static_cast<std::size_t>(rank);
+    return world_ranks_[group_.empty() ? r : static_cast<std::size_t>(group_[r])];
+  }
+
+  // For its lifetime, the op runs among `members` (communicator ranks, this one among
+  // them) as if they were the whole communicator: rank(), size() and message peers are
+  // theirs. Hierarchical algorithms run their intra- and inter-node phases in such
+  // scopes. Messages keep the op's communicator and sequence and are told apart by
+  // sender and step; inside the scope, algorithm steps count from `first_step`, so that
+  // two phases among the same peers can keep their messages apart (and where steps wrap,
+  // UCX's in-order matching per sender and tag still pairs them up, as tag.hpp explains).
+  // Failure handling (abort, settle) covers messages from every scope.
+  class Subgroup {
+   public:
+    Subgroup(CollectiveOp& op, std::span<const int> members, std::uint32_t first_step = 0);
+    ~Subgroup() {
+      op_.group_ = saved_group_;
+      op_.group_rank_ = saved_rank_;
+      op_.step_base_ = saved_step_base_;
+    }
+    Subgroup(const Subgroup&) = delete;
+    Subgroup& operator=(const Subgroup&) = delete;
+
+   private:
+    CollectiveOp& op_;
+    std::span<const int> saved_group_;
+    int saved_rank_;
+    std::uint32_t saved_step_base_;
+  };
   std::uint64_t sequence() const noexcept { return sequence_; }
   Deadline deadline() const noexcept { return deadline_; }
 
@@ -142,7 +177,7 @@ class CollectiveOp {
   [[noreturn]] void throw_timeout(std::string_view what) const;
 
   std::deque<transport::Transfer> transfers_;  // stable addresses for Message handles
-  std::vector<int> peers_;                     // transfers_[i]'s peer (communicator rank)
+  std::vector<int> peers_;                     // transfers_[i]'s peer (world rank)
   struct Abort {
     int peer;
     std::string why;
@@ -156,6 +191,10 @@ class CollectiveOp {
   std::uint64_t sequence_;
   Deadline deadline_;
   ScratchPool& scratch_;
+  int self_world_rank_;
+  std::span<const int> group_;  // communicator ranks of the current Subgroup; empty: all
+  int group_rank_ = -1;
+  std::uint32_t step_base_ = 0;  // added to algorithm steps inside a Subgroup
   trace::Track track_;
 };
 

@@ -163,6 +163,11 @@ asio::awaitable<void> exchange_fingerprints(CollectiveOp& op, const CollectiveCa
   }
 }
 
+// GCC 12 misreports asio's coroutine frame allocator as a mismatched new/delete once this
+// switch grows past a size it inlines differently (GCC bug 109224); the frame is allocated
+// and freed by asio's own matching operators.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call) {
   using enum CollectiveKind;
   switch (call.kind) {
@@ -177,6 +182,10 @@ asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call
         case Algorithm::shared_memory:
           co_await detail::shared_memory_all_reduce(op, call.input, call.output, call.reduce_op,
                                                     *call.arena, call.arena_ticket);
+          co_return;
+        case Algorithm::hierarchical:
+          co_await detail::hierarchical_all_reduce(op, call.input, call.output, call.reduce_op,
+                                                   *call.hierarchy);
           co_return;
         default:
           co_await detail::ring_all_reduce(op, call.input, call.output, call.reduce_op);
@@ -227,6 +236,7 @@ asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call
       co_return;
   }
 }
+#pragma GCC diagnostic pop
 
 }  // namespace
 
@@ -310,6 +320,9 @@ Communicator::Communicator(Private, transport::World& world, std::vector<int> wo
   BRAID_ENFORCE(me != world_ranks_.end(), "world rank {} is not a member of communicator {}",
                 world.rank(), id);
   rank_ = static_cast<int>(me - world_ranks_.begin());
+  std::vector<int> nodes;
+  for (int world_rank : world_ranks_) nodes.push_back(world.node_of(world_rank));
+  hierarchy_ = HierarchyPlan::from_nodes(nodes, rank_);
   for (std::size_t i = 0; i < world_ranks_.size(); ++i) {
     send_sequence_[i].store(0, std::memory_order_relaxed);
     recv_sequence_[i].store(0, std::memory_order_relaxed);
@@ -329,7 +342,9 @@ Communicator::~Communicator() {
 }
 
 Algorithm Communicator::algorithm_for(CollectiveKind kind, std::size_t bytes) const {
-  return selection_->select(kind, bytes, size(), arena_ != nullptr);
+  return selection_->select(kind, bytes, size(),
+                            {.one_node = arena_ != nullptr,
+                             .grouped_nodes = hierarchy_.worth_it()});
 }
 
 std::unique_ptr<CollectiveCall> Communicator::prepare(CollectiveKind kind) {
@@ -407,6 +422,7 @@ asio::awaitable<void> Communicator::submit(std::unique_ptr<CollectiveCall> call)
     call->arena = arena_.get();
     call->arena_ticket = arena_->take_ticket();
   }
+  call->hierarchy = &hierarchy_;
   call->sequence = take_sequence();
   call->deadline = deadline_for(timeout_);
   std::shared_ptr<Communicator> self = shared_from_this();

@@ -20,6 +20,8 @@ std::vector<SelectionRule> built_in_rules() {
   using enum CollectiveKind;
   return {
       {.kind = all_reduce, .min_bytes = 0, .max_bytes = 16 * KiB, .algorithm = Algorithm::recursive_doubling},
+      // Members on several nodes, some sharing one (select() skips it otherwise).
+      {.kind = all_reduce, .min_bytes = 16 * KiB, .max_bytes = kInfinity, .algorithm = Algorithm::hierarchical},
       // Members on one node only (select() skips it otherwise).
       {.kind = all_reduce, .min_bytes = 16 * KiB, .max_bytes = kInfinity, .algorithm = Algorithm::shared_memory},
       {.kind = all_reduce, .min_bytes = 16 * KiB, .max_bytes = 1 * MiB, .algorithm = Algorithm::halving_doubling},
@@ -167,9 +169,10 @@ const SelectionTable& SelectionTable::from_environment() {
 }
 
 Algorithm SelectionTable::select(CollectiveKind kind, std::size_t bytes, int world_size,
-                                 bool members_share_a_node) const {
+                                 MemberPlacement placement) const {
   for (const SelectionRule& rule : rules_) {
-    if (rule.algorithm == Algorithm::shared_memory && !members_share_a_node) continue;
+    if (rule.algorithm == Algorithm::shared_memory && !placement.one_node) continue;
+    if (rule.algorithm == Algorithm::hierarchical && !placement.grouped_nodes) continue;
     if (rule.kind == kind && bytes >= rule.min_bytes && bytes < rule.max_bytes &&
         world_size >= rule.min_world && world_size <= rule.max_world) {
       return rule.algorithm;

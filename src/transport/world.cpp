@@ -48,6 +48,31 @@ int rank_in(const Bytes& value) {
   return error == std::errc() && end == first + value.size() ? rank : -1;
 }
 
+// A published address: the publishing rank's node (4 bytes, little-endian) and then its
+// UCX worker address.
+Bytes with_node(int node, const Bytes& address) {
+  Bytes published;
+  published.reserve(4 + address.size());
+  for (int i = 0; i < 4; ++i) published.push_back(static_cast<std::uint8_t>(node >> (8 * i)));
+  for (std::uint8_t byte : address) published.push_back(byte);
+  return published;
+}
+
+// Splits what with_node() made: returns the node and leaves the UCX address in `published`.
+int take_node(Bytes& published, int rank) {
+  if (published.size() < 4) {
+    throw Error(Errc::protocol_error,
+                fmt::format("rank {} published a {}-byte address; is it running another build "
+                            "of braid?",
+                            rank, published.size()),
+                {.peer = rank, .operation = "World::join"});
+  }
+  std::uint32_t node = 0;
+  for (int i = 0; i < 4; ++i) node |= std::uint32_t{published[static_cast<std::size_t>(i)]} << (8 * i);
+  published.erase(published.begin(), published.begin() + 4);
+  return static_cast<int>(node);
+}
+
 // Listen on every interface of the store host's family, so ranks on other nodes reach it.
 std::string listen_host_for(const std::string& store_host) {
   return store_host.find(':') != std::string::npos ? "::" : "0.0.0.0";
@@ -105,10 +130,16 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   // killed peer that UCX's shared-memory keepalive misses.
   world->options_.ucx.shared_memory_peer_errors = true;
   world->ucx_ = std::make_unique<UcxWorker>(runtime, world->options_.ucx);
-  co_await world->store_->set(address_key(info.rank), world->ucx_->address());
+  // Each rank publishes its node with its address, so the job learns where every rank
+  // runs (hierarchical collectives need it) without another round of store traffic.
+  co_await world->store_->set(address_key(info.rank),
+                              with_node(info.node_rank, world->ucx_->address()));
   std::vector<Bytes> addresses(static_cast<std::size_t>(info.world_size));
+  world->node_of_rank_.resize(static_cast<std::size_t>(info.world_size));
   for (int r = 0; r < info.world_size; ++r) {
-    addresses[static_cast<std::size_t>(r)] = co_await world->store_->get(address_key(r), deadline);
+    Bytes published = co_await world->store_->get(address_key(r), deadline);
+    world->node_of_rank_[static_cast<std::size_t>(r)] = take_node(published, r);
+    addresses[static_cast<std::size_t>(r)] = std::move(published);
   }
   world->ucx_->connect(addresses, info.rank);
   if (!trace_directory.empty()) co_await world->start_trace_output(trace_directory, deadline);

@@ -2,7 +2,7 @@
 // environment, takes the world Communicator, and does what its first argument says:
 //   check      every collective the communicator has over real processes, with values
 //              whose results are known exactly (small integers, exact in f32 too); prints
-//              "rank R ok", or the first mismatch on stderr with exit code 1.
+//              "rank R ok (all_reduce of 1 MiB: ALGORITHM)", or the first mismatch on stderr with exit code 1.
 //   die D      all ranks run one all_reduce; then rank D kills itself (SIGKILL) and the
 //              others call all_reduce on 4 MiB until it fails. A survivor prints
 //              "rank R saw: <what>" on stderr and exits 3; one that never sees a failure
@@ -192,7 +192,10 @@ int main(int argc, char** argv) {
         std::cerr << "rank " << rank << ": " << mismatch << "\n";
         return 1;
       }
-      std::cout << "rank " << rank << " ok\n";
+      std::cout << "rank " << rank << " ok (all_reduce of 1 MiB: "
+                << to_string(comm->algorithm_for(braid::collectives::CollectiveKind::all_reduce,
+                                                 std::size_t{1} << 20))
+                << ")\n";
       return 0;
     }
     try {

@@ -5,10 +5,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <csignal>
 #include <sstream>
 
 #include <fmt/format.h>
+
+#include <braid/transport/bootstrap.hpp>
 
 #include "../support/child_process.hpp"
 
@@ -44,7 +47,32 @@ TEST_P(CollectivesProcesses, EveryCollectiveGivesTheExactResultOnEveryRank) {
                     .wait();
   ASSERT_EQ(result.status, 0) << result.out << result.err;
   for (int r = 0; r < size; ++r) {
-    EXPECT_THAT(result.out, HasSubstr(fmt::format("[{}] rank {} ok\n", r, r))) << result.err;
+    EXPECT_THAT(result.out, HasSubstr(fmt::format("[{}] rank {} ok", r, r))) << result.err;
+  }
+}
+
+// Two launchers on this machine, as on two nodes (--nnodes 2 --node-rank k): the ranks
+// learn their nodes from the launcher's environment, and all-reduce goes hierarchical.
+TEST(CollectivesProcesses, FourRanksAsTwoNodesOfTwoRunEveryCollectiveHierarchically) {
+  const std::string port = std::to_string(braid::transport::find_free_port());
+  auto node = [&](int node_rank) {
+    return ChildProcess({braid_run(), "-n", "2", "--nnodes", "2", "--node-rank",
+                         std::to_string(node_rank), "--master-addr", "127.0.0.1",
+                         "--master-port", port, "--timeout", "120", probe(), "check"},
+                        {{"BRAID_TOKEN", "two-pretend-nodes"}}, 150s);
+  };
+  ChildProcess first = node(0);
+  ChildProcess second = node(1);
+  const auto results = std::array{first.wait(), second.wait()};
+  for (int n = 0; n < 2; ++n) {
+    const auto& result = results[static_cast<std::size_t>(n)];
+    ASSERT_EQ(result.status, 0) << "node " << n << ":\n" << result.out << result.err;
+    for (int local = 0; local < 2; ++local) {
+      const int r = 2 * n + local;
+      EXPECT_THAT(result.out,
+                  HasSubstr(fmt::format("[{}] rank {} ok (all_reduce of 1 MiB: hierarchical)", r, r)))
+          << result.err;
+    }
   }
 }
 

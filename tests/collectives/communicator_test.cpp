@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <numeric>
 
 #include <braid/core/error.hpp>
@@ -86,6 +87,96 @@ TEST_P(AllReduce, EveryAlgorithmDtypeAndOpMatchesTheSerialReference) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, AllReduce, ::testing::Values(1, 2, 3, 4, 8),
                          [](const auto& info) { return fmt::format("ranks{}", info.param); });
+
+// Ranks on pretend nodes (thread_ranks.hpp): 2 nodes x 2, uneven 2 + 1, round-robin
+// placement, and 3 nodes x 2.
+struct NodeLayout {
+  const char* name;
+  std::vector<int> node_of_rank;
+};
+
+class Hierarchical : public ::testing::TestWithParam<NodeLayout> {};
+
+TEST_P(Hierarchical, AllReduceMatchesTheSerialReferenceForEveryDtypeAndOp) {
+  const std::vector<int>& nodes = GetParam().node_of_rank;
+  const int world = static_cast<int>(nodes.size());
+  Communicator::Options options;
+  options.selection = forcing("allreduce:0-inf:hierarchical");
+  run_ranks(world, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    EXPECT_EQ(comm->algorithm_for(CollectiveKind::all_reduce, 8), Algorithm::hierarchical);
+    Mismatch mismatch;
+    for (DType dtype : kAllDtypes) {
+      for (ReduceOp op : kAllOps) {
+        for (std::size_t count : kCounts) {
+          if (count > 2000 && dtype != DType::f32) continue;
+          TypedVector input(dtype, count);
+          TypedVector output(dtype, count);
+          for (std::size_t i = 0; i < count; ++i) {
+            input.set(i, testing::value_for(comm->rank(), i, dtype, op));
+          }
+          const std::string where = fmt::format("{} {} count {} rank {}", to_string(dtype),
+                                                to_string(op), count, comm->rank());
+          co_await comm->all_reduce(input.buffer(), output.buffer(), op);
+          for (std::size_t i = 0; i < count; ++i) {
+            mismatch.check(output, i, testing::reference(world, i, dtype, op), [&] { return where; });
+          }
+          co_await comm->all_reduce(input.buffer(), op);
+          for (std::size_t i = 0; i < count; ++i) {
+            mismatch.check(input, i, testing::reference(world, i, dtype, op),
+                           [&] { return "in place " + where; });
+          }
+        }
+      }
+    }
+    EXPECT_EQ(mismatch.what, "");
+  }, options, nodes);
+}
+
+TEST_P(Hierarchical, TheBuiltInTableChoosesItForLargeVectorsAndEveryRankEndsBitIdentical) {
+  const std::vector<int>& nodes = GetParam().node_of_rank;
+  const int world = static_cast<int>(nodes.size());
+  std::vector<std::vector<float>> results(static_cast<std::size_t>(world));
+  run_ranks(world, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    EXPECT_EQ(comm->algorithm_for(CollectiveKind::all_reduce, 1 << 20), Algorithm::hierarchical);
+    EXPECT_EQ(comm->algorithm_for(CollectiveKind::all_reduce, 8), Algorithm::recursive_doubling);
+    // Values whose float sums depend on the order they are added in.
+    std::vector<float> data(70001);
+    for (std::size_t i = 0; i < data.size(); ++i) {
+      data[i] = 1.0f / static_cast<float>(1 + (i * 7919 + static_cast<std::size_t>(comm->rank()) * 104729) % 1009);
+    }
+    co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
+    results[static_cast<std::size_t>(comm->rank())] = std::move(data);
+  }, {}, nodes);
+  for (int r = 1; r < world; ++r) {
+    EXPECT_EQ(std::memcmp(results[0].data(), results[static_cast<std::size_t>(r)].data(),
+                          results[0].size() * sizeof(float)),
+              0)
+        << "rank " << r << " differs from rank 0";
+  }
+}
+
+TEST_P(Hierarchical, SplitCommunicatorsPlanTheirOwnMembersNodes) {
+  const std::vector<int>& nodes = GetParam().node_of_rank;
+  const int world = static_cast<int>(nodes.size());
+  run_ranks(world, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    // One member per node in each half: nothing hierarchical left to do.
+    auto by_local_index = co_await comm->split(comm->hierarchy().local_rank, comm->rank());
+    EXPECT_FALSE(by_local_index->hierarchy().worth_it());
+    EXPECT_EQ(by_local_index->hierarchy().nodes, by_local_index->size());
+    std::vector<std::int64_t> one{comm->rank() + 1};
+    co_await by_local_index->all_reduce(Buffer(one), ReduceOp::sum);
+    std::int64_t expected = 0;
+    for (int i = 0; i < by_local_index->size(); ++i) expected += by_local_index->world_rank(i) + 1;
+    EXPECT_EQ(one[0], expected);
+  }, {}, nodes);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, Hierarchical,
+    ::testing::Values(NodeLayout{"two_by_two", {0, 0, 1, 1}}, NodeLayout{"uneven", {0, 0, 1}},
+                      NodeLayout{"round_robin", {0, 1, 0, 1}},
+                      NodeLayout{"three_by_two", {0, 0, 1, 1, 2, 2}}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 class DataMovement : public ::testing::TestWithParam<int> {};
 

@@ -64,9 +64,9 @@ TEST(SelectionTable, OverridesPickTheirAlgorithmForTheSizesTheyCover) {
   EXPECT_EQ(SelectionTable::built_in().select(CollectiveKind::all_reduce, 32 * KiB, 4),
             Algorithm::shared_memory);
   EXPECT_EQ(SelectionTable::built_in().select(CollectiveKind::all_reduce, 32 * KiB, 4,
-                                              /*members_share_a_node=*/false),
+                                              {.one_node = false}),
             Algorithm::halving_doubling);
-  EXPECT_EQ(SelectionTable::built_in().select(CollectiveKind::all_reduce, 4 * MiB, 4, false),
+  EXPECT_EQ(SelectionTable::built_in().select(CollectiveKind::all_reduce, 4 * MiB, 4, {.one_node = false}),
             Algorithm::ring);
   EXPECT_EQ(table.select(CollectiveKind::all_reduce, 32 * KiB, 4), Algorithm::recursive_doubling);
   EXPECT_EQ(table.select(CollectiveKind::all_reduce, 256 * KiB, 4), Algorithm::ring);
@@ -74,6 +74,28 @@ TEST(SelectionTable, OverridesPickTheirAlgorithmForTheSizesTheyCover) {
   EXPECT_EQ(table.select(CollectiveKind::all_reduce, 64 * KiB - 1, 4),
             Algorithm::recursive_doubling);
   EXPECT_EQ(table.select(CollectiveKind::all_reduce, 64 * KiB, 4), Algorithm::ring);
+}
+
+TEST(SelectionTable, HierarchicalAllReduceIsChosenOnlyWhenMembersGroupIntoSeveralNodes) {
+  const SelectionTable table = SelectionTable::built_in();
+  const MemberPlacement two_by_two{.one_node = false, .grouped_nodes = true};
+  const MemberPlacement one_per_node{.one_node = false, .grouped_nodes = false};
+  EXPECT_EQ(table.select(CollectiveKind::all_reduce, 1 * MiB, 4, two_by_two),
+            Algorithm::hierarchical);
+  EXPECT_EQ(table.select(CollectiveKind::all_reduce, 64 * KiB, 4, two_by_two),
+            Algorithm::hierarchical);
+  EXPECT_EQ(table.select(CollectiveKind::all_reduce, 1 * MiB, 4, one_per_node), Algorithm::ring);
+  EXPECT_EQ(table.select(CollectiveKind::all_reduce, 1 * MiB, 4), Algorithm::shared_memory);
+  // Latency-bound sizes stay with recursive doubling, and other collectives are unaffected.
+  EXPECT_EQ(table.select(CollectiveKind::all_reduce, 8, 4, two_by_two),
+            Algorithm::recursive_doubling);
+  EXPECT_EQ(table.select(CollectiveKind::broadcast, 1 * MiB, 4, two_by_two),
+            Algorithm::binomial_tree);
+  // An override may name it, and it still applies only where it can run.
+  const auto forced = SelectionTable::with_overrides("allreduce:0-inf:hierarchical");
+  EXPECT_EQ(forced.select(CollectiveKind::all_reduce, 8, 4, two_by_two), Algorithm::hierarchical);
+  EXPECT_EQ(forced.select(CollectiveKind::all_reduce, 8, 4, one_per_node),
+            Algorithm::recursive_doubling);
 }
 
 TEST(SelectionTable, KindsAreAcceptedWithAndWithoutTheUnderscore) {

@@ -1,8 +1,11 @@
 // Ranks as threads: each thread is one rank with its own Runtime, World (UCX worker,
 // store client; rank 0 serves the store) and world Communicator, the way a process would
 // be. `body` runs on each rank's runtime; the first failure of any rank is rethrown.
+// `node_of_rank` (empty: one node) places ranks on pretend nodes, as a launcher on several
+// machines would, so hierarchical algorithms run on one machine.
 #pragma once
 
+#include <algorithm>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -28,7 +31,9 @@ struct RankFailures {
 
 // Runs `body` on `size` thread ranks; returns each rank's exception (null if it passed).
 inline std::vector<std::exception_ptr> run_ranks_collecting(int size, const RankBody& body,
-                                                            Communicator::Options options = {}) {
+                                                            Communicator::Options options = {},
+                                                            std::vector<int> node_of_rank = {}) {
+  if (node_of_rank.empty()) node_of_rank.assign(static_cast<std::size_t>(size), 0);
   const auto port = transport::find_free_port();
   RankFailures failures;
   failures.by_rank.resize(static_cast<std::size_t>(size));
@@ -37,8 +42,14 @@ inline std::vector<std::exception_ptr> run_ranks_collecting(int size, const Rank
     threads.emplace_back([&, r] {
       try {
         Runtime runtime({.rank = r});
-        transport::LaunchInfo launch{.rank = r, .world_size = size, .local_rank = r,
-                                     .local_world_size = size, .store_host = "127.0.0.1",
+        const int node = node_of_rank[static_cast<std::size_t>(r)];
+        const auto on_node = [&](int upto) {
+          return static_cast<int>(std::count(node_of_rank.begin(), node_of_rank.begin() + upto, node));
+        };
+        const int nodes = 1 + *std::max_element(node_of_rank.begin(), node_of_rank.end());
+        transport::LaunchInfo launch{.rank = r, .world_size = size, .local_rank = on_node(r),
+                                     .local_world_size = on_node(size), .node_rank = node,
+                                     .num_nodes = nodes, .store_host = "127.0.0.1",
                                      .store_port = port, .token = "", .source = "test"};
         auto world = transport::World::join(runtime, launch);
         auto comm = Communicator::world(*world, options);
@@ -61,8 +72,10 @@ inline std::vector<std::exception_ptr> run_ranks_collecting(int size, const Rank
 }
 
 // As run_ranks_collecting, rethrowing the first rank's failure.
-inline void run_ranks(int size, const RankBody& body, Communicator::Options options = {}) {
-  for (const auto& failure : run_ranks_collecting(size, body, std::move(options))) {
+inline void run_ranks(int size, const RankBody& body, Communicator::Options options = {},
+                      std::vector<int> node_of_rank = {}) {
+  for (const auto& failure :
+       run_ranks_collecting(size, body, std::move(options), std::move(node_of_rank))) {
     if (failure) std::rethrow_exception(failure);
   }
 }

@@ -39,12 +39,13 @@ enum class Algorithm : std::uint8_t {
   pairwise,            // all-to-all: every pair exchanges its blocks, all posted at once
   dissemination,       // barrier: log2(P) rounds of zero-byte messages
   shared_memory,       // all-reduce through a segment the members on one node map
+  hierarchical,        // all-reduce within each node, across nodes, within again
 };
 
 inline constexpr std::array all_algorithms = {
     Algorithm::ring,          Algorithm::recursive_doubling, Algorithm::halving_doubling,
     Algorithm::binomial_tree, Algorithm::linear,             Algorithm::pairwise,
-    Algorithm::dissemination, Algorithm::shared_memory,
+    Algorithm::dissemination, Algorithm::shared_memory,      Algorithm::hierarchical,
 };
 
 // snake_case names: "all_reduce", "ring". BRAID_ALGO also accepts the kinds without the

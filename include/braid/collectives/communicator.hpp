@@ -64,6 +64,7 @@
 #include <boost/asio/awaitable.hpp>
 
 #include <braid/collectives/algorithm.hpp>
+#include <braid/collectives/hierarchy.hpp>
 #include <braid/collectives/selection.hpp>
 #include <braid/core/buffer.hpp>
 #include <braid/core/deadline.hpp>
@@ -172,6 +173,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
   // The algorithm this communicator would use.
   Algorithm algorithm_for(CollectiveKind kind, std::size_t bytes) const;
+  // How the members group into nodes (World::node_of): what hierarchical algorithms use.
+  const HierarchyPlan& hierarchy() const noexcept { return hierarchy_; }
 
  private:
   struct Private {};
@@ -210,6 +213,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::unique_ptr<std::atomic<std::uint64_t>[]> recv_sequence_;
   std::unique_ptr<detail::ScratchPool> scratch_;
   std::unique_ptr<detail::SharedMemoryArena> arena_;  // null unless every member is on this node
+  HierarchyPlan hierarchy_;
   // Collectives in flight (runtime thread only), aborted when a member dies.
   std::set<detail::CollectiveOp*> in_flight_;
   std::uint64_t failure_listener_ = 0;

@@ -14,6 +14,10 @@
 // string, an unknown kind or algorithm, or an algorithm braid does not have for that kind
 // is an Error(Errc::invalid_environment) naming BRAID_ALGO.
 //
+// Placement. Two rules depend on where the members run (MemberPlacement): rules naming
+// shared_memory apply only when every member is on this node, and rules naming
+// hierarchical only when the members span several nodes and some node holds several.
+//
 // "Size" is the per-rank buffer as nccl-tests counts it: the buffer of all_reduce,
 // broadcast and reduce, the full output of all_gather and gather, the full input of
 // reduce_scatter and scatter, the send buffer of all_to_all.
@@ -28,6 +32,12 @@
 #include <braid/collectives/algorithm.hpp>
 
 namespace braid::collectives {
+
+// Where a communicator's members run, as far as choosing an algorithm is concerned.
+struct MemberPlacement {
+  bool one_node = true;         // every member on this node: shared memory reaches them all
+  bool grouped_nodes = false;   // several nodes, at least one holding several members
+};
 
 struct SelectionRule {
   CollectiveKind kind;
@@ -48,9 +58,9 @@ class SelectionTable {
   // The built-in rules under BRAID_ALGO, parsed once per process.
   static const SelectionTable& from_environment();
 
-  // Rules naming shared_memory apply only when every member is on this node.
+  // The first rule that covers (kind, bytes, world_size) and suits `placement`.
   Algorithm select(CollectiveKind kind, std::size_t bytes, int world_size,
-                   bool members_share_a_node = true) const;
+                   MemberPlacement placement = {}) const;
 
   // The rules in force, overrides first, one per line.
   std::string describe() const;

@@ -36,6 +36,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace braid::transport {
 
@@ -71,6 +72,9 @@ class World {
   int size() const noexcept { return launch_.world_size; }
   const LaunchInfo& launch() const noexcept { return launch_; }
   Runtime& runtime() noexcept { return runtime_; }
+  // The node world rank `rank` runs on, as its launcher said (LaunchInfo::node_rank). Ranks
+  // on one node share memory and a fast link; hierarchical collectives group by it.
+  int node_of(int rank) const { return node_of_rank_.at(static_cast<std::size_t>(rank)); }
   StoreClient& store() noexcept { return *store_; }
   UcxWorker& transport() noexcept { return *ucx_; }
 
@@ -104,6 +108,7 @@ class World {
   std::unique_ptr<StoreClient> store_;
   std::unique_ptr<UcxWorker> ucx_;
   std::shared_ptr<PeerWatch> watch_;  // shared with watch_peers(), which may outlive us
+  std::vector<int> node_of_rank_;  // world rank -> node, from what each rank published
   bool writes_trace_ = false;         // BRAID_TRACE was set: the destructor writes the trace
 };
 

@@ -17,6 +17,10 @@
 
 #include "../collective_op.hpp"
 
+namespace braid::collectives {
+struct HierarchyPlan;
+}  // namespace braid::collectives
+
 namespace braid::collectives::detail {
 
 asio::awaitable<void> ring_all_reduce(CollectiveOp& op, Buffer input, Buffer output, ReduceOp reduce_op);
@@ -40,6 +44,10 @@ asio::awaitable<void> pairwise_all_to_all(CollectiveOp& op, Buffer input,
                                           std::span<const std::size_t> send_counts, Buffer output,
                                           std::span<const std::size_t> recv_counts);
 asio::awaitable<void> dissemination_barrier(CollectiveOp& op);
+
+// Within nodes, then across them, then within again; `plan` says who is where.
+asio::awaitable<void> hierarchical_all_reduce(CollectiveOp& op, Buffer input, Buffer output,
+                                              ReduceOp reduce_op, const HierarchyPlan& plan);
 
 class SharedMemoryArena;
 // Runs when `ticket` (taken at the call) comes up in the arena's issue order.

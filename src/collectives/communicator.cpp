@@ -19,6 +19,12 @@
 #include "collective_op.hpp"
 #include "scratch_pool.hpp"
 #include "shared_memory_arena.hpp"
+#include "staging.hpp"
+
+#include <braid/build_config.hpp>
+#if BRAID_WITH_CUDA
+#include "cuda_copy_engine.hpp"
+#endif
 
 namespace braid::collectives {
 
@@ -74,15 +80,20 @@ class ArgumentCheck {
   void that(bool condition, fmt::format_string<Args...> format, Args&&... args) const {
     if (!condition) fail(fmt::format(format, std::forward<Args>(args)...));
   }
+  // Host memory, or CUDA memory where the communicator can stage it.
   void host(const Buffer& buffer, std::string_view name) const {
-    that(buffer.memory() == MemoryKind::host,
-         "the {} is {} memory (device {}); this communicator moves host memory (CUDA buffers "
-         "go through the NCCL communicator)",
+    that(buffer.memory() == MemoryKind::host || comm_.accepts_cuda_buffers(),
+         "the {} is {} memory (device {}), and this build of braid has no CUDA",
          name, to_string(buffer.memory()), buffer.device());
   }
+  // Same dtype, and the same kind of memory on the same device.
   void same_dtype(const Buffer& a, const Buffer& b) const {
     that(a.dtype() == b.dtype(), "input is {} and output is {}", to_string(a.dtype()),
          to_string(b.dtype()));
+    that(a.memory() == b.memory() && a.device() == b.device(),
+         "input is {} memory (device {}) and output is {} memory (device {}); both must be "
+         "in the same place",
+         to_string(a.memory()), a.device(), to_string(b.memory()), b.device());
   }
   void rank(int r, std::string_view name) const {
     that(r >= 0 && r < comm_.size(), "{} {} is outside a communicator of {} ranks", name, r,
@@ -307,6 +318,8 @@ Communicator::Communicator(Private, transport::World& world, std::vector<int> wo
       send_sequence_(new std::atomic<std::uint64_t>[world_ranks_.size()]),
       recv_sequence_(new std::atomic<std::uint64_t>[world_ranks_.size()]),
       scratch_(std::make_unique<detail::ScratchPool>()),
+      staging_engine_(std::move(options.staging_engine)),
+      cuda_stream_(options.cuda_stream),
       track_(trace::track(fmt::format("communicator {}", id))) {
   // Every member on this node (the whole job is): collectives may go through shared memory.
   if (world.launch().num_nodes == 1 && world_ranks_.size() > 1) {
@@ -401,6 +414,77 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
   if (failure) std::rethrow_exception(failure);
 }
 
+bool Communicator::accepts_cuda_buffers() const noexcept {
+  return BRAID_WITH_CUDA != 0 || static_cast<bool>(staging_engine_);
+}
+
+detail::StagingResources& Communicator::staging_for(int device) {
+  for (auto& [staged_device, resources] : staging_) {
+    if (staged_device == device) return *resources;
+  }
+  auto resources = std::make_unique<detail::StagingResources>();
+  if (staging_engine_) {
+    resources->engine = staging_engine_(device);
+  } else {
+#if BRAID_WITH_CUDA
+    resources->engine = std::make_unique<detail::CudaCopyEngine>(
+        device, static_cast<cudaStream_t>(cuda_stream_));
+#endif
+  }
+  BRAID_ENFORCE(resources->engine != nullptr, "no copy engine for CUDA device {}", device);
+  resources->pool = std::make_unique<detail::StagingPool>(*resources->engine);
+  staging_.emplace_back(device, std::move(resources));
+  return *staging_.back().second;
+}
+
+asio::awaitable<void> Communicator::run_staged(std::shared_ptr<Communicator> self,
+                                               std::unique_ptr<CollectiveCall> call) {
+  const Buffer& on_device = call->input.memory() == MemoryKind::cuda ? call->input : call->output;
+  detail::StagingResources& staging = staging_for(on_device.device());
+  const MemberPlacement placement{.one_node = false, .grouped_nodes = hierarchy_.worth_it()};
+  // The same call (kind, sequence, root, counts) on host views of its buffers.
+  const auto on_host = [&](Buffer input, Buffer output, std::size_t bytes) {
+    auto host_call = std::make_unique<CollectiveCall>(*call);
+    host_call->input = input;
+    host_call->output = output;
+    host_call->bytes = bytes;
+    host_call->algorithm = selection_->select(call->kind, bytes, size(), placement);
+    return host_call;
+  };
+  const bool root = rank_ == call->root;
+  switch (call->kind) {
+    case CollectiveKind::all_reduce:
+    case CollectiveKind::broadcast:
+    case CollectiveKind::reduce: {
+      // Chunk k of the result needs chunk k of every input only: pipeline the chunks. They
+      // run one after another under the call's sequence number; a chunk's messages match
+      // their receives in order (tag.hpp), so chunks never mix.
+      const bool reduce_elsewhere = call->kind == CollectiveKind::reduce && !root;
+      const detail::ElementwiseStaging layout{
+          .input = call->input,
+          .output = reduce_elsewhere ? call->input : call->output,
+          .copy_in = call->kind != CollectiveKind::broadcast || root,
+          .copy_out = !reduce_elsewhere,
+          .chunk_bytes = detail::staging_chunk_bytes()};
+      detail::ChunkRunner run_chunk = [&](Buffer chunk) -> asio::awaitable<void> {
+        co_await run(self, on_host(chunk, reduce_elsewhere ? Buffer{} : chunk, chunk.size_bytes()));
+      };
+      co_await detail::run_elementwise_staged(*staging.engine, *staging.pool, layout,
+                                              std::move(run_chunk), call->deadline);
+      co_return;
+    }
+    default: {
+      detail::WholeRunner run_whole = [&](Buffer input, Buffer output) -> asio::awaitable<std::size_t> {
+        co_await run(self, on_host(input, output, call->bytes));
+        co_return output.size_bytes();
+      };
+      co_await detail::run_whole_staged(*staging.engine, *staging.pool, call->input, call->output,
+                                        std::move(run_whole), call->deadline);
+      co_return;
+    }
+  }
+}
+
 void Communicator::on_member_failed(int world_peer, const std::string& why) {
   for (CollectiveOp* op : in_flight_) op->abort(world_peer, why);
 }
@@ -416,6 +500,16 @@ Deadline deadline_for(Clock::duration timeout) {
 }  // namespace
 
 asio::awaitable<void> Communicator::submit(std::unique_ptr<CollectiveCall> call) {
+  if (call->input.memory() == MemoryKind::cuda || call->output.memory() == MemoryKind::cuda) {
+    // Staged: run() sees host copies, and picks their algorithms; none takes an arena turn.
+    call->algorithm = selection_->select(call->kind, call->bytes, size(),
+                                         {.one_node = false, .grouped_nodes = hierarchy_.worth_it()});
+    call->hierarchy = &hierarchy_;
+    call->sequence = take_sequence();
+    call->deadline = deadline_for(timeout_);
+    std::shared_ptr<Communicator> self = shared_from_this();
+    return run_staged(std::move(self), std::move(call));
+  }
   call->algorithm = algorithm_for(call->kind, call->bytes);
   // An empty call moves nothing (run() skips it), so it takes no turn in the arena.
   if (call->algorithm == Algorithm::shared_memory && call->bytes != 0) {
@@ -711,6 +805,23 @@ asio::awaitable<void> discard_count(asio::awaitable<std::size_t> operation) {
 
 }  // namespace
 
+asio::awaitable<std::size_t> Communicator::staged_point_to_point(
+    std::shared_ptr<Communicator> self, std::unique_ptr<CollectiveOp> op, bool sending,
+    Buffer data, int peer) {
+  detail::StagingResources& staging = staging_for(data.device());
+  const Deadline deadline = op->deadline();
+  const Buffer nothing(nullptr, 0, data.dtype());
+  std::size_t elements = 0;
+  detail::WholeRunner transfer = [&](Buffer host_in, Buffer host_out) -> asio::awaitable<std::size_t> {
+    elements = co_await run_point_to_point(self, std::move(op), sending,
+                                           sending ? host_in : host_out, peer);
+    co_return elements * dtype_size(data.dtype());
+  };
+  co_await detail::run_whole_staged(*staging.engine, *staging.pool, sending ? data : nothing,
+                                    sending ? nothing : data, std::move(transfer), deadline);
+  co_return elements;
+}
+
 asio::awaitable<void> Communicator::send(Buffer data, int peer) {
   const ArgumentCheck check(*this, "send");
   check.rank(peer, "peer");
@@ -719,6 +830,9 @@ asio::awaitable<void> Communicator::send(Buffer data, int peer) {
   auto op = std::make_unique<CollectiveOp>(world_.transport(), world_ranks_, rank_, id_, sequence,
                                            deadline_for(timeout_), *scratch_);
   std::shared_ptr<Communicator> self = shared_from_this();
+  if (data.memory() == MemoryKind::cuda && !world_.transport().moves_cuda_memory()) {
+    return discard_count(staged_point_to_point(std::move(self), std::move(op), true, data, peer));
+  }
   asio::awaitable<std::size_t> sending =
       run_point_to_point(std::move(self), std::move(op), true, data, peer);
   return discard_count(std::move(sending));
@@ -732,6 +846,9 @@ asio::awaitable<std::size_t> Communicator::recv(Buffer data, int peer) {
   auto op = std::make_unique<CollectiveOp>(world_.transport(), world_ranks_, rank_, id_, sequence,
                                            deadline_for(timeout_), *scratch_);
   std::shared_ptr<Communicator> self = shared_from_this();
+  if (data.memory() == MemoryKind::cuda && !world_.transport().moves_cuda_memory()) {
+    return staged_point_to_point(std::move(self), std::move(op), false, data, peer);
+  }
   return run_point_to_point(std::move(self), std::move(op), false, data, peer);
 }
 
@@ -804,8 +921,11 @@ asio::awaitable<std::shared_ptr<Communicator>> Communicator::run_split(
   std::sort(members.begin(), members.end());
   std::vector<int> ranks;
   for (const auto& [member_key, r] : members) ranks.push_back(world_rank(r));
-  Options options{.timeout = timeout_, .check_fingerprints = check_fingerprints_,
-                  .selection = selection_};
+  Options options{.timeout = timeout_,
+                  .check_fingerprints = check_fingerprints_,
+                  .selection = selection_,
+                  .cuda_stream = cuda_stream_,
+                  .staging_engine = staging_engine_};
   co_return std::make_shared<Communicator>(Private{}, world_, std::move(ranks),
                                            static_cast<std::uint32_t>(id), std::move(options));
 }

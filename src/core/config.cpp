@@ -36,6 +36,9 @@ constexpr std::array kKnobs{
     Knob{"BRAID_RING_PIECE_KIB", "256",
          "size of the pieces ring collectives pipeline (KiB): smaller overlaps more, larger "
          "pays less per-message overhead"},
+    Knob{"BRAID_STAGING_CHUNK_KIB", "1024",
+         "CUDA buffers moved over UCX go through pinned host memory in chunks this size "
+         "(KiB), so copies to and from the GPU overlap the network"},
     Knob{"BRAID_DEBUG", "off",
          "off, or detail: ranks exchange a fingerprint (kind, count, dtype, op, root) before "
          "every collective and a desync fails on every rank, naming both sides"},

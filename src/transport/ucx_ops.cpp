@@ -70,10 +70,11 @@ void UcxWorkerImpl::check_can_start(int peer, const Buffer& buffer, const Tag& t
                 fmt::format("peer rank {} is outside the world of {} ranks", peer, size()),
                 context(peer, kind, tag));
   }
-  if (buffer.memory() != MemoryKind::host) [[unlikely]] {
+  if (buffer.memory() != MemoryKind::host && !moves_cuda_memory_) [[unlikely]] {
     throw Error(Errc::invalid_argument,
-                fmt::format("the buffer is {} memory (device {}); the UCX transport moves host "
-                            "memory only",
+                fmt::format("the buffer is {} memory (device {}); this UCX was built without "
+                            "CUDA support and moves host memory only (communicators stage CUDA "
+                            "buffers through host memory)",
                             to_string(buffer.memory()), buffer.device()),
                 context(peer, kind, tag));
   }
@@ -149,6 +150,13 @@ void UcxWorkerImpl::track(UcxOp* op, OpKind kind, int peer, const Tag& tag,
   post_poll();
 }
 
+namespace {
+// Telling UCX the memory type saves it a pointer lookup per message.
+ucs_memory_type_t memory_type_of(const Buffer& buffer) {
+  return buffer.memory() == MemoryKind::cuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+}
+}  // namespace
+
 UcxOp* UcxWorkerImpl::start_send(int peer, const Buffer& buffer, const Tag& tag,
                                  Deadline deadline) {
   check_can_start(peer, buffer, tag, OpKind::send);
@@ -158,7 +166,7 @@ UcxOp* UcxWorkerImpl::start_send(int peer, const Buffer& buffer, const Tag& tag,
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
   params.cb.send = &UcxWorkerImpl::on_send_complete;
   params.user_data = op;
-  params.memory_type = UCS_MEMORY_TYPE_HOST;
+  params.memory_type = memory_type_of(buffer);
   void* request = ucp_tag_send_nbx(peers_[peer].ep, buffer.data(), buffer.size_bytes(),
                                    encode_tag(tag, static_cast<std::uint32_t>(rank_)), &params);
   if (!UCS_PTR_IS_PTR(request)) {
@@ -187,7 +195,7 @@ RecvStart UcxWorkerImpl::start_recv(int peer, const Buffer& buffer, const Tag& t
                         UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FIELD_RECV_INFO;
   params.cb.recv = &UcxWorkerImpl::on_recv_complete;
   params.user_data = op;
-  params.memory_type = UCS_MEMORY_TYPE_HOST;
+  params.memory_type = memory_type_of(buffer);
   ucp_tag_recv_info_t ignored{};
   params.recv_info.tag_info = &ignored;
   void* request = ucp_tag_recv_nbx(worker_, buffer.data(), buffer.size_bytes(), wire_tag,

@@ -87,6 +87,9 @@ int UcxWorker::rank() const noexcept {
 int UcxWorker::size() const noexcept {
   return impl_->size();
 }
+bool UcxWorker::moves_cuda_memory() const noexcept {
+  return impl_->moves_cuda_memory();
+}
 
 // Each message is a transport span on the runtime thread's track: from the call to the
 // buffer being released (send) or filled (recv). Off, a span costs one relaxed load.

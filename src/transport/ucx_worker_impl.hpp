@@ -119,6 +119,7 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   const Bytes& address() const noexcept { return address_; }
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return static_cast<int>(peers_.size()); }
+  bool moves_cuda_memory() const noexcept { return moves_cuda_memory_; }
 
  private:
   // ucx_progress.cpp
@@ -161,6 +162,7 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   std::chrono::milliseconds close_timeout_;
 
   ucp_context_h context_ = nullptr;
+  bool moves_cuda_memory_ = false;  // UCX was built with CUDA transports (cuda_copy, ...)
   ucp_worker_h worker_ = nullptr;
   Bytes address_;
   int rank_ = -1;

@@ -18,17 +18,27 @@
 // hole in the order: the other ranks wait for it until their deadline.
 //
 // Threading. The awaitables run on the World's runtime: co_await them from coroutines
-// spawned there (runtime.spawn), or use launch(). The buffers are the caller's, host
-// memory, alive and untouched (inputs unmodified, outputs unread) until the operation
-// completes.
+// spawned there (runtime.spawn), or use launch(). The buffers are the caller's, alive and
+// untouched (inputs unmodified, outputs unread) until the operation completes.
+//
+// CUDA buffers (built with CUDA). This communicator reduces on the CPU, so it moves CUDA
+// buffers through pinned host memory on a copy stream of their device (staging, see
+// docs/gpu.md): all_reduce, broadcast and reduce in pipelined chunks
+// (BRAID_STAGING_CHUNK_KIB) so the GPU copies overlap the network, the other collectives
+// as a whole. Copies start after the work enqueued so far on Options::cuda_stream (the
+// producer); the awaitable completes once the results are in device memory, so kernels
+// enqueued after it see them. Input and output must be the same kind of memory on the same
+// device. send and recv hand CUDA memory to UCX directly where UCX was built with CUDA. For
+// GPU training, NcclCommunicator (nccl_communicator.hpp) moves CUDA buffers GPU to GPU.
 //
 // In place. Passing the same buffer as input and output is in place; a partial overlap
 // is an error. The single-buffer overloads are the in-place forms.
 //
 // Errors (braid::Error; context: world rank, the peer's world rank, "all_reduce[ring]",
 // sequence). Every call checks its arguments before it takes a sequence number:
-//   Errc::invalid_argument  sizes that do not fit the operation, CUDA buffers (the NCCL
-//                           communicator carries those), a root or peer outside the group
+//   Errc::invalid_argument  sizes that do not fit the operation, CUDA buffers in a build
+//                           without CUDA, input and output in different kinds of memory,
+//                           a root or peer outside the group
 //   Errc::size_mismatch     a message from a peer has a size other than this rank's
 //                           arguments imply: the ranks disagree on counts or dtypes. Never
 //                           truncated silently.
@@ -52,6 +62,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -84,8 +95,10 @@ namespace braid::collectives {
 namespace detail {
 struct CollectiveCall;
 class CollectiveOp;
+class CopyEngine;
 class ScratchPool;
 class SharedMemoryArena;
+struct StagingResources;
 }  // namespace detail
 
 struct CommunicatorOptions {
@@ -96,6 +109,14 @@ struct CommunicatorOptions {
   std::optional<bool> check_fingerprints;
   // Algorithm choice; null: SelectionTable::from_environment().
   std::shared_ptr<const SelectionTable> selection;
+  // The cudaStream_t whose work writes and reads this communicator's CUDA buffers: staging
+  // copies wait for what was enqueued on it before the call. null: the legacy default
+  // stream.
+  void* cuda_stream = nullptr;
+  // Makes the copy engine that stages CUDA buffers of a device. Empty: CUDA's (a copy
+  // stream and pinned memory), in builds with CUDA. Tests pass a host engine to run the
+  // staged paths on machines without a GPU.
+  std::function<std::unique_ptr<detail::CopyEngine>(int device)> staging_engine;
 };
 
 class Communicator : public std::enable_shared_from_this<Communicator> {
@@ -175,6 +196,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Algorithm algorithm_for(CollectiveKind kind, std::size_t bytes) const;
   // How the members group into nodes (World::node_of): what hierarchical algorithms use.
   const HierarchyPlan& hierarchy() const noexcept { return hierarchy_; }
+  // Whether calls may pass CUDA buffers (built with CUDA, or a staging engine was given).
+  bool accepts_cuda_buffers() const noexcept;
 
  private:
   struct Private {};
@@ -192,6 +215,14 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Runs the call (fingerprints, algorithm, error context, settling after a failure).
   asio::awaitable<void> run(std::shared_ptr<Communicator> self,
                             std::unique_ptr<detail::CollectiveCall> call);
+  // A call on CUDA buffers: run() on host staging copies of them (docs/gpu.md).
+  asio::awaitable<void> run_staged(std::shared_ptr<Communicator> self,
+                                   std::unique_ptr<detail::CollectiveCall> call);
+  detail::StagingResources& staging_for(int device);
+  // send and recv of CUDA memory that UCX cannot take directly.
+  asio::awaitable<std::size_t> staged_point_to_point(std::shared_ptr<Communicator> self,
+                                                     std::unique_ptr<detail::CollectiveOp> op,
+                                                     bool sending, Buffer data, int peer);
   asio::awaitable<std::shared_ptr<Communicator>> run_split(std::shared_ptr<Communicator> self,
                                                            std::uint64_t sequence, int color,
                                                            int key, Deadline deadline);
@@ -214,6 +245,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::unique_ptr<detail::ScratchPool> scratch_;
   std::unique_ptr<detail::SharedMemoryArena> arena_;  // null unless every member is on this node
   HierarchyPlan hierarchy_;
+  std::function<std::unique_ptr<detail::CopyEngine>(int device)> staging_engine_;
+  void* cuda_stream_ = nullptr;
+  std::vector<std::pair<int, std::unique_ptr<detail::StagingResources>>> staging_;  // by device
   // Collectives in flight (runtime thread only), aborted when a member dies.
   std::set<detail::CollectiveOp*> in_flight_;
   std::uint64_t failure_listener_ = 0;

@@ -130,6 +130,9 @@ class UcxWorker {
 
   int rank() const noexcept;  // -1 before connect()
   int size() const noexcept;  // 0 before connect()
+  // Whether this UCX moves CUDA memory itself (built with its CUDA transports). When it
+  // does not, send and recv take host memory only and communicators stage CUDA buffers.
+  bool moves_cuda_memory() const noexcept;
 
   // Sends `buffer` (host memory) to `peer`. Completes when the buffer may be reused. UCX
   // cannot cancel a send, so a send still pending at its deadline force-closes the

@@ -422,7 +422,16 @@ TEST(BadInput, ArgumentErrorsAreThrownAtTheCallAndTakeNoPlaceInTheOrder) {
     expect_invalid([&] { (void)comm->all_reduce(Buffer(a), Buffer(c), ReduceOp::sum); }, "input is f32 and output is i32");
     expect_invalid([&] { (void)comm->all_reduce(Buffer(a).slice(0, 4), Buffer(a).slice(2, 4), ReduceOp::sum); }, "overlap");
     expect_invalid([&] { (void)comm->broadcast(Buffer(a), 2); }, "root 2 is outside a communicator of 2 ranks");
-    expect_invalid([&] { (void)comm->all_reduce(Buffer(a.data(), 8, DType::f32, MemoryKind::cuda, 0), ReduceOp::sum); }, "cuda memory");
+    const Buffer labelled_cuda(a.data(), 8, DType::f32, MemoryKind::cuda, 0);
+    if (!comm->accepts_cuda_buffers()) {
+      expect_invalid([&] { (void)comm->all_reduce(labelled_cuda, ReduceOp::sum); }, "this build of braid has no CUDA");
+    }
+    std::vector<float> d(8);
+    const Buffer other_device(d.data(), 8, DType::f32, MemoryKind::cuda, 1);
+    if (comm->accepts_cuda_buffers()) {
+      expect_invalid([&] { (void)comm->all_reduce(labelled_cuda, other_device, ReduceOp::sum); }, "both must be in the same place");
+    }
+    expect_invalid([&] { (void)comm->all_reduce(Buffer(d), labelled_cuda, ReduceOp::sum); }, "cuda memory");
     expect_invalid([&] { (void)comm->all_gather(Buffer(b)); }, "must split into 2 equal blocks");
     // Nothing above took a sequence number: the ranks are still in step.
     std::vector<float> ones(3, 1.0f);

@@ -39,6 +39,7 @@
 #include <braid/core/cuda_error.hpp>
 #include <braid/core/cuda_stream.hpp>
 #include <braid/core/nccl_error.hpp>
+#include <braid/collectives/nccl_communicator.hpp>
 #include <braid/trace/cuda_timeline.hpp>
 #endif
 

@@ -23,6 +23,8 @@
 
 #include <braid/build_config.hpp>
 #if BRAID_WITH_CUDA
+#include <braid/collectives/nccl_communicator.hpp>
+
 #include "cuda_copy_engine.hpp"
 #endif
 
@@ -414,6 +416,63 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
   if (failure) std::rethrow_exception(failure);
 }
 
+void Communicator::route_cuda_to(std::shared_ptr<NcclCommunicator> nccl) {
+#if BRAID_WITH_CUDA
+  BRAID_ENFORCE(nccl == nullptr || nccl->size() == size(),
+                "an NCCL communicator of {} ranks cannot carry a communicator of {}",
+                nccl == nullptr ? 0 : nccl->size(), size());
+#endif
+  nccl_ = std::move(nccl);
+}
+
+asio::awaitable<void> Communicator::run_on_nccl(std::shared_ptr<NcclCommunicator> nccl,
+                                                std::unique_ptr<CollectiveCall> call) {
+#if BRAID_WITH_CUDA
+  const CollectiveCall& c = *call;
+  switch (c.kind) {
+    case CollectiveKind::all_reduce:
+      co_await nccl->all_reduce(c.input, c.output, c.reduce_op);
+      break;
+    case CollectiveKind::reduce_scatter:
+      co_await nccl->reduce_scatter(c.input, c.output, c.reduce_op);
+      break;
+    case CollectiveKind::reduce:
+      co_await nccl->reduce(c.input, c.output, c.reduce_op, c.root);
+      break;
+    case CollectiveKind::all_gather:
+      if (c.variable) {
+        co_await nccl->all_gather_v(c.input, c.output, c.counts);
+      } else {
+        co_await nccl->all_gather(c.input, c.output);
+      }
+      break;
+    case CollectiveKind::broadcast:
+      co_await nccl->broadcast(c.output, c.root);
+      break;
+    case CollectiveKind::gather:
+      co_await nccl->gather(c.input, c.output, c.root);
+      break;
+    case CollectiveKind::scatter:
+      co_await nccl->scatter(c.input, c.output, c.root);
+      break;
+    case CollectiveKind::all_to_all:
+      if (c.variable) {
+        co_await nccl->all_to_all_v(c.input, c.counts, c.output, c.recv_counts);
+      } else {
+        co_await nccl->all_to_all(c.input, c.output);
+      }
+      break;
+    case CollectiveKind::barrier:
+      co_await nccl->barrier();
+      break;
+  }
+#else
+  (void)nccl;
+  (void)call;
+  co_return;
+#endif
+}
+
 bool Communicator::accepts_cuda_buffers() const noexcept {
   return BRAID_WITH_CUDA != 0 || static_cast<bool>(staging_engine_);
 }
@@ -500,7 +559,13 @@ Deadline deadline_for(Clock::duration timeout) {
 }  // namespace
 
 asio::awaitable<void> Communicator::submit(std::unique_ptr<CollectiveCall> call) {
-  if (call->input.memory() == MemoryKind::cuda || call->output.memory() == MemoryKind::cuda) {
+  const bool on_cuda =
+      call->input.memory() == MemoryKind::cuda || call->output.memory() == MemoryKind::cuda;
+  if (on_cuda && nccl_ != nullptr) {
+    // NCCL keeps its own order, the same on every rank: no sequence number is taken.
+    return run_on_nccl(nccl_, std::move(call));
+  }
+  if (on_cuda) {
     // Staged: run() sees host copies, and picks their algorithms; none takes an arena turn.
     call->algorithm = selection_->select(call->kind, call->bytes, size(),
                                          {.one_node = false, .grouped_nodes = hierarchy_.worth_it()});

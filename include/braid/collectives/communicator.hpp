@@ -119,6 +119,8 @@ struct CommunicatorOptions {
   std::function<std::unique_ptr<detail::CopyEngine>(int device)> staging_engine;
 };
 
+class NcclCommunicator;
+
 class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
   using Options = CommunicatorOptions;
@@ -138,6 +140,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Unique among the job's live communicators; the world's is 1.
   std::uint32_t id() const noexcept { return id_; }
   Runtime& runtime() noexcept { return runtime_; }
+  transport::World& world() noexcept { return world_; }
+
+  // From now on, calls whose buffers are CUDA memory on `nccl`'s device run on `nccl`
+  // (same members, same order) instead of being staged through host memory. Call it on
+  // every rank at the same point, with no operation in flight. Null: stage again.
+  void route_cuda_to(std::shared_ptr<NcclCommunicator> nccl);
 
   // Runs `operation` on the runtime for a caller that is not a coroutine.
   template <class T>
@@ -215,6 +223,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Runs the call (fingerprints, algorithm, error context, settling after a failure).
   asio::awaitable<void> run(std::shared_ptr<Communicator> self,
                             std::unique_ptr<detail::CollectiveCall> call);
+  // A call on CUDA buffers of the NCCL communicator's device (route_cuda_to()).
+  asio::awaitable<void> run_on_nccl(std::shared_ptr<NcclCommunicator> nccl,
+                                    std::unique_ptr<detail::CollectiveCall> call);
   // A call on CUDA buffers: run() on host staging copies of them (docs/gpu.md).
   asio::awaitable<void> run_staged(std::shared_ptr<Communicator> self,
                                    std::unique_ptr<detail::CollectiveCall> call);
@@ -248,6 +259,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::function<std::unique_ptr<detail::CopyEngine>(int device)> staging_engine_;
   void* cuda_stream_ = nullptr;
   std::vector<std::pair<int, std::unique_ptr<detail::StagingResources>>> staging_;  // by device
+  std::shared_ptr<NcclCommunicator> nccl_;  // route_cuda_to()
   // Collectives in flight (runtime thread only), aborted when a member dies.
   std::set<detail::CollectiveOp*> in_flight_;
   std::uint64_t failure_listener_ = 0;

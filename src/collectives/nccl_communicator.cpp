@@ -1,0 +1,643 @@
+#include <braid/collectives/nccl_communicator.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <braid/collectives/communicator.hpp>
+#include <braid/core/cuda_error.hpp>
+#include <braid/core/log.hpp>
+#include <braid/core/nccl_error.hpp>
+#include <braid/trace/span.hpp>
+#include <braid/transport/world.hpp>
+
+#include "../core/cuda_support.hpp"
+
+namespace braid::collectives {
+namespace {
+
+using braid::detail::CudaDeviceGuard;
+
+// Completion polling: spin (yielding to the runtime) this long, then nap, doubling.
+// Spinning keeps an 8-byte all-reduce's added latency to a few microseconds, where a
+// host-function callback would add 5-30; naps keep a long wait off the CPU.
+constexpr auto kSpinWindow = std::chrono::microseconds(200);
+constexpr auto kFirstNap = std::chrono::microseconds(20);
+constexpr auto kLongestNap = std::chrono::milliseconds(1);
+// ncclCommGetAsyncError is a few hundred ns: checked every this many event polls.
+constexpr unsigned kAsyncErrorEvery = 64;
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    case DType::u8: return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+// ncclAvg divides once at the end; on integers NCCL sums and then divides with C's
+// truncation, which is braid's definition of avg (communicator.hpp).
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::prod: return ncclProd;
+    case ReduceOp::min: return ncclMin;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::avg: return ncclAvg;
+  }
+  return ncclSum;
+}
+
+std::byte* at(const Buffer& buffer, std::size_t elements) {
+  return static_cast<std::byte*>(buffer.data()) + elements * dtype_size(buffer.dtype());
+}
+
+// How many NccCommunicators each bootstrap communicator has made on this process: members
+// create them in the same order, so (id, count) names the same one on every rank.
+std::uint64_t next_generation(std::uint32_t bootstrap_id) {
+  static std::mutex mutex;
+  static std::map<std::uint32_t, std::uint64_t> made;
+  std::lock_guard lock(mutex);
+  return made[bootstrap_id]++;
+}
+
+// Argument checks for the NCCL entry points, with the error naming the call.
+class Check {
+ public:
+  Check(const NcclCommunicator& comm, int world_rank, std::string_view operation)
+      : comm_(comm), world_rank_(world_rank), operation_(operation) {}
+
+  void that(bool condition, std::string what) const {
+    if (!condition) {
+      throw Error(Errc::invalid_argument, std::move(what),
+                  {.rank = world_rank_, .operation = fmt::format("nccl {}", operation_)});
+    }
+  }
+  void on_device(const Buffer& buffer, std::string_view name) const {
+    that(buffer.empty() || (buffer.memory() == MemoryKind::cuda && buffer.device() == comm_.device()),
+         fmt::format("the {} is {} memory (device {}); this NCCL communicator moves CUDA "
+                     "memory of device {}",
+                     name, to_string(buffer.memory()), buffer.device(), comm_.device()));
+  }
+  void alike(const Buffer& input, const Buffer& output) const {
+    on_device(input, "input");
+    on_device(output, "output");
+    that(input.dtype() == output.dtype(), fmt::format("input is {} and output is {}",
+                                                      to_string(input.dtype()),
+                                                      to_string(output.dtype())));
+  }
+  void rank(int r, std::string_view name) const {
+    that(r >= 0 && r < comm_.size(),
+         fmt::format("{} {} is outside a communicator of {} ranks", name, r, comm_.size()));
+  }
+  void blocks(std::size_t whole, std::size_t block, std::string_view whole_name) const {
+    that(whole == block * static_cast<std::size_t>(comm_.size()),
+         fmt::format("{} has {} elements; it must hold {} blocks of {}", whole_name, whole,
+                     comm_.size(), block));
+  }
+
+ private:
+  const NcclCommunicator& comm_;
+  int world_rank_;
+  std::string_view operation_;
+};
+
+// An ncclGroupStart/End bracket: the calls between them launch as one operation (NCCL
+// needs this for point-to-point patterns, or matching sends and receives deadlock).
+template <class Calls>
+ncclResult_t grouped(Calls calls) {
+  ncclResult_t result = ncclGroupStart();
+  if (result != ncclSuccess) return result;
+  const ncclResult_t inside = calls();
+  result = ncclGroupEnd();
+  return inside != ncclSuccess && inside != ncclInProgress ? inside : result;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- lifetime
+
+asio::awaitable<std::shared_ptr<NcclCommunicator>> NcclCommunicator::create(Communicator& bootstrap,
+                                                                           int device,
+                                                                           Options options) {
+  const Clock::duration timeout = options.timeout.value_or(default_timeout());
+  const Deadline deadline = deadline_after(timeout);
+  transport::World& world = bootstrap.world();
+  const std::string key = fmt::format("braid/nccl/{}/{}/unique_id", bootstrap.id(),
+                                      next_generation(bootstrap.id()));
+  ncclUniqueId id{};
+  if (bootstrap.rank() == 0) {
+    BRAID_NCCL_CHECK(ncclGetUniqueId(&id));
+    transport::Bytes published(sizeof(id));
+    std::memcpy(published.data(), &id, sizeof(id));
+    std::string set_key = key;
+    co_await world.store().set(std::move(set_key), std::move(published));
+  } else {
+    std::string get_key = key;
+    const transport::Bytes published = co_await world.store().get(std::move(get_key), deadline);
+    if (published.size() != sizeof(id)) {
+      throw Error(Errc::protocol_error,
+                  fmt::format("the NCCL unique id in the store has {} bytes, not {}",
+                              published.size(), sizeof(id)),
+                  {.rank = world.rank(), .operation = "NcclCommunicator::create"});
+    }
+    std::memcpy(&id, published.data(), sizeof(id));
+  }
+  ncclComm_t comm = nullptr;
+  {
+    const CudaDeviceGuard guard(device);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // returns at once; settle() polls, so a missing rank times out
+    const ncclResult_t started =
+        ncclCommInitRankConfig(&comm, bootstrap.size(), id, bootstrap.rank(), &config);
+    if (started != ncclSuccess && started != ncclInProgress) {
+      braid::detail::throw_nccl_error(started, "ncclCommInitRankConfig", __FILE__, __LINE__);
+    }
+  }
+  auto made = std::make_shared<NcclCommunicator>(Private{}, bootstrap.runtime(), comm,
+                                                 bootstrap.rank(), bootstrap.size(), world.rank(),
+                                                 device, timeout, options.compute_stream);
+  co_await made->settle("ncclCommInitRankConfig", deadline);
+  log::debug("NCCL communicator of {} ranks ready on device {}", made->size(), device);
+  co_return made;
+}
+
+NcclCommunicator::NcclCommunicator(Private, Runtime& runtime, ncclComm_t comm, int rank, int size,
+                                   int world_rank, int device, Clock::duration timeout,
+                                   cudaStream_t compute_stream)
+    : runtime_(runtime),
+      comm_(comm),
+      rank_(rank),
+      size_(size),
+      world_rank_(world_rank),
+      device_(device),
+      timeout_(timeout),
+      compute_stream_(compute_stream),
+      stream_(device, /*priority=*/-1000),  // clamped to the device's highest priority
+      track_(trace::track(fmt::format("nccl device {}", device))) {
+  const CudaDeviceGuard guard(device);
+  BRAID_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(std::int32_t)));
+  BRAID_CUDA_CHECK(cudaMemset(barrier_word_, 0, sizeof(std::int32_t)));
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (comm_ != nullptr) {
+    const CudaDeviceGuard guard(device_);
+    bool flushed = ncclCommFinalize(comm_) == ncclSuccess;
+    if (!flushed) {
+      // Non-blocking: finalize returns ncclInProgress and finishes in the background.
+      flushed = braid::detail::poll_with_backoff(deadline_after(timeout_), [this] {
+        ncclResult_t state = ncclSuccess;
+        return ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress;
+      });
+      ncclResult_t state = ncclInternalError;
+      flushed = flushed && ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclSuccess;
+    }
+    if (flushed) {
+      (void)ncclCommDestroy(comm_);
+    } else {
+      log::warn("NCCL communicator on device {} did not flush; aborting it", device_);
+      (void)ncclCommAbort(comm_);
+    }
+  }
+  if (barrier_word_ != nullptr) (void)cudaFree(barrier_word_);
+}
+
+void NcclCommunicator::abort(const std::string& why) {
+  if (!failure_.empty()) return;
+  failure_ = why;
+  if (comm_ != nullptr) {
+    const CudaDeviceGuard guard(device_);
+    (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+}
+
+Error NcclCommunicator::error(std::error_code code, std::string detail,
+                              std::string_view operation) const {
+  return Error(code, std::move(detail),
+               {.rank = world_rank_, .operation = fmt::format("nccl {}", operation)});
+}
+
+void NcclCommunicator::check_usable(std::string_view operation) const {
+  if (!failure_.empty()) {
+    throw error(Errc::closed, fmt::format("the NCCL communicator was aborted: {}", failure_),
+                operation);
+  }
+}
+
+void NcclCommunicator::fail(std::string_view what, ncclResult_t result) {
+  const char* last = comm_ != nullptr ? ncclGetLastError(comm_) : nullptr;
+  std::string detail = fmt::format("{} failed: {}", what, ncclGetErrorString(result));
+  if (last != nullptr && *last != '\0') detail += fmt::format(" ({})", last);
+  abort(detail);
+  throw error(make_nccl_error_code(result), detail, what);
+}
+
+// ---------------------------------------------------------------- polling
+
+asio::awaitable<void> NcclCommunicator::settle(std::string_view what, Deadline deadline) {
+  const auto executor = co_await asio::this_coro::executor;
+  asio::steady_timer timer(executor);
+  const auto started = Clock::now();
+  auto nap = std::chrono::duration_cast<Clock::duration>(kFirstNap);
+  for (;;) {
+    check_usable(what);
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t queried = ncclCommGetAsyncError(comm_, &state);
+    if (queried != ncclSuccess) fail(what, queried);
+    if (state == ncclSuccess) co_return;
+    if (state != ncclInProgress) fail(what, state);
+    const auto now = Clock::now();
+    if (now > deadline) {
+      const std::string why = fmt::format("{} did not finish within the timeout", what);
+      abort(why);
+      throw error(Errc::timeout, why, what);
+    }
+    if (now - started < kSpinWindow) {
+      co_await asio::post(executor, asio::use_awaitable);
+    } else {
+      timer.expires_after(nap);
+      co_await timer.async_wait(asio::use_awaitable);
+      nap = std::min<Clock::duration>(nap * 2, kLongestNap);
+    }
+  }
+}
+
+asio::awaitable<void> NcclCommunicator::await_done(CudaEvent& done, std::string_view what,
+                                                   Deadline deadline) {
+  const auto executor = co_await asio::this_coro::executor;
+  asio::steady_timer timer(executor);
+  const auto started = Clock::now();
+  auto nap = std::chrono::duration_cast<Clock::duration>(kFirstNap);
+  for (unsigned round = 1;; ++round) {
+    if (done.query()) co_return;
+    check_usable(what);
+    if (round % kAsyncErrorEvery == 0) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t queried = ncclCommGetAsyncError(comm_, &state);
+      if (queried != ncclSuccess) fail(what, queried);
+      if (state != ncclSuccess && state != ncclInProgress) fail(what, state);
+    }
+    const auto now = Clock::now();
+    if (now > deadline) {
+      const std::string why =
+          fmt::format("{} did not complete within the timeout (a rank missing, or ranks "
+                      "disagreeing on the call or its counts)",
+                      what);
+      abort(why);
+      throw error(Errc::timeout, why, what);
+    }
+    if (now - started < kSpinWindow) {
+      co_await asio::post(executor, asio::use_awaitable);
+    } else {
+      timer.expires_after(nap);
+      co_await timer.async_wait(asio::use_awaitable);
+      nap = std::min<Clock::duration>(nap * 2, kLongestNap);
+    }
+  }
+}
+
+std::unique_ptr<CudaEvent> NcclCommunicator::take_event() {
+  if (free_events_.empty()) return std::make_unique<CudaEvent>(device_);
+  auto event = std::move(free_events_.back());
+  free_events_.pop_back();
+  return event;
+}
+
+void NcclCommunicator::give_back(std::unique_ptr<CudaEvent> event) {
+  free_events_.push_back(std::move(event));
+}
+
+template <class Enqueue>
+asio::awaitable<void> NcclCommunicator::run(trace::Name name, std::size_t bytes, Enqueue enqueue) {
+  check_usable(name.view());
+  trace::AsyncSpan span(trace::Category::comm, name, track_, bytes);
+  const Deadline deadline = deadline_after(timeout_);
+  std::unique_ptr<CudaEvent> produced = take_event();
+  std::unique_ptr<CudaEvent> done = take_event();
+  ncclResult_t result = ncclSuccess;
+  {
+    const CudaDeviceGuard guard(device_);
+    // Contract point 1: the operation follows what the compute stream has enqueued.
+    BRAID_CUDA_CHECK(cudaEventRecord(produced->native(), compute_stream_));
+    BRAID_CUDA_CHECK(cudaStreamWaitEvent(stream_.native(), produced->native(), 0));
+    result = enqueue();
+  }
+  // Non-blocking: the kernels may reach the stream only once the call has settled.
+  if (result == ncclInProgress) {
+    co_await settle(name.view(), deadline);
+  } else if (result != ncclSuccess) {
+    fail(name.view(), result);
+  }
+  stream_.record(*done);
+  co_await await_done(*done, name.view(), deadline);
+  give_back(std::move(produced));
+  give_back(std::move(done));
+}
+
+// ---------------------------------------------------------------- operations
+
+asio::awaitable<void> NcclCommunicator::all_reduce(Buffer input, Buffer output, ReduceOp op) {
+  const Check check(*this, world_rank_, "all_reduce");
+  check.alike(input, output);
+  check.that(input.count() == output.count(), fmt::format("input has {} elements and output {}",
+                                                          input.count(), output.count()));
+  return run("all_reduce", input.size_bytes(), [this, input, output, op] {
+    return ncclAllReduce(input.data(), output.data(), input.count(), nccl_type(input.dtype()),
+                         nccl_op(op), comm_, stream_.native());
+  });
+}
+
+asio::awaitable<void> NcclCommunicator::all_reduce(Buffer data, ReduceOp op) {
+  return all_reduce(data, data, op);
+}
+
+asio::awaitable<void> NcclCommunicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op) {
+  const Check check(*this, world_rank_, "reduce_scatter");
+  check.alike(input, output);
+  check.blocks(input.count(), output.count(), "input");
+  return run("reduce_scatter", input.size_bytes(), [this, input, output, op] {
+    return ncclReduceScatter(input.data(), output.data(), output.count(), nccl_type(input.dtype()),
+                             nccl_op(op), comm_, stream_.native());
+  });
+}
+
+asio::awaitable<void> NcclCommunicator::reduce(Buffer input, Buffer output, ReduceOp op, int root) {
+  const Check check(*this, world_rank_, "reduce");
+  check.rank(root, "root");
+  check.on_device(input, "input");
+  if (rank_ == root) {
+    check.alike(input, output);
+    check.that(input.count() == output.count(), fmt::format("input has {} elements and output {}",
+                                                            input.count(), output.count()));
+  }
+  // The receive buffer matters at the root only.
+  void* received = rank_ == root ? output.data() : input.data();
+  return run("reduce", input.size_bytes(), [this, input, received, op, root] {
+    return ncclReduce(input.data(), received, input.count(), nccl_type(input.dtype()), nccl_op(op),
+                      root, comm_, stream_.native());
+  });
+}
+
+asio::awaitable<void> NcclCommunicator::all_gather(Buffer input, Buffer output) {
+  const Check check(*this, world_rank_, "all_gather");
+  check.alike(input, output);
+  check.blocks(output.count(), input.count(), "output");
+  return run("all_gather", output.size_bytes(), [this, input, output] {
+    return ncclAllGather(input.data(), output.data(), input.count(), nccl_type(input.dtype()), comm_,
+                         stream_.native());
+  });
+}
+
+asio::awaitable<void> NcclCommunicator::all_gather_v(Buffer input, Buffer output,
+                                                     std::span<const std::size_t> counts) {
+  const Check check(*this, world_rank_, "all_gather_v");
+  check.alike(input, output);
+  check.that(counts.size() == static_cast<std::size_t>(size_),
+             fmt::format("{} counts for a communicator of {} ranks", counts.size(), size_));
+  check.that(input.count() == counts[static_cast<std::size_t>(rank_)],
+             fmt::format("input has {} elements but counts[{}] is {}", input.count(), rank_,
+                         counts[static_cast<std::size_t>(rank_)]));
+  const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  check.that(output.count() == total,
+             fmt::format("output has {} elements; the counts add up to {}", output.count(), total));
+  // One broadcast per rank's block, launched together.
+  return run("all_gather_v", output.size_bytes(), [this, input, output, counts] {
+    return grouped([&] {
+      std::size_t offset = 0;
+      for (int r = 0; r < size_; ++r) {
+        const std::size_t count = counts[static_cast<std::size_t>(r)];
+        const void* source = r == rank_ ? input.data() : at(output, offset);
+        const ncclResult_t result = ncclBroadcast(source, at(output, offset), count,
+                                                  nccl_type(input.dtype()), r, comm_, stream_.native());
+        if (result != ncclSuccess && result != ncclInProgress) return result;
+        offset += count;
+      }
+      return ncclSuccess;
+    });
+  });
+}
+
+asio::awaitable<void> NcclCommunicator::broadcast(Buffer data, int root) {
+  const Check check(*this, world_rank_, "broadcast");
+  check.rank(root, "root");
+  check.on_device(data, "buffer");
+  return run("broadcast", data.size_bytes(), [this, data, root] {
+    return ncclBroadcast(data.data(), data.data(), data.count(), nccl_type(data.dtype()), root, comm_,
+                         stream_.native());
+  });
+}
+
+asio::awaitable<void> NcclCommunicator::gather(Buffer input, Buffer output, int root) {
+  const Check check(*this, world_rank_, "gather");
+  check.rank(root, "root");
+  check.on_device(input, "input");
+  if (rank_ == root) {
+    check.alike(input, output);
+    check.blocks(output.count(), input.count(), "output");
+  }
+  return run("gather", input.size_bytes() * static_cast<std::size_t>(size_),
+             [this, input, output, root] {
+    return grouped([&] {
+      const ncclDataType_t type = nccl_type(input.dtype());
+      if (rank_ == root) {
+        for (int r = 0; r < size_; ++r) {
+          void* block = at(output, static_cast<std::size_t>(r) * input.count());
+          const ncclResult_t result = r == rank_
+              ? (block == input.data() ? ncclSuccess
+                                       : (cudaMemcpyAsync(block, input.data(), input.size_bytes(),
+                                                          cudaMemcpyDeviceToDevice, stream_.native()) == cudaSuccess
+                                              ? ncclSuccess : ncclUnhandledCudaError))
+              : ncclRecv(block, input.count(), type, r, comm_, stream_.native());
+          if (result != ncclSuccess && result != ncclInProgress) return result;
+        }
+        return ncclSuccess;
+      }
+      return ncclSend(input.data(), input.count(), type, root, comm_, stream_.native());
+    });
+  });
+}
+
+asio::awaitable<void> NcclCommunicator::scatter(Buffer input, Buffer output, int root) {
+  const Check check(*this, world_rank_, "scatter");
+  check.rank(root, "root");
+  check.on_device(output, "output");
+  if (rank_ == root) {
+    check.alike(input, output);
+    check.blocks(input.count(), output.count(), "input");
+  }
+  return run("scatter", output.size_bytes() * static_cast<std::size_t>(size_),
+             [this, input, output, root] {
+    return grouped([&] {
+      const ncclDataType_t type = nccl_type(output.dtype());
+      if (rank_ == root) {
+        for (int r = 0; r < size_; ++r) {
+          const void* block = at(input, static_cast<std::size_t>(r) * output.count());
+          const ncclResult_t result = r == rank_
+              ? (block == output.data() ? ncclSuccess
+                                        : (cudaMemcpyAsync(output.data(), block, output.size_bytes(),
+                                                           cudaMemcpyDeviceToDevice, stream_.native()) == cudaSuccess
+                                               ? ncclSuccess : ncclUnhandledCudaError))
+              : ncclSend(block, output.count(), type, r, comm_, stream_.native());
+          if (result != ncclSuccess && result != ncclInProgress) return result;
+        }
+        return ncclSuccess;
+      }
+      return ncclRecv(output.data(), output.count(), type, root, comm_, stream_.native());
+    });
+  });
+}
+
+asio::awaitable<void> NcclCommunicator::all_to_all(Buffer input, Buffer output) {
+  const Check check(*this, world_rank_, "all_to_all");
+  check.alike(input, output);
+  check.that(input.count() == output.count() && input.count() % static_cast<std::size_t>(size_) == 0,
+             fmt::format("input has {} and output {} elements; both must be {} equal blocks",
+                         input.count(), output.count(), size_));
+  const std::size_t block = input.count() / static_cast<std::size_t>(size_);
+  return run("all_to_all", input.size_bytes(), [this, input, output, block] {
+    const ncclDataType_t type = nccl_type(input.dtype());
+    // In place, the blocks to send are copied aside first: NCCL would otherwise receive
+    // into a block it has yet to send. The copy is freed in stream order.
+    Buffer source = input;
+    void* aside = nullptr;
+    if (input.data() == output.data() && input.size_bytes() != 0) {
+      if (cudaMallocAsync(&aside, input.size_bytes(), stream_.native()) != cudaSuccess ||
+          cudaMemcpyAsync(aside, input.data(), input.size_bytes(), cudaMemcpyDeviceToDevice,
+                          stream_.native()) != cudaSuccess) {
+        return ncclUnhandledCudaError;
+      }
+      source = Buffer(aside, input.count(), input.dtype(), MemoryKind::cuda, device_);
+    }
+    const ncclResult_t result = grouped([&] {
+      for (int r = 0; r < size_; ++r) {
+        const auto offset = static_cast<std::size_t>(r) * block;
+        ncclResult_t sent = ncclSend(at(source, offset), block, type, r, comm_, stream_.native());
+        if (sent != ncclSuccess && sent != ncclInProgress) return sent;
+        ncclResult_t received = ncclRecv(at(output, offset), block, type, r, comm_, stream_.native());
+        if (received != ncclSuccess && received != ncclInProgress) return received;
+      }
+      return ncclSuccess;
+    });
+    if (aside != nullptr) (void)cudaFreeAsync(aside, stream_.native());
+    return result;
+  });
+}
+
+asio::awaitable<void> NcclCommunicator::all_to_all_v(Buffer input,
+                                                     std::span<const std::size_t> send_counts,
+                                                     Buffer output,
+                                                     std::span<const std::size_t> recv_counts) {
+  const Check check(*this, world_rank_, "all_to_all_v");
+  check.alike(input, output);
+  check.that(send_counts.size() == static_cast<std::size_t>(size_) &&
+                 recv_counts.size() == static_cast<std::size_t>(size_),
+             fmt::format("{} send counts and {} receive counts for a communicator of {} ranks",
+                         send_counts.size(), recv_counts.size(), size_));
+  const std::size_t sent = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});
+  const std::size_t received = std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
+  check.that(input.count() == sent && output.count() == received,
+             fmt::format("input has {} and output {} elements; the counts add up to {} and {}",
+                         input.count(), output.count(), sent, received));
+  check.that(input.data() != output.data() || input.empty(), "all_to_all_v cannot run in place");
+  return run("all_to_all_v", input.size_bytes(), [this, input, output, send_counts, recv_counts] {
+    return grouped([&] {
+      const ncclDataType_t type = nccl_type(input.dtype());
+      std::size_t send_offset = 0;
+      std::size_t recv_offset = 0;
+      for (int r = 0; r < size_; ++r) {
+        const auto i = static_cast<std::size_t>(r);
+        ncclResult_t s = ncclSend(at(input, send_offset), send_counts[i], type, r, comm_, stream_.native());
+        if (s != ncclSuccess && s != ncclInProgress) return s;
+        ncclResult_t v = ncclRecv(at(output, recv_offset), recv_counts[i], type, r, comm_, stream_.native());
+        if (v != ncclSuccess && v != ncclInProgress) return v;
+        send_offset += send_counts[i];
+        recv_offset += recv_counts[i];
+      }
+      return ncclSuccess;
+    });
+  });
+}
+
+asio::awaitable<void> NcclCommunicator::barrier() {
+  // A one-element all-reduce: NCCL has no barrier, and this is what torch.distributed's
+  // NCCL backend does too.
+  return run("barrier", 0, [this] {
+    return ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_, stream_.native());
+  });
+}
+
+asio::awaitable<void> NcclCommunicator::send(Buffer data, int peer) {
+  const Check check(*this, world_rank_, "send");
+  check.rank(peer, "peer");
+  check.on_device(data, "buffer");
+  return run("send", data.size_bytes(), [this, data, peer] {
+    return grouped([&] {
+      return ncclSend(data.data(), data.count(), nccl_type(data.dtype()), peer, comm_, stream_.native());
+    });
+  });
+}
+
+namespace {
+asio::awaitable<std::size_t> counted(asio::awaitable<void> operation, std::size_t count) {
+  co_await std::move(operation);
+  co_return count;
+}
+}  // namespace
+
+asio::awaitable<std::size_t> NcclCommunicator::recv(Buffer data, int peer) {
+  const Check check(*this, world_rank_, "recv");
+  check.rank(peer, "peer");
+  check.on_device(data, "buffer");
+  auto receiving = run("recv", data.size_bytes(), [this, data, peer] {
+    return grouped([&] {
+      return ncclRecv(data.data(), data.count(), nccl_type(data.dtype()), peer, comm_, stream_.native());
+    });
+  });
+  return counted(std::move(receiving), data.count());
+}
+
+asio::awaitable<std::shared_ptr<NcclCommunicator>> NcclCommunicator::split(int color, int key) {
+  check_usable("split");
+  const Deadline deadline = deadline_after(timeout_);
+  ncclComm_t child = nullptr;
+  {
+    const CudaDeviceGuard guard(device_);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t started =
+        ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
+    if (started != ncclSuccess && started != ncclInProgress) fail("ncclCommSplit", started);
+  }
+  co_await settle("ncclCommSplit", deadline);
+  if (color < 0 || child == nullptr) co_return nullptr;
+  auto made = std::make_shared<NcclCommunicator>(Private{}, runtime_, child, -1, 0, world_rank_,
+                                                 device_, timeout_, compute_stream_);
+  co_await made->settle("ncclCommSplit (new communicator)", deadline);
+  int child_rank = -1;
+  int child_size = 0;
+  BRAID_NCCL_CHECK(ncclCommUserRank(child, &child_rank));
+  BRAID_NCCL_CHECK(ncclCommCount(child, &child_size));
+  made->rank_ = child_rank;
+  made->size_ = child_size;
+  co_return made;
+}
+
+}  // namespace braid::collectives

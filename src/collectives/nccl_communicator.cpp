@@ -19,6 +19,7 @@
 #include <braid/core/cuda_error.hpp>
 #include <braid/core/log.hpp>
 #include <braid/core/nccl_error.hpp>
+#include <braid/trace/cuda_timeline.hpp>
 #include <braid/trace/span.hpp>
 #include <braid/transport/world.hpp>
 
@@ -194,9 +195,13 @@ NcclCommunicator::NcclCommunicator(Private, Runtime& runtime, ncclComm_t comm, i
   const CudaDeviceGuard guard(device);
   BRAID_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(std::int32_t)));
   BRAID_CUDA_CHECK(cudaMemset(barrier_word_, 0, sizeof(std::int32_t)));
+  if (trace::enabled()) {
+    gpu_timeline_ = std::make_unique<CudaTimeline>(stream_, fmt::format("nccl device {} (gpu)", device));
+  }
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  gpu_timeline_.reset();  // records the spans that finished
   if (comm_ != nullptr) {
     const CudaDeviceGuard guard(device_);
     bool flushed = ncclCommFinalize(comm_) == ncclSuccess;
@@ -333,11 +338,13 @@ asio::awaitable<void> NcclCommunicator::run(trace::Name name, std::size_t bytes,
   std::unique_ptr<CudaEvent> produced = take_event();
   std::unique_ptr<CudaEvent> done = take_event();
   ncclResult_t result = ncclSuccess;
+  std::uint64_t gpu_span = 0;
   {
     const CudaDeviceGuard guard(device_);
     // Contract point 1: the operation follows what the compute stream has enqueued.
     BRAID_CUDA_CHECK(cudaEventRecord(produced->native(), compute_stream_));
     BRAID_CUDA_CHECK(cudaStreamWaitEvent(stream_.native(), produced->native(), 0));
+    gpu_span = gpu_timeline_ != nullptr ? gpu_timeline_->begin(trace::Category::comm, name, bytes) : 0;
     result = enqueue();
   }
   // Non-blocking: the kernels may reach the stream only once the call has settled.
@@ -346,6 +353,7 @@ asio::awaitable<void> NcclCommunicator::run(trace::Name name, std::size_t bytes,
   } else if (result != ncclSuccess) {
     fail(name.view(), result);
   }
+  if (gpu_span != 0) gpu_timeline_->end(gpu_span);
   stream_.record(*done);
   co_await await_done(*done, name.view(), deadline);
   give_back(std::move(produced));

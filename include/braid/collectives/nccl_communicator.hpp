@@ -17,8 +17,8 @@
 //     the device's highest priority so it is scheduled ahead of compute kernels that are
 //     waiting). A call records an event on the compute stream (set_compute_stream; the
 //     legacy default stream until set) and makes the communication stream wait on it:
-//     the operation sees everything enqueued on the compute stream *before the call*, and
-//     the host never blocks.
+//     the operation sees everything enqueued on the compute stream before it starts
+//     (point 4), and the host never blocks.
 //  2. Completion. The awaitable completes when the operation's event has passed on the
 //     GPU: the results are in device memory and any stream may read them. Kernels that
 //     consume the results may be enqueued after the co_await, with no extra wait.
@@ -27,9 +27,15 @@
 //     PyTorch, a tensor freed on the compute stream may be handed out again while NCCL
 //     still reads it: keep the tensor alive until the awaitable completes (braid's DDP
 //     does), or record the communication stream on it.
-//  4. Order. Calls are issued to NCCL in call order (on the runtime thread); every rank
-//     must make the same calls in the same order, as with the UCX communicator. Many may
-//     be in flight: they run one after another on the communication stream.
+//  4. Order. An operation reaches NCCL when its awaitable starts (co_await, or launch on
+//     the runtime), not at the call; every rank must start the same operations in the
+//     same order, as NCCL requires. Many may be in flight: they run one after another on
+//     the communication stream. The compute-stream event of point 1 is recorded when the
+//     awaitable starts, too.
+//  5. Tracing. With tracing on at creation, every operation is also a GPU span (CUDA
+//     timing events around its kernels) on the track "nccl device D (gpu)", next to the
+//     host span on "nccl device D": a timeline shows when the GPU ran it, and whether
+//     it overlapped the compute stream's kernels.
 //
 // Errors (braid::Error, context: world rank and "nccl all_reduce"):
 //   invalid_argument  a buffer that is not CUDA memory on this communicator's device, and
@@ -63,6 +69,10 @@
 #include <braid/core/reduce_op.hpp>
 #include <braid/core/runtime.hpp>
 #include <braid/trace/recorder.hpp>
+
+namespace braid {
+class CudaTimeline;
+}  // namespace braid
 
 namespace braid::collectives {
 
@@ -170,6 +180,7 @@ class NcclCommunicator : public std::enable_shared_from_this<NcclCommunicator> {
   std::vector<std::unique_ptr<CudaEvent>> free_events_;
   void* barrier_word_ = nullptr;  // one device int that barrier() all-reduces
   std::string failure_;  // set once aborted
+  std::unique_ptr<CudaTimeline> gpu_timeline_;  // tracing on at creation: GPU spans (point 5)
   trace::Track track_;
 };
 

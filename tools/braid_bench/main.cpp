@@ -9,10 +9,15 @@
 #include <string>
 #include <vector>
 
+#include <braid/build_config.hpp>
+
 #include "collectives.hpp"
 #include "ddp.hpp"
 #include "p2p.hpp"
 #include "trace_cost.hpp"
+#if BRAID_WITH_CUDA
+#include "gpu.hpp"
+#endif
 
 namespace {
 
@@ -31,7 +36,13 @@ constexpr const char* kUsage =
     "        options: --ranks 2 --sizes 8,65536,1048576 --rounds 11 --iters N\n"
     "  ddp          one model trained with braid DDP, PyTorch DDP (Gloo) and no sync, in one run:\n"
     "               step time, exposed communication, bare all-reduce, ratios\n"
-    "        options: --ranks 2 --hidden 1024 --layers 8 --batch 32 --steps 30 --rounds 3 --optimizer sgd\n";
+    "        options: --ranks 2 --hidden 1024 --layers 8 --batch 32 --steps 30 --rounds 3 --optimizer sgd\n"
+    "  nccl         (CUDA builds, a GPU) NCCL all-reduce through braid against ncclAllReduce called\n"
+    "               directly, one rank: time per operation, overhead %, added microseconds\n"
+    "        options: --min-bytes 8 --max-bytes 256M --rounds 7 --iters N --json\n"
+    "  cuda-p2p     (CUDA builds, a GPU) CUDA buffers between two processes over UCX (staged\n"
+    "               through pinned memory), beside host buffers\n"
+    "        options: --min-bytes 64K --max-bytes 256M --rounds 7 --iters N --json\n";
 
 }  // namespace
 
@@ -47,6 +58,10 @@ int main(int argc, char** argv) {
     if (mode == "collectives") return braid::bench::run_collectives(args);
     if (mode == "trace-cost") return braid::bench::run_trace_cost(args);
     if (mode == "ddp") return braid::bench::run_ddp(args);
+#if BRAID_WITH_CUDA
+    if (mode == "nccl") return braid::bench::run_nccl(args);
+    if (mode == "cuda-p2p") return braid::bench::run_cuda_p2p(args);
+#endif
     if (mode == "algorithms") {
       std::cout << braid::collectives::SelectionTable::from_environment().describe();
       return 0;

@@ -36,10 +36,10 @@
 #include <braid/transport/world.hpp>
 
 #if BRAID_WITH_CUDA
+#include <braid/collectives/nccl_communicator.hpp>
 #include <braid/core/cuda_error.hpp>
 #include <braid/core/cuda_stream.hpp>
 #include <braid/core/nccl_error.hpp>
-#include <braid/collectives/nccl_communicator.hpp>
 #include <braid/trace/cuda_timeline.hpp>
 #endif
 

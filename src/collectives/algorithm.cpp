@@ -4,30 +4,48 @@ namespace braid::collectives {
 
 std::string_view to_string(CollectiveKind kind) noexcept {
   switch (kind) {
-    case CollectiveKind::all_reduce: return "all_reduce";
-    case CollectiveKind::reduce_scatter: return "reduce_scatter";
-    case CollectiveKind::all_gather: return "all_gather";
-    case CollectiveKind::broadcast: return "broadcast";
-    case CollectiveKind::reduce: return "reduce";
-    case CollectiveKind::gather: return "gather";
-    case CollectiveKind::scatter: return "scatter";
-    case CollectiveKind::all_to_all: return "all_to_all";
-    case CollectiveKind::barrier: return "barrier";
+    case CollectiveKind::all_reduce:
+      return "all_reduce";
+    case CollectiveKind::reduce_scatter:
+      return "reduce_scatter";
+    case CollectiveKind::all_gather:
+      return "all_gather";
+    case CollectiveKind::broadcast:
+      return "broadcast";
+    case CollectiveKind::reduce:
+      return "reduce";
+    case CollectiveKind::gather:
+      return "gather";
+    case CollectiveKind::scatter:
+      return "scatter";
+    case CollectiveKind::all_to_all:
+      return "all_to_all";
+    case CollectiveKind::barrier:
+      return "barrier";
   }
   return "?";
 }
 
 std::string_view to_string(Algorithm algorithm) noexcept {
   switch (algorithm) {
-    case Algorithm::ring: return "ring";
-    case Algorithm::recursive_doubling: return "recursive_doubling";
-    case Algorithm::halving_doubling: return "halving_doubling";
-    case Algorithm::binomial_tree: return "binomial_tree";
-    case Algorithm::linear: return "linear";
-    case Algorithm::pairwise: return "pairwise";
-    case Algorithm::dissemination: return "dissemination";
-    case Algorithm::shared_memory: return "shared_memory";
-    case Algorithm::hierarchical: return "hierarchical";
+    case Algorithm::ring:
+      return "ring";
+    case Algorithm::recursive_doubling:
+      return "recursive_doubling";
+    case Algorithm::halving_doubling:
+      return "halving_doubling";
+    case Algorithm::binomial_tree:
+      return "binomial_tree";
+    case Algorithm::linear:
+      return "linear";
+    case Algorithm::pairwise:
+      return "pairwise";
+    case Algorithm::dissemination:
+      return "dissemination";
+    case Algorithm::shared_memory:
+      return "shared_memory";
+    case Algorithm::hierarchical:
+      return "hierarchical";
   }
   return "?";
 }

@@ -42,10 +42,10 @@ struct CollectiveCall {
 struct Fingerprint {
   std::uint8_t kind = 0;
   std::uint8_t dtype = 0;
-  std::uint8_t reduce_op = 0;   // 0xff: not a reduction
+  std::uint8_t reduce_op = 0;  // 0xff: not a reduction
   std::uint8_t variable = 0;
   std::int32_t root = -1;
-  std::uint64_t count = 0;      // the count every rank must pass (0 where counts vary)
+  std::uint64_t count = 0;        // the count every rank must pass (0 where counts vary)
   std::uint64_t counts_hash = 0;  // all_gather_v: the counts every rank passes
   std::uint64_t sequence = 0;
 

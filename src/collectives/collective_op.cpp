@@ -7,7 +7,6 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
-
 #include <fmt/format.h>
 
 #include <braid/collectives/reduce_kernels.hpp>
@@ -134,9 +133,8 @@ void CollectiveOp::abort(int peer, std::string why) {
 
 asio::awaitable<void> CollectiveOp::settle(std::string why) {
   auto in_flight = [this] {
-    return std::any_of(transfers_.begin(), transfers_.end(), [](const transport::Transfer& t) {
-      return t.valid() && !t.ready();
-    });
+    return std::any_of(transfers_.begin(), transfers_.end(),
+                       [](const transport::Transfer& t) { return t.valid() && !t.ready(); });
   };
   for (transport::Transfer& transfer : transfers_) {
     if (transfer.valid()) transport_.cancel(transfer);

@@ -23,12 +23,11 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <sched.h>
 #include <span>
 #include <string>
-#include <vector>
 #include <string_view>
-
-#include <sched.h>
+#include <vector>
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/post.hpp>
@@ -58,9 +57,9 @@ inline constexpr auto kLongestNap = std::chrono::microseconds(200);
 
 struct Message {
   transport::Transfer* transfer = nullptr;  // owned by the CollectiveOp
-  int peer = -1;           // rank in the op's group when the message started
-  int world_peer = -1;     // the same peer's world rank
-  std::size_t bytes = 0;   // sent, or expected
+  int peer = -1;                            // rank in the op's group when the message started
+  int world_peer = -1;                      // the same peer's world rank
+  std::size_t bytes = 0;                    // sent, or expected
   std::uint32_t step = 0;
   bool receive = false;
   bool exact = false;  // a receive that must get exactly `bytes`

@@ -1,13 +1,13 @@
 // The Communicator's entry points check their arguments, take a sequence number and hand
 // a CollectiveCall to run(), which exchanges fingerprints (BRAID_DEBUG=detail), runs the
 // selected algorithm and puts the operation's name on any error.
-#include <braid/collectives/communicator.hpp>
-
 #include <algorithm>
 #include <numeric>
 
 #include <fmt/format.h>
 
+#include <braid/build_config.hpp>
+#include <braid/collectives/communicator.hpp>
 #include <braid/core/config.hpp>
 #include <braid/core/error.hpp>
 #include <braid/trace/span.hpp>
@@ -20,8 +20,6 @@
 #include "scratch_pool.hpp"
 #include "shared_memory_arena.hpp"
 #include "staging.hpp"
-
-#include <braid/build_config.hpp>
 #if BRAID_WITH_CUDA
 #include <braid/collectives/nccl_communicator.hpp>
 
@@ -85,8 +83,8 @@ class ArgumentCheck {
   // Host memory, or CUDA memory where the communicator can stage it.
   void host(const Buffer& buffer, std::string_view name) const {
     that(buffer.memory() == MemoryKind::host || comm_.accepts_cuda_buffers(),
-         "the {} is {} memory (device {}), and this build of braid has no CUDA",
-         name, to_string(buffer.memory()), buffer.device());
+         "the {} is {} memory (device {}), and this build of braid has no CUDA", name,
+         to_string(buffer.memory()), buffer.device());
   }
   // Same dtype, and the same kind of memory on the same device.
   void same_dtype(const Buffer& a, const Buffer& b) const {
@@ -187,7 +185,8 @@ asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call
     case all_reduce:
       switch (call.algorithm) {
         case Algorithm::recursive_doubling:
-          co_await detail::recursive_doubling_all_reduce(op, call.input, call.output, call.reduce_op);
+          co_await detail::recursive_doubling_all_reduce(op, call.input, call.output,
+                                                         call.reduce_op);
           co_return;
         case Algorithm::halving_doubling:
           co_await detail::halving_doubling_all_reduce(op, call.input, call.output, call.reduce_op);
@@ -263,7 +262,8 @@ Fingerprint fingerprint_of(const CollectiveCall& call) {
   if (call.kind == CollectiveKind::barrier) return f;
   // The buffer every rank passes (non-roots' outputs of reduce and gather, and their
   // inputs of scatter, are empty).
-  const bool output_typed = call.kind == CollectiveKind::scatter || call.kind == CollectiveKind::broadcast;
+  const bool output_typed =
+      call.kind == CollectiveKind::scatter || call.kind == CollectiveKind::broadcast;
   const Buffer& typed = output_typed ? call.output : call.input;
   f.dtype = static_cast<std::uint8_t>(typed.dtype());
   f.reduce_op = is_reduction(call.kind) ? static_cast<std::uint8_t>(call.reduce_op) : 0xff;
@@ -279,7 +279,8 @@ Fingerprint fingerprint_of(const CollectiveCall& call) {
     default:
       f.count = call.variable ? 0 : call.input.count();
   }
-  if (call.kind == CollectiveKind::all_gather && call.variable) f.counts_hash = hash_counts(call.counts);
+  if (call.kind == CollectiveKind::all_gather && call.variable)
+    f.counts_hash = hash_counts(call.counts);
   return f;
 }
 
@@ -294,7 +295,8 @@ std::string describe(const Fingerprint& f) {
     text += fmt::format("count {}", f.count);
   }
   text += fmt::format(", {}", to_string(static_cast<DType>(f.dtype)));
-  if (f.reduce_op != 0xff) text += fmt::format(", {}", to_string(static_cast<ReduceOp>(f.reduce_op)));
+  if (f.reduce_op != 0xff)
+    text += fmt::format(", {}", to_string(static_cast<ReduceOp>(f.reduce_op)));
   if (f.root >= 0) text += fmt::format(", root {}", f.root);
   return text + ")";
 }
@@ -344,8 +346,8 @@ Communicator::Communicator(Private, transport::World& world, std::vector<int> wo
   }
   // `this` outlives the listener: the destructor removes it on the runtime thread, where
   // it runs.
-  failure_listener_ = world.transport().add_peer_failure_listener(
-      [this](int peer, const std::string& why) {
+  failure_listener_ =
+      world.transport().add_peer_failure_listener([this](int peer, const std::string& why) {
         if (std::find(world_ranks_.begin(), world_ranks_.end(), peer) != world_ranks_.end()) {
           on_member_failed(peer, why);
         }
@@ -357,9 +359,8 @@ Communicator::~Communicator() {
 }
 
 Algorithm Communicator::algorithm_for(CollectiveKind kind, std::size_t bytes) const {
-  return selection_->select(kind, bytes, size(),
-                            {.one_node = arena_ != nullptr,
-                             .grouped_nodes = hierarchy_.worth_it()});
+  return selection_->select(
+      kind, bytes, size(), {.one_node = arena_ != nullptr, .grouped_nodes = hierarchy_.worth_it()});
 }
 
 std::unique_ptr<CollectiveCall> Communicator::prepare(CollectiveKind kind) {
@@ -389,9 +390,8 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
       }
     }
     if (check_fingerprints_ && size() > 1) co_await exchange_fingerprints(op, *call, id_);
-    const bool nothing_to_move =
-        call->bytes == 0 && call->kind != CollectiveKind::barrier &&
-        !(call->kind == CollectiveKind::all_to_all && call->variable);
+    const bool nothing_to_move = call->bytes == 0 && call->kind != CollectiveKind::barrier &&
+                                 !(call->kind == CollectiveKind::all_to_all && call->variable);
     if (!nothing_to_move) co_await run_algorithm(op, *call);
   } catch (const Error& error) {
     std::string where = fmt::format("{}{}[{}]", to_string(call->kind), call->variable ? "_v" : "",
@@ -486,8 +486,8 @@ detail::StagingResources& Communicator::staging_for(int device) {
     resources->engine = staging_engine_(device);
   } else {
 #if BRAID_WITH_CUDA
-    resources->engine = std::make_unique<detail::CudaCopyEngine>(
-        device, static_cast<cudaStream_t>(cuda_stream_));
+    resources->engine =
+        std::make_unique<detail::CudaCopyEngine>(device, static_cast<cudaStream_t>(cuda_stream_));
 #endif
   }
   BRAID_ENFORCE(resources->engine != nullptr, "no copy engine for CUDA device {}", device);
@@ -533,7 +533,8 @@ asio::awaitable<void> Communicator::run_staged(std::shared_ptr<Communicator> sel
       co_return;
     }
     default: {
-      detail::WholeRunner run_whole = [&](Buffer input, Buffer output) -> asio::awaitable<std::size_t> {
+      detail::WholeRunner run_whole = [&](Buffer input,
+                                          Buffer output) -> asio::awaitable<std::size_t> {
         co_await run(self, on_host(input, output, call->bytes));
         co_return output.size_bytes();
       };
@@ -567,8 +568,9 @@ asio::awaitable<void> Communicator::submit(std::unique_ptr<CollectiveCall> call)
   }
   if (on_cuda) {
     // Staged: run() sees host copies, and picks their algorithms; none takes an arena turn.
-    call->algorithm = selection_->select(call->kind, call->bytes, size(),
-                                         {.one_node = false, .grouped_nodes = hierarchy_.worth_it()});
+    call->algorithm =
+        selection_->select(call->kind, call->bytes, size(),
+                           {.one_node = false, .grouped_nodes = hierarchy_.worth_it()});
     call->hierarchy = &hierarchy_;
     call->sequence = take_sequence();
     call->deadline = deadline_for(timeout_);
@@ -593,8 +595,8 @@ asio::awaitable<void> Communicator::all_reduce(Buffer input, Buffer output, Redu
   check.host(input, "input");
   check.host(output, "output");
   check.same_dtype(input, output);
-  check.that(input.count() == output.count(), "input has {} elements and output {}",
-             input.count(), output.count());
+  check.that(input.count() == output.count(), "input has {} elements and output {}", input.count(),
+             output.count());
   check.same_or_disjoint(input, output);
   auto call = prepare(CollectiveKind::all_reduce);
   call->input = input;
@@ -618,7 +620,8 @@ asio::awaitable<void> Communicator::reduce_scatter(Buffer input, Buffer output, 
              size(), output.count());
   const bool in_place =
       output.count() == 0 ||
-      output.data() == input.slice(static_cast<std::size_t>(rank_) * output.count(), output.count()).data();
+      output.data() ==
+          input.slice(static_cast<std::size_t>(rank_) * output.count(), output.count()).data();
   if (!in_place) check.same_or_disjoint(input, output);
   auto call = prepare(CollectiveKind::reduce_scatter);
   call->input = input;
@@ -671,7 +674,8 @@ asio::awaitable<void> Communicator::all_gather(Buffer input, Buffer output) {
              size(), input.count());
   const bool in_place =
       input.count() == 0 ||
-      input.data() == output.slice(static_cast<std::size_t>(rank_) * input.count(), input.count()).data();
+      input.data() ==
+          output.slice(static_cast<std::size_t>(rank_) * input.count(), input.count()).data();
   if (!in_place) check.same_or_disjoint(input, output);
   auto call = prepare(CollectiveKind::all_gather);
   call->input = input;
@@ -703,8 +707,10 @@ asio::awaitable<void> Communicator::all_gather_v(Buffer input, Buffer output,
   const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
   check.that(output.count() == total, "output has {} elements; the counts add up to {}",
              output.count(), total);
-  const std::size_t offset = std::accumulate(counts.begin(), counts.begin() + rank_, std::size_t{0});
-  const bool in_place = input.count() == 0 || input.data() == output.slice(offset, input.count()).data();
+  const std::size_t offset =
+      std::accumulate(counts.begin(), counts.begin() + rank_, std::size_t{0});
+  const bool in_place =
+      input.count() == 0 || input.data() == output.slice(offset, input.count()).data();
   if (!in_place) check.same_or_disjoint(input, output);
   auto call = prepare(CollectiveKind::all_gather);
   call->input = input;
@@ -735,11 +741,12 @@ asio::awaitable<void> Communicator::gather(Buffer input, Buffer output, int root
     check.host(output, "output");
     check.same_dtype(input, output);
     check.that(output.count() == input.count() * static_cast<std::size_t>(size()),
-               "output has {} elements; it must hold {} blocks of the input's {}",
-               output.count(), size(), input.count());
-    const bool in_place = input.count() == 0 ||
-                          input.data() == output.slice(static_cast<std::size_t>(rank_) * input.count(),
-                                                       input.count()).data();
+               "output has {} elements; it must hold {} blocks of the input's {}", output.count(),
+               size(), input.count());
+    const bool in_place =
+        input.count() == 0 ||
+        input.data() ==
+            output.slice(static_cast<std::size_t>(rank_) * input.count(), input.count()).data();
     if (!in_place) check.same_or_disjoint(input, output);
   }
   auto call = prepare(CollectiveKind::gather);
@@ -760,9 +767,10 @@ asio::awaitable<void> Communicator::scatter(Buffer input, Buffer output, int roo
     check.that(input.count() == output.count() * static_cast<std::size_t>(size()),
                "input has {} elements; it must hold {} blocks of the output's {}", input.count(),
                size(), output.count());
-    const bool in_place = output.count() == 0 ||
-                          output.data() == input.slice(static_cast<std::size_t>(rank_) * output.count(),
-                                                       output.count()).data();
+    const bool in_place =
+        output.count() == 0 ||
+        output.data() ==
+            input.slice(static_cast<std::size_t>(rank_) * output.count(), output.count()).data();
     if (!in_place) check.same_or_disjoint(input, output);
   }
   auto call = prepare(CollectiveKind::scatter);
@@ -778,8 +786,8 @@ asio::awaitable<void> Communicator::all_to_all(Buffer input, Buffer output) {
   check.host(input, "input");
   check.host(output, "output");
   check.same_dtype(input, output);
-  check.that(input.count() == output.count(), "input has {} elements and output {}",
-             input.count(), output.count());
+  check.that(input.count() == output.count(), "input has {} elements and output {}", input.count(),
+             output.count());
   check.that(input.count() % static_cast<std::size_t>(size()) == 0,
              "the buffers' {} elements must split into {} equal blocks", input.count(), size());
   check.same_or_disjoint(input, output);
@@ -811,8 +819,8 @@ asio::awaitable<void> Communicator::all_to_all_v(Buffer input,
       std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
   check.that(input.count() == sent, "input has {} elements; the send counts add up to {}",
              input.count(), sent);
-  check.that(output.count() == received,
-             "output has {} elements; the receive counts add up to {}", output.count(), received);
+  check.that(output.count() == received, "output has {} elements; the receive counts add up to {}",
+             output.count(), received);
   check.that(input.data() != output.data() || input.count() == 0 || output.count() == 0,
              "all_to_all_v cannot run in place");
   check.same_or_disjoint(input, output);
@@ -857,8 +865,10 @@ asio::awaitable<std::size_t> run_point_to_point(std::shared_ptr<Communicator> se
     throw Error(Errc::size_mismatch,
                 fmt::format("rank {} sent {} bytes, not a whole number of {} elements",
                             op->world_rank(peer), bytes, to_string(data.dtype())),
-                {.rank = op->world_rank(op->rank()), .peer = op->world_rank(peer),
-                 .operation = "recv", .sequence = op->sequence()});
+                {.rank = op->world_rank(op->rank()),
+                 .peer = op->world_rank(peer),
+                 .operation = "recv",
+                 .sequence = op->sequence()});
   }
   (void)self;
   co_return bytes / element;
@@ -870,17 +880,19 @@ asio::awaitable<void> discard_count(asio::awaitable<std::size_t> operation) {
 
 }  // namespace
 
-asio::awaitable<std::size_t> Communicator::staged_point_to_point(
-    std::shared_ptr<Communicator> self, std::unique_ptr<CollectiveOp> op, bool sending,
-    Buffer data, int peer) {
+asio::awaitable<std::size_t> Communicator::staged_point_to_point(std::shared_ptr<Communicator> self,
+                                                                 std::unique_ptr<CollectiveOp> op,
+                                                                 bool sending, Buffer data,
+                                                                 int peer) {
   detail::StagingResources& staging = staging_for(data.device());
   const Deadline deadline = op->deadline();
   const Buffer nothing(nullptr, 0, data.dtype());
   std::size_t elements = 0;
-  detail::WholeRunner transfer = [&](Buffer host_in, Buffer host_out) -> asio::awaitable<std::size_t> {
+  detail::WholeRunner transfer = [&](Buffer host_in,
+                                     Buffer host_out) -> asio::awaitable<std::size_t> {
     elements = co_await run_point_to_point(self, std::move(op), sending,
                                            sending ? host_in : host_out, peer);
-    co_return elements * dtype_size(data.dtype());
+    co_return elements* dtype_size(data.dtype());
   };
   co_await detail::run_whole_staged(*staging.engine, *staging.pool, sending ? data : nothing,
                                     sending ? nothing : data, std::move(transfer), deadline);

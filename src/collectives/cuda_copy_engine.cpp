@@ -21,7 +21,8 @@ StagingMemory CudaCopyEngine::allocate(std::size_t bytes) {
   void* memory = nullptr;
   // Portable: pinned for every device's copies, not only this one's.
   BRAID_CUDA_CHECK(cudaHostAlloc(&memory, bytes, cudaHostAllocPortable));
-  return StagingMemory(static_cast<std::byte*>(memory), [](std::byte* p) { (void)cudaFreeHost(p); });
+  return StagingMemory(static_cast<std::byte*>(memory),
+                       [](std::byte* p) { (void)cudaFreeHost(p); });
 }
 
 void CudaCopyEngine::follow_producer() {

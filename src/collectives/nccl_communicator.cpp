@@ -1,5 +1,3 @@
-#include <braid/collectives/nccl_communicator.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -16,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <braid/collectives/communicator.hpp>
+#include <braid/collectives/nccl_communicator.hpp>
 #include <braid/core/cuda_error.hpp>
 #include <braid/core/log.hpp>
 #include <braid/core/nccl_error.hpp>
@@ -41,13 +40,20 @@ constexpr unsigned kAsyncErrorEvery = 64;
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
-    case DType::f32: return ncclFloat32;
-    case DType::f64: return ncclFloat64;
-    case DType::f16: return ncclFloat16;
-    case DType::bf16: return ncclBfloat16;
-    case DType::i32: return ncclInt32;
-    case DType::i64: return ncclInt64;
-    case DType::u8: return ncclUint8;
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
+    case DType::u8:
+      return ncclUint8;
   }
   return ncclUint8;
 }
@@ -56,11 +62,16 @@ ncclDataType_t nccl_type(DType dtype) {
 // truncation, which is braid's definition of avg (communicator.hpp).
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return ncclSum;
-    case ReduceOp::prod: return ncclProd;
-    case ReduceOp::min: return ncclMin;
-    case ReduceOp::max: return ncclMax;
-    case ReduceOp::avg: return ncclAvg;
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::prod:
+      return ncclProd;
+    case ReduceOp::min:
+      return ncclMin;
+    case ReduceOp::max:
+      return ncclMax;
+    case ReduceOp::avg:
+      return ncclAvg;
   }
   return ncclSum;
 }
@@ -91,7 +102,8 @@ class Check {
     }
   }
   void on_device(const Buffer& buffer, std::string_view name) const {
-    that(buffer.empty() || (buffer.memory() == MemoryKind::cuda && buffer.device() == comm_.device()),
+    that(buffer.empty() ||
+             (buffer.memory() == MemoryKind::cuda && buffer.device() == comm_.device()),
          fmt::format("the {} is {} memory (device {}); this NCCL communicator moves CUDA "
                      "memory of device {}",
                      name, to_string(buffer.memory()), buffer.device(), comm_.device()));
@@ -99,9 +111,9 @@ class Check {
   void alike(const Buffer& input, const Buffer& output) const {
     on_device(input, "input");
     on_device(output, "output");
-    that(input.dtype() == output.dtype(), fmt::format("input is {} and output is {}",
-                                                      to_string(input.dtype()),
-                                                      to_string(output.dtype())));
+    that(input.dtype() == output.dtype(),
+         fmt::format("input is {} and output is {}", to_string(input.dtype()),
+                     to_string(output.dtype())));
   }
   void rank(int r, std::string_view name) const {
     that(r >= 0 && r < comm_.size(),
@@ -135,13 +147,13 @@ ncclResult_t grouped(Calls calls) {
 // ---------------------------------------------------------------- lifetime
 
 asio::awaitable<std::shared_ptr<NcclCommunicator>> NcclCommunicator::create(Communicator& bootstrap,
-                                                                           int device,
-                                                                           Options options) {
+                                                                            int device,
+                                                                            Options options) {
   const Clock::duration timeout = options.timeout.value_or(default_timeout());
   const Deadline deadline = deadline_after(timeout);
   transport::World& world = bootstrap.world();
-  const std::string key = fmt::format("braid/nccl/{}/{}/unique_id", bootstrap.id(),
-                                      next_generation(bootstrap.id()));
+  const std::string key =
+      fmt::format("braid/nccl/{}/{}/unique_id", bootstrap.id(), next_generation(bootstrap.id()));
   ncclUniqueId id{};
   if (bootstrap.rank() == 0) {
     BRAID_NCCL_CHECK(ncclGetUniqueId(&id));
@@ -196,7 +208,8 @@ NcclCommunicator::NcclCommunicator(Private, Runtime& runtime, ncclComm_t comm, i
   BRAID_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(std::int32_t)));
   BRAID_CUDA_CHECK(cudaMemset(barrier_word_, 0, sizeof(std::int32_t)));
   if (trace::enabled()) {
-    gpu_timeline_ = std::make_unique<CudaTimeline>(stream_, fmt::format("nccl device {} (gpu)", device));
+    gpu_timeline_ =
+        std::make_unique<CudaTimeline>(stream_, fmt::format("nccl device {} (gpu)", device));
   }
 }
 
@@ -212,7 +225,8 @@ NcclCommunicator::~NcclCommunicator() {
         return ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress;
       });
       ncclResult_t state = ncclInternalError;
-      flushed = flushed && ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclSuccess;
+      flushed =
+          flushed && ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclSuccess;
     }
     if (flushed) {
       (void)ncclCommDestroy(comm_);
@@ -302,10 +316,10 @@ asio::awaitable<void> NcclCommunicator::await_done(CudaEvent& done, std::string_
     }
     const auto now = Clock::now();
     if (now > deadline) {
-      const std::string why =
-          fmt::format("{} did not complete within the timeout (a rank missing, or ranks "
-                      "disagreeing on the call or its counts)",
-                      what);
+      const std::string why = fmt::format(
+          "{} did not complete within the timeout (a rank missing, or ranks "
+          "disagreeing on the call or its counts)",
+          what);
       abort(why);
       throw error(Errc::timeout, why, what);
     }
@@ -344,7 +358,8 @@ asio::awaitable<void> NcclCommunicator::run(trace::Name name, std::size_t bytes,
     // Contract point 1: the operation follows what the compute stream has enqueued.
     BRAID_CUDA_CHECK(cudaEventRecord(produced->native(), compute_stream_));
     BRAID_CUDA_CHECK(cudaStreamWaitEvent(stream_.native(), produced->native(), 0));
-    gpu_span = gpu_timeline_ != nullptr ? gpu_timeline_->begin(trace::Category::comm, name, bytes) : 0;
+    gpu_span =
+        gpu_timeline_ != nullptr ? gpu_timeline_->begin(trace::Category::comm, name, bytes) : 0;
     result = enqueue();
   }
   // Non-blocking: the kernels may reach the stream only once the call has settled.
@@ -365,8 +380,8 @@ asio::awaitable<void> NcclCommunicator::run(trace::Name name, std::size_t bytes,
 asio::awaitable<void> NcclCommunicator::all_reduce(Buffer input, Buffer output, ReduceOp op) {
   const Check check(*this, world_rank_, "all_reduce");
   check.alike(input, output);
-  check.that(input.count() == output.count(), fmt::format("input has {} elements and output {}",
-                                                          input.count(), output.count()));
+  check.that(input.count() == output.count(),
+             fmt::format("input has {} elements and output {}", input.count(), output.count()));
   return run("all_reduce", input.size_bytes(), [this, input, output, op] {
     return ncclAllReduce(input.data(), output.data(), input.count(), nccl_type(input.dtype()),
                          nccl_op(op), comm_, stream_.native());
@@ -393,8 +408,8 @@ asio::awaitable<void> NcclCommunicator::reduce(Buffer input, Buffer output, Redu
   check.on_device(input, "input");
   if (rank_ == root) {
     check.alike(input, output);
-    check.that(input.count() == output.count(), fmt::format("input has {} elements and output {}",
-                                                            input.count(), output.count()));
+    check.that(input.count() == output.count(),
+               fmt::format("input has {} elements and output {}", input.count(), output.count()));
   }
   // The receive buffer matters at the root only.
   void* received = rank_ == root ? output.data() : input.data();
@@ -409,8 +424,8 @@ asio::awaitable<void> NcclCommunicator::all_gather(Buffer input, Buffer output) 
   check.alike(input, output);
   check.blocks(output.count(), input.count(), "output");
   return run("all_gather", output.size_bytes(), [this, input, output] {
-    return ncclAllGather(input.data(), output.data(), input.count(), nccl_type(input.dtype()), comm_,
-                         stream_.native());
+    return ncclAllGather(input.data(), output.data(), input.count(), nccl_type(input.dtype()),
+                         comm_, stream_.native());
   });
 }
 
@@ -433,8 +448,9 @@ asio::awaitable<void> NcclCommunicator::all_gather_v(Buffer input, Buffer output
       for (int r = 0; r < size_; ++r) {
         const std::size_t count = counts[static_cast<std::size_t>(r)];
         const void* source = r == rank_ ? input.data() : at(output, offset);
-        const ncclResult_t result = ncclBroadcast(source, at(output, offset), count,
-                                                  nccl_type(input.dtype()), r, comm_, stream_.native());
+        const ncclResult_t result =
+            ncclBroadcast(source, at(output, offset), count, nccl_type(input.dtype()), r, comm_,
+                          stream_.native());
         if (result != ncclSuccess && result != ncclInProgress) return result;
         offset += count;
       }
@@ -448,8 +464,8 @@ asio::awaitable<void> NcclCommunicator::broadcast(Buffer data, int root) {
   check.rank(root, "root");
   check.on_device(data, "buffer");
   return run("broadcast", data.size_bytes(), [this, data, root] {
-    return ncclBroadcast(data.data(), data.data(), data.count(), nccl_type(data.dtype()), root, comm_,
-                         stream_.native());
+    return ncclBroadcast(data.data(), data.data(), data.count(), nccl_type(data.dtype()), root,
+                         comm_, stream_.native());
   });
 }
 
@@ -461,26 +477,29 @@ asio::awaitable<void> NcclCommunicator::gather(Buffer input, Buffer output, int 
     check.alike(input, output);
     check.blocks(output.count(), input.count(), "output");
   }
-  return run("gather", input.size_bytes() * static_cast<std::size_t>(size_),
-             [this, input, output, root] {
-    return grouped([&] {
-      const ncclDataType_t type = nccl_type(input.dtype());
-      if (rank_ == root) {
-        for (int r = 0; r < size_; ++r) {
-          void* block = at(output, static_cast<std::size_t>(r) * input.count());
-          const ncclResult_t result = r == rank_
-              ? (block == input.data() ? ncclSuccess
-                                       : (cudaMemcpyAsync(block, input.data(), input.size_bytes(),
-                                                          cudaMemcpyDeviceToDevice, stream_.native()) == cudaSuccess
-                                              ? ncclSuccess : ncclUnhandledCudaError))
-              : ncclRecv(block, input.count(), type, r, comm_, stream_.native());
-          if (result != ncclSuccess && result != ncclInProgress) return result;
-        }
-        return ncclSuccess;
-      }
-      return ncclSend(input.data(), input.count(), type, root, comm_, stream_.native());
-    });
-  });
+  return run(
+      "gather", input.size_bytes() * static_cast<std::size_t>(size_), [this, input, output, root] {
+        return grouped([&] {
+          const ncclDataType_t type = nccl_type(input.dtype());
+          if (rank_ == root) {
+            for (int r = 0; r < size_; ++r) {
+              void* block = at(output, static_cast<std::size_t>(r) * input.count());
+              const ncclResult_t result =
+                  r == rank_ ? (block == input.data()
+                                    ? ncclSuccess
+                                    : (cudaMemcpyAsync(block, input.data(), input.size_bytes(),
+                                                       cudaMemcpyDeviceToDevice,
+                                                       stream_.native()) == cudaSuccess
+                                           ? ncclSuccess
+                                           : ncclUnhandledCudaError))
+                             : ncclRecv(block, input.count(), type, r, comm_, stream_.native());
+              if (result != ncclSuccess && result != ncclInProgress) return result;
+            }
+            return ncclSuccess;
+          }
+          return ncclSend(input.data(), input.count(), type, root, comm_, stream_.native());
+        });
+      });
 }
 
 asio::awaitable<void> NcclCommunicator::scatter(Buffer input, Buffer output, int root) {
@@ -491,34 +510,39 @@ asio::awaitable<void> NcclCommunicator::scatter(Buffer input, Buffer output, int
     check.alike(input, output);
     check.blocks(input.count(), output.count(), "input");
   }
-  return run("scatter", output.size_bytes() * static_cast<std::size_t>(size_),
-             [this, input, output, root] {
-    return grouped([&] {
-      const ncclDataType_t type = nccl_type(output.dtype());
-      if (rank_ == root) {
-        for (int r = 0; r < size_; ++r) {
-          const void* block = at(input, static_cast<std::size_t>(r) * output.count());
-          const ncclResult_t result = r == rank_
-              ? (block == output.data() ? ncclSuccess
-                                        : (cudaMemcpyAsync(output.data(), block, output.size_bytes(),
-                                                           cudaMemcpyDeviceToDevice, stream_.native()) == cudaSuccess
-                                               ? ncclSuccess : ncclUnhandledCudaError))
-              : ncclSend(block, output.count(), type, r, comm_, stream_.native());
-          if (result != ncclSuccess && result != ncclInProgress) return result;
-        }
-        return ncclSuccess;
-      }
-      return ncclRecv(output.data(), output.count(), type, root, comm_, stream_.native());
-    });
-  });
+  return run(
+      "scatter", output.size_bytes() * static_cast<std::size_t>(size_),
+      [this, input, output, root] {
+        return grouped([&] {
+          const ncclDataType_t type = nccl_type(output.dtype());
+          if (rank_ == root) {
+            for (int r = 0; r < size_; ++r) {
+              const void* block = at(input, static_cast<std::size_t>(r) * output.count());
+              const ncclResult_t result =
+                  r == rank_ ? (block == output.data()
+                                    ? ncclSuccess
+                                    : (cudaMemcpyAsync(output.data(), block, output.size_bytes(),
+                                                       cudaMemcpyDeviceToDevice,
+                                                       stream_.native()) == cudaSuccess
+                                           ? ncclSuccess
+                                           : ncclUnhandledCudaError))
+                             : ncclSend(block, output.count(), type, r, comm_, stream_.native());
+              if (result != ncclSuccess && result != ncclInProgress) return result;
+            }
+            return ncclSuccess;
+          }
+          return ncclRecv(output.data(), output.count(), type, root, comm_, stream_.native());
+        });
+      });
 }
 
 asio::awaitable<void> NcclCommunicator::all_to_all(Buffer input, Buffer output) {
   const Check check(*this, world_rank_, "all_to_all");
   check.alike(input, output);
-  check.that(input.count() == output.count() && input.count() % static_cast<std::size_t>(size_) == 0,
-             fmt::format("input has {} and output {} elements; both must be {} equal blocks",
-                         input.count(), output.count(), size_));
+  check.that(
+      input.count() == output.count() && input.count() % static_cast<std::size_t>(size_) == 0,
+      fmt::format("input has {} and output {} elements; both must be {} equal blocks",
+                  input.count(), output.count(), size_));
   const std::size_t block = input.count() / static_cast<std::size_t>(size_);
   return run("all_to_all", input.size_bytes(), [this, input, output, block] {
     const ncclDataType_t type = nccl_type(input.dtype());
@@ -539,7 +563,8 @@ asio::awaitable<void> NcclCommunicator::all_to_all(Buffer input, Buffer output) 
         const auto offset = static_cast<std::size_t>(r) * block;
         ncclResult_t sent = ncclSend(at(source, offset), block, type, r, comm_, stream_.native());
         if (sent != ncclSuccess && sent != ncclInProgress) return sent;
-        ncclResult_t received = ncclRecv(at(output, offset), block, type, r, comm_, stream_.native());
+        ncclResult_t received =
+            ncclRecv(at(output, offset), block, type, r, comm_, stream_.native());
         if (received != ncclSuccess && received != ncclInProgress) return received;
       }
       return ncclSuccess;
@@ -560,7 +585,8 @@ asio::awaitable<void> NcclCommunicator::all_to_all_v(Buffer input,
              fmt::format("{} send counts and {} receive counts for a communicator of {} ranks",
                          send_counts.size(), recv_counts.size(), size_));
   const std::size_t sent = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});
-  const std::size_t received = std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
+  const std::size_t received =
+      std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
   check.that(input.count() == sent && output.count() == received,
              fmt::format("input has {} and output {} elements; the counts add up to {} and {}",
                          input.count(), output.count(), sent, received));
@@ -572,9 +598,11 @@ asio::awaitable<void> NcclCommunicator::all_to_all_v(Buffer input,
       std::size_t recv_offset = 0;
       for (int r = 0; r < size_; ++r) {
         const auto i = static_cast<std::size_t>(r);
-        ncclResult_t s = ncclSend(at(input, send_offset), send_counts[i], type, r, comm_, stream_.native());
+        ncclResult_t s =
+            ncclSend(at(input, send_offset), send_counts[i], type, r, comm_, stream_.native());
         if (s != ncclSuccess && s != ncclInProgress) return s;
-        ncclResult_t v = ncclRecv(at(output, recv_offset), recv_counts[i], type, r, comm_, stream_.native());
+        ncclResult_t v =
+            ncclRecv(at(output, recv_offset), recv_counts[i], type, r, comm_, stream_.native());
         if (v != ncclSuccess && v != ncclInProgress) return v;
         send_offset += send_counts[i];
         recv_offset += recv_counts[i];
@@ -588,7 +616,8 @@ asio::awaitable<void> NcclCommunicator::barrier() {
   // A one-element all-reduce: NCCL has no barrier, and this is what torch.distributed's
   // NCCL backend does too.
   return run("barrier", 0, [this] {
-    return ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_, stream_.native());
+    return ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_,
+                         stream_.native());
   });
 }
 
@@ -598,7 +627,8 @@ asio::awaitable<void> NcclCommunicator::send(Buffer data, int peer) {
   check.on_device(data, "buffer");
   return run("send", data.size_bytes(), [this, data, peer] {
     return grouped([&] {
-      return ncclSend(data.data(), data.count(), nccl_type(data.dtype()), peer, comm_, stream_.native());
+      return ncclSend(data.data(), data.count(), nccl_type(data.dtype()), peer, comm_,
+                      stream_.native());
     });
   });
 }
@@ -616,7 +646,8 @@ asio::awaitable<std::size_t> NcclCommunicator::recv(Buffer data, int peer) {
   check.on_device(data, "buffer");
   auto receiving = run("recv", data.size_bytes(), [this, data, peer] {
     return grouped([&] {
-      return ncclRecv(data.data(), data.count(), nccl_type(data.dtype()), peer, comm_, stream_.native());
+      return ncclRecv(data.data(), data.count(), nccl_type(data.dtype()), peer, comm_,
+                      stream_.native());
     });
   });
   return counted(std::move(receiving), data.count());

@@ -1,9 +1,8 @@
-#include <braid/collectives/selection.hpp>
-
 #include <charconv>
 
 #include <fmt/format.h>
 
+#include <braid/collectives/selection.hpp>
 #include <braid/core/config.hpp>
 #include <braid/core/error.hpp>
 
@@ -19,13 +18,28 @@ constexpr std::size_t MiB = 1024 * KiB;
 std::vector<SelectionRule> built_in_rules() {
   using enum CollectiveKind;
   return {
-      {.kind = all_reduce, .min_bytes = 0, .max_bytes = 16 * KiB, .algorithm = Algorithm::recursive_doubling},
+      {.kind = all_reduce,
+       .min_bytes = 0,
+       .max_bytes = 16 * KiB,
+       .algorithm = Algorithm::recursive_doubling},
       // Members on several nodes, some sharing one (select() skips it otherwise).
-      {.kind = all_reduce, .min_bytes = 16 * KiB, .max_bytes = kInfinity, .algorithm = Algorithm::hierarchical},
+      {.kind = all_reduce,
+       .min_bytes = 16 * KiB,
+       .max_bytes = kInfinity,
+       .algorithm = Algorithm::hierarchical},
       // Members on one node only (select() skips it otherwise).
-      {.kind = all_reduce, .min_bytes = 16 * KiB, .max_bytes = kInfinity, .algorithm = Algorithm::shared_memory},
-      {.kind = all_reduce, .min_bytes = 16 * KiB, .max_bytes = 1 * MiB, .algorithm = Algorithm::halving_doubling},
-      {.kind = all_reduce, .min_bytes = 1 * MiB, .max_bytes = kInfinity, .algorithm = Algorithm::ring},
+      {.kind = all_reduce,
+       .min_bytes = 16 * KiB,
+       .max_bytes = kInfinity,
+       .algorithm = Algorithm::shared_memory},
+      {.kind = all_reduce,
+       .min_bytes = 16 * KiB,
+       .max_bytes = 1 * MiB,
+       .algorithm = Algorithm::halving_doubling},
+      {.kind = all_reduce,
+       .min_bytes = 1 * MiB,
+       .max_bytes = kInfinity,
+       .algorithm = Algorithm::ring},
       {.kind = reduce_scatter, .algorithm = Algorithm::ring},
       {.kind = all_gather, .algorithm = Algorithm::ring},
       {.kind = broadcast, .algorithm = Algorithm::binomial_tree},
@@ -38,8 +52,8 @@ std::vector<SelectionRule> built_in_rules() {
 }
 
 [[noreturn]] void malformed(std::string_view what, std::string_view text, std::string_view why) {
-  throw Error(Errc::invalid_environment,
-              fmt::format("{}='{}': {}", what, text, why), {.operation = "collectives.selection"});
+  throw Error(Errc::invalid_environment, fmt::format("{}='{}': {}", what, text, why),
+              {.operation = "collectives.selection"});
 }
 
 std::string_view trim(std::string_view s) {
@@ -54,10 +68,20 @@ std::size_t parse_size(std::string_view text, std::string_view what, std::string
   std::size_t multiplier = 1;
   if (!text.empty()) {
     switch (text.back()) {
-      case 'k': case 'K': multiplier = KiB; break;
-      case 'm': case 'M': multiplier = MiB; break;
-      case 'g': case 'G': multiplier = 1024 * MiB; break;
-      default: break;
+      case 'k':
+      case 'K':
+        multiplier = KiB;
+        break;
+      case 'm':
+      case 'M':
+        multiplier = MiB;
+        break;
+      case 'g':
+      case 'G':
+        multiplier = 1024 * MiB;
+        break;
+      default:
+        break;
     }
     if (multiplier != 1) text.remove_suffix(1);
   }
@@ -132,14 +156,15 @@ std::vector<SelectionRule> parse_selection_rules(std::string_view text, std::str
         malformed(what, text, fmt::format("unknown algorithm '{}'", trim(algorithm_name)));
       }
       if (!implements(*kind, *algorithm)) {
-        malformed(what, text, fmt::format("braid has no {} {}", to_string(*algorithm),
-                                          to_string(*kind)));
+        malformed(what, text,
+                  fmt::format("braid has no {} {}", to_string(*algorithm), to_string(*kind)));
       }
       rule.algorithm = *algorithm;
       if (!trim(world).empty()) {
         auto [world_lo, world_hi] = split_once(world, '-');
         rule.min_world = parse_world(world_lo, what, text);
-        rule.max_world = trim(world_hi).empty() ? rule.min_world : parse_world(world_hi, what, text);
+        rule.max_world =
+            trim(world_hi).empty() ? rule.min_world : parse_world(world_hi, what, text);
         if (rule.min_world > rule.max_world) {
           malformed(what, text, fmt::format("the world range '{}' is empty", trim(world)));
         }

@@ -47,7 +47,9 @@ HostCopyEngine::HostCopyEngine(CopyObserver on_copy) : state_(std::make_unique<S
 
 HostCopyEngine::~HostCopyEngine() = default;
 
-Stream& HostCopyEngine::stream() { return state_->stream; }
+Stream& HostCopyEngine::stream() {
+  return state_->stream;
+}
 
 void HostCopyEngine::copy(void* dst, const void* src, std::size_t bytes) {
   State* state = state_.get();
@@ -59,7 +61,8 @@ void HostCopyEngine::copy(void* dst, const void* src, std::size_t bytes) {
 
 StagingMemory HostCopyEngine::allocate(std::size_t bytes) {
   constexpr std::size_t kAlignment = 64;
-  const std::size_t rounded = std::max<std::size_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+  const std::size_t rounded =
+      std::max<std::size_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
   auto* memory = static_cast<std::byte*>(std::aligned_alloc(kAlignment, rounded));
   if (memory == nullptr) throw std::bad_alloc();
   return StagingMemory(memory, [](std::byte* p) { std::free(p); });
@@ -71,8 +74,9 @@ StagingPool::Lease::~Lease() {
   if (memory_ == nullptr) return;
   auto& free = pool_->free_;
   if (free.size() >= pool_->max_cached_) {
-    auto smallest = std::min_element(free.begin(), free.end(),
-                                     [](const Block& a, const Block& b) { return a.capacity < b.capacity; });
+    auto smallest = std::min_element(free.begin(), free.end(), [](const Block& a, const Block& b) {
+      return a.capacity < b.capacity;
+    });
     if (smallest->capacity >= capacity_) return;  // ours is freed instead
     free.erase(smallest);
   }
@@ -181,8 +185,9 @@ asio::awaitable<void> run_whole_staged(CopyEngine& engine, StagingPool& pool, Bu
                        out_begin < in_begin + in_bytes;
   const std::byte* base = overlap ? std::min(in_begin, out_begin) : nullptr;
   const std::size_t span_bytes =
-      overlap ? static_cast<std::size_t>(std::max(in_begin + in_bytes, out_begin + out_bytes) - base)
-              : in_bytes + out_bytes;
+      overlap
+          ? static_cast<std::size_t>(std::max(in_begin + in_bytes, out_begin + out_bytes) - base)
+          : in_bytes + out_bytes;
   StagingPool::Lease lease = pool.acquire(span_bytes);
   std::byte* host_in = overlap ? lease.data() + (in_begin - base) : lease.data();
   std::byte* host_out = overlap ? lease.data() + (out_begin - base) : lease.data() + in_bytes;

@@ -1,15 +1,16 @@
-#include <braid/core/config.hpp>
-#include <braid/core/deadline.hpp>
-#include <braid/core/enforce.hpp>
-#include <braid/core/error.hpp>
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <array>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+
+#include <fmt/format.h>
+
+#include <braid/core/config.hpp>
+#include <braid/core/deadline.hpp>
+#include <braid/core/enforce.hpp>
+#include <braid/core/error.hpp>
 
 namespace braid::config {
 namespace {
@@ -49,21 +50,24 @@ constexpr std::array kKnobs{
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\n')) s.remove_suffix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\n'))
+    s.remove_suffix(1);
   return s;
 }
 
 [[noreturn]] void bad_value(std::string_view what, std::string_view text, std::string_view want) {
-  throw Error(Errc::invalid_environment,
-              fmt::format("{}='{}' is not {}", what, text, want));
+  throw Error(Errc::invalid_environment, fmt::format("{}='{}' is not {}", what, text, want));
 }
 
 }  // namespace
 
-std::span<const Knob> knobs() { return kKnobs; }
+std::span<const Knob> knobs() {
+  return kKnobs;
+}
 
 const Knob& knob(std::string_view name) {
-  auto it = std::find_if(kKnobs.begin(), kKnobs.end(), [&](const Knob& k) { return k.name == name; });
+  auto it =
+      std::find_if(kKnobs.begin(), kKnobs.end(), [&](const Knob& k) { return k.name == name; });
   BRAID_ENFORCE(it != kKnobs.end(), "{} is not declared in the knob table (src/core/config.cpp)",
                 name);
   return *it;
@@ -137,9 +141,9 @@ std::string describe(const EnvLookup& env) {
                                 value_width, "default", "meaning");
   for (const Knob& k : kKnobs) {
     auto value = env(k.name);
-    out += fmt::format("{:<{}}  {:<{}}  {:<8}  {}\n", k.name, name_width,
-                       value ? *value : "(unset)", value_width,
-                       k.default_value.empty() ? "-" : k.default_value, k.doc);
+    out +=
+        fmt::format("{:<{}}  {:<{}}  {:<8}  {}\n", k.name, name_width, value ? *value : "(unset)",
+                    value_width, k.default_value.empty() ? "-" : k.default_value, k.doc);
   }
   return out;
 }

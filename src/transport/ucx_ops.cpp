@@ -136,8 +136,8 @@ void UcxWorkerImpl::collect(UcxOp* op, std::exception_ptr& error, std::size_t& l
   release_op(op);
 }
 
-void UcxWorkerImpl::track(UcxOp* op, OpKind kind, int peer, const Tag& tag,
-                          std::size_t capacity, Deadline deadline, void* request) {
+void UcxWorkerImpl::track(UcxOp* op, OpKind kind, int peer, const Tag& tag, std::size_t capacity,
+                          Deadline deadline, void* request) {
   op->kind = kind;
   op->peer = peer;
   op->tag = tag;
@@ -238,8 +238,9 @@ void UcxWorkerImpl::finish(UcxOp* op, void* request, ucs_status_t status, std::s
                                                                : "message from",
                                       op->peer, describe(op->tag))
                     : *op->abandoned == Errc::peer_failed ? peers_[op->peer].failure
-                    : *op->abandoned == Errc::cancelled   ? std::string("cancelled by its caller")
-                                                          : std::string("the UCX worker was shut down"),
+                    : *op->abandoned == Errc::cancelled
+                        ? std::string("cancelled by its caller")
+                        : std::string("the UCX worker was shut down"),
                     context(op->peer, op->kind, op->tag))
             : make_error(op->peer, op->kind, op->tag, op->capacity, status, length));
   }

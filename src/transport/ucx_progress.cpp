@@ -35,8 +35,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <sched.h>
+#include <string>
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
@@ -107,11 +107,11 @@ void UcxWorkerImpl::open() {
       BRAID_UCX_CHECK(ucp_init(&params, config, &context_), where);
     } catch (...) {
       ucp_config_release(config);
-    ucp_context_attr_t context_attributes{};
-    context_attributes.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
-    if (ucp_context_query(context_, &context_attributes) == UCS_OK) {
-      moves_cuda_memory_ = (context_attributes.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
-    }
+      ucp_context_attr_t context_attributes{};
+      context_attributes.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+      if (ucp_context_query(context_, &context_attributes) == UCS_OK) {
+        moves_cuda_memory_ = (context_attributes.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+      }
       throw;
     }
     ucp_config_release(config);

@@ -130,8 +130,9 @@ Transfer UcxWorker::start_recv(int peer, Buffer buffer, Tag tag, Deadline deadli
 }
 
 asio::awaitable<std::size_t> UcxWorker::wait(Transfer& transfer) {
-  BRAID_ENFORCE(transfer.started_, "UcxWorker::wait on a Transfer that was not started or was "
-                                   "already awaited");
+  BRAID_ENFORCE(transfer.started_,
+                "UcxWorker::wait on a Transfer that was not started or was "
+                "already awaited");
   detail::UcxOp* op = std::exchange(transfer.op_, nullptr);
   std::size_t length = transfer.length_;
   // Hold the worker state until the op is back in its pool, whatever happens below.

@@ -9,8 +9,8 @@
 #include <exception>
 #include <memory>
 #include <optional>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <boost/asio/posix/stream_descriptor.hpp>

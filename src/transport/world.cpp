@@ -2,21 +2,19 @@
 #include <charconv>
 #include <optional>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
-
 #include <fmt/format.h>
 
+#include <braid/core/config.hpp>
 #include <braid/core/enforce.hpp>
 #include <braid/core/error.hpp>
-#include <braid/core/config.hpp>
 #include <braid/core/log.hpp>
 #include <braid/trace/output.hpp>
 #include <braid/transport/world.hpp>
-
-#include <unistd.h>
 
 #include "clock_alignment.hpp"
 
@@ -68,7 +66,8 @@ int take_node(Bytes& published, int rank) {
                 {.peer = rank, .operation = "World::join"});
   }
   std::uint32_t node = 0;
-  for (int i = 0; i < 4; ++i) node |= std::uint32_t{published[static_cast<std::size_t>(i)]} << (8 * i);
+  for (int i = 0; i < 4; ++i)
+    node |= std::uint32_t{published[static_cast<std::size_t>(i)]} << (8 * i);
   published.erase(published.begin(), published.begin() + 4);
   return static_cast<int>(node);
 }

@@ -2,7 +2,8 @@
 // environment, takes the world Communicator, and does what its first argument says:
 //   check      every collective the communicator has over real processes, with values
 //              whose results are known exactly (small integers, exact in f32 too); prints
-//              "rank R ok (all_reduce of 1 MiB: ALGORITHM)", or the first mismatch on stderr with exit code 1.
+//              "rank R ok (all_reduce of 1 MiB: ALGORITHM)", or the first mismatch on stderr with
+//              exit code 1.
 //   die D      all ranks run one all_reduce; then rank D kills itself (SIGKILL) and the
 //              others call all_reduce on 4 MiB until it fails. A survivor prints
 //              "rank R saw: <what>" on stderr and exits 3; one that never sees a failure
@@ -10,9 +11,6 @@
 //              as soon as it reaps rank D, and what is tested is what they see on their
 //              own (braid-run still kills them after --grace).
 // Other errors are printed as "error: <what>" on stderr, with exit code 2.
-#include <braid/braid.hpp>
-#include <braid/collectives/communicator.hpp>
-
 #include <csignal>
 #include <cstdint>
 #include <iostream>
@@ -20,6 +18,9 @@
 #include <vector>
 
 #include <fmt/format.h>
+
+#include <braid/braid.hpp>
+#include <braid/collectives/communicator.hpp>
 
 namespace {
 
@@ -182,8 +183,8 @@ int main(int argc, char** argv) {
     braid::Runtime runtime;
     braid::transport::World::Options options;
     options.leave_timeout = 2s;  // a dead peer never leaves; don't wait long for it
-    auto world = braid::transport::World::join(runtime, braid::transport::parse_launch_env(),
-                                               options);
+    auto world =
+        braid::transport::World::join(runtime, braid::transport::parse_launch_env(), options);
     auto comm = Communicator::world(*world);
     const int rank = comm->rank();
     if (mode == "check") {

@@ -2,14 +2,13 @@
 // and a killed rank failing its peers' all_reduce with an error naming it. Programs come
 // from the build through the environment: BRAID_RUN (the launcher) and COLLECTIVE_PROBE
 // (collective_probe.cpp).
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include <array>
 #include <csignal>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <braid/transport/bootstrap.hpp>
 
@@ -18,14 +17,18 @@
 namespace braid::collectives {
 namespace {
 
-using ::testing::HasSubstr;
-using ::testing::Not;
 using braid::testing::ChildProcess;
 using braid::testing::program_from_env;
+using ::testing::HasSubstr;
+using ::testing::Not;
 using namespace std::chrono_literals;
 
-std::string braid_run() { return program_from_env("BRAID_RUN"); }
-std::string probe() { return program_from_env("COLLECTIVE_PROBE"); }
+std::string braid_run() {
+  return program_from_env("BRAID_RUN");
+}
+std::string probe() {
+  return program_from_env("COLLECTIVE_PROBE");
+}
 
 // The lines of `text` that contain `needle`.
 std::vector<std::string> lines_with(const std::string& text, const std::string& needle) {
@@ -41,10 +44,10 @@ class CollectivesProcesses : public ::testing::TestWithParam<int> {};
 
 TEST_P(CollectivesProcesses, EveryCollectiveGivesTheExactResultOnEveryRank) {
   const int size = GetParam();
-  auto result = ChildProcess({braid_run(), "-n", std::to_string(size), "--timeout", "120",
-                              probe(), "check"},
-                             {}, 150s)
-                    .wait();
+  auto result =
+      ChildProcess({braid_run(), "-n", std::to_string(size), "--timeout", "120", probe(), "check"},
+                   {}, 150s)
+          .wait();
   ASSERT_EQ(result.status, 0) << result.out << result.err;
   for (int r = 0; r < size; ++r) {
     EXPECT_THAT(result.out, HasSubstr(fmt::format("[{}] rank {} ok", r, r))) << result.err;
@@ -56,10 +59,10 @@ TEST_P(CollectivesProcesses, EveryCollectiveGivesTheExactResultOnEveryRank) {
 TEST(CollectivesProcesses, FourRanksAsTwoNodesOfTwoRunEveryCollectiveHierarchically) {
   const std::string port = std::to_string(braid::transport::find_free_port());
   auto node = [&](int node_rank) {
-    return ChildProcess({braid_run(), "-n", "2", "--nnodes", "2", "--node-rank",
-                         std::to_string(node_rank), "--master-addr", "127.0.0.1",
-                         "--master-port", port, "--timeout", "120", probe(), "check"},
-                        {{"BRAID_TOKEN", "two-pretend-nodes"}}, 150s);
+    return ChildProcess(
+        {braid_run(), "-n", "2", "--nnodes", "2", "--node-rank", std::to_string(node_rank),
+         "--master-addr", "127.0.0.1", "--master-port", port, "--timeout", "120", probe(), "check"},
+        {{"BRAID_TOKEN", "two-pretend-nodes"}}, 150s);
   };
   ChildProcess first = node(0);
   ChildProcess second = node(1);
@@ -69,8 +72,8 @@ TEST(CollectivesProcesses, FourRanksAsTwoNodesOfTwoRunEveryCollectiveHierarchica
     ASSERT_EQ(result.status, 0) << "node " << n << ":\n" << result.out << result.err;
     for (int local = 0; local < 2; ++local) {
       const int r = 2 * n + local;
-      EXPECT_THAT(result.out,
-                  HasSubstr(fmt::format("[{}] rank {} ok (all_reduce of 1 MiB: hierarchical)", r, r)))
+      EXPECT_THAT(result.out, HasSubstr(fmt::format(
+                                  "[{}] rank {} ok (all_reduce of 1 MiB: hierarchical)", r, r)))
           << result.err;
     }
   }

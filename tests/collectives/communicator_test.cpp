@@ -1,14 +1,13 @@
 // The Communicator's collectives against serial references, on worlds of threads-as-ranks
 // (thread_ranks.hpp): every op, dtype and reduce op, awkward counts, in-place forms,
 // operations in flight together, split communicators, and the errors for bad input.
-#include <braid/collectives/communicator.hpp>
+#include <cstring>
+#include <numeric>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <cstring>
-#include <numeric>
-
+#include <braid/collectives/communicator.hpp>
 #include <braid/core/error.hpp>
 
 #include "thread_ranks.hpp"
@@ -17,10 +16,10 @@
 namespace braid::collectives {
 namespace {
 
+using ::testing::HasSubstr;
 using testing::run_ranks;
 using testing::run_ranks_collecting;
 using testing::TypedVector;
-using ::testing::HasSubstr;
 
 constexpr DType kAllDtypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16,
                                 DType::i32, DType::i64, DType::u8};
@@ -50,38 +49,44 @@ class AllReduce : public ::testing::TestWithParam<int> {};
 
 TEST_P(AllReduce, EveryAlgorithmDtypeAndOpMatchesTheSerialReference) {
   const int world = GetParam();
-  for (const char* algorithm : {"ring", "recursive_doubling", "halving_doubling", "shared_memory"}) {
+  for (const char* algorithm :
+       {"ring", "recursive_doubling", "halving_doubling", "shared_memory"}) {
     Communicator::Options options;
     options.selection = forcing(fmt::format("allreduce:0-inf:{}", algorithm));
-    run_ranks(world, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
-      Mismatch mismatch;
-      for (DType dtype : kAllDtypes) {
-        for (ReduceOp op : kAllOps) {
-          for (std::size_t count : kCounts) {
-            if (count > 2000 && (world > 4 || (dtype != DType::f32 && dtype != DType::bf16))) continue;
-            TypedVector input(dtype, count);
-            TypedVector output(dtype, count);
-            for (std::size_t i = 0; i < count; ++i) {
-              input.set(i, testing::value_for(comm->rank(), i, dtype, op));
-            }
-            const std::string where = fmt::format("{} {} {} count {} rank {}", algorithm,
-                                                  to_string(dtype), to_string(op), count,
-                                                  comm->rank());
-            co_await comm->all_reduce(input.buffer(), output.buffer(), op);
-            for (std::size_t i = 0; i < count; ++i) {
-              mismatch.check(output, i, testing::reference(world, i, dtype, op), [&] { return where; });
-            }
-            // And in place.
-            co_await comm->all_reduce(input.buffer(), op);
-            for (std::size_t i = 0; i < count; ++i) {
-              mismatch.check(input, i, testing::reference(world, i, dtype, op),
-                             [&] { return "in place " + where; });
+    run_ranks(
+        world,
+        [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+          Mismatch mismatch;
+          for (DType dtype : kAllDtypes) {
+            for (ReduceOp op : kAllOps) {
+              for (std::size_t count : kCounts) {
+                if (count > 2000 && (world > 4 || (dtype != DType::f32 && dtype != DType::bf16)))
+                  continue;
+                TypedVector input(dtype, count);
+                TypedVector output(dtype, count);
+                for (std::size_t i = 0; i < count; ++i) {
+                  input.set(i, testing::value_for(comm->rank(), i, dtype, op));
+                }
+                const std::string where =
+                    fmt::format("{} {} {} count {} rank {}", algorithm, to_string(dtype),
+                                to_string(op), count, comm->rank());
+                co_await comm->all_reduce(input.buffer(), output.buffer(), op);
+                for (std::size_t i = 0; i < count; ++i) {
+                  mismatch.check(output, i, testing::reference(world, i, dtype, op),
+                                 [&] { return where; });
+                }
+                // And in place.
+                co_await comm->all_reduce(input.buffer(), op);
+                for (std::size_t i = 0; i < count; ++i) {
+                  mismatch.check(input, i, testing::reference(world, i, dtype, op),
+                                 [&] { return "in place " + where; });
+                }
+              }
             }
           }
-        }
-      }
-      EXPECT_EQ(mismatch.what, "");
-    }, options);
+          EXPECT_EQ(mismatch.what, "");
+        },
+        options);
   }
 }
 
@@ -102,51 +107,62 @@ TEST_P(Hierarchical, AllReduceMatchesTheSerialReferenceForEveryDtypeAndOp) {
   const int world = static_cast<int>(nodes.size());
   Communicator::Options options;
   options.selection = forcing("allreduce:0-inf:hierarchical");
-  run_ranks(world, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
-    EXPECT_EQ(comm->algorithm_for(CollectiveKind::all_reduce, 8), Algorithm::hierarchical);
-    Mismatch mismatch;
-    for (DType dtype : kAllDtypes) {
-      for (ReduceOp op : kAllOps) {
-        for (std::size_t count : kCounts) {
-          if (count > 2000 && dtype != DType::f32) continue;
-          TypedVector input(dtype, count);
-          TypedVector output(dtype, count);
-          for (std::size_t i = 0; i < count; ++i) {
-            input.set(i, testing::value_for(comm->rank(), i, dtype, op));
-          }
-          const std::string where = fmt::format("{} {} count {} rank {}", to_string(dtype),
-                                                to_string(op), count, comm->rank());
-          co_await comm->all_reduce(input.buffer(), output.buffer(), op);
-          for (std::size_t i = 0; i < count; ++i) {
-            mismatch.check(output, i, testing::reference(world, i, dtype, op), [&] { return where; });
-          }
-          co_await comm->all_reduce(input.buffer(), op);
-          for (std::size_t i = 0; i < count; ++i) {
-            mismatch.check(input, i, testing::reference(world, i, dtype, op),
-                           [&] { return "in place " + where; });
+  run_ranks(
+      world,
+      [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        EXPECT_EQ(comm->algorithm_for(CollectiveKind::all_reduce, 8), Algorithm::hierarchical);
+        Mismatch mismatch;
+        for (DType dtype : kAllDtypes) {
+          for (ReduceOp op : kAllOps) {
+            for (std::size_t count : kCounts) {
+              if (count > 2000 && dtype != DType::f32) continue;
+              TypedVector input(dtype, count);
+              TypedVector output(dtype, count);
+              for (std::size_t i = 0; i < count; ++i) {
+                input.set(i, testing::value_for(comm->rank(), i, dtype, op));
+              }
+              const std::string where = fmt::format("{} {} count {} rank {}", to_string(dtype),
+                                                    to_string(op), count, comm->rank());
+              co_await comm->all_reduce(input.buffer(), output.buffer(), op);
+              for (std::size_t i = 0; i < count; ++i) {
+                mismatch.check(output, i, testing::reference(world, i, dtype, op),
+                               [&] { return where; });
+              }
+              co_await comm->all_reduce(input.buffer(), op);
+              for (std::size_t i = 0; i < count; ++i) {
+                mismatch.check(input, i, testing::reference(world, i, dtype, op),
+                               [&] { return "in place " + where; });
+              }
+            }
           }
         }
-      }
-    }
-    EXPECT_EQ(mismatch.what, "");
-  }, options, nodes);
+        EXPECT_EQ(mismatch.what, "");
+      },
+      options, nodes);
 }
 
 TEST_P(Hierarchical, TheBuiltInTableChoosesItForLargeVectorsAndEveryRankEndsBitIdentical) {
   const std::vector<int>& nodes = GetParam().node_of_rank;
   const int world = static_cast<int>(nodes.size());
   std::vector<std::vector<float>> results(static_cast<std::size_t>(world));
-  run_ranks(world, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
-    EXPECT_EQ(comm->algorithm_for(CollectiveKind::all_reduce, 1 << 20), Algorithm::hierarchical);
-    EXPECT_EQ(comm->algorithm_for(CollectiveKind::all_reduce, 8), Algorithm::recursive_doubling);
-    // Values whose float sums depend on the order they are added in.
-    std::vector<float> data(70001);
-    for (std::size_t i = 0; i < data.size(); ++i) {
-      data[i] = 1.0f / static_cast<float>(1 + (i * 7919 + static_cast<std::size_t>(comm->rank()) * 104729) % 1009);
-    }
-    co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
-    results[static_cast<std::size_t>(comm->rank())] = std::move(data);
-  }, {}, nodes);
+  run_ranks(
+      world,
+      [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        EXPECT_EQ(comm->algorithm_for(CollectiveKind::all_reduce, 1 << 20),
+                  Algorithm::hierarchical);
+        EXPECT_EQ(comm->algorithm_for(CollectiveKind::all_reduce, 8),
+                  Algorithm::recursive_doubling);
+        // Values whose float sums depend on the order they are added in.
+        std::vector<float> data(70001);
+        for (std::size_t i = 0; i < data.size(); ++i) {
+          data[i] =
+              1.0f / static_cast<float>(
+                         1 + (i * 7919 + static_cast<std::size_t>(comm->rank()) * 104729) % 1009);
+        }
+        co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
+        results[static_cast<std::size_t>(comm->rank())] = std::move(data);
+      },
+      {}, nodes);
   for (int r = 1; r < world; ++r) {
     EXPECT_EQ(std::memcmp(results[0].data(), results[static_cast<std::size_t>(r)].data(),
                           results[0].size() * sizeof(float)),
@@ -158,25 +174,29 @@ TEST_P(Hierarchical, TheBuiltInTableChoosesItForLargeVectorsAndEveryRankEndsBitI
 TEST_P(Hierarchical, SplitCommunicatorsPlanTheirOwnMembersNodes) {
   const std::vector<int>& nodes = GetParam().node_of_rank;
   const int world = static_cast<int>(nodes.size());
-  run_ranks(world, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
-    // One member per node in each half: nothing hierarchical left to do.
-    auto by_local_index = co_await comm->split(comm->hierarchy().local_rank, comm->rank());
-    EXPECT_FALSE(by_local_index->hierarchy().worth_it());
-    EXPECT_EQ(by_local_index->hierarchy().nodes, by_local_index->size());
-    std::vector<std::int64_t> one{comm->rank() + 1};
-    co_await by_local_index->all_reduce(Buffer(one), ReduceOp::sum);
-    std::int64_t expected = 0;
-    for (int i = 0; i < by_local_index->size(); ++i) expected += by_local_index->world_rank(i) + 1;
-    EXPECT_EQ(one[0], expected);
-  }, {}, nodes);
+  run_ranks(
+      world,
+      [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        // One member per node in each half: nothing hierarchical left to do.
+        auto by_local_index = co_await comm->split(comm->hierarchy().local_rank, comm->rank());
+        EXPECT_FALSE(by_local_index->hierarchy().worth_it());
+        EXPECT_EQ(by_local_index->hierarchy().nodes, by_local_index->size());
+        std::vector<std::int64_t> one{comm->rank() + 1};
+        co_await by_local_index->all_reduce(Buffer(one), ReduceOp::sum);
+        std::int64_t expected = 0;
+        for (int i = 0; i < by_local_index->size(); ++i)
+          expected += by_local_index->world_rank(i) + 1;
+        EXPECT_EQ(one[0], expected);
+      },
+      {}, nodes);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, Hierarchical,
-    ::testing::Values(NodeLayout{"two_by_two", {0, 0, 1, 1}}, NodeLayout{"uneven", {0, 0, 1}},
-                      NodeLayout{"round_robin", {0, 1, 0, 1}},
-                      NodeLayout{"three_by_two", {0, 0, 1, 1, 2, 2}}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Layouts, Hierarchical,
+                         ::testing::Values(NodeLayout{"two_by_two", {0, 0, 1, 1}},
+                                           NodeLayout{"uneven", {0, 0, 1}},
+                                           NodeLayout{"round_robin", {0, 1, 0, 1}},
+                                           NodeLayout{"three_by_two", {0, 0, 1, 1, 2, 2}}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 class DataMovement : public ::testing::TestWithParam<int> {};
 
@@ -203,10 +223,13 @@ TEST_P(DataMovement, EveryOpMatchesTheSerialReferenceForEveryRootAndDtype) {
         // reduce_scatter: block r of the sum.
         {
           TypedVector in(dtype, n * P), out(dtype, n);
-          for (std::size_t i = 0; i < n * P; ++i) in.set(i, testing::value_for(me, i, dtype, ReduceOp::sum));
+          for (std::size_t i = 0; i < n * P; ++i)
+            in.set(i, testing::value_for(me, i, dtype, ReduceOp::sum));
           co_await comm->reduce_scatter(in.buffer(), out.buffer(), ReduceOp::sum);
           for (std::size_t i = 0; i < n; ++i) {
-            m.check(out, i, testing::reference(world, static_cast<std::size_t>(me) * n + i, dtype, ReduceOp::sum),
+            m.check(out, i,
+                    testing::reference(world, static_cast<std::size_t>(me) * n + i, dtype,
+                                       ReduceOp::sum),
                     [&] { return "reduce_scatter " + where; });
           }
           co_await comm->reduce_scatter(in.buffer(), ReduceOp::max);  // in place, after the above
@@ -217,13 +240,18 @@ TEST_P(DataMovement, EveryOpMatchesTheSerialReferenceForEveryRootAndDtype) {
           for (std::size_t i = 0; i < n; ++i) in.set(i, value(me, i));
           co_await comm->all_gather(in.buffer(), out.buffer());
           for (std::size_t r = 0; r < P; ++r) {
-            for (std::size_t i = 0; i < n; ++i) m.check(out, r * n + i, value(static_cast<int>(r), i), [&] { return "all_gather " + where; });
+            for (std::size_t i = 0; i < n; ++i)
+              m.check(out, r * n + i, value(static_cast<int>(r), i),
+                      [&] { return "all_gather " + where; });
           }
           TypedVector data(dtype, n * P);
-          for (std::size_t i = 0; i < n; ++i) data.set(static_cast<std::size_t>(me) * n + i, value(me, i));
+          for (std::size_t i = 0; i < n; ++i)
+            data.set(static_cast<std::size_t>(me) * n + i, value(me, i));
           co_await comm->all_gather(data.buffer());
           for (std::size_t r = 0; r < P; ++r) {
-            for (std::size_t i = 0; i < n; ++i) m.check(data, r * n + i, value(static_cast<int>(r), i), [&] { return "all_gather in place " + where; });
+            for (std::size_t i = 0; i < n; ++i)
+              m.check(data, r * n + i, value(static_cast<int>(r), i),
+                      [&] { return "all_gather in place " + where; });
           }
         }
         for (int root = 0; root < world; ++root) {
@@ -233,17 +261,23 @@ TEST_P(DataMovement, EveryOpMatchesTheSerialReferenceForEveryRootAndDtype) {
             TypedVector data(dtype, n);
             for (std::size_t i = 0; i < n; ++i) data.set(i, me == root ? value(root, i) : -1);
             co_await comm->broadcast(data.buffer(), root);
-            for (std::size_t i = 0; i < n; ++i) m.check(data, i, value(root, i), [&] { return "broadcast " + rooted; });
+            for (std::size_t i = 0; i < n; ++i)
+              m.check(data, i, value(root, i), [&] { return "broadcast " + rooted; });
           }
           // reduce
           {
             TypedVector in(dtype, n), out(dtype, n);
-            for (std::size_t i = 0; i < n; ++i) in.set(i, testing::value_for(me, i, dtype, ReduceOp::sum));
+            for (std::size_t i = 0; i < n; ++i)
+              in.set(i, testing::value_for(me, i, dtype, ReduceOp::sum));
             co_await comm->reduce(in.buffer(), out.buffer(), ReduceOp::sum, root);
             if (me == root) {
-              for (std::size_t i = 0; i < n; ++i) m.check(out, i, testing::reference(world, i, dtype, ReduceOp::sum), [&] { return "reduce " + rooted; });
+              for (std::size_t i = 0; i < n; ++i)
+                m.check(out, i, testing::reference(world, i, dtype, ReduceOp::sum),
+                        [&] { return "reduce " + rooted; });
             }
-            for (std::size_t i = 0; i < n; ++i) m.check(in, i, testing::value_for(me, i, dtype, ReduceOp::sum), [&] { return "reduce leaves the input " + rooted; });
+            for (std::size_t i = 0; i < n; ++i)
+              m.check(in, i, testing::value_for(me, i, dtype, ReduceOp::sum),
+                      [&] { return "reduce leaves the input " + rooted; });
           }
           // gather and scatter
           {
@@ -252,15 +286,20 @@ TEST_P(DataMovement, EveryOpMatchesTheSerialReferenceForEveryRootAndDtype) {
             co_await comm->gather(in.buffer(), out.buffer(), root);
             if (me == root) {
               for (std::size_t r = 0; r < P; ++r) {
-                for (std::size_t i = 0; i < n; ++i) m.check(out, r * n + i, value(static_cast<int>(r), i), [&] { return "gather " + rooted; });
+                for (std::size_t i = 0; i < n; ++i)
+                  m.check(out, r * n + i, value(static_cast<int>(r), i),
+                          [&] { return "gather " + rooted; });
               }
             }
             TypedVector source(dtype, me == root ? n * P : 0), block(dtype, n);
             if (me == root) {
-              for (std::size_t i = 0; i < n * P; ++i) source.set(i, value(static_cast<int>(i / std::max<std::size_t>(n, 1)), i % std::max<std::size_t>(n, 1)));
+              for (std::size_t i = 0; i < n * P; ++i)
+                source.set(i, value(static_cast<int>(i / std::max<std::size_t>(n, 1)),
+                                    i % std::max<std::size_t>(n, 1)));
             }
             co_await comm->scatter(source.buffer(), block.buffer(), root);
-            for (std::size_t i = 0; i < n; ++i) m.check(block, i, value(me, i), [&] { return "scatter " + rooted; });
+            for (std::size_t i = 0; i < n; ++i)
+              m.check(block, i, value(me, i), [&] { return "scatter " + rooted; });
           }
         }
         // all_to_all: block j of rank r holds (r, j) tags.
@@ -272,13 +311,17 @@ TEST_P(DataMovement, EveryOpMatchesTheSerialReferenceForEveryRootAndDtype) {
           co_await comm->all_to_all(in.buffer(), out.buffer());
           for (std::size_t r = 0; r < P; ++r) {
             for (std::size_t i = 0; i < n; ++i) {
-              m.check(out, r * n + i, value(static_cast<int>(r), static_cast<std::size_t>(me) * 7 + i), [&] { return "all_to_all " + where; });
+              m.check(out, r * n + i,
+                      value(static_cast<int>(r), static_cast<std::size_t>(me) * 7 + i),
+                      [&] { return "all_to_all " + where; });
             }
           }
           co_await comm->all_to_all(in.buffer());  // in place: the same result
           for (std::size_t r = 0; r < P; ++r) {
             for (std::size_t i = 0; i < n; ++i) {
-              m.check(in, r * n + i, value(static_cast<int>(r), static_cast<std::size_t>(me) * 7 + i), [&] { return "all_to_all in place " + where; });
+              m.check(in, r * n + i,
+                      value(static_cast<int>(r), static_cast<std::size_t>(me) * 7 + i),
+                      [&] { return "all_to_all in place " + where; });
             }
           }
         }
@@ -303,7 +346,8 @@ TEST(VariableCounts, AllGatherVAndAllToAllVMoveUnevenBlocksIncludingEmptyOnes) {
     co_await comm->all_gather_v(Buffer(mine), Buffer(all), counts);
     std::vector<std::int32_t> expected;
     for (int r = 0; r < kWorld; ++r) {
-      for (std::size_t i = 0; i < counts[static_cast<std::size_t>(r)]; ++i) expected.push_back(r * 10000 + static_cast<int>(i));
+      for (std::size_t i = 0; i < counts[static_cast<std::size_t>(r)]; ++i)
+        expected.push_back(r * 10000 + static_cast<int>(i));
     }
     EXPECT_EQ(all, expected);
 
@@ -315,7 +359,8 @@ TEST(VariableCounts, AllGatherVAndAllToAllVMoveUnevenBlocksIncludingEmptyOnes) {
       for (int k = 0; k < me + j; ++k) send.push_back(100 * me + j);
       recv_counts.push_back(static_cast<std::size_t>(j + me));
     }
-    std::vector<std::int64_t> received(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
+    std::vector<std::int64_t> received(
+        std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
     co_await comm->all_to_all_v(Buffer(send), send_counts, Buffer(received), recv_counts);
     std::vector<std::int64_t> want;
     for (int r = 0; r < kWorld; ++r) {
@@ -331,12 +376,14 @@ TEST(InFlight, ManyCollectivesIssuedTogetherCompleteInAnyOrderWithTheRightResult
   run_ranks(kWorld, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
     std::vector<std::vector<float>> buckets;
     for (int b = 0; b < kBuckets; ++b) {
-      buckets.emplace_back(static_cast<std::size_t>(1 + b * 997), static_cast<float>(comm->rank() + b));
+      buckets.emplace_back(static_cast<std::size_t>(1 + b * 997),
+                           static_cast<float>(comm->rank() + b));
     }
     std::vector<std::int64_t> broadcasted(100, comm->rank() == 2 ? 42 : 0);
     // Issue everything first (the order every rank agrees on), then await.
     std::vector<Future<void>> pending;
-    for (auto& bucket : buckets) pending.push_back(comm->launch(comm->all_reduce(Buffer(bucket), ReduceOp::sum)));
+    for (auto& bucket : buckets)
+      pending.push_back(comm->launch(comm->all_reduce(Buffer(bucket), ReduceOp::sum)));
     pending.push_back(comm->launch(comm->broadcast(Buffer(broadcasted), 2)));
     pending.push_back(comm->launch(comm->barrier()));
     for (auto it = pending.rbegin(); it != pending.rend(); ++it) {
@@ -393,7 +440,8 @@ TEST(PointToPoint, SendAndRecvMatchPerPairInCallOrder) {
     auto b = comm->launch(comm->send(Buffer(second), next));
     const std::size_t n1 = co_await comm->recv(Buffer(got_first), prev);
     const std::size_t n2 = co_await comm->recv(Buffer(got_second), prev);
-    while (!a.ready() || !b.ready()) co_await asio::post(comm->runtime().executor(), asio::use_awaitable);
+    while (!a.ready() || !b.ready())
+      co_await asio::post(comm->runtime().executor(), asio::use_awaitable);
     a.get();
     b.get();
     EXPECT_EQ(n1, 4u);
@@ -418,20 +466,30 @@ TEST(BadInput, ArgumentErrorsAreThrownAtTheCallAndTakeNoPlaceInTheOrder) {
         EXPECT_THAT(e.what(), HasSubstr(needle));
       }
     };
-    expect_invalid([&] { (void)comm->all_reduce(Buffer(a), Buffer(b), ReduceOp::sum); }, "input has 8 elements and output 7");
-    expect_invalid([&] { (void)comm->all_reduce(Buffer(a), Buffer(c), ReduceOp::sum); }, "input is f32 and output is i32");
-    expect_invalid([&] { (void)comm->all_reduce(Buffer(a).slice(0, 4), Buffer(a).slice(2, 4), ReduceOp::sum); }, "overlap");
-    expect_invalid([&] { (void)comm->broadcast(Buffer(a), 2); }, "root 2 is outside a communicator of 2 ranks");
+    expect_invalid([&] { (void)comm->all_reduce(Buffer(a), Buffer(b), ReduceOp::sum); },
+                   "input has 8 elements and output 7");
+    expect_invalid([&] { (void)comm->all_reduce(Buffer(a), Buffer(c), ReduceOp::sum); },
+                   "input is f32 and output is i32");
+    expect_invalid(
+        [&] {
+          (void)comm->all_reduce(Buffer(a).slice(0, 4), Buffer(a).slice(2, 4), ReduceOp::sum);
+        },
+        "overlap");
+    expect_invalid([&] { (void)comm->broadcast(Buffer(a), 2); },
+                   "root 2 is outside a communicator of 2 ranks");
     const Buffer labelled_cuda(a.data(), 8, DType::f32, MemoryKind::cuda, 0);
     if (!comm->accepts_cuda_buffers()) {
-      expect_invalid([&] { (void)comm->all_reduce(labelled_cuda, ReduceOp::sum); }, "this build of braid has no CUDA");
+      expect_invalid([&] { (void)comm->all_reduce(labelled_cuda, ReduceOp::sum); },
+                     "this build of braid has no CUDA");
     }
     std::vector<float> d(8);
     const Buffer other_device(d.data(), 8, DType::f32, MemoryKind::cuda, 1);
     if (comm->accepts_cuda_buffers()) {
-      expect_invalid([&] { (void)comm->all_reduce(labelled_cuda, other_device, ReduceOp::sum); }, "both must be in the same place");
+      expect_invalid([&] { (void)comm->all_reduce(labelled_cuda, other_device, ReduceOp::sum); },
+                     "both must be in the same place");
     }
-    expect_invalid([&] { (void)comm->all_reduce(Buffer(d), labelled_cuda, ReduceOp::sum); }, "cuda memory");
+    expect_invalid([&] { (void)comm->all_reduce(Buffer(d), labelled_cuda, ReduceOp::sum); },
+                   "cuda memory");
     expect_invalid([&] { (void)comm->all_gather(Buffer(b)); }, "must split into 2 equal blocks");
     // Nothing above took a sequence number: the ranks are still in step.
     std::vector<float> ones(3, 1.0f);
@@ -444,10 +502,13 @@ TEST(Mismatch, CountsThatDifferAcrossRanksAreASizeMismatchNeverATruncation) {
   Communicator::Options options;
   options.timeout = std::chrono::seconds(3);
   options.check_fingerprints = false;
-  auto failures = run_ranks_collecting(2, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
-    std::vector<float> data(comm->rank() == 0 ? 1000 : 1001, 1.0f);
-    co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
-  }, options);
+  auto failures = run_ranks_collecting(
+      2,
+      [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        std::vector<float> data(comm->rank() == 0 ? 1000 : 1001, 1.0f);
+        co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
+      },
+      options);
   int size_mismatches = 0;
   for (const auto& failure : failures) {
     ASSERT_TRUE(failure) << "a rank completed an all-reduce over mismatched counts";
@@ -468,16 +529,19 @@ TEST(Mismatch, WithFingerprintsADesyncFailsOnEveryRankNamingBothSides) {
   Communicator::Options options;
   options.timeout = std::chrono::seconds(10);
   options.check_fingerprints = true;
-  auto failures = run_ranks_collecting(3, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
-    std::vector<float> data(16, 1.0f);
-    // Rank 2 broadcasts where the others all-reduce; same byte sizes, so only the
-    // fingerprints can tell.
-    if (comm->rank() == 2) {
-      co_await comm->broadcast(Buffer(data), 0);
-    } else {
-      co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
-    }
-  }, options);
+  auto failures = run_ranks_collecting(
+      3,
+      [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        std::vector<float> data(16, 1.0f);
+        // Rank 2 broadcasts where the others all-reduce; same byte sizes, so only the
+        // fingerprints can tell.
+        if (comm->rank() == 2) {
+          co_await comm->broadcast(Buffer(data), 0);
+        } else {
+          co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
+        }
+      },
+      options);
   for (std::size_t r = 0; r < failures.size(); ++r) {
     ASSERT_TRUE(failures[r]) << "rank " << r << " did not notice the desync";
     try {

@@ -1,9 +1,8 @@
 // Two processes on one GPU moving CUDA buffers over UCX (cuda_transfer_probe.cpp, under
 // braid-run). GPU-labelled: skipped without a CUDA device.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
-#include <fmt/format.h>
 
 #include "../support/child_process.hpp"
 #include "../support/cuda_device.hpp"

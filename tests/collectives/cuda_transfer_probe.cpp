@@ -3,16 +3,15 @@
 // has no CUDA support): send/recv, a pipelined all_reduce of many chunks, broadcast and
 // all_gather. Prints "rank R ok (staged|direct)", or the first mismatch on stderr with
 // exit code 1; other errors with exit code 2.
-#include <braid/braid.hpp>
-#include <braid/collectives/communicator.hpp>
-
-#include <cuda_runtime_api.h>
-
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
 #include <fmt/format.h>
+
+#include <braid/braid.hpp>
+#include <braid/collectives/communicator.hpp>
 
 namespace {
 
@@ -27,13 +26,15 @@ class DeviceFloats {
  public:
   explicit DeviceFloats(const std::vector<float>& values) : count_(values.size()) {
     BRAID_CUDA_CHECK(cudaMalloc(&data_, std::max<std::size_t>(1, count_ * sizeof(float))));
-    BRAID_CUDA_CHECK(cudaMemcpy(data_, values.data(), count_ * sizeof(float), cudaMemcpyHostToDevice));
+    BRAID_CUDA_CHECK(
+        cudaMemcpy(data_, values.data(), count_ * sizeof(float), cudaMemcpyHostToDevice));
   }
   ~DeviceFloats() { (void)cudaFree(data_); }
   Buffer buffer() const { return Buffer(data_, count_, DType::f32, MemoryKind::cuda, 0); }
   std::vector<float> download() const {
     std::vector<float> values(count_);
-    BRAID_CUDA_CHECK(cudaMemcpy(values.data(), data_, count_ * sizeof(float), cudaMemcpyDeviceToHost));
+    BRAID_CUDA_CHECK(
+        cudaMemcpy(values.data(), data_, count_ * sizeof(float), cudaMemcpyDeviceToHost));
     return values;
   }
 
@@ -80,8 +81,8 @@ awaitable<std::string> check(Communicator& comm) {
   // broadcast from the last rank; all_gather of one block each.
   DeviceFloats broadcast(std::vector<float>(3000, static_cast<float>(rank)));
   co_await comm.broadcast(broadcast.buffer(), P - 1);
-  if (auto d = first_difference(broadcast.download(), std::vector<float>(3000, static_cast<float>(P - 1)),
-                                "broadcast");
+  if (auto d = first_difference(broadcast.download(),
+                                std::vector<float>(3000, static_cast<float>(P - 1)), "broadcast");
       !d.empty()) {
     co_return d;
   }

@@ -3,22 +3,20 @@
 // copies), in place and out of place, every dtype and reduce op; split; the argument
 // errors; route_cuda_to; and a trace in which the communication stream's GPU span
 // overlaps a compute kernel on another stream. GPU-labelled: skipped without a device.
-#include <braid/collectives/nccl_communicator.hpp>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include <cstring>
 #include <numeric>
-
-#include <braid/collectives/communicator.hpp>
-#include <braid/core/cuda_error.hpp>
-#include <braid/trace/cuda_timeline.hpp>
-#include <braid/trace/recorder.hpp>
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <braid/collectives/communicator.hpp>
+#include <braid/collectives/nccl_communicator.hpp>
+#include <braid/core/cuda_error.hpp>
+#include <braid/trace/cuda_timeline.hpp>
+#include <braid/trace/recorder.hpp>
 
 #include "../support/cuda_device.hpp"
 #include "../support/spin_kernel.hpp"
@@ -37,18 +35,22 @@ class DeviceVector {
   DeviceVector(DType dtype, std::size_t count) : dtype_(dtype), count_(count) {
     BRAID_CUDA_CHECK(cudaMalloc(&data_, std::max<std::size_t>(1, count * dtype_size(dtype))));
   }
-  explicit DeviceVector(TypedVector& host) : DeviceVector(host.dtype(), host.count()) { upload(host); }
+  explicit DeviceVector(TypedVector& host) : DeviceVector(host.dtype(), host.count()) {
+    upload(host);
+  }
   ~DeviceVector() { (void)cudaFree(data_); }
   DeviceVector(const DeviceVector&) = delete;
   DeviceVector& operator=(const DeviceVector&) = delete;
 
   Buffer buffer() const { return Buffer(data_, count_, dtype_, MemoryKind::cuda, 0); }
   void upload(TypedVector& host) {
-    BRAID_CUDA_CHECK(cudaMemcpy(data_, host.buffer().data(), host.buffer().size_bytes(), cudaMemcpyHostToDevice));
+    BRAID_CUDA_CHECK(cudaMemcpy(data_, host.buffer().data(), host.buffer().size_bytes(),
+                                cudaMemcpyHostToDevice));
   }
   TypedVector download() const {
     TypedVector host(dtype_, count_);
-    BRAID_CUDA_CHECK(cudaMemcpy(host.buffer().data(), data_, host.buffer().size_bytes(), cudaMemcpyDeviceToHost));
+    BRAID_CUDA_CHECK(cudaMemcpy(host.buffer().data(), data_, host.buffer().size_bytes(),
+                                cudaMemcpyDeviceToHost));
     return host;
   }
 
@@ -60,7 +62,8 @@ class DeviceVector {
 
 TypedVector counting(DType dtype, std::size_t count, int offset = 0) {
   TypedVector v(dtype, count);
-  for (std::size_t i = 0; i < count; ++i) v.set(i, static_cast<double>((static_cast<int>(i) + offset) % 100));
+  for (std::size_t i = 0; i < count; ++i)
+    v.set(i, static_cast<double>((static_cast<int>(i) + offset) % 100));
   return v;
 }
 
@@ -68,7 +71,8 @@ void expect_same(const TypedVector& got, const TypedVector& expected, const std:
   ASSERT_EQ(got.count(), expected.count()) << what;
   for (std::size_t i = 0; i < got.count(); ++i) {
     if (got.get(i) != expected.get(i)) {
-      ADD_FAILURE() << what << ": element " << i << " is " << got.get(i) << ", expected " << expected.get(i);
+      ADD_FAILURE() << what << ": element " << i << " is " << got.get(i) << ", expected "
+                    << expected.get(i);
       return;
     }
   }
@@ -93,14 +97,18 @@ class NcclCommunicatorTest : public ::testing::Test {
 
 constexpr DType kDtypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16,
                              DType::i32, DType::i64, DType::u8};
-constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max, ReduceOp::prod};
+constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max,
+                             ReduceOp::prod};
 
 TEST_F(NcclCommunicatorTest, ReductionsOfOneRankGiveItsInputForEveryDtypeAndOp) {
-  with_nccl([](std::shared_ptr<Communicator>, std::shared_ptr<NcclCommunicator> nccl) -> asio::awaitable<void> {
+  with_nccl([](std::shared_ptr<Communicator>,
+               std::shared_ptr<NcclCommunicator> nccl) -> asio::awaitable<void> {
     for (DType dtype : kDtypes) {
       for (ReduceOp op : kOps) {
-        for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1031}, std::size_t{1} << 20}) {
-          const std::string what = fmt::format("{} {} count {}", to_string(dtype), to_string(op), count);
+        for (std::size_t count :
+             {std::size_t{0}, std::size_t{1}, std::size_t{1031}, std::size_t{1} << 20}) {
+          const std::string what =
+              fmt::format("{} {} count {}", to_string(dtype), to_string(op), count);
           TypedVector values = counting(dtype, count);
           DeviceVector input(values);
           DeviceVector output(dtype, count);
@@ -121,7 +129,8 @@ TEST_F(NcclCommunicatorTest, ReductionsOfOneRankGiveItsInputForEveryDtypeAndOp) 
 }
 
 TEST_F(NcclCommunicatorTest, DataMovementOfOneRankCopiesInPlaceAndOutOfPlace) {
-  with_nccl([](std::shared_ptr<Communicator>, std::shared_ptr<NcclCommunicator> nccl) -> asio::awaitable<void> {
+  with_nccl([](std::shared_ptr<Communicator>,
+               std::shared_ptr<NcclCommunicator> nccl) -> asio::awaitable<void> {
     for (DType dtype : {DType::f32, DType::i64, DType::u8}) {
       const std::size_t count = 4099;
       TypedVector values = counting(dtype, count, 7);
@@ -131,14 +140,18 @@ TEST_F(NcclCommunicatorTest, DataMovementOfOneRankCopiesInPlaceAndOutOfPlace) {
         co_await operation(output.buffer());
         expect_same(output.download(), values, fmt::format("{} {}", name, to_string(dtype)));
       };
-      co_await moved([&](Buffer out) { return nccl->all_gather(input.buffer(), out); }, "all_gather");
+      co_await moved([&](Buffer out) { return nccl->all_gather(input.buffer(), out); },
+                     "all_gather");
       const std::vector<std::size_t> counts{count};
-      co_await moved([&](Buffer out) { return nccl->all_gather_v(input.buffer(), out, counts); }, "all_gather_v");
+      co_await moved([&](Buffer out) { return nccl->all_gather_v(input.buffer(), out, counts); },
+                     "all_gather_v");
       co_await moved([&](Buffer out) { return nccl->gather(input.buffer(), out, 0); }, "gather");
       co_await moved([&](Buffer out) { return nccl->scatter(input.buffer(), out, 0); }, "scatter");
-      co_await moved([&](Buffer out) { return nccl->all_to_all(input.buffer(), out); }, "all_to_all");
-      co_await moved([&](Buffer out) { return nccl->all_to_all_v(input.buffer(), counts, out, counts); },
-                     "all_to_all_v");
+      co_await moved([&](Buffer out) { return nccl->all_to_all(input.buffer(), out); },
+                     "all_to_all");
+      co_await moved(
+          [&](Buffer out) { return nccl->all_to_all_v(input.buffer(), counts, out, counts); },
+          "all_to_all_v");
       co_await nccl->broadcast(input.buffer(), 0);
       expect_same(input.download(), values, "broadcast");
       co_await nccl->all_to_all(input.buffer(), input.buffer());
@@ -149,7 +162,8 @@ TEST_F(NcclCommunicatorTest, DataMovementOfOneRankCopiesInPlaceAndOutOfPlace) {
 }
 
 TEST_F(NcclCommunicatorTest, SplitGivesAWorkingCommunicatorOrNothingForANegativeColor) {
-  with_nccl([](std::shared_ptr<Communicator>, std::shared_ptr<NcclCommunicator> nccl) -> asio::awaitable<void> {
+  with_nccl([](std::shared_ptr<Communicator>,
+               std::shared_ptr<NcclCommunicator> nccl) -> asio::awaitable<void> {
     auto child = co_await nccl->split(3, 0);
     EXPECT_NE(child, nullptr);
     if (child == nullptr) co_return;
@@ -164,7 +178,8 @@ TEST_F(NcclCommunicatorTest, SplitGivesAWorkingCommunicatorOrNothingForANegative
 }
 
 TEST_F(NcclCommunicatorTest, HostBuffersAndMismatchedSizesAreRejectedAtTheCall) {
-  with_nccl([](std::shared_ptr<Communicator>, std::shared_ptr<NcclCommunicator> nccl) -> asio::awaitable<void> {
+  with_nccl([](std::shared_ptr<Communicator>,
+               std::shared_ptr<NcclCommunicator> nccl) -> asio::awaitable<void> {
     std::vector<float> host(8);
     DeviceVector device(DType::f32, 8);
     DeviceVector shorter(DType::f32, 7);
@@ -178,8 +193,9 @@ TEST_F(NcclCommunicatorTest, HostBuffersAndMismatchedSizesAreRejectedAtTheCall) 
       }
     };
     expect_invalid([&] { (void)nccl->all_reduce(Buffer(host), ReduceOp::sum); }, "host memory");
-    expect_invalid([&] { (void)nccl->all_reduce(device.buffer(), shorter.buffer(), ReduceOp::sum); },
-                   "input has 8 elements and output 7");
+    expect_invalid(
+        [&] { (void)nccl->all_reduce(device.buffer(), shorter.buffer(), ReduceOp::sum); },
+        "input has 8 elements and output 7");
     expect_invalid([&] { (void)nccl->broadcast(device.buffer(), 1); }, "root 1 is outside");
     // Still usable afterwards.
     co_await nccl->barrier();
@@ -187,7 +203,8 @@ TEST_F(NcclCommunicatorTest, HostBuffersAndMismatchedSizesAreRejectedAtTheCall) 
 }
 
 TEST_F(NcclCommunicatorTest, RoutedCommunicatorRunsCudaCallsOnNccl) {
-  with_nccl([](std::shared_ptr<Communicator> comm, std::shared_ptr<NcclCommunicator> nccl) -> asio::awaitable<void> {
+  with_nccl([](std::shared_ptr<Communicator> comm,
+               std::shared_ptr<NcclCommunicator> nccl) -> asio::awaitable<void> {
     comm->route_cuda_to(nccl);
     TypedVector values = counting(DType::f32, 1 << 16);
     DeviceVector data(values);
@@ -206,7 +223,8 @@ TEST_F(NcclCommunicatorTest, TheCommunicationStreamsGpuSpanOverlapsAComputeKerne
   trace::Track compute_track{};
   testing::run_ranks(1, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
     CudaStream compute(0);
-    auto nccl = co_await NcclCommunicator::create(*comm, 0, {.timeout = 60s, .compute_stream = compute.native()});
+    auto nccl = co_await NcclCommunicator::create(
+        *comm, 0, {.timeout = 60s, .compute_stream = compute.native()});
     braid::testing::SpinKernel kernel;
     // 1 GiB out of place: a one-rank all-reduce is a device copy of ~0.5 ms, long enough
     // that the kernel launched just after it starts is still running beside it.
@@ -220,12 +238,14 @@ TEST_F(NcclCommunicatorTest, TheCommunicationStreamsGpuSpanOverlapsAComputeKerne
       auto reducing = nccl->all_reduce(gradients.buffer(), reduced.buffer(), ReduceOp::sum);
       auto running = comm->runtime().spawn(std::move(reducing));
       // Let it start: it enqueues, then suspends polling for completion.
-      for (int i = 0; i < 3; ++i) co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
+      for (int i = 0; i < 3; ++i)
+        co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
       {
         CudaTimeline::Scope span(timeline, trace::Category::compute, "spin");
         kernel.launch(compute.native(), 40'000'000);  // ~20-30 ms
       }
-      while (!running.ready()) co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
+      while (!running.ready())
+        co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
       running.get();
       timeline.flush(deadline_after(10s));
     }
@@ -243,7 +263,8 @@ TEST_F(NcclCommunicatorTest, TheCommunicationStreamsGpuSpanOverlapsAComputeKerne
   ASSERT_NE(compute_span, nullptr);
   ASSERT_NE(comm_span, nullptr);
   EXPECT_LT(comm_span->begin_ns, compute_span->end_ns);
-  EXPECT_GT(comm_span->end_ns, compute_span->begin_ns) << "the all-reduce did not run beside the kernel";
+  EXPECT_GT(comm_span->end_ns, compute_span->begin_ns)
+      << "the all-reduce did not run beside the kernel";
   trace::clear();
 }
 

@@ -2,16 +2,15 @@
 // size and world, BRAID_ALGO overrides take precedence where they apply and fall through
 // to the built-in rules elsewhere, malformed overrides are errors naming BRAID_ALGO and
 // the problem, and the names of kinds and algorithms round-trip.
-#include <braid/collectives/selection.hpp>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <braid/collectives/selection.hpp>
 #include <braid/core/error.hpp>
 
 namespace braid::collectives {
@@ -31,9 +30,8 @@ TEST(SelectionTable, BuiltInRulesCoverEveryCollectiveAtEverySizeAndWorld) {
         Algorithm chosen{};
         ASSERT_NO_THROW(chosen = table.select(kind, bytes, world))
             << to_string(kind) << " of " << bytes << " bytes on " << world << " ranks";
-        EXPECT_TRUE(implements(kind, chosen))
-            << to_string(kind) << " of " << bytes << " bytes on " << world << " ranks chose "
-            << to_string(chosen);
+        EXPECT_TRUE(implements(kind, chosen)) << to_string(kind) << " of " << bytes << " bytes on "
+                                              << world << " ranks chose " << to_string(chosen);
       }
     }
   }
@@ -66,7 +64,8 @@ TEST(SelectionTable, OverridesPickTheirAlgorithmForTheSizesTheyCover) {
   EXPECT_EQ(SelectionTable::built_in().select(CollectiveKind::all_reduce, 32 * KiB, 4,
                                               {.one_node = false}),
             Algorithm::halving_doubling);
-  EXPECT_EQ(SelectionTable::built_in().select(CollectiveKind::all_reduce, 4 * MiB, 4, {.one_node = false}),
+  EXPECT_EQ(SelectionTable::built_in().select(CollectiveKind::all_reduce, 4 * MiB, 4,
+                                              {.one_node = false}),
             Algorithm::ring);
   EXPECT_EQ(table.select(CollectiveKind::all_reduce, 32 * KiB, 4), Algorithm::recursive_doubling);
   EXPECT_EQ(table.select(CollectiveKind::all_reduce, 256 * KiB, 4), Algorithm::ring);
@@ -152,8 +151,8 @@ TEST(SelectionTable, OverridesFallThroughToTheBuiltInRulesWhereTheyDoNotApply) {
 }
 
 TEST(SelectionTable, TheFirstMatchingOverrideWins) {
-  const auto table = SelectionTable::with_overrides(
-      "allreduce:0-inf:ring@2;allreduce:0-inf:halving_doubling");
+  const auto table =
+      SelectionTable::with_overrides("allreduce:0-inf:ring@2;allreduce:0-inf:halving_doubling");
   EXPECT_EQ(table.select(CollectiveKind::all_reduce, 8, 2), Algorithm::ring);
   EXPECT_EQ(table.select(CollectiveKind::all_reduce, 8, 3), Algorithm::halving_doubling);
 }
@@ -192,27 +191,27 @@ TEST_P(MalformedOverride, IsAnInvalidEnvironmentErrorNamingBraidAlgoAndTheProble
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, MalformedOverride,
-    ::testing::Values(
-        Malformed{"allreduc:0-inf:ring", "unknown collective 'allreduc'"},
-        Malformed{"allreduce:0-inf:rign", "unknown algorithm 'rign'"},
-        Malformed{"allreduce:0-inf", "unknown algorithm ''"},
-        Malformed{"barrier:0-inf:ring", "braid has no ring barrier"},
-        Malformed{"allgather:0-inf:recursive_doubling",
-                  "braid has no recursive_doubling all_gather"},
-        Malformed{"allreduce:0-12q:ring", "'12q' is not a size"},
-        Malformed{"allreduce:k-1m:ring", "'' is not a size"},
-        Malformed{"allreduce:-1-1m:ring", "'' is not a size"},
-        Malformed{"allreduce:64k-1k:ring", "the range '64k-1k' is empty"},
-        Malformed{"allreduce:1k-1k:ring", "the range '1k-1k' is empty"},
-        Malformed{"allreduce:ring", "'ring' is not a range lo-hi"},
-        Malformed{"allreduce:0:ring", "'0' is not a range lo-hi"},
-        Malformed{"allreduce", "'allreduce' has no ranges"},
-        Malformed{"allreduce:", "has no ranges"},
-        Malformed{"allreduce:0-inf:ring@0-4", "'0' is not a world size"},
-        Malformed{"allreduce:0-inf:ring@x", "'x' is not a world size"},
-        Malformed{"allreduce:0-inf:ring@8-3", "the world range '8-3' is empty"},
-        // A later group's error is still reported.
-        Malformed{"allreduce:0-inf:ring;gather:0-inf:ring", "braid has no ring gather"}),
+    ::testing::Values(Malformed{"allreduc:0-inf:ring", "unknown collective 'allreduc'"},
+                      Malformed{"allreduce:0-inf:rign", "unknown algorithm 'rign'"},
+                      Malformed{"allreduce:0-inf", "unknown algorithm ''"},
+                      Malformed{"barrier:0-inf:ring", "braid has no ring barrier"},
+                      Malformed{"allgather:0-inf:recursive_doubling",
+                                "braid has no recursive_doubling all_gather"},
+                      Malformed{"allreduce:0-12q:ring", "'12q' is not a size"},
+                      Malformed{"allreduce:k-1m:ring", "'' is not a size"},
+                      Malformed{"allreduce:-1-1m:ring", "'' is not a size"},
+                      Malformed{"allreduce:64k-1k:ring", "the range '64k-1k' is empty"},
+                      Malformed{"allreduce:1k-1k:ring", "the range '1k-1k' is empty"},
+                      Malformed{"allreduce:ring", "'ring' is not a range lo-hi"},
+                      Malformed{"allreduce:0:ring", "'0' is not a range lo-hi"},
+                      Malformed{"allreduce", "'allreduce' has no ranges"},
+                      Malformed{"allreduce:", "has no ranges"},
+                      Malformed{"allreduce:0-inf:ring@0-4", "'0' is not a world size"},
+                      Malformed{"allreduce:0-inf:ring@x", "'x' is not a world size"},
+                      Malformed{"allreduce:0-inf:ring@8-3", "the world range '8-3' is empty"},
+                      // A later group's error is still reported.
+                      Malformed{"allreduce:0-inf:ring;gather:0-inf:ring",
+                                "braid has no ring gather"}),
     [](const auto& info) { return "case" + std::to_string(info.index); });
 
 TEST(SelectionTable, AMalformedOverrideQuotesTheWholeString) {

@@ -3,8 +3,7 @@
 // whole-buffer path's aliasing, failure draining, and the UCX communicator running every
 // staged path end to end with a host copy engine standing in for the GPU's. Buffers are
 // labelled CUDA memory but live on the host, so the staged code paths run without a GPU.
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
+#include "collectives/staging.hpp"
 
 #include <cstdlib>
 #include <mutex>
@@ -12,10 +11,12 @@
 #include <thread>
 #include <vector>
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <braid/collectives/communicator.hpp>
 #include <braid/core/error.hpp>
 
-#include "collectives/staging.hpp"
 #include "thread_ranks.hpp"
 
 namespace braid::collectives {
@@ -105,8 +106,8 @@ TEST(ElementwiseStaging, RefillsASlotOnlyAfterItsLastChunkWasCopiedOutAndKeepsTh
     chunk_sizes.push_back(chunk.count());
     co_return;
   };
-  const ElementwiseStaging staging{.input = as_device(input), .output = as_device(output),
-                                   .chunk_bytes = 4096};
+  const ElementwiseStaging staging{
+      .input = as_device(input), .output = as_device(output), .chunk_bytes = 4096};
   run_on_runtime(detail::run_elementwise_staged(engine, pool, staging, doubling,
                                                 deadline_after(std::chrono::seconds(20))));
   for (std::size_t i = 0; i < input.size(); ++i) ASSERT_EQ(output[i], 2.0F * input[i]) << i;
@@ -118,10 +119,12 @@ TEST(ElementwiseStaging, RefillsASlotOnlyAfterItsLastChunkWasCopiedOutAndKeepsTh
   for (std::size_t i = 0; i < log.copies.size(); ++i) {
     const auto& c = log.copies[i];
     if (inside(c.src, input)) {
-      in_at[static_cast<std::size_t>(c.src - reinterpret_cast<const std::byte*>(input.data())) / 4096] = i;
+      in_at[static_cast<std::size_t>(c.src - reinterpret_cast<const std::byte*>(input.data())) /
+            4096] = i;
     } else {
       ASSERT_TRUE(inside(c.dst, output));
-      out_at[static_cast<std::size_t>(c.dst - reinterpret_cast<std::byte*>(output.data())) / 4096] = i;
+      out_at[static_cast<std::size_t>(c.dst - reinterpret_cast<std::byte*>(output.data())) / 4096] =
+          i;
     }
   }
   for (std::size_t k = 0; k < chunks; ++k) {
@@ -147,16 +150,16 @@ TEST(ElementwiseStaging, SkipsTheCopiesASideDoesNotNeed) {
     co_return;
   };
   run_on_runtime(detail::run_elementwise_staged(
-      engine, pool, {.input = as_device(data), .output = as_device(data), .copy_in = false,
-                     .chunk_bytes = 4096},
+      engine, pool,
+      {.input = as_device(data), .output = as_device(data), .copy_in = false, .chunk_bytes = 4096},
       fill, deadline_after(std::chrono::seconds(20))));
   EXPECT_THAT(data, ::testing::Each(7.0F));
   for (const auto& c : log.copies) EXPECT_FALSE(inside(c.src, data));
   // A reduce's non-root: copied in, nothing copied back.
   const std::size_t before = log.size();
   run_on_runtime(detail::run_elementwise_staged(
-      engine, pool, {.input = as_device(data), .output = as_device(data), .copy_out = false,
-                     .chunk_bytes = 4096},
+      engine, pool,
+      {.input = as_device(data), .output = as_device(data), .copy_out = false, .chunk_bytes = 4096},
       fill, deadline_after(std::chrono::seconds(20))));
   EXPECT_THAT(data, ::testing::Each(7.0F));
   EXPECT_EQ(log.size() - before, 3u);  // three chunks in, none out
@@ -230,81 +233,97 @@ Communicator::Options host_staging() {
 TEST(StagedCommunicator, EveryCollectiveOnCudaLabelledBuffersMatchesTheReference) {
   ASSERT_TRUE(kSmallChunks);
   for (int world : {2, 3}) {
-    testing::run_ranks(world, [world](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
-      const int r = comm->rank();
-      const auto P = static_cast<std::size_t>(world);
-      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1031}, std::size_t{30011}}) {
-        std::vector<float> data(count);
-        for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<float>(r + 1 + static_cast<int>(i % 5));
-        std::vector<float> sum(count, -1.0F);
-        co_await comm->all_reduce(as_device(data), as_device(sum), ReduceOp::sum);
-        for (std::size_t i = 0; i < count; ++i) {
-          const float expected = static_cast<float>(world * (world + 1) / 2 + world * static_cast<int>(i % 5));
-          if (sum[i] != expected) {
-            ADD_FAILURE() << "all_reduce count " << count << " element " << i << ": " << sum[i];
-            break;
+    testing::run_ranks(
+        world,
+        [world](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+          const int r = comm->rank();
+          const auto P = static_cast<std::size_t>(world);
+          for (std::size_t count :
+               {std::size_t{0}, std::size_t{1}, std::size_t{1031}, std::size_t{30011}}) {
+            std::vector<float> data(count);
+            for (std::size_t i = 0; i < count; ++i)
+              data[i] = static_cast<float>(r + 1 + static_cast<int>(i % 5));
+            std::vector<float> sum(count, -1.0F);
+            co_await comm->all_reduce(as_device(data), as_device(sum), ReduceOp::sum);
+            for (std::size_t i = 0; i < count; ++i) {
+              const float expected =
+                  static_cast<float>(world * (world + 1) / 2 + world * static_cast<int>(i % 5));
+              if (sum[i] != expected) {
+                ADD_FAILURE() << "all_reduce count " << count << " element " << i << ": " << sum[i];
+                break;
+              }
+            }
+            // broadcast from the last rank, in place.
+            std::vector<float> broadcast(count, static_cast<float>(r));
+            co_await comm->broadcast(as_device(broadcast), world - 1);
+            EXPECT_THAT(broadcast, ::testing::Each(static_cast<float>(world - 1)));
+            // reduce to rank 0: non-roots' outputs are not touched.
+            std::vector<float> reduced(count, -3.0F);
+            co_await comm->reduce(as_device(data), r == 0 ? as_device(reduced) : Buffer{},
+                                  ReduceOp::max, 0);
+            for (std::size_t i = 0; i < count && r == 0; ++i) {
+              EXPECT_EQ(reduced[i], static_cast<float>(world + static_cast<int>(i % 5)));
+            }
+            if (r != 0) {
+              EXPECT_THAT(reduced, ::testing::Each(-3.0F));
+            }
           }
-        }
-        // broadcast from the last rank, in place.
-        std::vector<float> broadcast(count, static_cast<float>(r));
-        co_await comm->broadcast(as_device(broadcast), world - 1);
-        EXPECT_THAT(broadcast, ::testing::Each(static_cast<float>(world - 1)));
-        // reduce to rank 0: non-roots' outputs are not touched.
-        std::vector<float> reduced(count, -3.0F);
-        co_await comm->reduce(as_device(data), r == 0 ? as_device(reduced) : Buffer{}, ReduceOp::max, 0);
-        for (std::size_t i = 0; i < count && r == 0; ++i) {
-          EXPECT_EQ(reduced[i], static_cast<float>(world + static_cast<int>(i % 5)));
-        }
-        if (r != 0) {
-          EXPECT_THAT(reduced, ::testing::Each(-3.0F));
-        }
-      }
-      // all_gather in place and reduce_scatter out of place, staged whole.
-      std::vector<float> gathered(4 * P, 0.0F);
-      for (std::size_t i = 0; i < 4; ++i) gathered[static_cast<std::size_t>(r) * 4 + i] = static_cast<float>(r);
-      co_await comm->all_gather(as_device(gathered));
-      for (std::size_t i = 0; i < gathered.size(); ++i) EXPECT_EQ(gathered[i], static_cast<float>(i / 4));
-      std::vector<float> blocks(3 * P, 1.0F);
-      std::vector<float> mine(3, 0.0F);
-      co_await comm->reduce_scatter(as_device(blocks), as_device(mine), ReduceOp::sum);
-      EXPECT_THAT(mine, ::testing::Each(static_cast<float>(world)));
-      std::vector<float> exchange(2 * P);
-      for (std::size_t i = 0; i < exchange.size(); ++i) exchange[i] = static_cast<float>(r * 100 + static_cast<int>(i / 2));
-      std::vector<float> exchanged(exchange.size());
-      co_await comm->all_to_all(as_device(exchange), as_device(exchanged));
-      for (std::size_t i = 0; i < exchanged.size(); ++i) {
-        EXPECT_EQ(exchanged[i], static_cast<float>(static_cast<int>(i / 2) * 100 + r));
-      }
-    }, host_staging());
+          // all_gather in place and reduce_scatter out of place, staged whole.
+          std::vector<float> gathered(4 * P, 0.0F);
+          for (std::size_t i = 0; i < 4; ++i)
+            gathered[static_cast<std::size_t>(r) * 4 + i] = static_cast<float>(r);
+          co_await comm->all_gather(as_device(gathered));
+          for (std::size_t i = 0; i < gathered.size(); ++i)
+            EXPECT_EQ(gathered[i], static_cast<float>(i / 4));
+          std::vector<float> blocks(3 * P, 1.0F);
+          std::vector<float> mine(3, 0.0F);
+          co_await comm->reduce_scatter(as_device(blocks), as_device(mine), ReduceOp::sum);
+          EXPECT_THAT(mine, ::testing::Each(static_cast<float>(world)));
+          std::vector<float> exchange(2 * P);
+          for (std::size_t i = 0; i < exchange.size(); ++i)
+            exchange[i] = static_cast<float>(r * 100 + static_cast<int>(i / 2));
+          std::vector<float> exchanged(exchange.size());
+          co_await comm->all_to_all(as_device(exchange), as_device(exchanged));
+          for (std::size_t i = 0; i < exchanged.size(); ++i) {
+            EXPECT_EQ(exchanged[i], static_cast<float>(static_cast<int>(i / 2) * 100 + r));
+          }
+        },
+        host_staging());
   }
 }
 
 TEST(StagedCommunicator, SendAndRecvStageAndAShortMessageLeavesTheRestOfTheBufferAlone) {
-  testing::run_ranks(2, [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
-    if (comm->rank() == 0) {
-      std::vector<float> message(5000, 2.5F);
-      co_await comm->send(as_device(message), 1);
-    } else {
-      std::vector<float> inbox(6000, -1.0F);
-      const std::size_t got = co_await comm->recv(as_device(inbox), 0);
-      EXPECT_EQ(got, 5000u);
-      EXPECT_EQ(inbox[4999], 2.5F);
-      EXPECT_EQ(inbox[5000], -1.0F);
-    }
-  }, host_staging());
+  testing::run_ranks(
+      2,
+      [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        if (comm->rank() == 0) {
+          std::vector<float> message(5000, 2.5F);
+          co_await comm->send(as_device(message), 1);
+        } else {
+          std::vector<float> inbox(6000, -1.0F);
+          const std::size_t got = co_await comm->recv(as_device(inbox), 0);
+          EXPECT_EQ(got, 5000u);
+          EXPECT_EQ(inbox[4999], 2.5F);
+          EXPECT_EQ(inbox[5000], -1.0F);
+        }
+      },
+      host_staging());
 }
 
 TEST(StagedCommunicator, BuffersInDifferentPlacesAreRejectedAtTheCall) {
-  testing::run_ranks(1, [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
-    std::vector<float> host(4), device(4);
-    try {
-      co_await comm->all_reduce(Buffer(host), as_device(device), ReduceOp::sum);
-      ADD_FAILURE() << "host input with a CUDA output was accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), make_error_code(Errc::invalid_argument));
-      EXPECT_THAT(e.what(), ::testing::HasSubstr("both must be in the same place"));
-    }
-  }, host_staging());
+  testing::run_ranks(
+      1,
+      [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        std::vector<float> host(4), device(4);
+        try {
+          co_await comm->all_reduce(Buffer(host), as_device(device), ReduceOp::sum);
+          ADD_FAILURE() << "host input with a CUDA output was accepted";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), make_error_code(Errc::invalid_argument));
+          EXPECT_THAT(e.what(), ::testing::HasSubstr("both must be in the same place"));
+        }
+      },
+      host_staging());
 }
 
 }  // namespace

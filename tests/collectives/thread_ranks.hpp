@@ -44,13 +44,20 @@ inline std::vector<std::exception_ptr> run_ranks_collecting(int size, const Rank
         Runtime runtime({.rank = r});
         const int node = node_of_rank[static_cast<std::size_t>(r)];
         const auto on_node = [&](int upto) {
-          return static_cast<int>(std::count(node_of_rank.begin(), node_of_rank.begin() + upto, node));
+          return static_cast<int>(
+              std::count(node_of_rank.begin(), node_of_rank.begin() + upto, node));
         };
         const int nodes = 1 + *std::max_element(node_of_rank.begin(), node_of_rank.end());
-        transport::LaunchInfo launch{.rank = r, .world_size = size, .local_rank = on_node(r),
-                                     .local_world_size = on_node(size), .node_rank = node,
-                                     .num_nodes = nodes, .store_host = "127.0.0.1",
-                                     .store_port = port, .token = "", .source = "test"};
+        transport::LaunchInfo launch{.rank = r,
+                                     .world_size = size,
+                                     .local_rank = on_node(r),
+                                     .local_world_size = on_node(size),
+                                     .node_rank = node,
+                                     .num_nodes = nodes,
+                                     .store_host = "127.0.0.1",
+                                     .store_port = port,
+                                     .token = "",
+                                     .source = "test"};
         auto world = transport::World::join(runtime, launch);
         auto comm = Communicator::world(*world, options);
         try {

@@ -4,9 +4,8 @@
 // start on machines without one, where GPU tests skip.
 #pragma once
 
-#include <dlfcn.h>
-
 #include <cstdint>
+#include <dlfcn.h>
 #include <stdexcept>
 #include <string>
 
@@ -53,7 +52,8 @@ class SpinKernel {
   }
   static void check(CUresult result, const char* call) {
     if (result != CUDA_SUCCESS) {
-      throw std::runtime_error(std::string(call) + " failed with CUresult " + std::to_string(result));
+      throw std::runtime_error(std::string(call) + " failed with CUresult " +
+                               std::to_string(result));
     }
   }
 

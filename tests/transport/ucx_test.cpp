@@ -2,6 +2,7 @@
 // UcxWorker, addresses exchanged in memory; the killed-peer test starts a real process
 // (ucx_test_peer). The same tests run twice: with UCX's default transports (shared memory,
 // cma) as ucx_test and with UCX_TLS=tcp as ucx_tcp_test (see meson.build).
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <numeric>
@@ -18,13 +19,11 @@
 #include <gtest/gtest.h>
 #include <ucs/type/status.h>
 
-#include <algorithm>
-
 #include <braid/core/log.hpp>
 #include <braid/core/runtime.hpp>
+#include <braid/trace/recorder.hpp>
 #include <braid/transport/tag.hpp>
 #include <braid/transport/ucx_error.hpp>
-#include <braid/trace/recorder.hpp>
 #include <braid/transport/ucx_worker.hpp>
 
 namespace braid::transport {

@@ -9,16 +9,17 @@
 //   at rank 1's acknowledgement; once with cudaMalloc buffers, once with host buffers.
 #include "gpu.hpp"
 
-#include <braid/braid.hpp>
-#include <braid/collectives/communicator.hpp>
-#include <braid/collectives/nccl_communicator.hpp>
+#include <algorithm>
+#include <iostream>
+#include <regex>
+
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <nccl.h>
 
-#include <algorithm>
-#include <iostream>
-#include <regex>
+#include <braid/braid.hpp>
+#include <braid/collectives/communicator.hpp>
+#include <braid/collectives/nccl_communicator.hpp>
 
 #include "subprocess.hpp"
 
@@ -86,10 +87,12 @@ int iterations_for(const GpuOptions& options, std::size_t bytes) {
 }
 
 void check_cuda(cudaError_t status, const char* call) {
-  if (status != cudaSuccess) throw std::runtime_error(fmt::format("{}: {}", call, cudaGetErrorString(status)));
+  if (status != cudaSuccess)
+    throw std::runtime_error(fmt::format("{}: {}", call, cudaGetErrorString(status)));
 }
 void check_nccl(ncclResult_t result, const char* call) {
-  if (result != ncclSuccess) throw std::runtime_error(fmt::format("{}: {}", call, ncclGetErrorString(result)));
+  if (result != ncclSuccess)
+    throw std::runtime_error(fmt::format("{}: {}", call, ncclGetErrorString(result)));
 }
 
 double median(std::vector<double> values) {
@@ -132,12 +135,14 @@ awaitable<void> measure_nccl(Communicator& bootstrap, const GpuOptions& options)
                    "ncclAllReduce");
         check_cuda(cudaStreamSynchronize(direct_stream), "cudaStreamSynchronize");
       }
-      const double direct_each = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iterations;
+      const double direct_each =
+          std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iterations;
       const Buffer in(input, count, DType::f32, MemoryKind::cuda, 0);
       const Buffer out(output, count, DType::f32, MemoryKind::cuda, 0);
       start = Clock::now();
       for (int i = 0; i < iterations; ++i) co_await braid_nccl->all_reduce(in, out, ReduceOp::sum);
-      const double braid_each = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iterations;
+      const double braid_each =
+          std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iterations;
       if (round >= 0) {
         direct_us.push_back(direct_each);
         braid_us.push_back(braid_each);
@@ -147,11 +152,13 @@ awaitable<void> measure_nccl(Communicator& bootstrap, const GpuOptions& options)
     const double braid_median = median(braid_us);
     const double overhead = (braid_median / direct_median - 1) * 100;
     if (options.json) {
-      std::cout << fmt::format(R"({{"bench":"nccl","op":"all_reduce","bytes":{},"iters":{},)"
-                               R"("direct_us":{:.3f},"braid_us":{:.3f},"overhead_pct":{:.2f},"added_us":{:.3f}}})",
-                               bytes, iterations, direct_median, braid_median, overhead,
-                               braid_median - direct_median)
-                << "\n";
+      std::cout
+          << fmt::format(
+                 R"({{"bench":"nccl","op":"all_reduce","bytes":{},"iters":{},)"
+                 R"("direct_us":{:.3f},"braid_us":{:.3f},"overhead_pct":{:.2f},"added_us":{:.3f}}})",
+                 bytes, iterations, direct_median, braid_median, overhead,
+                 braid_median - direct_median)
+          << "\n";
     } else {
       std::cout << fmt::format("{:>12} {:>7} {:>14.2f} {:>14.2f} {:>9.1f}% {:>11.2f}\n", bytes,
                                iterations, direct_median, braid_median, overhead,
@@ -196,9 +203,12 @@ awaitable<void> measure_cuda_p2p(Communicator& comm, const GpuOptions& options) 
   void* device = nullptr;
   check_cuda(cudaMalloc(&device, options.max_bytes), "cudaMalloc");
   std::vector<std::uint8_t> host(options.max_bytes);
-  for (std::size_t bytes = std::max<std::size_t>(options.min_bytes, 1 << 16); bytes <= options.max_bytes; bytes *= 4) {
-    const int iterations = options.iterations > 0 ? options.iterations
-                                                  : std::clamp(static_cast<int>((std::size_t{512} << 20) / bytes), 4, 200);
+  for (std::size_t bytes = std::max<std::size_t>(options.min_bytes, 1 << 16);
+       bytes <= options.max_bytes; bytes *= 4) {
+    const int iterations =
+        options.iterations > 0
+            ? options.iterations
+            : std::clamp(static_cast<int>((std::size_t{512} << 20) / bytes), 4, 200);
     const Buffer on_device(device, bytes, DType::u8, MemoryKind::cuda, 0);
     const Buffer on_host(host.data(), bytes, DType::u8);
     std::vector<double> device_gbps, host_gbps;
@@ -235,11 +245,12 @@ int cuda_p2p_driver(const GpuOptions& options) {
   if (!options.json) {
     std::cout << "# braid-bench cuda-p2p: 2 processes on device 0, UCX communicator send/recv, "
                  "one message at a time\n";
-    std::cout << fmt::format("{:>12} {:>7} {:>16} {:>16} {:>11}\n", "bytes", "iters",
-                             "cuda (GB/s)", "host (GB/s)", "cuda/host");
+    std::cout << fmt::format("{:>12} {:>7} {:>16} {:>16} {:>11}\n", "bytes", "iters", "cuda (GB/s)",
+                             "host (GB/s)", "cuda/host");
   }
   const std::regex row(std::string(kResultMarker) + R"( (\d+) (\d+) ([0-9.]+) ([0-9.]+))");
-  for (std::sregex_iterator it(result.output.begin(), result.output.end(), row), end; it != end; ++it) {
+  for (std::sregex_iterator it(result.output.begin(), result.output.end(), row), end; it != end;
+       ++it) {
     const auto& m = *it;
     const double cuda = std::stod(m[3]);
     const double host = std::stod(m[4]);

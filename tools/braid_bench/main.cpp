@@ -3,13 +3,12 @@
 //
 //   braid-bench p2p [--json] [--no-peers] [--latency-iters N] [--bandwidth-iters N]
 #include <iostream>
-
-#include <braid/collectives/selection.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <braid/build_config.hpp>
+#include <braid/collectives/selection.hpp>
 
 #include "collectives.hpp"
 #include "ddp.hpp"
@@ -36,8 +35,10 @@ constexpr const char* kUsage =
     "        options: --ranks 2 --sizes 8,65536,1048576 --rounds 11 --iters N\n"
     "  ddp          one model trained with braid DDP, PyTorch DDP (Gloo) and no sync, in one run:\n"
     "               step time, exposed communication, bare all-reduce, ratios\n"
-    "        options: --ranks 2 --hidden 1024 --layers 8 --batch 32 --steps 30 --rounds 3 --optimizer sgd\n"
-    "  nccl         (CUDA builds, a GPU) NCCL all-reduce through braid against ncclAllReduce called\n"
+    "        options: --ranks 2 --hidden 1024 --layers 8 --batch 32 --steps 30 --rounds 3 "
+    "--optimizer sgd\n"
+    "  nccl         (CUDA builds, a GPU) NCCL all-reduce through braid against ncclAllReduce "
+    "called\n"
     "               directly, one rank: time per operation, overhead %, added microseconds\n"
     "        options: --min-bytes 8 --max-bytes 256M --rounds 7 --iters N --json\n"
     "  cuda-p2p     (CUDA builds, a GPU) CUDA buffers between two processes over UCX (staged\n"

@@ -43,9 +43,15 @@ enum class Algorithm : std::uint8_t {
 };
 
 inline constexpr std::array all_algorithms = {
-    Algorithm::ring,          Algorithm::recursive_doubling, Algorithm::halving_doubling,
-    Algorithm::binomial_tree, Algorithm::linear,             Algorithm::pairwise,
-    Algorithm::dissemination, Algorithm::shared_memory,      Algorithm::hierarchical,
+    Algorithm::ring,
+    Algorithm::recursive_doubling,
+    Algorithm::halving_doubling,
+    Algorithm::binomial_tree,
+    Algorithm::linear,
+    Algorithm::pairwise,
+    Algorithm::dissemination,
+    Algorithm::shared_memory,
+    Algorithm::hierarchical,
 };
 
 // snake_case names: "all_reduce", "ring". BRAID_ALGO also accepts the kinds without the

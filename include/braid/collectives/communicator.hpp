@@ -62,14 +62,14 @@
 #pragma once
 
 #include <atomic>
-#include <functional>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
-#include <string>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <boost/asio/awaitable.hpp>

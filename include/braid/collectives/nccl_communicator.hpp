@@ -94,8 +94,8 @@ class NcclCommunicator : public std::enable_shared_from_this<NcclCommunicator> {
   // new communicator has bootstrap's ranks and order. `bootstrap` and its World must
   // outlive it.
   static asio::awaitable<std::shared_ptr<NcclCommunicator>> create(Communicator& bootstrap,
-                                                                    int device,
-                                                                    Options options = {});
+                                                                   int device,
+                                                                   Options options = {});
 
   // Flushes (ncclCommFinalize, bounded by the timeout) and destroys; aborts instead if the
   // communicator failed or the flush does not finish. Blocks; call off the runtime thread
@@ -178,8 +178,8 @@ class NcclCommunicator : public std::enable_shared_from_this<NcclCommunicator> {
   cudaStream_t compute_stream_;
   CudaStream stream_;
   std::vector<std::unique_ptr<CudaEvent>> free_events_;
-  void* barrier_word_ = nullptr;  // one device int that barrier() all-reduces
-  std::string failure_;  // set once aborted
+  void* barrier_word_ = nullptr;                // one device int that barrier() all-reduces
+  std::string failure_;                         // set once aborted
   std::unique_ptr<CudaTimeline> gpu_timeline_;  // tracing on at creation: GPU spans (point 5)
   trace::Track track_;
 };

@@ -35,8 +35,8 @@ namespace braid::collectives {
 
 // Where a communicator's members run, as far as choosing an algorithm is concerned.
 struct MemberPlacement {
-  bool one_node = true;         // every member on this node: shared memory reaches them all
-  bool grouped_nodes = false;   // several nodes, at least one holding several members
+  bool one_node = true;        // every member on this node: shared memory reaches them all
+  bool grouped_nodes = false;  // several nodes, at least one holding several members
 };
 
 struct SelectionRule {

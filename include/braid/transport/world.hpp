@@ -22,14 +22,6 @@
 // rank is past the barrier. A rank that died is not waited for past the bound.
 #pragma once
 
-#include <braid/core/buffer.hpp>
-#include <braid/core/deadline.hpp>
-#include <braid/core/runtime.hpp>
-#include <braid/transport/bootstrap.hpp>
-#include <braid/transport/store.hpp>
-#include <braid/transport/ucx_worker.hpp>
-#include <boost/asio/awaitable.hpp>
-
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -37,6 +29,15 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <boost/asio/awaitable.hpp>
+
+#include <braid/core/buffer.hpp>
+#include <braid/core/deadline.hpp>
+#include <braid/core/runtime.hpp>
+#include <braid/transport/bootstrap.hpp>
+#include <braid/transport/store.hpp>
+#include <braid/transport/ucx_worker.hpp>
 
 namespace braid::transport {
 
@@ -108,7 +109,7 @@ class World {
   std::unique_ptr<StoreClient> store_;
   std::unique_ptr<UcxWorker> ucx_;
   std::shared_ptr<PeerWatch> watch_;  // shared with watch_peers(), which may outlive us
-  std::vector<int> node_of_rank_;  // world rank -> node, from what each rank published
+  std::vector<int> node_of_rank_;     // world rank -> node, from what each rank published
   bool writes_trace_ = false;         // BRAID_TRACE was set: the destructor writes the trace
 };
 

@@ -23,7 +23,8 @@ struct HierarchyPlan;
 
 namespace braid::collectives::detail {
 
-asio::awaitable<void> ring_all_reduce(CollectiveOp& op, Buffer input, Buffer output, ReduceOp reduce_op);
+asio::awaitable<void> ring_all_reduce(CollectiveOp& op, Buffer input, Buffer output,
+                                      ReduceOp reduce_op);
 asio::awaitable<void> recursive_doubling_all_reduce(CollectiveOp& op, Buffer input, Buffer output,
                                                     ReduceOp reduce_op);
 asio::awaitable<void> halving_doubling_all_reduce(CollectiveOp& op, Buffer input, Buffer output,

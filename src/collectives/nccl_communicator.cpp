@@ -131,6 +131,14 @@ class Check {
   std::string_view operation_;
 };
 
+// A rank's own block in gather/scatter: a device copy on the stream, in NCCL's terms.
+ncclResult_t copy_on(cudaStream_t stream, void* dst, const void* src, std::size_t bytes) {
+  if (dst == src || bytes == 0) return ncclSuccess;
+  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream) == cudaSuccess
+             ? ncclSuccess
+             : ncclUnhandledCudaError;
+}
+
 // An ncclGroupStart/End bracket: the calls between them launch as one operation (NCCL
 // needs this for point-to-point patterns, or matching sends and receives deadlock).
 template <class Calls>
@@ -271,21 +279,19 @@ void NcclCommunicator::fail(std::string_view what, ncclResult_t result) {
 
 // ---------------------------------------------------------------- polling
 
-asio::awaitable<void> NcclCommunicator::settle(std::string_view what, Deadline deadline) {
+template <class Done>
+asio::awaitable<void> NcclCommunicator::poll(std::string_view what, std::string_view late,
+                                             Deadline deadline, Done done) {
   const auto executor = co_await asio::this_coro::executor;
   asio::steady_timer timer(executor);
   const auto started = Clock::now();
   auto nap = std::chrono::duration_cast<Clock::duration>(kFirstNap);
-  for (;;) {
+  for (unsigned round = 1;; ++round) {
     check_usable(what);
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t queried = ncclCommGetAsyncError(comm_, &state);
-    if (queried != ncclSuccess) fail(what, queried);
-    if (state == ncclSuccess) co_return;
-    if (state != ncclInProgress) fail(what, state);
+    if (done(round)) co_return;
     const auto now = Clock::now();
     if (now > deadline) {
-      const std::string why = fmt::format("{} did not finish within the timeout", what);
+      const std::string why = fmt::format("{} {}", what, late);
       abort(why);
       throw error(Errc::timeout, why, what);
     }
@@ -299,38 +305,29 @@ asio::awaitable<void> NcclCommunicator::settle(std::string_view what, Deadline d
   }
 }
 
+bool NcclCommunicator::settled(std::string_view what) {
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t queried = ncclCommGetAsyncError(comm_, &state);
+  if (queried != ncclSuccess) fail(what, queried);
+  if (state != ncclSuccess && state != ncclInProgress) fail(what, state);
+  return state == ncclSuccess;
+}
+
+asio::awaitable<void> NcclCommunicator::settle(std::string_view what, Deadline deadline) {
+  co_await poll(what, "did not finish within the timeout", deadline,
+                [this, what](unsigned) { return settled(what); });
+}
+
 asio::awaitable<void> NcclCommunicator::await_done(CudaEvent& done, std::string_view what,
                                                    Deadline deadline) {
-  const auto executor = co_await asio::this_coro::executor;
-  asio::steady_timer timer(executor);
-  const auto started = Clock::now();
-  auto nap = std::chrono::duration_cast<Clock::duration>(kFirstNap);
-  for (unsigned round = 1;; ++round) {
-    if (done.query()) co_return;
-    check_usable(what);
-    if (round % kAsyncErrorEvery == 0) {
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t queried = ncclCommGetAsyncError(comm_, &state);
-      if (queried != ncclSuccess) fail(what, queried);
-      if (state != ncclSuccess && state != ncclInProgress) fail(what, state);
-    }
-    const auto now = Clock::now();
-    if (now > deadline) {
-      const std::string why = fmt::format(
-          "{} did not complete within the timeout (a rank missing, or ranks "
-          "disagreeing on the call or its counts)",
-          what);
-      abort(why);
-      throw error(Errc::timeout, why, what);
-    }
-    if (now - started < kSpinWindow) {
-      co_await asio::post(executor, asio::use_awaitable);
-    } else {
-      timer.expires_after(nap);
-      co_await timer.async_wait(asio::use_awaitable);
-      nap = std::min<Clock::duration>(nap * 2, kLongestNap);
-    }
-  }
+  co_await poll(what,
+                "did not complete within the timeout (a rank missing, or ranks disagreeing on "
+                "the call or its counts)",
+                deadline, [this, &done, what](unsigned round) {
+                  if (done.query()) return true;
+                  if (round % kAsyncErrorEvery == 0) (void)settled(what);
+                  return false;
+                });
 }
 
 std::unique_ptr<CudaEvent> NcclCommunicator::take_event() {
@@ -485,13 +482,7 @@ asio::awaitable<void> NcclCommunicator::gather(Buffer input, Buffer output, int 
             for (int r = 0; r < size_; ++r) {
               void* block = at(output, static_cast<std::size_t>(r) * input.count());
               const ncclResult_t result =
-                  r == rank_ ? (block == input.data()
-                                    ? ncclSuccess
-                                    : (cudaMemcpyAsync(block, input.data(), input.size_bytes(),
-                                                       cudaMemcpyDeviceToDevice,
-                                                       stream_.native()) == cudaSuccess
-                                           ? ncclSuccess
-                                           : ncclUnhandledCudaError))
+                  r == rank_ ? copy_on(stream_.native(), block, input.data(), input.size_bytes())
                              : ncclRecv(block, input.count(), type, r, comm_, stream_.native());
               if (result != ncclSuccess && result != ncclInProgress) return result;
             }
@@ -519,13 +510,7 @@ asio::awaitable<void> NcclCommunicator::scatter(Buffer input, Buffer output, int
             for (int r = 0; r < size_; ++r) {
               const void* block = at(input, static_cast<std::size_t>(r) * output.count());
               const ncclResult_t result =
-                  r == rank_ ? (block == output.data()
-                                    ? ncclSuccess
-                                    : (cudaMemcpyAsync(output.data(), block, output.size_bytes(),
-                                                       cudaMemcpyDeviceToDevice,
-                                                       stream_.native()) == cudaSuccess
-                                           ? ncclSuccess
-                                           : ncclUnhandledCudaError))
+                  r == rank_ ? copy_on(stream_.native(), output.data(), block, output.size_bytes())
                              : ncclSend(block, output.count(), type, r, comm_, stream_.native());
               if (result != ncclSuccess && result != ncclInProgress) return result;
             }
@@ -552,8 +537,7 @@ asio::awaitable<void> NcclCommunicator::all_to_all(Buffer input, Buffer output) 
     void* aside = nullptr;
     if (input.data() == output.data() && input.size_bytes() != 0) {
       if (cudaMallocAsync(&aside, input.size_bytes(), stream_.native()) != cudaSuccess ||
-          cudaMemcpyAsync(aside, input.data(), input.size_bytes(), cudaMemcpyDeviceToDevice,
-                          stream_.native()) != cudaSuccess) {
+          copy_on(stream_.native(), aside, input.data(), input.size_bytes()) != ncclSuccess) {
         return ncclUnhandledCudaError;
       }
       source = Buffer(aside, input.count(), input.dtype(), MemoryKind::cuda, device_);

@@ -157,6 +157,13 @@ class NcclCommunicator : public std::enable_shared_from_this<NcclCommunicator> {
   // used) in nccl_communicator.cpp.
   template <class Enqueue>
   asio::awaitable<void> run(trace::Name name, std::size_t bytes, Enqueue enqueue);
+  // Calls done(round) until it returns true: spinning (yielding to the runtime) at first,
+  // then napping with a backoff; aborts with "<what> <late>" at the deadline.
+  template <class Done>
+  asio::awaitable<void> poll(std::string_view what, std::string_view late, Deadline deadline,
+                             Done done);
+  // Whether the last non-blocking call has finished; fails on an NCCL error.
+  bool settled(std::string_view what);
   // Polls the communicator until a non-blocking call (init, an op, finalize) has settled.
   asio::awaitable<void> settle(std::string_view what, Deadline deadline);
   // Polls `done` (and NCCL's asynchronous error) until the GPU has passed it.

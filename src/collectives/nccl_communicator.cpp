@@ -7,6 +7,7 @@
 #include <thread>
 
 #include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -191,9 +192,15 @@ asio::awaitable<std::shared_ptr<NcclCommunicator>> NcclCommunicator::create(Comm
       braid::detail::throw_nccl_error(started, "ncclCommInitRankConfig", __FILE__, __LINE__);
     }
   }
-  auto made = std::make_shared<NcclCommunicator>(Private{}, bootstrap.runtime(), comm,
-                                                 bootstrap.rank(), bootstrap.size(), world.rank(),
-                                                 device, timeout, options.compute_stream);
+  std::shared_ptr<NcclCommunicator> made;
+  try {
+    made = std::make_shared<NcclCommunicator>(Private{}, bootstrap.runtime(), comm,
+                                              bootstrap.rank(), bootstrap.size(), world.rank(),
+                                              device, timeout, options.compute_stream);
+  } catch (...) {
+    (void)ncclCommAbort(comm);
+    throw;
+  }
   co_await made->settle("ncclCommInitRankConfig", deadline);
   log::debug("NCCL communicator of {} ranks ready on device {}", made->size(), device);
   co_return made;
@@ -249,6 +256,7 @@ NcclCommunicator::~NcclCommunicator() {
 void NcclCommunicator::abort(const std::string& why) {
   if (!failure_.empty()) return;
   failure_ = why;
+  for (asio::steady_timer* waiting : waiting_) waiting->cancel();  // they fail as closed
   if (comm_ != nullptr) {
     const CudaDeviceGuard guard(device_);
     (void)ncclCommAbort(comm_);
@@ -341,35 +349,94 @@ void NcclCommunicator::give_back(std::unique_ptr<CudaEvent> event) {
   free_events_.push_back(std::move(event));
 }
 
-template <class Enqueue>
-asio::awaitable<void> NcclCommunicator::run(trace::Name name, std::size_t bytes, Enqueue enqueue) {
-  check_usable(name.view());
-  trace::AsyncSpan span(trace::Category::comm, name, track_, bytes);
+// ---------------------------------------------------------------- issue order
+
+asio::awaitable<void> NcclCommunicator::wait_turn(std::uint64_t ticket, std::string_view what,
+                                                  Deadline deadline) {
+  while (serving_ != ticket) {
+    check_usable(what);
+    asio::steady_timer timer(co_await asio::this_coro::executor, deadline);
+    waiting_.push_back(&timer);
+    boost::system::error_code cancelled;
+    co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, cancelled));
+    std::erase(waiting_, &timer);
+    if (!cancelled && serving_ != ticket) {
+      const std::string why = fmt::format(
+          "{} waited past its timeout for operation {} on this communicator to be issued "
+          "(was an awaitable dropped without being awaited?)",
+          what, serving_);
+      abort(why);
+      throw error(Errc::timeout, why, what);
+    }
+  }
+}
+
+void NcclCommunicator::pass_turn() noexcept {
+  ++serving_;
+  for (asio::steady_timer* waiting : waiting_) waiting->cancel();
+}
+
+template <class Enqueue, class Settled>
+asio::awaitable<void> NcclCommunicator::run(std::uint64_t ticket, trace::Name name,
+                                            std::size_t bytes, Enqueue enqueue,
+                                            Settled settled_calls) {
+  // Operations still running hold the communicator; dropping the last handle meanwhile
+  // must not free it under them.
+  const std::shared_ptr<NcclCommunicator> self = shared_from_this();
   const Deadline deadline = deadline_after(timeout_);
+  co_await wait_turn(ticket, name.view(), deadline);
+  trace::AsyncSpan span(trace::Category::comm, name, track_, bytes);
   std::unique_ptr<CudaEvent> produced = take_event();
   std::unique_ptr<CudaEvent> done = take_event();
-  ncclResult_t result = ncclSuccess;
-  std::uint64_t gpu_span = 0;
   {
-    const CudaDeviceGuard guard(device_);
-    // Contract point 1: the operation follows what the compute stream has enqueued.
-    BRAID_CUDA_CHECK(cudaEventRecord(produced->native(), compute_stream_));
-    BRAID_CUDA_CHECK(cudaStreamWaitEvent(stream_.native(), produced->native(), 0));
-    gpu_span =
-        gpu_timeline_ != nullptr ? gpu_timeline_->begin(trace::Category::comm, name, bytes) : 0;
-    result = enqueue();
+    // From here until the calls have settled nothing else may call into NCCL on this
+    // communicator (NCCL's rule for non-blocking communicators): the next ticket waits.
+    struct Turn {
+      NcclCommunicator& comm;
+      ~Turn() { comm.pass_turn(); }
+    } turn{*this};
+    struct GpuSpan {
+      CudaTimeline* timeline = nullptr;
+      std::uint64_t token = 0;
+      ~GpuSpan() {
+        try {
+          if (token != 0) timeline->end(token);
+        } catch (const std::exception& e) {
+          log::warn("ending a GPU trace span failed: {}", e.what());
+        }
+      }
+    } gpu_span;
+    check_usable(name.view());
+    ncclResult_t result = ncclSuccess;
+    {
+      const CudaDeviceGuard guard(device_);
+      // Contract point 1: the operation follows what the compute stream has enqueued.
+      BRAID_CUDA_CHECK(cudaEventRecord(produced->native(), compute_stream_));
+      BRAID_CUDA_CHECK(cudaStreamWaitEvent(stream_.native(), produced->native(), 0));
+      if (gpu_timeline_ != nullptr) {
+        gpu_span.timeline = gpu_timeline_.get();
+        gpu_span.token = gpu_timeline_->begin(trace::Category::comm, name, bytes);
+      }
+      result = enqueue();
+    }
+    // Non-blocking: the kernels may reach the stream only once the calls have settled.
+    if (result == ncclInProgress) {
+      co_await settle(name.view(), deadline);
+    } else if (result != ncclSuccess) {
+      fail(name.view(), result);
+    }
+    settled_calls();
   }
-  // Non-blocking: the kernels may reach the stream only once the call has settled.
-  if (result == ncclInProgress) {
-    co_await settle(name.view(), deadline);
-  } else if (result != ncclSuccess) {
-    fail(name.view(), result);
-  }
-  if (gpu_span != 0) gpu_timeline_->end(gpu_span);
   stream_.record(*done);
   co_await await_done(*done, name.view(), deadline);
   give_back(std::move(produced));
   give_back(std::move(done));
+}
+
+template <class Enqueue>
+asio::awaitable<void> NcclCommunicator::issue(trace::Name name, std::size_t bytes,
+                                              Enqueue enqueue) {
+  return run(next_ticket_++, name, bytes, std::move(enqueue), [] {});
 }
 
 // ---------------------------------------------------------------- operations
@@ -379,7 +446,7 @@ asio::awaitable<void> NcclCommunicator::all_reduce(Buffer input, Buffer output, 
   check.alike(input, output);
   check.that(input.count() == output.count(),
              fmt::format("input has {} elements and output {}", input.count(), output.count()));
-  return run("all_reduce", input.size_bytes(), [this, input, output, op] {
+  return issue("all_reduce", input.size_bytes(), [this, input, output, op] {
     return ncclAllReduce(input.data(), output.data(), input.count(), nccl_type(input.dtype()),
                          nccl_op(op), comm_, stream_.native());
   });
@@ -393,7 +460,7 @@ asio::awaitable<void> NcclCommunicator::reduce_scatter(Buffer input, Buffer outp
   const Check check(*this, world_rank_, "reduce_scatter");
   check.alike(input, output);
   check.blocks(input.count(), output.count(), "input");
-  return run("reduce_scatter", input.size_bytes(), [this, input, output, op] {
+  return issue("reduce_scatter", input.size_bytes(), [this, input, output, op] {
     return ncclReduceScatter(input.data(), output.data(), output.count(), nccl_type(input.dtype()),
                              nccl_op(op), comm_, stream_.native());
   });
@@ -410,7 +477,7 @@ asio::awaitable<void> NcclCommunicator::reduce(Buffer input, Buffer output, Redu
   }
   // The receive buffer matters at the root only.
   void* received = rank_ == root ? output.data() : input.data();
-  return run("reduce", input.size_bytes(), [this, input, received, op, root] {
+  return issue("reduce", input.size_bytes(), [this, input, received, op, root] {
     return ncclReduce(input.data(), received, input.count(), nccl_type(input.dtype()), nccl_op(op),
                       root, comm_, stream_.native());
   });
@@ -420,7 +487,7 @@ asio::awaitable<void> NcclCommunicator::all_gather(Buffer input, Buffer output) 
   const Check check(*this, world_rank_, "all_gather");
   check.alike(input, output);
   check.blocks(output.count(), input.count(), "output");
-  return run("all_gather", output.size_bytes(), [this, input, output] {
+  return issue("all_gather", output.size_bytes(), [this, input, output] {
     return ncclAllGather(input.data(), output.data(), input.count(), nccl_type(input.dtype()),
                          comm_, stream_.native());
   });
@@ -439,7 +506,7 @@ asio::awaitable<void> NcclCommunicator::all_gather_v(Buffer input, Buffer output
   check.that(output.count() == total,
              fmt::format("output has {} elements; the counts add up to {}", output.count(), total));
   // One broadcast per rank's block, launched together.
-  return run("all_gather_v", output.size_bytes(), [this, input, output, counts] {
+  return issue("all_gather_v", output.size_bytes(), [this, input, output, counts] {
     return grouped([&] {
       std::size_t offset = 0;
       for (int r = 0; r < size_; ++r) {
@@ -460,7 +527,7 @@ asio::awaitable<void> NcclCommunicator::broadcast(Buffer data, int root) {
   const Check check(*this, world_rank_, "broadcast");
   check.rank(root, "root");
   check.on_device(data, "buffer");
-  return run("broadcast", data.size_bytes(), [this, data, root] {
+  return issue("broadcast", data.size_bytes(), [this, data, root] {
     return ncclBroadcast(data.data(), data.data(), data.count(), nccl_type(data.dtype()), root,
                          comm_, stream_.native());
   });
@@ -474,7 +541,7 @@ asio::awaitable<void> NcclCommunicator::gather(Buffer input, Buffer output, int 
     check.alike(input, output);
     check.blocks(output.count(), input.count(), "output");
   }
-  return run(
+  return issue(
       "gather", input.size_bytes() * static_cast<std::size_t>(size_), [this, input, output, root] {
         return grouped([&] {
           const ncclDataType_t type = nccl_type(input.dtype());
@@ -501,7 +568,7 @@ asio::awaitable<void> NcclCommunicator::scatter(Buffer input, Buffer output, int
     check.alike(input, output);
     check.blocks(input.count(), output.count(), "input");
   }
-  return run(
+  return issue(
       "scatter", output.size_bytes() * static_cast<std::size_t>(size_),
       [this, input, output, root] {
         return grouped([&] {
@@ -529,20 +596,24 @@ asio::awaitable<void> NcclCommunicator::all_to_all(Buffer input, Buffer output) 
       fmt::format("input has {} and output {} elements; both must be {} equal blocks",
                   input.count(), output.count(), size_));
   const std::size_t block = input.count() / static_cast<std::size_t>(size_);
-  return run("all_to_all", input.size_bytes(), [this, input, output, block] {
+  // In place, the blocks to send are copied aside first: NCCL would otherwise receive
+  // into a block it has yet to send. The copy is freed in stream order once the calls have
+  // settled, so after the kernels that read it.
+  auto aside = std::make_shared<void*>(nullptr);
+  const bool in_place = input.data() == output.data() && input.size_bytes() != 0;
+  auto exchange = [this, input, output, block, aside, in_place] {
     const ncclDataType_t type = nccl_type(input.dtype());
-    // In place, the blocks to send are copied aside first: NCCL would otherwise receive
-    // into a block it has yet to send. The copy is freed in stream order.
     Buffer source = input;
-    void* aside = nullptr;
-    if (input.data() == output.data() && input.size_bytes() != 0) {
-      if (cudaMallocAsync(&aside, input.size_bytes(), stream_.native()) != cudaSuccess ||
-          copy_on(stream_.native(), aside, input.data(), input.size_bytes()) != ncclSuccess) {
+    if (in_place) {
+      if (cudaMallocAsync(aside.get(), input.size_bytes(), stream_.native()) != cudaSuccess) {
         return ncclUnhandledCudaError;
       }
-      source = Buffer(aside, input.count(), input.dtype(), MemoryKind::cuda, device_);
+      if (copy_on(stream_.native(), *aside, input.data(), input.size_bytes()) != ncclSuccess) {
+        return ncclUnhandledCudaError;
+      }
+      source = Buffer(*aside, input.count(), input.dtype(), MemoryKind::cuda, device_);
     }
-    const ncclResult_t result = grouped([&] {
+    return grouped([&] {
       for (int r = 0; r < size_; ++r) {
         const auto offset = static_cast<std::size_t>(r) * block;
         ncclResult_t sent = ncclSend(at(source, offset), block, type, r, comm_, stream_.native());
@@ -553,9 +624,12 @@ asio::awaitable<void> NcclCommunicator::all_to_all(Buffer input, Buffer output) 
       }
       return ncclSuccess;
     });
-    if (aside != nullptr) (void)cudaFreeAsync(aside, stream_.native());
-    return result;
-  });
+  };
+  auto free_aside = [this, aside] {
+    if (*aside != nullptr) (void)cudaFreeAsync(*aside, stream_.native());
+  };
+  return run(next_ticket_++, "all_to_all", input.size_bytes(), std::move(exchange),
+             std::move(free_aside));
 }
 
 asio::awaitable<void> NcclCommunicator::all_to_all_v(Buffer input,
@@ -575,7 +649,7 @@ asio::awaitable<void> NcclCommunicator::all_to_all_v(Buffer input,
              fmt::format("input has {} and output {} elements; the counts add up to {} and {}",
                          input.count(), output.count(), sent, received));
   check.that(input.data() != output.data() || input.empty(), "all_to_all_v cannot run in place");
-  return run("all_to_all_v", input.size_bytes(), [this, input, output, send_counts, recv_counts] {
+  return issue("all_to_all_v", input.size_bytes(), [this, input, output, send_counts, recv_counts] {
     return grouped([&] {
       const ncclDataType_t type = nccl_type(input.dtype());
       std::size_t send_offset = 0;
@@ -599,7 +673,7 @@ asio::awaitable<void> NcclCommunicator::all_to_all_v(Buffer input,
 asio::awaitable<void> NcclCommunicator::barrier() {
   // A one-element all-reduce: NCCL has no barrier, and this is what torch.distributed's
   // NCCL backend does too.
-  return run("barrier", 0, [this] {
+  return issue("barrier", 0, [this] {
     return ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_,
                          stream_.native());
   });
@@ -609,7 +683,7 @@ asio::awaitable<void> NcclCommunicator::send(Buffer data, int peer) {
   const Check check(*this, world_rank_, "send");
   check.rank(peer, "peer");
   check.on_device(data, "buffer");
-  return run("send", data.size_bytes(), [this, data, peer] {
+  return issue("send", data.size_bytes(), [this, data, peer] {
     return grouped([&] {
       return ncclSend(data.data(), data.count(), nccl_type(data.dtype()), peer, comm_,
                       stream_.native());
@@ -628,7 +702,7 @@ asio::awaitable<std::size_t> NcclCommunicator::recv(Buffer data, int peer) {
   const Check check(*this, world_rank_, "recv");
   check.rank(peer, "peer");
   check.on_device(data, "buffer");
-  auto receiving = run("recv", data.size_bytes(), [this, data, peer] {
+  auto receiving = issue("recv", data.size_bytes(), [this, data, peer] {
     return grouped([&] {
       return ncclRecv(data.data(), data.count(), nccl_type(data.dtype()), peer, comm_,
                       stream_.native());
@@ -639,20 +713,49 @@ asio::awaitable<std::size_t> NcclCommunicator::recv(Buffer data, int peer) {
 
 asio::awaitable<std::shared_ptr<NcclCommunicator>> NcclCommunicator::split(int color, int key) {
   check_usable("split");
+  return run_split(next_ticket_++, color, key);
+}
+
+asio::awaitable<std::shared_ptr<NcclCommunicator>> NcclCommunicator::run_split(std::uint64_t ticket,
+                                                                               int color, int key) {
+  const std::shared_ptr<NcclCommunicator> self = shared_from_this();
   const Deadline deadline = deadline_after(timeout_);
+  co_await wait_turn(ticket, "split", deadline);
   ncclComm_t child = nullptr;
   {
-    const CudaDeviceGuard guard(device_);
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    const ncclResult_t started =
-        ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
-    if (started != ncclSuccess && started != ncclInProgress) fail("ncclCommSplit", started);
+    struct Turn {
+      NcclCommunicator& comm;
+      ~Turn() { comm.pass_turn(); }
+    } turn{*this};
+    check_usable("split");
+    {
+      const CudaDeviceGuard guard(device_);
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      const ncclResult_t started =
+          ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
+      if (started != ncclSuccess && started != ncclInProgress) fail("ncclCommSplit", started);
+    }
+    std::exception_ptr failure;
+    try {
+      co_await settle("ncclCommSplit", deadline);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    if (failure) {
+      if (child != nullptr) (void)ncclCommAbort(child);  // its set-up may still be running
+      std::rethrow_exception(failure);
+    }
   }
-  co_await settle("ncclCommSplit", deadline);
   if (color < 0 || child == nullptr) co_return nullptr;
-  auto made = std::make_shared<NcclCommunicator>(Private{}, runtime_, child, -1, 0, world_rank_,
-                                                 device_, timeout_, compute_stream_);
+  std::shared_ptr<NcclCommunicator> made;
+  try {
+    made = std::make_shared<NcclCommunicator>(Private{}, runtime_, child, -1, 0, world_rank_,
+                                              device_, timeout_, compute_stream_);
+  } catch (...) {
+    (void)ncclCommAbort(child);
+    throw;
+  }
   co_await made->settle("ncclCommSplit (new communicator)", deadline);
   int child_rank = -1;
   int child_size = 0;

@@ -6,7 +6,9 @@
 
 #include <braid/core/config.hpp>
 #include <braid/core/enforce.hpp>
+#include <braid/core/error.hpp>
 #include <braid/core/host_stream.hpp>
+#include <braid/core/log.hpp>
 
 namespace braid::collectives::detail {
 
@@ -107,14 +109,26 @@ Buffer host_view(std::byte* data, std::size_t bytes, DType dtype) {
 
 // After a failure the copy stream may still be reading or writing staging memory (and the
 // caller's buffers): wait until it has drained before the lease goes back to the pool and
-// the error reaches the caller. A stream that failed itself has nothing left to drain.
-asio::awaitable<void> drain(CopyEngine& engine, Deadline deadline) {
+// the error reaches the caller. The wait has a deadline of its own, since the operation's
+// may be what just passed. A stream that failed itself has nothing left to drain; one that
+// does not drain in time keeps its staging memory, which is then never handed out again.
+asio::awaitable<void> drain(CopyEngine& engine, StagingPool::Lease& lease) {
   auto drained = engine.stream().make_event();
-  engine.stream().record(*drained);
+  bool done = false;
   try {
-    co_await wait(*drained, deadline);
+    engine.stream().record(*drained);
+    co_await wait(*drained, deadline_after(default_timeout()));
+    done = true;
+  } catch (const Error& e) {
+    done = e.code() != make_error_code(Errc::timeout);
   } catch (const std::exception&) {
-    // The operation has failed already; this adds nothing.
+    done = true;  // the stream failed: nothing of it runs any more
+  }
+  if (!done) {
+    log::error(
+        "a staging copy stream did not drain after a failed operation; its staging "
+        "memory is abandoned");
+    lease.abandon();
   }
 }
 
@@ -169,7 +183,7 @@ asio::awaitable<void> run_elementwise_staged(CopyEngine& engine, StagingPool& po
     failure = std::current_exception();
   }
   if (failure) {
-    co_await drain(engine, deadline);
+    co_await drain(engine, lease);
     std::rethrow_exception(failure);
   }
 }
@@ -212,7 +226,7 @@ asio::awaitable<void> run_whole_staged(CopyEngine& engine, StagingPool& pool, Bu
     failure = std::current_exception();
   }
   if (failure) {
-    co_await drain(engine, deadline);
+    co_await drain(engine, lease);
     std::rethrow_exception(failure);
   }
 }

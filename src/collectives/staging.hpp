@@ -113,6 +113,8 @@ class StagingPool {
     Lease& operator=(Lease&&) = delete;
     ~Lease();
     std::byte* data() const noexcept { return memory_.get(); }
+    // Leaks the memory on purpose: a copy that could not be stopped may still write it.
+    void abandon() noexcept { (void)memory_.release(); }
 
    private:
     StagingPool* pool_;

@@ -17,8 +17,8 @@
 //     the device's highest priority so it is scheduled ahead of compute kernels that are
 //     waiting). A call records an event on the compute stream (set_compute_stream; the
 //     legacy default stream until set) and makes the communication stream wait on it:
-//     the operation sees everything enqueued on the compute stream before it starts
-//     (point 4), and the host never blocks.
+//     the operation sees everything enqueued on the compute stream before it reaches
+//     NCCL (point 4), and the host never blocks.
 //  2. Completion. The awaitable completes when the operation's event has passed on the
 //     GPU: the results are in device memory and any stream may read them. Kernels that
 //     consume the results may be enqueued after the co_await, with no extra wait.
@@ -27,11 +27,14 @@
 //     PyTorch, a tensor freed on the compute stream may be handed out again while NCCL
 //     still reads it: keep the tensor alive until the awaitable completes (braid's DDP
 //     does), or record the communication stream on it.
-//  4. Order. An operation reaches NCCL when its awaitable starts (co_await, or launch on
-//     the runtime), not at the call; every rank must start the same operations in the
-//     same order, as NCCL requires. Many may be in flight: they run one after another on
-//     the communication stream. The compute-stream event of point 1 is recorded when the
-//     awaitable starts, too.
+//  4. Order. An operation takes its place when it is *called*, as with Communicator: it
+//     reaches NCCL when its awaitable has started and every operation called before it
+//     has been handed to NCCL (and NCCL's non-blocking calls have settled; NCCL allows no
+//     other call on the communicator meanwhile). Every rank must call the same operations
+//     in the same order. Many may be in flight: they run one after another on the
+//     communication stream. The compute-stream event of point 1 is recorded when the
+//     operation reaches NCCL. An awaitable dropped without being awaited leaves a hole:
+//     the operations after it wait for it until their timeout, then abort.
 //  5. Tracing. With tracing on at creation, every operation is also a GPU span (CUDA
 //     timing events around its kernels) on the track "nccl device D (gpu)", next to the
 //     host span on "nccl device D": a timeline shows when the GPU ran it, and whether
@@ -59,6 +62,7 @@
 #include <vector>
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -153,10 +157,21 @@ class NcclCommunicator : public std::enable_shared_from_this<NcclCommunicator> {
  private:
   // One NCCL call (or group of calls) as an operation: waits on the compute stream,
   // enqueues `enqueue` on the communication stream, awaits completion.
-  // `enqueue` makes the NCCL calls and returns the last one's result. Defined (and only
-  // used) in nccl_communicator.cpp.
+  // Takes the operation's place in the issue order (a ticket) now and returns run().
   template <class Enqueue>
-  asio::awaitable<void> run(trace::Name name, std::size_t bytes, Enqueue enqueue);
+  asio::awaitable<void> issue(trace::Name name, std::size_t bytes, Enqueue enqueue);
+  // When the ticket's turn comes: follows the compute stream, calls `enqueue` (the NCCL
+  // calls; returns the last one's result), waits for them to settle, calls
+  // `settled_calls`, passes the turn on and awaits completion. Templates defined (and only
+  // used) in nccl_communicator.cpp.
+  template <class Enqueue, class Settled>
+  asio::awaitable<void> run(std::uint64_t ticket, trace::Name name, std::size_t bytes,
+                            Enqueue enqueue, Settled settled_calls);
+  asio::awaitable<std::shared_ptr<NcclCommunicator>> run_split(std::uint64_t ticket, int color,
+                                                               int key);
+  // Waits until `ticket` is being served; past `deadline` the communicator is aborted.
+  asio::awaitable<void> wait_turn(std::uint64_t ticket, std::string_view what, Deadline deadline);
+  void pass_turn() noexcept;
   // Calls done(round) until it returns true: spinning (yielding to the runtime) at first,
   // then napping with a backoff; aborts with "<what> <late>" at the deadline.
   template <class Done>
@@ -185,9 +200,14 @@ class NcclCommunicator : public std::enable_shared_from_this<NcclCommunicator> {
   cudaStream_t compute_stream_;
   CudaStream stream_;
   std::vector<std::unique_ptr<CudaEvent>> free_events_;
-  void* barrier_word_ = nullptr;                // one device int that barrier() all-reduces
-  std::string failure_;                         // set once aborted
-  std::unique_ptr<CudaTimeline> gpu_timeline_;  // tracing on at creation: GPU spans (point 5)
+  void* barrier_word_ = nullptr;  // one device int that barrier() all-reduces
+  std::string failure_;           // set once aborted
+  std::unique_ptr<CudaTimeline> gpu_timeline_;
+  // Issue order: tickets are taken at the call, served one at a time from the NCCL calls
+  // until they settle; waiting operations park on their own timers (woken on each pass).
+  std::uint64_t next_ticket_ = 0;
+  std::uint64_t serving_ = 0;
+  std::vector<asio::steady_timer*> waiting_;  // tracing on at creation: GPU spans (point 5)
   trace::Track track_;
 };
 

@@ -26,7 +26,8 @@ struct CollectiveCall {
   std::span<const std::size_t> counts;       // all_gather_v; all_to_all_v: send counts
   std::span<const std::size_t> recv_counts;  // all_to_all_v
   bool variable = false;                     // the _v forms
-  std::size_t bytes = 0;                     // the size the selection table sees
+  bool staged = false;    // a chunk or copy of a call on CUDA buffers, staged through host memory
+  std::size_t bytes = 0;  // the size the selection table sees
   Algorithm algorithm = Algorithm::dissemination;
   std::uint64_t sequence = 0;
   Deadline deadline;
@@ -44,6 +45,7 @@ struct Fingerprint {
   std::uint8_t dtype = 0;
   std::uint8_t reduce_op = 0;  // 0xff: not a reduction
   std::uint8_t variable = 0;
+  std::uint8_t staged = 0;  // ranks must agree on where the buffers are, not only on sizes
   std::int32_t root = -1;
   std::uint64_t count = 0;        // the count every rank must pass (0 where counts vary)
   std::uint64_t counts_hash = 0;  // all_gather_v: the counts every rank passes

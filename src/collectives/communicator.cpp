@@ -258,6 +258,7 @@ Fingerprint fingerprint_of(const CollectiveCall& call) {
   Fingerprint f;
   f.kind = static_cast<std::uint8_t>(call.kind);
   f.variable = call.variable ? 1 : 0;
+  f.staged = call.staged ? 1 : 0;
   f.sequence = call.sequence;
   if (call.kind == CollectiveKind::barrier) return f;
   // The buffer every rank passes (non-roots' outputs of reduce and gather, and their
@@ -298,6 +299,7 @@ std::string describe(const Fingerprint& f) {
   if (f.reduce_op != 0xff)
     text += fmt::format(", {}", to_string(static_cast<ReduceOp>(f.reduce_op)));
   if (f.root >= 0) text += fmt::format(", root {}", f.root);
+  if (f.staged != 0) text += ", CUDA memory staged through the host";
   return text + ")";
 }
 
@@ -425,51 +427,60 @@ void Communicator::route_cuda_to(std::shared_ptr<NcclCommunicator> nccl) {
   nccl_ = std::move(nccl);
 }
 
-asio::awaitable<void> Communicator::run_on_nccl(std::shared_ptr<NcclCommunicator> nccl,
-                                                std::unique_ptr<CollectiveCall> call) {
-#if BRAID_WITH_CUDA
-  const CollectiveCall& c = *call;
-  switch (c.kind) {
-    case CollectiveKind::all_reduce:
-      co_await nccl->all_reduce(c.input, c.output, c.reduce_op);
-      break;
-    case CollectiveKind::reduce_scatter:
-      co_await nccl->reduce_scatter(c.input, c.output, c.reduce_op);
-      break;
-    case CollectiveKind::reduce:
-      co_await nccl->reduce(c.input, c.output, c.reduce_op, c.root);
-      break;
-    case CollectiveKind::all_gather:
-      if (c.variable) {
-        co_await nccl->all_gather_v(c.input, c.output, c.counts);
-      } else {
-        co_await nccl->all_gather(c.input, c.output);
-      }
-      break;
-    case CollectiveKind::broadcast:
-      co_await nccl->broadcast(c.output, c.root);
-      break;
-    case CollectiveKind::gather:
-      co_await nccl->gather(c.input, c.output, c.root);
-      break;
-    case CollectiveKind::scatter:
-      co_await nccl->scatter(c.input, c.output, c.root);
-      break;
-    case CollectiveKind::all_to_all:
-      if (c.variable) {
-        co_await nccl->all_to_all_v(c.input, c.counts, c.output, c.recv_counts);
-      } else {
-        co_await nccl->all_to_all(c.input, c.output);
-      }
-      break;
-    case CollectiveKind::barrier:
-      co_await nccl->barrier();
-      break;
-  }
-#else
+namespace {
+// Keeps the NCCL communicator alive from the call until the operation is done.
+template <class T>
+asio::awaitable<T> holding(std::shared_ptr<NcclCommunicator> nccl, asio::awaitable<T> operation) {
   (void)nccl;
-  (void)call;
-  co_return;
+  co_return co_await std::move(operation);
+}
+}  // namespace
+
+bool Communicator::routes_to_nccl(const Buffer& buffer) const {
+#if BRAID_WITH_CUDA
+  return nccl_ != nullptr && buffer.memory() == MemoryKind::cuda &&
+         buffer.device() == nccl_->device();
+#else
+  (void)buffer;
+  return false;
+#endif
+}
+
+asio::awaitable<void> Communicator::start_on_nccl(const CollectiveCall& c) {
+#if BRAID_WITH_CUDA
+  // The NCCL entry points take their place in NCCL's issue order now, at the call, as this
+  // communicator's own calls do.
+  NcclCommunicator& nccl = *nccl_;
+  asio::awaitable<void> started = [&]() -> asio::awaitable<void> {
+    switch (c.kind) {
+      case CollectiveKind::all_reduce:
+        return nccl.all_reduce(c.input, c.output, c.reduce_op);
+      case CollectiveKind::reduce_scatter:
+        return nccl.reduce_scatter(c.input, c.output, c.reduce_op);
+      case CollectiveKind::reduce:
+        return nccl.reduce(c.input, c.output, c.reduce_op, c.root);
+      case CollectiveKind::all_gather:
+        return c.variable ? nccl.all_gather_v(c.input, c.output, c.counts)
+                          : nccl.all_gather(c.input, c.output);
+      case CollectiveKind::broadcast:
+        return nccl.broadcast(c.output, c.root);
+      case CollectiveKind::gather:
+        return nccl.gather(c.input, c.output, c.root);
+      case CollectiveKind::scatter:
+        return nccl.scatter(c.input, c.output, c.root);
+      case CollectiveKind::all_to_all:
+        return c.variable ? nccl.all_to_all_v(c.input, c.counts, c.output, c.recv_counts)
+                          : nccl.all_to_all(c.input, c.output);
+      case CollectiveKind::barrier:
+        return nccl.barrier();
+    }
+    return nccl.barrier();
+  }();
+  return holding(nccl_, std::move(started));
+#else
+  (void)c;
+  BRAID_ENFORCE(false, "an NCCL route in a build without CUDA");
+  return barrier();
 #endif
 }
 
@@ -498,19 +509,25 @@ detail::StagingResources& Communicator::staging_for(int device) {
 
 asio::awaitable<void> Communicator::run_staged(std::shared_ptr<Communicator> self,
                                                std::unique_ptr<CollectiveCall> call) {
-  const Buffer& on_device = call->input.memory() == MemoryKind::cuda ? call->input : call->output;
+  // Locals, not the parameters, are what the lambdas below capture (GCC 12 may bind a
+  // coroutine lambda's reference capture of a parameter to the caller's copy).
+  const std::shared_ptr<Communicator> owner = self;
+  const CollectiveCall* const original = call.get();
+  const Buffer& on_device =
+      original->input.memory() == MemoryKind::cuda ? original->input : original->output;
   detail::StagingResources& staging = staging_for(on_device.device());
   const MemberPlacement placement{.one_node = false, .grouped_nodes = hierarchy_.worth_it()};
   // The same call (kind, sequence, root, counts) on host views of its buffers.
-  const auto on_host = [&](Buffer input, Buffer output, std::size_t bytes) {
-    auto host_call = std::make_unique<CollectiveCall>(*call);
+  const auto on_host = [this, original, placement](Buffer input, Buffer output, std::size_t bytes) {
+    auto host_call = std::make_unique<CollectiveCall>(*original);
     host_call->input = input;
     host_call->output = output;
     host_call->bytes = bytes;
-    host_call->algorithm = selection_->select(call->kind, bytes, size(), placement);
+    host_call->staged = true;
+    host_call->algorithm = selection_->select(original->kind, bytes, size(), placement);
     return host_call;
   };
-  const bool root = rank_ == call->root;
+  const bool root = rank_ == original->root;
   switch (call->kind) {
     case CollectiveKind::all_reduce:
     case CollectiveKind::broadcast:
@@ -525,17 +542,20 @@ asio::awaitable<void> Communicator::run_staged(std::shared_ptr<Communicator> sel
           .copy_in = call->kind != CollectiveKind::broadcast || root,
           .copy_out = !reduce_elsewhere,
           .chunk_bytes = detail::staging_chunk_bytes()};
-      detail::ChunkRunner run_chunk = [&](Buffer chunk) -> asio::awaitable<void> {
-        co_await run(self, on_host(chunk, reduce_elsewhere ? Buffer{} : chunk, chunk.size_bytes()));
+      detail::ChunkRunner run_chunk = [this, &owner, &on_host,
+                                       reduce_elsewhere](Buffer chunk) -> asio::awaitable<void> {
+        co_await run(owner,
+                     on_host(chunk, reduce_elsewhere ? Buffer{} : chunk, chunk.size_bytes()));
       };
       co_await detail::run_elementwise_staged(*staging.engine, *staging.pool, layout,
                                               std::move(run_chunk), call->deadline);
       co_return;
     }
     default: {
-      detail::WholeRunner run_whole = [&](Buffer input,
+      detail::WholeRunner run_whole = [this, &owner, &on_host, original](
+                                          Buffer input,
                                           Buffer output) -> asio::awaitable<std::size_t> {
-        co_await run(self, on_host(input, output, call->bytes));
+        co_await run(owner, on_host(input, output, original->bytes));
         co_return output.size_bytes();
       };
       co_await detail::run_whole_staged(*staging.engine, *staging.pool, call->input, call->output,
@@ -562,9 +582,10 @@ Deadline deadline_for(Clock::duration timeout) {
 asio::awaitable<void> Communicator::submit(std::unique_ptr<CollectiveCall> call) {
   const bool on_cuda =
       call->input.memory() == MemoryKind::cuda || call->output.memory() == MemoryKind::cuda;
-  if (on_cuda && nccl_ != nullptr) {
-    // NCCL keeps its own order, the same on every rank: no sequence number is taken.
-    return run_on_nccl(nccl_, std::move(call));
+  const Buffer& placed = call->input.memory() == MemoryKind::cuda ? call->input : call->output;
+  if (on_cuda && routes_to_nccl(placed)) {
+    // NCCL keeps its own order, the same on every rank: no sequence number is taken here.
+    return start_on_nccl(*call);
   }
   if (on_cuda) {
     // Staged: run() sees host copies, and picks their algorithms; none takes an arena turn.
@@ -884,18 +905,25 @@ asio::awaitable<std::size_t> Communicator::staged_point_to_point(std::shared_ptr
                                                                  std::unique_ptr<CollectiveOp> op,
                                                                  bool sending, Buffer data,
                                                                  int peer) {
-  detail::StagingResources& staging = staging_for(data.device());
-  const Deadline deadline = op->deadline();
-  const Buffer nothing(nullptr, 0, data.dtype());
+  // Locals for the lambda to capture, not the parameters (see run_staged).
+  std::shared_ptr<Communicator> owner = self;
+  std::unique_ptr<CollectiveOp> owned_op = std::move(op);
+  const bool is_send = sending;
+  const Buffer buffer = data;
+  const int partner = peer;
+  detail::StagingResources& staging = staging_for(buffer.device());
+  const Deadline deadline = owned_op->deadline();
+  const Buffer nothing(nullptr, 0, buffer.dtype());
   std::size_t elements = 0;
-  detail::WholeRunner transfer = [&](Buffer host_in,
+  detail::WholeRunner transfer = [&owner, &owned_op, &elements, is_send, buffer, partner](
+                                     Buffer host_in,
                                      Buffer host_out) -> asio::awaitable<std::size_t> {
-    elements = co_await run_point_to_point(self, std::move(op), sending,
-                                           sending ? host_in : host_out, peer);
-    co_return elements* dtype_size(data.dtype());
+    elements = co_await run_point_to_point(owner, std::move(owned_op), is_send,
+                                           is_send ? host_in : host_out, partner);
+    co_return elements* dtype_size(buffer.dtype());
   };
-  co_await detail::run_whole_staged(*staging.engine, *staging.pool, sending ? data : nothing,
-                                    sending ? nothing : data, std::move(transfer), deadline);
+  co_await detail::run_whole_staged(*staging.engine, *staging.pool, is_send ? buffer : nothing,
+                                    is_send ? nothing : buffer, std::move(transfer), deadline);
   co_return elements;
 }
 
@@ -907,6 +935,9 @@ asio::awaitable<void> Communicator::send(Buffer data, int peer) {
   auto op = std::make_unique<CollectiveOp>(world_.transport(), world_ranks_, rank_, id_, sequence,
                                            deadline_for(timeout_), *scratch_);
   std::shared_ptr<Communicator> self = shared_from_this();
+#if BRAID_WITH_CUDA
+  if (routes_to_nccl(data)) return holding(nccl_, nccl_->send(data, peer));
+#endif
   if (data.memory() == MemoryKind::cuda && !world_.transport().moves_cuda_memory()) {
     return discard_count(staged_point_to_point(std::move(self), std::move(op), true, data, peer));
   }
@@ -923,6 +954,9 @@ asio::awaitable<std::size_t> Communicator::recv(Buffer data, int peer) {
   auto op = std::make_unique<CollectiveOp>(world_.transport(), world_ranks_, rank_, id_, sequence,
                                            deadline_for(timeout_), *scratch_);
   std::shared_ptr<Communicator> self = shared_from_this();
+#if BRAID_WITH_CUDA
+  if (routes_to_nccl(data)) return holding(nccl_, nccl_->recv(data, peer));
+#endif
   if (data.memory() == MemoryKind::cuda && !world_.transport().moves_cuda_memory()) {
     return staged_point_to_point(std::move(self), std::move(op), false, data, peer);
   }

@@ -310,6 +310,30 @@ TEST(StagedCommunicator, SendAndRecvStageAndAShortMessageLeavesTheRestOfTheBuffe
       host_staging());
 }
 
+TEST(StagedCommunicator, RanksThatDisagreeOnWhereTheBuffersAreFailAsADesyncWithFingerprints) {
+  Communicator::Options options = host_staging();
+  options.check_fingerprints = true;
+  options.timeout = std::chrono::seconds(10);
+  const auto failures = testing::run_ranks_collecting(
+      2,
+      [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        std::vector<float> values(1000, 1.0F);
+        // Rank 0 passes CUDA memory (staged), rank 1 host memory, same count and dtype.
+        co_await comm->all_reduce(comm->rank() == 0 ? as_device(values) : Buffer(values),
+                                  ReduceOp::sum);
+      },
+      options);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(failures[static_cast<std::size_t>(r)]) << "rank " << r << " did not fail";
+    try {
+      std::rethrow_exception(failures[static_cast<std::size_t>(r)]);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), make_error_code(Errc::desync)) << e.what();
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("CUDA memory staged through the host"));
+    }
+  }
+}
+
 TEST(StagedCommunicator, BuffersInDifferentPlacesAreRejectedAtTheCall) {
   testing::run_ranks(
       1,

@@ -142,9 +142,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Runtime& runtime() noexcept { return runtime_; }
   transport::World& world() noexcept { return world_; }
 
-  // From now on, calls whose buffers are CUDA memory on `nccl`'s device run on `nccl`
-  // (same members, same order) instead of being staged through host memory. Call it on
-  // every rank at the same point, with no operation in flight. Null: stage again.
+  // From now on, calls (send and recv included) whose buffers are CUDA memory on `nccl`'s
+  // device run on `nccl` (same members, same order) instead of being staged through host
+  // memory; CUDA buffers of other devices are still staged. Call it on every rank at the
+  // same point, with no operation in flight. Null: stage again. Every rank must then pass
+  // the same kind of memory to each call: a call staged on one rank and routed on another
+  // never meets (BRAID_DEBUG=detail names staged calls in its fingerprints).
   void route_cuda_to(std::shared_ptr<NcclCommunicator> nccl);
 
   // Runs `operation` on the runtime for a caller that is not a coroutine.
@@ -223,9 +226,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Runs the call (fingerprints, algorithm, error context, settling after a failure).
   asio::awaitable<void> run(std::shared_ptr<Communicator> self,
                             std::unique_ptr<detail::CollectiveCall> call);
-  // A call on CUDA buffers of the NCCL communicator's device (route_cuda_to()).
-  asio::awaitable<void> run_on_nccl(std::shared_ptr<NcclCommunicator> nccl,
-                                    std::unique_ptr<detail::CollectiveCall> call);
+  // Whether a call on `buffer` goes to the NCCL communicator (route_cuda_to()).
+  bool routes_to_nccl(const Buffer& buffer) const;
+  // Hands a checked call to the NCCL communicator, which takes its place in NCCL's order
+  // now.
+  asio::awaitable<void> start_on_nccl(const detail::CollectiveCall& call);
   // A call on CUDA buffers: run() on host staging copies of them (docs/gpu.md).
   asio::awaitable<void> run_staged(std::shared_ptr<Communicator> self,
                                    std::unique_ptr<detail::CollectiveCall> call);

@@ -45,6 +45,29 @@ struct Mismatch {
   }
 };
 
+// One all-reduce out of place and one in place, both checked against the serial reference.
+asio::awaitable<void> check_all_reduce(Communicator& comm, DType dtype, ReduceOp op,
+                                       std::size_t count, std::string_view label,
+                                       Mismatch& mismatch) {
+  const int world = comm.size();
+  TypedVector input(dtype, count);
+  TypedVector output(dtype, count);
+  for (std::size_t i = 0; i < count; ++i) {
+    input.set(i, testing::value_for(comm.rank(), i, dtype, op));
+  }
+  const std::string where = fmt::format("{} {} {} count {} rank {}", label, to_string(dtype),
+                                        to_string(op), count, comm.rank());
+  co_await comm.all_reduce(input.buffer(), output.buffer(), op);
+  for (std::size_t i = 0; i < count; ++i) {
+    mismatch.check(output, i, testing::reference(world, i, dtype, op), [&] { return where; });
+  }
+  co_await comm.all_reduce(input.buffer(), op);  // and in place
+  for (std::size_t i = 0; i < count; ++i) {
+    mismatch.check(input, i, testing::reference(world, i, dtype, op),
+                   [&] { return "in place " + where; });
+  }
+}
+
 class AllReduce : public ::testing::TestWithParam<int> {};
 
 TEST_P(AllReduce, EveryAlgorithmDtypeAndOpMatchesTheSerialReference) {
@@ -62,25 +85,7 @@ TEST_P(AllReduce, EveryAlgorithmDtypeAndOpMatchesTheSerialReference) {
               for (std::size_t count : kCounts) {
                 if (count > 2000 && (world > 4 || (dtype != DType::f32 && dtype != DType::bf16)))
                   continue;
-                TypedVector input(dtype, count);
-                TypedVector output(dtype, count);
-                for (std::size_t i = 0; i < count; ++i) {
-                  input.set(i, testing::value_for(comm->rank(), i, dtype, op));
-                }
-                const std::string where =
-                    fmt::format("{} {} {} count {} rank {}", algorithm, to_string(dtype),
-                                to_string(op), count, comm->rank());
-                co_await comm->all_reduce(input.buffer(), output.buffer(), op);
-                for (std::size_t i = 0; i < count; ++i) {
-                  mismatch.check(output, i, testing::reference(world, i, dtype, op),
-                                 [&] { return where; });
-                }
-                // And in place.
-                co_await comm->all_reduce(input.buffer(), op);
-                for (std::size_t i = 0; i < count; ++i) {
-                  mismatch.check(input, i, testing::reference(world, i, dtype, op),
-                                 [&] { return "in place " + where; });
-                }
+                co_await check_all_reduce(*comm, dtype, op, count, algorithm, mismatch);
               }
             }
           }
@@ -116,23 +121,7 @@ TEST_P(Hierarchical, AllReduceMatchesTheSerialReferenceForEveryDtypeAndOp) {
           for (ReduceOp op : kAllOps) {
             for (std::size_t count : kCounts) {
               if (count > 2000 && dtype != DType::f32) continue;
-              TypedVector input(dtype, count);
-              TypedVector output(dtype, count);
-              for (std::size_t i = 0; i < count; ++i) {
-                input.set(i, testing::value_for(comm->rank(), i, dtype, op));
-              }
-              const std::string where = fmt::format("{} {} count {} rank {}", to_string(dtype),
-                                                    to_string(op), count, comm->rank());
-              co_await comm->all_reduce(input.buffer(), output.buffer(), op);
-              for (std::size_t i = 0; i < count; ++i) {
-                mismatch.check(output, i, testing::reference(world, i, dtype, op),
-                               [&] { return where; });
-              }
-              co_await comm->all_reduce(input.buffer(), op);
-              for (std::size_t i = 0; i < count; ++i) {
-                mismatch.check(input, i, testing::reference(world, i, dtype, op),
-                               [&] { return "in place " + where; });
-              }
+              co_await check_all_reduce(*comm, dtype, op, count, "hierarchical", mismatch);
             }
           }
         }

@@ -118,6 +118,38 @@ TEST_P(CollectivesPeerFailure, AKilledRankFailsEverySurvivorsAllReduceNamingIt) 
   EXPECT_LT(result.elapsed, 20s) << result.err;
 }
 
+// The same on pretend nodes: a rank that dies during a hierarchical all-reduce (2 nodes of
+// 2) fails every survivor's operation naming it, on its own node and on the other, whether
+// the survivor was in the node phase or the cross-node phase with it.
+TEST(CollectivesPeerFailure, AKilledRankFailsAHierarchicalAllReduceOnBothNodes) {
+  const int doomed = 3;
+  const std::string port = std::to_string(braid::transport::find_free_port());
+  auto node = [&](int node_rank) {
+    return ChildProcess(
+        {braid_run(), "-n", "2", "--nnodes", "2", "--node-rank", std::to_string(node_rank),
+         "--master-addr", "127.0.0.1", "--master-port", port, "--grace", "40", "--timeout", "50",
+         probe(), "die", std::to_string(doomed)},
+        {{"BRAID_TIMEOUT", "20"},
+         {"BRAID_TOKEN", "two-pretend-nodes"},
+         {"BRAID_ALGO", "allreduce:0-inf:hierarchical"}},
+        60s);
+  };
+  ChildProcess first = node(0);
+  ChildProcess second = node(1);
+  const auto results = std::array{first.wait(), second.wait()};
+  const std::string err = results[0].err + results[1].err;
+  EXPECT_THAT(err, Not(HasSubstr("Caught signal"))) << "a survivor crashed";
+  for (int survivor = 0; survivor < 4; ++survivor) {
+    if (survivor == doomed) continue;
+    const auto saw = lines_with(err, fmt::format("[{}] rank {} saw: ", survivor, survivor));
+    ASSERT_EQ(saw.size(), 1U) << results[0].err << results[1].err;
+    EXPECT_THAT(saw[0], HasSubstr("all_reduce[hierarchical]"));
+    EXPECT_THAT(saw[0], HasSubstr(fmt::format("(peer rank {}", doomed)));
+    EXPECT_THAT(saw[0], HasSubstr("peer failed"));
+  }
+  for (const auto& result : results) EXPECT_LT(result.elapsed, 20s) << err;
+}
+
 INSTANTIATE_TEST_SUITE_P(Deaths, CollectivesPeerFailure,
                          ::testing::Values(Death{3, 1}, Death{3, 0}, Death{4, 2}),
                          [](const auto& info) {

@@ -99,6 +99,12 @@ class ArgumentCheck {
     that(r >= 0 && r < comm_.size(), "{} {} is outside a communicator of {} ranks", name, r,
          comm_.size());
   }
+  // `block` is `whole`'s elements from `offset` on (in place), or shares no memory with it.
+  void block_or_disjoint(const Buffer& block, const Buffer& whole, std::size_t offset) const {
+    const bool in_place =
+        block.count() == 0 || block.data() == whole.slice(offset, block.count()).data();
+    if (!in_place) same_or_disjoint(block, whole);
+  }
   // The same memory (in place) or none in common.
   void same_or_disjoint(const Buffer& a, const Buffer& b) const {
     const auto* a_begin = static_cast<const std::byte*>(a.data());
@@ -639,11 +645,7 @@ asio::awaitable<void> Communicator::reduce_scatter(Buffer input, Buffer output, 
   check.that(input.count() == output.count() * static_cast<std::size_t>(size()),
              "input has {} elements; it must hold {} blocks of the output's {}", input.count(),
              size(), output.count());
-  const bool in_place =
-      output.count() == 0 ||
-      output.data() ==
-          input.slice(static_cast<std::size_t>(rank_) * output.count(), output.count()).data();
-  if (!in_place) check.same_or_disjoint(input, output);
+  check.block_or_disjoint(output, input, static_cast<std::size_t>(rank_) * output.count());
   auto call = prepare(CollectiveKind::reduce_scatter);
   call->input = input;
   call->output = output;
@@ -693,11 +695,7 @@ asio::awaitable<void> Communicator::all_gather(Buffer input, Buffer output) {
   check.that(output.count() == input.count() * static_cast<std::size_t>(size()),
              "output has {} elements; it must hold {} blocks of the input's {}", output.count(),
              size(), input.count());
-  const bool in_place =
-      input.count() == 0 ||
-      input.data() ==
-          output.slice(static_cast<std::size_t>(rank_) * input.count(), input.count()).data();
-  if (!in_place) check.same_or_disjoint(input, output);
+  check.block_or_disjoint(input, output, static_cast<std::size_t>(rank_) * input.count());
   auto call = prepare(CollectiveKind::all_gather);
   call->input = input;
   call->output = output;
@@ -730,9 +728,7 @@ asio::awaitable<void> Communicator::all_gather_v(Buffer input, Buffer output,
              output.count(), total);
   const std::size_t offset =
       std::accumulate(counts.begin(), counts.begin() + rank_, std::size_t{0});
-  const bool in_place =
-      input.count() == 0 || input.data() == output.slice(offset, input.count()).data();
-  if (!in_place) check.same_or_disjoint(input, output);
+  check.block_or_disjoint(input, output, offset);
   auto call = prepare(CollectiveKind::all_gather);
   call->input = input;
   call->output = output;
@@ -764,11 +760,7 @@ asio::awaitable<void> Communicator::gather(Buffer input, Buffer output, int root
     check.that(output.count() == input.count() * static_cast<std::size_t>(size()),
                "output has {} elements; it must hold {} blocks of the input's {}", output.count(),
                size(), input.count());
-    const bool in_place =
-        input.count() == 0 ||
-        input.data() ==
-            output.slice(static_cast<std::size_t>(rank_) * input.count(), input.count()).data();
-    if (!in_place) check.same_or_disjoint(input, output);
+    check.block_or_disjoint(input, output, static_cast<std::size_t>(rank_) * input.count());
   }
   auto call = prepare(CollectiveKind::gather);
   call->input = input;
@@ -788,11 +780,7 @@ asio::awaitable<void> Communicator::scatter(Buffer input, Buffer output, int roo
     check.that(input.count() == output.count() * static_cast<std::size_t>(size()),
                "input has {} elements; it must hold {} blocks of the output's {}", input.count(),
                size(), output.count());
-    const bool in_place =
-        output.count() == 0 ||
-        output.data() ==
-            input.slice(static_cast<std::size_t>(rank_) * output.count(), output.count()).data();
-    if (!in_place) check.same_or_disjoint(input, output);
+    check.block_or_disjoint(output, input, static_cast<std::size_t>(rank_) * output.count());
   }
   auto call = prepare(CollectiveKind::scatter);
   call->input = rank_ == root ? input : Buffer{};

@@ -10,6 +10,7 @@
 #include <braid/collectives/communicator.hpp>
 #include <braid/core/error.hpp>
 
+#include "../support/expect_error.hpp"
 #include "thread_ranks.hpp"
 #include "typed_values.hpp"
 
@@ -446,40 +447,36 @@ TEST(BadInput, ArgumentErrorsAreThrownAtTheCallAndTakeNoPlaceInTheOrder) {
     const std::shared_ptr<Communicator> comm = communicator;
     std::vector<float> a(8), b(7);
     std::vector<std::int32_t> c(8);
-    auto expect_invalid = [](auto call, std::string_view needle) {
-      try {
-        call();
-        ADD_FAILURE() << "no error for " << needle;
-      } catch (const Error& e) {
-        EXPECT_EQ(e.code(), Errc::invalid_argument) << e.what();
-        EXPECT_THAT(e.what(), HasSubstr(needle));
-      }
-    };
-    expect_invalid([&] { (void)comm->all_reduce(Buffer(a), Buffer(b), ReduceOp::sum); },
-                   "input has 8 elements and output 7");
-    expect_invalid([&] { (void)comm->all_reduce(Buffer(a), Buffer(c), ReduceOp::sum); },
-                   "input is f32 and output is i32");
-    expect_invalid(
+    braid::testing::expect_invalid_argument(
+        [&] { (void)comm->all_reduce(Buffer(a), Buffer(b), ReduceOp::sum); },
+        "input has 8 elements and output 7");
+    braid::testing::expect_invalid_argument(
+        [&] { (void)comm->all_reduce(Buffer(a), Buffer(c), ReduceOp::sum); },
+        "input is f32 and output is i32");
+    braid::testing::expect_invalid_argument(
         [&] {
           (void)comm->all_reduce(Buffer(a).slice(0, 4), Buffer(a).slice(2, 4), ReduceOp::sum);
         },
         "overlap");
-    expect_invalid([&] { (void)comm->broadcast(Buffer(a), 2); },
-                   "root 2 is outside a communicator of 2 ranks");
+    braid::testing::expect_invalid_argument([&] { (void)comm->broadcast(Buffer(a), 2); },
+                                            "root 2 is outside a communicator of 2 ranks");
     const Buffer labelled_cuda(a.data(), 8, DType::f32, MemoryKind::cuda, 0);
     if (!comm->accepts_cuda_buffers()) {
-      expect_invalid([&] { (void)comm->all_reduce(labelled_cuda, ReduceOp::sum); },
-                     "this build of braid has no CUDA");
+      braid::testing::expect_invalid_argument(
+          [&] { (void)comm->all_reduce(labelled_cuda, ReduceOp::sum); },
+          "this build of braid has no CUDA");
     }
     std::vector<float> d(8);
     const Buffer other_device(d.data(), 8, DType::f32, MemoryKind::cuda, 1);
     if (comm->accepts_cuda_buffers()) {
-      expect_invalid([&] { (void)comm->all_reduce(labelled_cuda, other_device, ReduceOp::sum); },
-                     "both must be in the same place");
+      braid::testing::expect_invalid_argument(
+          [&] { (void)comm->all_reduce(labelled_cuda, other_device, ReduceOp::sum); },
+          "both must be in the same place");
     }
-    expect_invalid([&] { (void)comm->all_reduce(Buffer(d), labelled_cuda, ReduceOp::sum); },
-                   "cuda memory");
-    expect_invalid([&] { (void)comm->all_gather(Buffer(b)); }, "must split into 2 equal blocks");
+    braid::testing::expect_invalid_argument(
+        [&] { (void)comm->all_reduce(Buffer(d), labelled_cuda, ReduceOp::sum); }, "cuda memory");
+    braid::testing::expect_invalid_argument([&] { (void)comm->all_gather(Buffer(b)); },
+                                            "must split into 2 equal blocks");
     // Nothing above took a sequence number: the ranks are still in step.
     std::vector<float> ones(3, 1.0f);
     co_await comm->all_reduce(Buffer(ones), ReduceOp::sum);

@@ -19,6 +19,7 @@
 #include <braid/trace/recorder.hpp>
 
 #include "../support/cuda_device.hpp"
+#include "../support/expect_error.hpp"
 #include "../support/spin_kernel.hpp"
 #include "thread_ranks.hpp"
 #include "typed_values.hpp"
@@ -183,20 +184,13 @@ TEST_F(NcclCommunicatorTest, HostBuffersAndMismatchedSizesAreRejectedAtTheCall) 
     std::vector<float> host(8);
     DeviceVector device(DType::f32, 8);
     DeviceVector shorter(DType::f32, 7);
-    auto expect_invalid = [](auto call, std::string_view needle) {
-      try {
-        call();
-        ADD_FAILURE() << "no error for " << needle;
-      } catch (const Error& e) {
-        EXPECT_EQ(e.code(), Errc::invalid_argument) << e.what();
-        EXPECT_THAT(e.what(), ::testing::HasSubstr(needle));
-      }
-    };
-    expect_invalid([&] { (void)nccl->all_reduce(Buffer(host), ReduceOp::sum); }, "host memory");
-    expect_invalid(
+    braid::testing::expect_invalid_argument(
+        [&] { (void)nccl->all_reduce(Buffer(host), ReduceOp::sum); }, "host memory");
+    braid::testing::expect_invalid_argument(
         [&] { (void)nccl->all_reduce(device.buffer(), shorter.buffer(), ReduceOp::sum); },
         "input has 8 elements and output 7");
-    expect_invalid([&] { (void)nccl->broadcast(device.buffer(), 1); }, "root 1 is outside");
+    braid::testing::expect_invalid_argument([&] { (void)nccl->broadcast(device.buffer(), 1); },
+                                            "root 1 is outside");
     // Still usable afterwards.
     co_await nccl->barrier();
   });

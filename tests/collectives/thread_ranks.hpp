@@ -5,7 +5,6 @@
 // machines would, so hierarchical algorithms run on one machine.
 #pragma once
 
-#include <algorithm>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -20,6 +19,8 @@
 #include <braid/transport/bootstrap.hpp>
 #include <braid/transport/world.hpp>
 
+#include "../support/rank_threads.hpp"
+
 namespace braid::collectives::testing {
 
 using RankBody = std::function<asio::awaitable<void>(std::shared_ptr<Communicator>)>;
@@ -33,7 +34,6 @@ struct RankFailures {
 inline std::vector<std::exception_ptr> run_ranks_collecting(int size, const RankBody& body,
                                                             Communicator::Options options = {},
                                                             std::vector<int> node_of_rank = {}) {
-  if (node_of_rank.empty()) node_of_rank.assign(static_cast<std::size_t>(size), 0);
   const auto port = transport::find_free_port();
   RankFailures failures;
   failures.by_rank.resize(static_cast<std::size_t>(size));
@@ -42,23 +42,8 @@ inline std::vector<std::exception_ptr> run_ranks_collecting(int size, const Rank
     threads.emplace_back([&, r] {
       try {
         Runtime runtime({.rank = r});
-        const int node = node_of_rank[static_cast<std::size_t>(r)];
-        const auto on_node = [&](int upto) {
-          return static_cast<int>(
-              std::count(node_of_rank.begin(), node_of_rank.begin() + upto, node));
-        };
-        const int nodes = 1 + *std::max_element(node_of_rank.begin(), node_of_rank.end());
-        transport::LaunchInfo launch{.rank = r,
-                                     .world_size = size,
-                                     .local_rank = on_node(r),
-                                     .local_world_size = on_node(size),
-                                     .node_rank = node,
-                                     .num_nodes = nodes,
-                                     .store_host = "127.0.0.1",
-                                     .store_port = port,
-                                     .token = "",
-                                     .source = "test"};
-        auto world = transport::World::join(runtime, launch);
+        auto world = transport::World::join(
+            runtime, braid::testing::thread_rank_launch(r, size, port, node_of_rank));
         auto comm = Communicator::world(*world, options);
         try {
           runtime.spawn(body(comm)).get();

@@ -13,6 +13,7 @@
 // braid runs under braid-run, OpenMPI under mpirun with shared memory only (vader, CMA),
 // Gloo as torch 1.13's ProcessGroupGloo over loopback TCP.
 #include "collectives.hpp"
+#include "size_argument.hpp"
 
 #include <braid/braid.hpp>
 #include <braid/collectives/communicator.hpp>
@@ -51,21 +52,6 @@ struct CollectivesOptions {
   bool peers = true;
   bool worker = false;
 };
-
-std::size_t parse_bytes(const std::string& text) {
-  std::size_t end = 0;
-  const unsigned long long value = std::stoull(text, &end);
-  std::string suffix = text.substr(end);
-  for (const char* unit : {"iB", "B"}) {
-    if (suffix.size() > 1 && suffix.ends_with(unit)) suffix.resize(suffix.size() - std::string(unit).size());
-  }
-  std::size_t multiplier = 1;
-  if (suffix == "K" || suffix == "k") multiplier = 1 << 10;
-  else if (suffix == "M" || suffix == "m") multiplier = 1 << 20;
-  else if (suffix == "G" || suffix == "g") multiplier = 1 << 30;
-  else if (!suffix.empty()) throw std::invalid_argument("'" + text + "' is not a size");
-  return static_cast<std::size_t>(value) * multiplier;
-}
 
 std::vector<std::string> split_list(const std::string& text) {
   std::vector<std::string> items;

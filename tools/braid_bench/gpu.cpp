@@ -21,6 +21,8 @@
 #include <braid/collectives/communicator.hpp>
 #include <braid/collectives/nccl_communicator.hpp>
 
+#include "median.hpp"
+#include "size_argument.hpp"
 #include "subprocess.hpp"
 
 namespace braid::bench {
@@ -38,16 +40,6 @@ struct GpuOptions {
   bool json = false;
   bool worker = false;
 };
-
-std::size_t parse_bytes(const std::string& text) {
-  std::size_t multiplier = 1;
-  std::string digits = text;
-  if (!digits.empty() && (digits.back() == 'K' || digits.back() == 'k')) multiplier = 1 << 10;
-  if (!digits.empty() && (digits.back() == 'M' || digits.back() == 'm')) multiplier = 1 << 20;
-  if (!digits.empty() && (digits.back() == 'G' || digits.back() == 'g')) multiplier = 1 << 30;
-  if (multiplier != 1) digits.pop_back();
-  return static_cast<std::size_t>(std::stoull(digits)) * multiplier;
-}
 
 GpuOptions parse_options(const std::vector<std::string>& args) {
   GpuOptions options;
@@ -93,11 +85,6 @@ void check_cuda(cudaError_t status, const char* call) {
 void check_nccl(ncclResult_t result, const char* call) {
   if (result != ncclSuccess)
     throw std::runtime_error(fmt::format("{}: {}", call, ncclGetErrorString(result)));
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 
 // ---------------------------------------------------------------- nccl

@@ -10,6 +10,7 @@
 
 #include <braid/braid.hpp>
 
+#include "median.hpp"
 #include "subprocess.hpp"
 
 namespace braid::bench {
@@ -44,11 +45,6 @@ double ns_per_span(bool on, int batches) {
   trace::set_enabled(false);
   trace::clear();
   return total_ns / (static_cast<double>(kSpansPerBatch) * batches);
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 
 awaitable<double> slowest(Communicator& comm, double seconds) {

@@ -1,6 +1,7 @@
 #include "shared_memory_arena.hpp"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include <braid/core/config.hpp>
 #include <braid/core/error.hpp>
 
 namespace braid::collectives::detail {
@@ -22,6 +24,20 @@ namespace {
 
 }  // namespace
 
+SingleCopy single_copy_from_environment() {
+  const std::string value = config::string_value("BRAID_SHM_SINGLE_COPY");
+  if (value == "auto") return SingleCopy::unless_crowded;
+  return config::parse_bool(value, "BRAID_SHM_SINGLE_COPY") ? SingleCopy::whenever_allowed
+                                                             : SingleCopy::never;
+}
+
+int usable_cpus() noexcept {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  if (sched_getaffinity(0, sizeof cpus, &cpus) != 0) return 1;
+  return CPU_COUNT(&cpus);
+}
+
 SharedMemoryArena::~SharedMemoryArena() {
   if (base_ != nullptr) munmap(base_, segment_bytes());
   unlink_name();
@@ -29,7 +45,7 @@ SharedMemoryArena::~SharedMemoryArena() {
 
 std::size_t SharedMemoryArena::segment_bytes() const noexcept {
   const auto ranks = static_cast<std::size_t>(ranks_);
-  return 2 * ranks * kFlagStride + (ranks + 1) * kSlotBytes;
+  return kStages * ranks * kFlagStride + ranks * sizeof(RankRecord) + (ranks + 1) * kSlotBytes;
 }
 
 std::string SharedMemoryArena::create() {
@@ -67,14 +83,21 @@ void SharedMemoryArena::unlink_name() noexcept {
   name_.clear();
 }
 
-std::atomic_ref<std::uint64_t> SharedMemoryArena::flag(int rank, int which) noexcept {
-  std::byte* at = base_ + (static_cast<std::size_t>(which) * static_cast<std::size_t>(ranks_) +
-                           static_cast<std::size_t>(rank)) * kFlagStride;
+std::atomic_ref<std::uint64_t> SharedMemoryArena::flag(int rank, Stage stage) noexcept {
+  std::byte* at =
+      base_ + (static_cast<std::size_t>(stage) * static_cast<std::size_t>(ranks_) +
+               static_cast<std::size_t>(rank)) * kFlagStride;
   return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(at));
 }
 
+RankRecord& SharedMemoryArena::record(int rank) noexcept {
+  std::byte* records = base_ + kStages * static_cast<std::size_t>(ranks_) * kFlagStride;
+  return reinterpret_cast<RankRecord*>(records)[rank];
+}
+
 std::byte* SharedMemoryArena::slot(int rank) noexcept {
-  return base_ + 2 * static_cast<std::size_t>(ranks_) * kFlagStride +
+  return base_ + kStages * static_cast<std::size_t>(ranks_) * kFlagStride +
+         static_cast<std::size_t>(ranks_) * sizeof(RankRecord) +
          static_cast<std::size_t>(rank) * kSlotBytes;
 }
 

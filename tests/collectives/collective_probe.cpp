@@ -141,7 +141,7 @@ awaitable<void> check_all_to_all(Communicator& comm, Mismatch& m) {
 
 awaitable<std::string> check(Communicator& comm) {
   Mismatch m;
-  // By default 4 B and 4 KB run recursive doubling, 400 KB halving-doubling, 1.2 MB ring.
+  // By default 4 B and 4 KB run recursive doubling; 400 KB and 1.2 MB, shared memory.
   for (std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{300000}}) {
     co_await check_all_reduce_sum(comm, count, m);
   }
@@ -157,7 +157,7 @@ awaitable<std::string> check(Communicator& comm) {
   co_return m.what;
 }
 
-// Returns normally only if no all_reduce failed. 4 MiB: ring, several pieces in flight.
+// Returns normally only if no all_reduce failed. 4 MiB: shared memory, several chunks.
 // The buffer dies with the coroutine: a failed collective must have ended every transfer
 // into or out of it before the error reaches us.
 awaitable<void> die(Communicator& comm, int doomed) {

@@ -40,13 +40,20 @@ std::vector<std::string> lines_with(const std::string& text, const std::string& 
   return found;
 }
 
-class CollectivesProcesses : public ::testing::TestWithParam<int> {};
+// A world size, and whether shared-memory collectives read peers' buffers directly
+// (BRAID_SHM_SINGLE_COPY: auto, 1, 0).
+struct Ranks {
+  int size;
+  const char* single_copy;
+};
+
+class CollectivesProcesses : public ::testing::TestWithParam<Ranks> {};
 
 TEST_P(CollectivesProcesses, EveryCollectiveGivesTheExactResultOnEveryRank) {
-  const int size = GetParam();
+  const auto [size, single_copy] = GetParam();
   auto result =
       ChildProcess({braid_run(), "-n", std::to_string(size), "--timeout", "120", probe(), "check"},
-                   {}, 150s)
+                   {{"BRAID_SHM_SINGLE_COPY", single_copy}}, 150s)
           .wait();
   ASSERT_EQ(result.status, 0) << result.out << result.err;
   for (int r = 0; r < size; ++r) {
@@ -79,12 +86,17 @@ TEST(CollectivesProcesses, FourRanksAsTwoNodesOfTwoRunEveryCollectiveHierarchica
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, CollectivesProcesses, ::testing::Values(2, 3, 4),
-                         [](const auto& info) { return fmt::format("ranks{}", info.param); });
+INSTANTIATE_TEST_SUITE_P(Worlds, CollectivesProcesses,
+                         ::testing::Values(Ranks{2, "auto"}, Ranks{3, "1"}, Ranks{4, "0"}),
+                         [](const auto& info) {
+                           return fmt::format("ranks{}_single_copy_{}", info.param.size,
+                                              info.param.single_copy);
+                         });
 
 struct Death {
   int world;
   int doomed;
+  const char* single_copy;  // BRAID_SHM_SINGLE_COPY
 };
 
 class CollectivesPeerFailure : public ::testing::TestWithParam<Death> {};
@@ -93,13 +105,13 @@ class CollectivesPeerFailure : public ::testing::TestWithParam<Death> {};
 // exchange a message with it (4 ranks, rank 2 dies: rank 0's ring neighbours are 1 and 3),
 // and no survivor crashes afterwards (its buffers are freed right after the error).
 TEST_P(CollectivesPeerFailure, AKilledRankFailsEverySurvivorsAllReduceNamingIt) {
-  const auto [world, doomed] = GetParam();
+  const auto [world, doomed, single_copy] = GetParam();
   // BRAID_TIMEOUT is short so that a survivor that is never told would time out (and the
   // test fail on its message) rather than hang; the grace lets survivors, which ignore
   // braid-run's SIGTERM, report what they saw.
   auto result = ChildProcess({braid_run(), "-n", std::to_string(world), "--grace", "40",
                               "--timeout", "50", probe(), "die", std::to_string(doomed)},
-                             {{"BRAID_TIMEOUT", "20"}}, 60s)
+                             {{"BRAID_TIMEOUT", "20"}, {"BRAID_SHM_SINGLE_COPY", single_copy}}, 60s)
                     .wait();
   // braid-run reports the first failure, the doomed rank's death, and fails with its status.
   EXPECT_EQ(result.status, 128 + SIGKILL) << result.out << result.err;
@@ -151,9 +163,11 @@ TEST(CollectivesPeerFailure, AKilledRankFailsAHierarchicalAllReduceOnBothNodes) 
 }
 
 INSTANTIATE_TEST_SUITE_P(Deaths, CollectivesPeerFailure,
-                         ::testing::Values(Death{3, 1}, Death{3, 0}, Death{4, 2}),
+                         ::testing::Values(Death{3, 1, "1"}, Death{3, 0, "0"}, Death{4, 2, "auto"},
+                                           Death{2, 1, "1"}),
                          [](const auto& info) {
-                           return fmt::format("rank{}of{}", info.param.doomed, info.param.world);
+                           return fmt::format("rank{}of{}_single_copy_{}", info.param.doomed,
+                                              info.param.world, info.param.single_copy);
                          });
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <braid/core/error.hpp>
 
 #include "../support/expect_error.hpp"
+#include "../support/scoped_env.hpp"
 #include "thread_ranks.hpp"
 #include "typed_values.hpp"
 
@@ -73,8 +74,16 @@ class AllReduce : public ::testing::TestWithParam<int> {};
 
 TEST_P(AllReduce, EveryAlgorithmDtypeAndOpMatchesTheSerialReference) {
   const int world = GetParam();
-  for (const char* algorithm :
-       {"ring", "recursive_doubling", "halving_doubling", "shared_memory"}) {
+  // Shared memory twice: reading peers' buffers directly, and copying through the segment.
+  struct Variant {
+    const char* algorithm;
+    const char* single_copy;
+  };
+  for (const auto [algorithm, single_copy] :
+       {Variant{"ring", "auto"}, Variant{"recursive_doubling", "auto"},
+        Variant{"halving_doubling", "auto"}, Variant{"shared_memory", "1"},
+        Variant{"shared_memory", "0"}}) {
+    const braid::testing::ScopedEnv policy("BRAID_SHM_SINGLE_COPY", single_copy);
     Communicator::Options options;
     options.selection = forcing(fmt::format("allreduce:0-inf:{}", algorithm));
     run_ranks(
@@ -86,7 +95,9 @@ TEST_P(AllReduce, EveryAlgorithmDtypeAndOpMatchesTheSerialReference) {
               for (std::size_t count : kCounts) {
                 if (count > 2000 && (world > 4 || (dtype != DType::f32 && dtype != DType::bf16)))
                   continue;
-                co_await check_all_reduce(*comm, dtype, op, count, algorithm, mismatch);
+                co_await check_all_reduce(*comm, dtype, op, count,
+                                          fmt::format("{} (single copy {})", algorithm, single_copy),
+                                          mismatch);
               }
             }
           }
@@ -509,6 +520,39 @@ TEST(Mismatch, CountsThatDifferAcrossRanksAreASizeMismatchNeverATruncation) {
     }
   }
   EXPECT_GE(size_mismatches, 1);
+}
+
+// Through shared memory ranks read each other's buffers, so a count that differs must be
+// caught before anyone reads: every rank fails naming both sides, in both modes, and the
+// communicator stays usable.
+TEST(Mismatch, SharedMemoryAllReduceChecksEveryRanksCountBeforeReadingAnyBuffer) {
+  for (const char* single_copy : {"1", "0"}) {
+    const braid::testing::ScopedEnv policy("BRAID_SHM_SINGLE_COPY", single_copy);
+    Communicator::Options options;
+    options.timeout = std::chrono::seconds(10);
+    options.check_fingerprints = false;
+    options.selection = forcing("allreduce:0-inf:shared_memory");
+    std::atomic<int> size_mismatches{0};
+    run_ranks(
+        3,
+        [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+          std::vector<float> data(comm->rank() == 2 ? 40001 : 40000, 1.0f);
+          try {
+            co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
+            ADD_FAILURE() << "rank " << comm->rank() << " completed a mismatched all-reduce";
+          } catch (const Error& e) {
+            EXPECT_EQ(e.code(), make_error_code(Errc::size_mismatch)) << e.what();
+            EXPECT_THAT(e.what(), HasSubstr("rank 0 brings 160000 bytes of f32 (sum)"));
+            EXPECT_THAT(e.what(), HasSubstr("rank 2 brings 160004 bytes of f32 (sum)"));
+            ++size_mismatches;
+          }
+          std::vector<float> ones(40000, 1.0f);
+          co_await comm->all_reduce(Buffer(ones), ReduceOp::sum);
+          EXPECT_EQ(ones, std::vector<float>(40000, 3.0f));
+        },
+        options);
+    EXPECT_EQ(size_mismatches.load(), 3) << "single copy " << single_copy;
+  }
 }
 
 TEST(Mismatch, WithFingerprintsADesyncFailsOnEveryRankNamingBothSides) {

@@ -85,15 +85,15 @@ bool implements(CollectiveKind kind, Algorithm algorithm) noexcept {
              algorithm == Algorithm::hierarchical;
     case CollectiveKind::reduce_scatter:
     case CollectiveKind::all_gather:
-      return algorithm == Algorithm::ring;
+      return algorithm == Algorithm::ring || algorithm == Algorithm::shared_memory;
     case CollectiveKind::broadcast:
     case CollectiveKind::reduce:
-      return algorithm == Algorithm::binomial_tree;
+      return algorithm == Algorithm::binomial_tree || algorithm == Algorithm::shared_memory;
     case CollectiveKind::gather:
     case CollectiveKind::scatter:
-      return algorithm == Algorithm::linear;
+      return algorithm == Algorithm::linear || algorithm == Algorithm::shared_memory;
     case CollectiveKind::all_to_all:
-      return algorithm == Algorithm::pairwise;
+      return algorithm == Algorithm::pairwise || algorithm == Algorithm::shared_memory;
     case CollectiveKind::barrier:
       return algorithm == Algorithm::dissemination;
   }

@@ -187,6 +187,10 @@ asio::awaitable<void> exchange_fingerprints(CollectiveOp& op, const CollectiveCa
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call) {
   using enum CollectiveKind;
+  if (call.kind != all_reduce && call.algorithm == Algorithm::shared_memory &&
+      co_await detail::shared_memory_collective(op, call)) {
+    co_return;
+  }
   switch (call.kind) {
     case all_reduce:
       switch (call.algorithm) {
@@ -198,8 +202,7 @@ asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call
           co_await detail::halving_doubling_all_reduce(op, call.input, call.output, call.reduce_op);
           co_return;
         case Algorithm::shared_memory:
-          co_await detail::shared_memory_all_reduce(op, call.input, call.output, call.reduce_op,
-                                                    *call.arena, call.arena_ticket);
+          co_await detail::shared_memory_all_reduce(op, call);
           co_return;
         case Algorithm::hierarchical:
           co_await detail::hierarchical_all_reduce(op, call.input, call.output, call.reduce_op,

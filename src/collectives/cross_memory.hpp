@@ -19,5 +19,8 @@ namespace braid::collectives::detail {
 // failed read (ESRCH: the process is gone; EFAULT: the range is not mapped there; EPERM:
 // the kernel forbids it).
 int read_process_memory(pid_t pid, std::uint64_t remote, void* local, std::size_t bytes) noexcept;
+// Writes `bytes` from `local` to `remote` in process `pid`; the same errors.
+int write_process_memory(pid_t pid, std::uint64_t remote, const void* local,
+                         std::size_t bytes) noexcept;
 
 }  // namespace braid::collectives::detail

@@ -27,6 +27,8 @@
 #include <cstdint>
 #include <string>
 
+#include "collective_call.hpp"
+
 namespace braid::collectives::detail {
 
 // What a rank tells the others about itself and its current operation. Written by its
@@ -39,9 +41,7 @@ struct alignas(64) RankRecord {
   // Per operation.
   std::uint64_t input;  // buffer addresses in its process
   std::uint64_t output;
-  std::uint64_t bytes;
-  std::uint32_t dtype;      // braid::DType
-  std::uint32_t reduce_op;  // braid::ReduceOp
+  Fingerprint call;  // what every rank must agree on before anyone reads another's buffer
 };
 
 // Flags: the last generation a rank reached in each stage of an operation.

@@ -199,7 +199,14 @@ INSTANTIATE_TEST_SUITE_P(Layouts, Hierarchical,
                                            NodeLayout{"three_by_two", {0, 0, 1, 1, 2, 2}}),
                          [](const auto& info) { return std::string(info.param.name); });
 
-class DataMovement : public ::testing::TestWithParam<int> {};
+// A world size, and how data moves: by the message algorithms (shared memory refused, so
+// the shared-memory rules fall back), or every collective reading peers' buffers directly.
+struct Movement {
+  int world;
+  bool single_copy;
+};
+
+class DataMovement : public ::testing::TestWithParam<Movement> {};
 
 // value of rank r's element i in the movement tests: unique per (rank, index).
 double tagged(int rank, std::size_t i) {
@@ -207,7 +214,15 @@ double tagged(int rank, std::size_t i) {
 }
 
 TEST_P(DataMovement, EveryOpMatchesTheSerialReferenceForEveryRootAndDtype) {
-  const int world = GetParam();
+  const auto [world, single_copy] = GetParam();
+  const braid::testing::ScopedEnv policy("BRAID_SHM_SINGLE_COPY", single_copy ? "1" : "0");
+  Communicator::Options options;
+  if (single_copy) {
+    options.selection = forcing(
+        "reducescatter:0-inf:shared_memory;allgather:0-inf:shared_memory;"
+        "broadcast:0-inf:shared_memory;reduce:0-inf:shared_memory;gather:0-inf:shared_memory;"
+        "scatter:0-inf:shared_memory;alltoall:0-inf:shared_memory");
+  }
   run_ranks(world, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
     Mismatch m;
     const int me = comm->rank();
@@ -279,6 +294,12 @@ TEST_P(DataMovement, EveryOpMatchesTheSerialReferenceForEveryRootAndDtype) {
             for (std::size_t i = 0; i < n; ++i)
               m.check(in, i, testing::value_for(me, i, dtype, ReduceOp::sum),
                       [&] { return "reduce leaves the input " + rooted; });
+            co_await comm->reduce(in.buffer(), ReduceOp::sum, root);  // in place
+            if (me == root) {
+              for (std::size_t i = 0; i < n; ++i)
+                m.check(in, i, testing::reference(world, i, dtype, ReduceOp::sum),
+                        [&] { return "reduce in place " + rooted; });
+            }
           }
           // gather and scatter
           {
@@ -330,11 +351,19 @@ TEST_P(DataMovement, EveryOpMatchesTheSerialReferenceForEveryRootAndDtype) {
     }
     co_await comm->barrier();
     EXPECT_EQ(m.what, "");
-  });
+  }, options);
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, DataMovement, ::testing::Values(1, 2, 3, 4, 8),
-                         [](const auto& info) { return fmt::format("ranks{}", info.param); });
+INSTANTIATE_TEST_SUITE_P(Worlds, DataMovement,
+                         ::testing::Values(Movement{1, false}, Movement{2, false},
+                                           Movement{3, false}, Movement{4, false},
+                                           Movement{8, false}, Movement{1, true},
+                                           Movement{2, true}, Movement{3, true},
+                                           Movement{4, true}, Movement{8, true}),
+                         [](const auto& info) {
+                           return fmt::format("ranks{}_{}", info.param.world,
+                                              info.param.single_copy ? "single_copy" : "messages");
+                         });
 
 TEST(VariableCounts, AllGatherVAndAllToAllVMoveUnevenBlocksIncludingEmptyOnes) {
   constexpr int kWorld = 3;
@@ -542,8 +571,8 @@ TEST(Mismatch, SharedMemoryAllReduceChecksEveryRanksCountBeforeReadingAnyBuffer)
             ADD_FAILURE() << "rank " << comm->rank() << " completed a mismatched all-reduce";
           } catch (const Error& e) {
             EXPECT_EQ(e.code(), make_error_code(Errc::size_mismatch)) << e.what();
-            EXPECT_THAT(e.what(), HasSubstr("rank 0 brings 160000 bytes of f32 (sum)"));
-            EXPECT_THAT(e.what(), HasSubstr("rank 2 brings 160004 bytes of f32 (sum)"));
+            EXPECT_THAT(e.what(), HasSubstr("rank 0 calls all_reduce(count 40000, f32, sum)"));
+            EXPECT_THAT(e.what(), HasSubstr("rank 2 calls all_reduce(count 40001, f32, sum)"));
             ++size_mismatches;
           }
           std::vector<float> ones(40000, 1.0f);
@@ -553,6 +582,42 @@ TEST(Mismatch, SharedMemoryAllReduceChecksEveryRanksCountBeforeReadingAnyBuffer)
         options);
     EXPECT_EQ(size_mismatches.load(), 3) << "single copy " << single_copy;
   }
+}
+
+TEST(Mismatch, SingleCopyCollectivesCheckEveryRanksCallBeforeReadingAnyBuffer) {
+  const braid::testing::ScopedEnv policy("BRAID_SHM_SINGLE_COPY", "1");
+  Communicator::Options options;
+  options.timeout = std::chrono::seconds(10);
+  options.check_fingerprints = false;
+  options.selection = forcing("allgather:0-inf:shared_memory;broadcast:0-inf:shared_memory");
+  std::atomic<int> mismatches{0};
+  run_ranks(
+      3,
+      [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        // Rank 1 brings a smaller block: reading it as a full one would run off its end.
+        std::vector<float> block(comm->rank() == 1 ? 4000 : 4096, 1.0f);
+        std::vector<float> gathered(3 * block.size());
+        try {
+          co_await comm->all_gather(Buffer(block), Buffer(gathered));
+          ADD_FAILURE() << "rank " << comm->rank() << " gathered mismatched blocks";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), make_error_code(Errc::size_mismatch)) << e.what();
+          EXPECT_THAT(e.what(), HasSubstr("rank 0 calls all_gather(count 4096, f32)"));
+          EXPECT_THAT(e.what(), HasSubstr("rank 1 calls all_gather(count 4000, f32)"));
+          ++mismatches;
+        }
+        // Roots that differ are caught the same way.
+        std::vector<float> data(4096, static_cast<float>(comm->rank()));
+        try {
+          co_await comm->broadcast(Buffer(data), comm->rank() == 2 ? 1 : 0);
+          ADD_FAILURE() << "rank " << comm->rank() << " broadcast from a disputed root";
+        } catch (const Error& e) {
+          EXPECT_THAT(e.what(), HasSubstr("rank 2 calls broadcast(count 4096, f32, root 1)"));
+          ++mismatches;
+        }
+      },
+      options);
+  EXPECT_EQ(mismatches.load(), 6);
 }
 
 TEST(Mismatch, WithFingerprintsADesyncFailsOnEveryRankNamingBothSides) {

@@ -38,7 +38,8 @@ enum class Algorithm : std::uint8_t {
   linear,              // rooted: the root exchanges with every rank directly
   pairwise,            // all-to-all: every pair exchanges its blocks, all posted at once
   dissemination,       // barrier: log2(P) rounds of zero-byte messages
-  shared_memory,       // all-reduce through a segment the members on one node map
+  shared_memory,       // members on one node: peers' buffers read directly (all-reduce also
+                       // through a mapped segment); elsewhere, the message algorithm
   hierarchical,        // all-reduce within each node, across nodes, within again
 };
 

@@ -15,6 +15,7 @@
 #include <braid/core/buffer.hpp>
 #include <braid/core/reduce_op.hpp>
 
+#include "../collective_call.hpp"
 #include "../collective_op.hpp"
 
 namespace braid::collectives {
@@ -50,10 +51,11 @@ asio::awaitable<void> dissemination_barrier(CollectiveOp& op);
 asio::awaitable<void> hierarchical_all_reduce(CollectiveOp& op, Buffer input, Buffer output,
                                               ReduceOp reduce_op, const HierarchyPlan& plan);
 
-class SharedMemoryArena;
-// Runs when `ticket` (taken at the call) comes up in the arena's issue order.
-asio::awaitable<void> shared_memory_all_reduce(CollectiveOp& op, Buffer input, Buffer output,
-                                               ReduceOp reduce_op, SharedMemoryArena& arena,
-                                               std::uint64_t ticket);
+// Through the communicator's shared-memory arena (call.arena), when call.arena_ticket
+// comes up in its issue order. all_reduce always runs there; the other collectives only
+// where the members read each other's memory, and otherwise return false at once for the
+// Communicator to run the message algorithm instead.
+asio::awaitable<void> shared_memory_all_reduce(CollectiveOp& op, const CollectiveCall& call);
+asio::awaitable<bool> shared_memory_collective(CollectiveOp& op, const CollectiveCall& call);
 
 }  // namespace braid::collectives::detail

@@ -1,0 +1,74 @@
+// ArenaTurn: one operation's turn in a communicator's SharedMemoryArena, and the steps
+// every shared-memory algorithm shares.
+//
+// start(): waits until the operations issued before this one have left the arena
+// (tickets taken at the call), maps the arena on first use (rank 0 names it, the others
+// acknowledge; then each rank probes reading every peer's memory, and single copy is
+// agreed by all or none), and refuses to run on an arena an earlier failure left broken.
+// post(): writes this rank's record (buffer addresses, the call's fingerprint) and waits
+// for every rank's: a call that differs fails on every rank, naming both sides, before
+// anyone reads another's buffer. release(): waits until every rank is done reading, so
+// buffers may be reused and records rewritten. A turn that ends without finish() (an
+// error, a dead peer) marks the arena broken: the ranks no longer agree on its flags.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include <boost/asio/awaitable.hpp>
+
+#include "../collective_call.hpp"
+#include "../collective_op.hpp"
+#include "../shared_memory_arena.hpp"
+
+namespace braid::collectives::detail {
+
+class ArenaTurn {
+ public:
+  ArenaTurn(CollectiveOp& op, SharedMemoryArena& arena, std::uint64_t ticket) noexcept
+      : op_(op), arena_(arena), ticket_(ticket) {}
+  ~ArenaTurn();
+  ArenaTurn(const ArenaTurn&) = delete;
+  ArenaTurn& operator=(const ArenaTurn&) = delete;
+
+  asio::awaitable<void> start();
+  asio::awaitable<void> post(const Fingerprint& call, const Buffer& input, const Buffer& output);
+  asio::awaitable<void> release();
+  void finish() noexcept { finished_ = true; }
+
+  SharedMemoryArena& arena() noexcept { return arena_; }
+  bool single_copy() const noexcept { return arena_.single_copy(); }
+  // This operation's generation (post() takes it).
+  std::uint64_t generation() const noexcept { return generation_; }
+  const RankRecord& record(int rank) noexcept { return arena_.record(rank); }
+
+  void raise(Stage stage) noexcept;
+  asio::awaitable<void> wait_for(int rank, Stage stage, std::string_view what);
+  asio::awaitable<void> wait_all(Stage stage, std::string_view what);
+  // Single copy: `bytes` at byte `offset` of rank's input or output, into or from ours.
+  // A failure (the process is gone) is an Error naming the rank.
+  void read_input(int rank, std::size_t offset, void* into, std::size_t bytes);
+  void read_output(int rank, std::size_t offset, void* into, std::size_t bytes);
+  void write_output(int rank, std::size_t offset, const void* from, std::size_t bytes);
+
+ private:
+  asio::awaitable<void> map();
+  [[noreturn]] void cross_memory_failed(int rank, int error, std::string_view what);
+
+  CollectiveOp& op_;
+  SharedMemoryArena& arena_;
+  std::uint64_t ticket_;
+  std::uint64_t generation_ = 0;
+  bool served_ = false;
+  bool finished_ = false;
+};
+
+// Single copy: reduces elements [first, first + count) of every rank's input (ranks in
+// order 0..P-1, so the result does not depend on who reduces), reading peers' pieces
+// into a cache-sized scratch. The result goes to `out` (where element `first` lands), or,
+// with `out` null, into `root`'s output at the same element. avg is finished here.
+void fold_block(ArenaTurn& turn, CollectiveOp& op, const Buffer& input, std::size_t first,
+                std::size_t count, ReduceOp reduce_op, std::byte* out, int root);
+
+}  // namespace braid::collectives::detail

@@ -52,6 +52,10 @@ inline constexpr std::uint32_t kFingerprintStep = 4095;   // BRAID_DEBUG=detail
 
 // poll_until: spin this long, then sleep in naps doubling from the first to the longest.
 inline constexpr auto kSpinWindow = std::chrono::microseconds(50);
+// ... unless the partners are known to be inside the same operation, moving its bytes: then
+// they finish soon, and a nap would only add its length to the operation (measured: a
+// 1 MiB single-copy broadcast took 170 µs with the short window, 95 µs with this one).
+inline constexpr auto kPartnersBusySpinWindow = std::chrono::microseconds(1000);
 inline constexpr auto kFirstNap = std::chrono::microseconds(10);
 inline constexpr auto kLongestNap = std::chrono::microseconds(200);
 
@@ -146,7 +150,8 @@ class CollectiveOp {
   // and failure notices still run; every few rounds it also yields the core, which a
   // peer on an oversubscribed node needs. Fails on abort() and at the deadline.
   template <class Ready>
-  asio::awaitable<void> poll_until(Ready ready, std::string_view what) {
+  asio::awaitable<void> poll_until(Ready ready, std::string_view what,
+                                   std::chrono::microseconds spin_window = kSpinWindow) {
     const auto executor = co_await asio::this_coro::executor;
     const auto started = Clock::now();
     auto nap = kFirstNap;
@@ -154,7 +159,7 @@ class CollectiveOp {
     for (unsigned round = 0; !ready(); ++round) {
       if (abort_) throw_aborted();
       if ((round & 255) == 255 && Clock::now() > deadline_) throw_timeout(what);
-      if (Clock::now() - started < kSpinWindow) {
+      if (Clock::now() - started < spin_window) {
         // Yield often: with more ranks than cores the rank we wait for may need this core.
         if ((round & 3) == 3) sched_yield();
         co_await asio::post(executor, asio::use_awaitable);

@@ -108,8 +108,10 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   mine.input = reinterpret_cast<std::uint64_t>(input.data());
   mine.output = reinterpret_cast<std::uint64_t>(output.data());
   mine.call = call;
+  all_posted_ = false;
   raise(Stage::posted);
   co_await wait_all(Stage::posted, "every rank's shared-memory record");
+  all_posted_ = true;
   const Fingerprint& first = arena_.record(0).call;
   for (int r = 1; r < op_.size(); ++r) {
     const Fingerprint& other = arena_.record(r).call;
@@ -145,7 +147,7 @@ asio::awaitable<void> ArenaTurn::wait_for(int rank, Stage stage, std::string_vie
       [shared, rank, stage, generation] {
         return shared->flag(rank, stage).load(std::memory_order_acquire) >= generation;
       },
-      what);
+      what, spin_window());
 }
 
 asio::awaitable<void> ArenaTurn::wait_all(Stage stage, std::string_view what) {
@@ -159,7 +161,7 @@ asio::awaitable<void> ArenaTurn::wait_all(Stage stage, std::string_view what) {
         }
         return true;
       },
-      what);
+      what, spin_window());
 }
 
 void ArenaTurn::read_input(int rank, std::size_t offset, void* into, std::size_t bytes) {

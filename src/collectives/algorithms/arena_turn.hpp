@@ -44,6 +44,9 @@ class ArenaTurn {
   const RankRecord& record(int rank) noexcept { return arena_.record(rank); }
 
   void raise(Stage stage) noexcept;
+  // Waits on other ranks' flags. Until every rank has posted, a partner may still be
+  // computing, so the waits nap after a short spin; after that, partners are busy with
+  // this very operation and the waits spin longer (collective_op.hpp).
   asio::awaitable<void> wait_for(int rank, Stage stage, std::string_view what);
   asio::awaitable<void> wait_all(Stage stage, std::string_view what);
   // Single copy: `bytes` at byte `offset` of rank's input or output, into or from ours.
@@ -54,6 +57,9 @@ class ArenaTurn {
 
  private:
   asio::awaitable<void> map();
+  std::chrono::microseconds spin_window() const noexcept {
+    return all_posted_ ? kPartnersBusySpinWindow : kSpinWindow;
+  }
   [[noreturn]] void cross_memory_failed(int rank, int error, std::string_view what);
 
   CollectiveOp& op_;
@@ -62,6 +68,7 @@ class ArenaTurn {
   std::uint64_t generation_ = 0;
   bool served_ = false;
   bool finished_ = false;
+  bool all_posted_ = false;
 };
 
 // Single copy: reduces elements [first, first + count) of every rank's input (ranks in

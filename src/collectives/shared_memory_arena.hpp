@@ -36,7 +36,8 @@ namespace braid::collectives::detail {
 struct alignas(64) RankRecord {
   // Set once, when the arena is mapped.
   std::int32_t pid;
-  std::uint32_t reads_peers;  // 1: this rank's probe read every peer's memory
+  std::uint16_t reads_peers;        // 1: its probe read every peer's memory, and it may
+  std::uint16_t all_reduce_direct;  // 1: it wants all-reduce to read peers directly too
   std::uint64_t probe;        // address of a word holding kProbeValue in its process
   // Per operation.
   std::uint64_t input;  // buffer addresses in its process
@@ -54,12 +55,13 @@ enum class Stage : int {
 
 // When to read peers' memory directly (BRAID_SHM_SINGLE_COPY). Measured on a 2-core VM:
 // with 2 ranks, single copy is 1.6-1.9x faster than copying through the segment from
-// 16 KiB to 16 MiB; with 4 ranks on those 2 cores its 2(P-1) system calls per operation,
-// made while ranks queue for a core, cost more than the copies they save up to 2 MiB and
-// gain nothing above. So by default a node with more members than usable CPUs copies.
+// 16 KiB to 16 MiB; with 4 ranks on those 2 cores its all-reduce (2(P-1) system calls per
+// operation, made while ranks queue for a core) is no faster than copying through the
+// segment, and slower up to 2 MiB. The other collectives have only messages to fall back
+// on, and their single copy is about 2x faster even on a crowded node.
 enum class SingleCopy {
   never,             // 0
-  unless_crowded,    // auto: members <= this process's usable CPUs
+  unless_crowded,    // auto: every collective; all-reduce only if members <= usable CPUs
   whenever_allowed,  // 1
 };
 // Reads BRAID_SHM_SINGLE_COPY; a malformed value is an Error(invalid_environment).
@@ -101,9 +103,14 @@ class SharedMemoryArena {
   // one per chunk copied through the segment.
   std::uint64_t next_generation() noexcept { return ++generation_; }
   SingleCopy policy() const noexcept { return policy_; }
-  // Whether every member reads every other's memory (agreed when mapping).
+  // Whether every member reads every other's memory, and whether all-reduce does too
+  // (agreed when mapping).
   bool single_copy() const noexcept { return single_copy_; }
-  void set_single_copy(bool all_can) noexcept { single_copy_ = all_can; }
+  bool single_copy_all_reduce() const noexcept { return single_copy_all_reduce_; }
+  void set_single_copy(bool all_can, bool all_reduce_too) noexcept {
+    single_copy_ = all_can;
+    single_copy_all_reduce_ = all_can && all_reduce_too;
+  }
   // Where this process keeps kProbeValue, for peers to test reading it.
   std::uint64_t probe_address() const noexcept {
     return reinterpret_cast<std::uint64_t>(&probe_word_);
@@ -122,6 +129,7 @@ class SharedMemoryArena {
   std::uint64_t generation_ = 0;
   bool broken_ = false;
   bool single_copy_ = false;
+  bool single_copy_all_reduce_ = false;
   std::uint64_t probe_word_ = kProbeValue;
 };
 

@@ -40,8 +40,8 @@ constexpr std::array kKnobs{
     Knob{"BRAID_SHM_SINGLE_COPY", "auto",
          "within a node, collectives read peers' buffers directly (cross-memory attach, "
          "process_vm_readv) instead of copying through a shared segment, where every rank's "
-         "kernel allows it. auto: unless the node has more ranks than CPUs; 1: always; "
-         "0: never"},
+         "kernel allows it. auto: all-reduce only if the node has no more ranks than CPUs "
+         "(otherwise it copies through the segment), the others always; 1: always; 0: never"},
     Knob{"BRAID_STAGING_CHUNK_KIB", "1024",
          "CUDA buffers moved over UCX go through pinned host memory in chunks this size "
          "(KiB), so copies to and from the GPU overlap the network"},

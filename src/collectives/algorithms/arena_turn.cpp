@@ -85,8 +85,7 @@ asio::awaitable<void> ArenaTurn::map() {
   raise(Stage::posted);
   co_await wait_all(Stage::posted, "every rank's shared-memory record");
   const SingleCopy policy = arena_.policy();
-  bool reads_all = policy == SingleCopy::whenever_allowed ||
-                   (policy == SingleCopy::unless_crowded && world <= usable_cpus());
+  bool reads_all = policy != SingleCopy::never;
   for (int r = 0; r < world && reads_all; ++r) {
     std::uint64_t word = 0;
     const RankRecord& peer = arena_.record(r);
@@ -94,11 +93,19 @@ asio::awaitable<void> ArenaTurn::map() {
                 word == SharedMemoryArena::kProbeValue;
   }
   mine.reads_peers = reads_all ? 1 : 0;
+  mine.all_reduce_direct = policy == SingleCopy::whenever_allowed ||
+                                   (policy == SingleCopy::unless_crowded && world <= usable_cpus())
+                               ? 1
+                               : 0;
   raise(Stage::released);
   co_await wait_all(Stage::released, "every rank's cross-memory probe");
   bool all_can = true;
-  for (int r = 0; r < world; ++r) all_can = all_can && arena_.record(r).reads_peers == 1;
-  arena_.set_single_copy(all_can);
+  bool all_reduce_too = true;
+  for (int r = 0; r < world; ++r) {
+    all_can = all_can && arena_.record(r).reads_peers == 1;
+    all_reduce_too = all_reduce_too && arena_.record(r).all_reduce_direct == 1;
+  }
+  arena_.set_single_copy(all_can, all_reduce_too);
 }
 
 asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& input,

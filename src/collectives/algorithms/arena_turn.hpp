@@ -4,7 +4,7 @@
 // start(): waits until the operations issued before this one have left the arena
 // (tickets taken at the call), maps the arena on first use (rank 0 names it, the others
 // acknowledge; then each rank probes reading every peer's memory, and single copy is
-// agreed by all or none), and refuses to run on an arena an earlier failure left broken.
+// agreed by all or none, for all-reduce separately: shared_memory_arena.hpp), and refuses to run on an arena an earlier failure left broken.
 // post(): writes this rank's record (buffer addresses, the call's fingerprint) and waits
 // for every rank's: a call that differs fails on every rank, naming both sides, before
 // anyone reads another's buffer. release(): waits until every rank is done reading, so
@@ -39,6 +39,7 @@ class ArenaTurn {
 
   SharedMemoryArena& arena() noexcept { return arena_; }
   bool single_copy() const noexcept { return arena_.single_copy(); }
+  bool single_copy_all_reduce() const noexcept { return arena_.single_copy_all_reduce(); }
   // This operation's generation (post() takes it).
   std::uint64_t generation() const noexcept { return generation_; }
   const RankRecord& record(int rank) noexcept { return arena_.record(rank); }

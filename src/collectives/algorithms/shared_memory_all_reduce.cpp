@@ -3,7 +3,8 @@
 // posted and checked against the others'), then takes one of two paths, the same on
 // every rank:
 //
-// Single copy (the members may read each other's memory, cross_memory.hpp):
+// Single copy (the members read each other's memory, cross_memory.hpp, and the node is
+// not crowded: shared_memory_arena.hpp):
 //   1. each rank reduces its 1/P block of the vector: it reads every peer's block into a
 //      cache-sized scratch, a piece at a time, and folds it in (ranks in order 0..P-1, so
 //      the result does not depend on who reduces), writing the result into its output;
@@ -120,7 +121,7 @@ asio::awaitable<void> shared_memory_all_reduce(CollectiveOp& op, const Collectiv
     co_return;
   }
   co_await turn.post(fingerprint_of(call), call.input, call.output);
-  if (turn.single_copy()) {
+  if (turn.single_copy_all_reduce()) {
     co_await single_copy(turn, op, call.input, call.output, call.reduce_op);
   } else {
     co_await copy_through_segment(turn, op, call.input, call.output, call.reduce_op);

@@ -16,8 +16,8 @@
 // moved: against the message algorithms they replace, every byte crosses memory once
 // instead of twice through UCX's shared-memory FIFO.
 //
-// Where the members cannot read each other's memory (the kernel forbids it, or the node
-// has more members than CPUs), and for the variable-count forms, these return false
+// Where the members cannot read each other's memory (the kernel forbids it, or
+// BRAID_SHM_SINGLE_COPY=0), and for the variable-count forms, these return false
 // without touching the arena and the Communicator runs the message algorithm.
 #include "algorithms.hpp"
 #include "arena_turn.hpp"

@@ -1,9 +1,8 @@
 #include "cross_memory.hpp"
 
-#include <sys/uio.h>
-
 #include <cerrno>
 #include <cstddef>
+#include <sys/uio.h>
 
 namespace braid::collectives::detail {
 

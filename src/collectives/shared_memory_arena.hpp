@@ -38,7 +38,7 @@ struct alignas(64) RankRecord {
   std::int32_t pid;
   std::uint16_t reads_peers;        // 1: its probe read every peer's memory, and it may
   std::uint16_t all_reduce_direct;  // 1: it wants all-reduce to read peers directly too
-  std::uint64_t probe;        // address of a word holding kProbeValue in its process
+  std::uint64_t probe;              // address of a word holding kProbeValue in its process
   // Per operation.
   std::uint64_t input;  // buffer addresses in its process
   std::uint64_t output;

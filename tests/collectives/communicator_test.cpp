@@ -95,9 +95,9 @@ TEST_P(AllReduce, EveryAlgorithmDtypeAndOpMatchesTheSerialReference) {
               for (std::size_t count : kCounts) {
                 if (count > 2000 && (world > 4 || (dtype != DType::f32 && dtype != DType::bf16)))
                   continue;
-                co_await check_all_reduce(*comm, dtype, op, count,
-                                          fmt::format("{} (single copy {})", algorithm, single_copy),
-                                          mismatch);
+                co_await check_all_reduce(
+                    *comm, dtype, op, count,
+                    fmt::format("{} (single copy {})", algorithm, single_copy), mismatch);
               }
             }
           }
@@ -223,143 +223,146 @@ TEST_P(DataMovement, EveryOpMatchesTheSerialReferenceForEveryRootAndDtype) {
         "broadcast:0-inf:shared_memory;reduce:0-inf:shared_memory;gather:0-inf:shared_memory;"
         "scatter:0-inf:shared_memory;alltoall:0-inf:shared_memory");
   }
-  run_ranks(world, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
-    Mismatch m;
-    const int me = comm->rank();
-    const auto P = static_cast<std::size_t>(world);
-    for (DType dtype : {DType::f32, DType::i64, DType::u8, DType::bf16}) {
-      // u8 and bf16 hold rank * 100 + i % 97 only for small worlds: use a narrower tag.
-      auto value = [&](int rank, std::size_t i) {
-        const double v = tagged(rank, i);
-        return dtype == DType::u8 || dtype == DType::bf16 ? std::fmod(v, 128.0) : v;
-      };
-      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{1031},
-                            std::size_t{70001}}) {
-        const std::string where = fmt::format("{} n {} rank {}", to_string(dtype), n, me);
-        // reduce_scatter: block r of the sum.
-        {
-          TypedVector in(dtype, n * P), out(dtype, n);
-          for (std::size_t i = 0; i < n * P; ++i)
-            in.set(i, testing::value_for(me, i, dtype, ReduceOp::sum));
-          co_await comm->reduce_scatter(in.buffer(), out.buffer(), ReduceOp::sum);
-          for (std::size_t i = 0; i < n; ++i) {
-            m.check(out, i,
-                    testing::reference(world, static_cast<std::size_t>(me) * n + i, dtype,
-                                       ReduceOp::sum),
-                    [&] { return "reduce_scatter " + where; });
-          }
-          co_await comm->reduce_scatter(in.buffer(), ReduceOp::max);  // in place, after the above
-        }
-        // all_gather, out of place and in place.
-        {
-          TypedVector in(dtype, n), out(dtype, n * P);
-          for (std::size_t i = 0; i < n; ++i) in.set(i, value(me, i));
-          co_await comm->all_gather(in.buffer(), out.buffer());
-          for (std::size_t r = 0; r < P; ++r) {
-            for (std::size_t i = 0; i < n; ++i)
-              m.check(out, r * n + i, value(static_cast<int>(r), i),
-                      [&] { return "all_gather " + where; });
-          }
-          TypedVector data(dtype, n * P);
-          for (std::size_t i = 0; i < n; ++i)
-            data.set(static_cast<std::size_t>(me) * n + i, value(me, i));
-          co_await comm->all_gather(data.buffer());
-          for (std::size_t r = 0; r < P; ++r) {
-            for (std::size_t i = 0; i < n; ++i)
-              m.check(data, r * n + i, value(static_cast<int>(r), i),
-                      [&] { return "all_gather in place " + where; });
-          }
-        }
-        for (int root = 0; root < world; ++root) {
-          const std::string rooted = fmt::format("{} root {}", where, root);
-          // broadcast
-          {
-            TypedVector data(dtype, n);
-            for (std::size_t i = 0; i < n; ++i) data.set(i, me == root ? value(root, i) : -1);
-            co_await comm->broadcast(data.buffer(), root);
-            for (std::size_t i = 0; i < n; ++i)
-              m.check(data, i, value(root, i), [&] { return "broadcast " + rooted; });
-          }
-          // reduce
-          {
-            TypedVector in(dtype, n), out(dtype, n);
-            for (std::size_t i = 0; i < n; ++i)
-              in.set(i, testing::value_for(me, i, dtype, ReduceOp::sum));
-            co_await comm->reduce(in.buffer(), out.buffer(), ReduceOp::sum, root);
-            if (me == root) {
-              for (std::size_t i = 0; i < n; ++i)
-                m.check(out, i, testing::reference(world, i, dtype, ReduceOp::sum),
-                        [&] { return "reduce " + rooted; });
+  run_ranks(
+      world,
+      [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        Mismatch m;
+        const int me = comm->rank();
+        const auto P = static_cast<std::size_t>(world);
+        for (DType dtype : {DType::f32, DType::i64, DType::u8, DType::bf16}) {
+          // u8 and bf16 hold rank * 100 + i % 97 only for small worlds: use a narrower tag.
+          auto value = [&](int rank, std::size_t i) {
+            const double v = tagged(rank, i);
+            return dtype == DType::u8 || dtype == DType::bf16 ? std::fmod(v, 128.0) : v;
+          };
+          for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{1031},
+                                std::size_t{70001}}) {
+            const std::string where = fmt::format("{} n {} rank {}", to_string(dtype), n, me);
+            // reduce_scatter: block r of the sum.
+            {
+              TypedVector in(dtype, n * P), out(dtype, n);
+              for (std::size_t i = 0; i < n * P; ++i)
+                in.set(i, testing::value_for(me, i, dtype, ReduceOp::sum));
+              co_await comm->reduce_scatter(in.buffer(), out.buffer(), ReduceOp::sum);
+              for (std::size_t i = 0; i < n; ++i) {
+                m.check(out, i,
+                        testing::reference(world, static_cast<std::size_t>(me) * n + i, dtype,
+                                           ReduceOp::sum),
+                        [&] { return "reduce_scatter " + where; });
+              }
+              co_await comm->reduce_scatter(in.buffer(),
+                                            ReduceOp::max);  // in place, after the above
             }
-            for (std::size_t i = 0; i < n; ++i)
-              m.check(in, i, testing::value_for(me, i, dtype, ReduceOp::sum),
-                      [&] { return "reduce leaves the input " + rooted; });
-            co_await comm->reduce(in.buffer(), ReduceOp::sum, root);  // in place
-            if (me == root) {
-              for (std::size_t i = 0; i < n; ++i)
-                m.check(in, i, testing::reference(world, i, dtype, ReduceOp::sum),
-                        [&] { return "reduce in place " + rooted; });
-            }
-          }
-          // gather and scatter
-          {
-            TypedVector in(dtype, n), out(dtype, me == root ? n * P : 0);
-            for (std::size_t i = 0; i < n; ++i) in.set(i, value(me, i));
-            co_await comm->gather(in.buffer(), out.buffer(), root);
-            if (me == root) {
+            // all_gather, out of place and in place.
+            {
+              TypedVector in(dtype, n), out(dtype, n * P);
+              for (std::size_t i = 0; i < n; ++i) in.set(i, value(me, i));
+              co_await comm->all_gather(in.buffer(), out.buffer());
               for (std::size_t r = 0; r < P; ++r) {
                 for (std::size_t i = 0; i < n; ++i)
                   m.check(out, r * n + i, value(static_cast<int>(r), i),
-                          [&] { return "gather " + rooted; });
+                          [&] { return "all_gather " + where; });
+              }
+              TypedVector data(dtype, n * P);
+              for (std::size_t i = 0; i < n; ++i)
+                data.set(static_cast<std::size_t>(me) * n + i, value(me, i));
+              co_await comm->all_gather(data.buffer());
+              for (std::size_t r = 0; r < P; ++r) {
+                for (std::size_t i = 0; i < n; ++i)
+                  m.check(data, r * n + i, value(static_cast<int>(r), i),
+                          [&] { return "all_gather in place " + where; });
               }
             }
-            TypedVector source(dtype, me == root ? n * P : 0), block(dtype, n);
-            if (me == root) {
-              for (std::size_t i = 0; i < n * P; ++i)
-                source.set(i, value(static_cast<int>(i / std::max<std::size_t>(n, 1)),
-                                    i % std::max<std::size_t>(n, 1)));
+            for (int root = 0; root < world; ++root) {
+              const std::string rooted = fmt::format("{} root {}", where, root);
+              // broadcast
+              {
+                TypedVector data(dtype, n);
+                for (std::size_t i = 0; i < n; ++i) data.set(i, me == root ? value(root, i) : -1);
+                co_await comm->broadcast(data.buffer(), root);
+                for (std::size_t i = 0; i < n; ++i)
+                  m.check(data, i, value(root, i), [&] { return "broadcast " + rooted; });
+              }
+              // reduce
+              {
+                TypedVector in(dtype, n), out(dtype, n);
+                for (std::size_t i = 0; i < n; ++i)
+                  in.set(i, testing::value_for(me, i, dtype, ReduceOp::sum));
+                co_await comm->reduce(in.buffer(), out.buffer(), ReduceOp::sum, root);
+                if (me == root) {
+                  for (std::size_t i = 0; i < n; ++i)
+                    m.check(out, i, testing::reference(world, i, dtype, ReduceOp::sum),
+                            [&] { return "reduce " + rooted; });
+                }
+                for (std::size_t i = 0; i < n; ++i)
+                  m.check(in, i, testing::value_for(me, i, dtype, ReduceOp::sum),
+                          [&] { return "reduce leaves the input " + rooted; });
+                co_await comm->reduce(in.buffer(), ReduceOp::sum, root);  // in place
+                if (me == root) {
+                  for (std::size_t i = 0; i < n; ++i)
+                    m.check(in, i, testing::reference(world, i, dtype, ReduceOp::sum),
+                            [&] { return "reduce in place " + rooted; });
+                }
+              }
+              // gather and scatter
+              {
+                TypedVector in(dtype, n), out(dtype, me == root ? n * P : 0);
+                for (std::size_t i = 0; i < n; ++i) in.set(i, value(me, i));
+                co_await comm->gather(in.buffer(), out.buffer(), root);
+                if (me == root) {
+                  for (std::size_t r = 0; r < P; ++r) {
+                    for (std::size_t i = 0; i < n; ++i)
+                      m.check(out, r * n + i, value(static_cast<int>(r), i),
+                              [&] { return "gather " + rooted; });
+                  }
+                }
+                TypedVector source(dtype, me == root ? n * P : 0), block(dtype, n);
+                if (me == root) {
+                  for (std::size_t i = 0; i < n * P; ++i)
+                    source.set(i, value(static_cast<int>(i / std::max<std::size_t>(n, 1)),
+                                        i % std::max<std::size_t>(n, 1)));
+                }
+                co_await comm->scatter(source.buffer(), block.buffer(), root);
+                for (std::size_t i = 0; i < n; ++i)
+                  m.check(block, i, value(me, i), [&] { return "scatter " + rooted; });
+              }
             }
-            co_await comm->scatter(source.buffer(), block.buffer(), root);
-            for (std::size_t i = 0; i < n; ++i)
-              m.check(block, i, value(me, i), [&] { return "scatter " + rooted; });
+            // all_to_all: block j of rank r holds (r, j) tags.
+            {
+              TypedVector in(dtype, n * P), out(dtype, n * P);
+              for (std::size_t j = 0; j < P; ++j) {
+                for (std::size_t i = 0; i < n; ++i) in.set(j * n + i, value(me, j * 7 + i));
+              }
+              co_await comm->all_to_all(in.buffer(), out.buffer());
+              for (std::size_t r = 0; r < P; ++r) {
+                for (std::size_t i = 0; i < n; ++i) {
+                  m.check(out, r * n + i,
+                          value(static_cast<int>(r), static_cast<std::size_t>(me) * 7 + i),
+                          [&] { return "all_to_all " + where; });
+                }
+              }
+              co_await comm->all_to_all(in.buffer());  // in place: the same result
+              for (std::size_t r = 0; r < P; ++r) {
+                for (std::size_t i = 0; i < n; ++i) {
+                  m.check(in, r * n + i,
+                          value(static_cast<int>(r), static_cast<std::size_t>(me) * 7 + i),
+                          [&] { return "all_to_all in place " + where; });
+                }
+              }
+            }
           }
         }
-        // all_to_all: block j of rank r holds (r, j) tags.
-        {
-          TypedVector in(dtype, n * P), out(dtype, n * P);
-          for (std::size_t j = 0; j < P; ++j) {
-            for (std::size_t i = 0; i < n; ++i) in.set(j * n + i, value(me, j * 7 + i));
-          }
-          co_await comm->all_to_all(in.buffer(), out.buffer());
-          for (std::size_t r = 0; r < P; ++r) {
-            for (std::size_t i = 0; i < n; ++i) {
-              m.check(out, r * n + i,
-                      value(static_cast<int>(r), static_cast<std::size_t>(me) * 7 + i),
-                      [&] { return "all_to_all " + where; });
-            }
-          }
-          co_await comm->all_to_all(in.buffer());  // in place: the same result
-          for (std::size_t r = 0; r < P; ++r) {
-            for (std::size_t i = 0; i < n; ++i) {
-              m.check(in, r * n + i,
-                      value(static_cast<int>(r), static_cast<std::size_t>(me) * 7 + i),
-                      [&] { return "all_to_all in place " + where; });
-            }
-          }
-        }
-      }
-    }
-    co_await comm->barrier();
-    EXPECT_EQ(m.what, "");
-  }, options);
+        co_await comm->barrier();
+        EXPECT_EQ(m.what, "");
+      },
+      options);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, DataMovement,
                          ::testing::Values(Movement{1, false}, Movement{2, false},
                                            Movement{3, false}, Movement{4, false},
-                                           Movement{8, false}, Movement{1, true},
-                                           Movement{2, true}, Movement{3, true},
-                                           Movement{4, true}, Movement{8, true}),
+                                           Movement{8, false}, Movement{1, true}, Movement{2, true},
+                                           Movement{3, true}, Movement{4, true}, Movement{8, true}),
                          [](const auto& info) {
                            return fmt::format("ranks{}_{}", info.param.world,
                                               info.param.single_copy ? "single_copy" : "messages");

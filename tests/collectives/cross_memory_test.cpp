@@ -2,13 +2,12 @@
 // returns, and the errors a collective turns into messages naming a rank.
 #include "collectives/cross_memory.hpp"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <array>
 #include <cerrno>
 #include <cstdint>
 #include <numeric>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <vector>
 
 #include <gtest/gtest.h>

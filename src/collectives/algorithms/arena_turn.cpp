@@ -1,11 +1,10 @@
 #include "arena_turn.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include <fmt/format.h>
@@ -125,13 +124,12 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
     if (other == first) continue;
     // Every rank reaches this verdict from the same records. Word it before releasing
     // them: a rank that fails first may post its next record once everyone has released.
-    Error mismatch(Errc::size_mismatch,
-                   fmt::format("rank {} calls {} but rank {} calls {}: counts or dtypes differ "
-                               "across ranks",
-                               op_.world_rank(0), describe(first), op_.world_rank(r),
-                               describe(other)),
-                   {.rank = op_.world_rank(op_.rank()),
-                    .peer = op_.world_rank(op_.rank() == 0 ? r : 0)});
+    Error mismatch(
+        Errc::size_mismatch,
+        fmt::format("rank {} calls {} but rank {} calls {}: counts or dtypes differ "
+                    "across ranks",
+                    op_.world_rank(0), describe(first), op_.world_rank(r), describe(other)),
+        {.rank = op_.world_rank(op_.rank()), .peer = op_.world_rank(op_.rank() == 0 ? r : 0)});
     co_await release();
     finish();  // every rank fails at the same point: the arena is still in step
     throw mismatch;

@@ -4,11 +4,11 @@
 // start(): waits until the operations issued before this one have left the arena
 // (tickets taken at the call), maps the arena on first use (rank 0 names it, the others
 // acknowledge; then each rank probes reading every peer's memory, and single copy is
-// agreed by all or none, for all-reduce separately: shared_memory_arena.hpp), and refuses to run on an arena an earlier failure left broken.
-// post(): writes this rank's record (buffer addresses, the call's fingerprint) and waits
-// for every rank's: a call that differs fails on every rank, naming both sides, before
-// anyone reads another's buffer. release(): waits until every rank is done reading, so
-// buffers may be reused and records rewritten. A turn that ends without finish() (an
+// agreed by all or none, for all-reduce separately: shared_memory_arena.hpp), and refuses to run on
+// an arena an earlier failure left broken. post(): writes this rank's record (buffer addresses, the
+// call's fingerprint) and waits for every rank's: a call that differs fails on every rank, naming
+// both sides, before anyone reads another's buffer. release(): waits until every rank is done
+// reading, so buffers may be reused and records rewritten. A turn that ends without finish() (an
 // error, a dead peer) marks the arena broken: the ranks no longer agree on its flags.
 #pragma once
 

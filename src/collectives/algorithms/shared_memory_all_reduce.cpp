@@ -30,11 +30,11 @@
 // Flags carry generations, so they never need resetting, and the waits order every reuse
 // of records, slots and the result area. The waits cost a few microseconds each, so small
 // vectors stay with recursive doubling.
-#include "arena_turn.hpp"
-#include "algorithms.hpp"
-
 #include <algorithm>
 #include <cstring>
+
+#include "algorithms.hpp"
+#include "arena_turn.hpp"
 
 namespace braid::collectives::detail {
 namespace {

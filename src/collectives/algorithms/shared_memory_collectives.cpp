@@ -19,10 +19,10 @@
 // Where the members cannot read each other's memory (the kernel forbids it, or
 // BRAID_SHM_SINGLE_COPY=0), and for the variable-count forms, these return false
 // without touching the arena and the Communicator runs the message algorithm.
+#include <cstring>
+
 #include "algorithms.hpp"
 #include "arena_turn.hpp"
-
-#include <cstring>
 
 namespace braid::collectives::detail {
 namespace {
@@ -70,9 +70,9 @@ asio::awaitable<void> run_single_copy(ArenaTurn& turn, CollectiveOp& op,
     case scatter: {
       const std::size_t block = call.output.size_bytes();
       if (me == root) {
-        copy_own_block(Buffer(bytes_of(call.input) + me * block, call.output.count(),
-                              call.output.dtype()),
-                       bytes_of(call.output));
+        copy_own_block(
+            Buffer(bytes_of(call.input) + me * block, call.output.count(), call.output.dtype()),
+            bytes_of(call.output));
       } else {
         turn.read_input(root, me * block, call.output.data(), block);
       }
@@ -80,17 +80,17 @@ asio::awaitable<void> run_single_copy(ArenaTurn& turn, CollectiveOp& op,
     }
     case reduce_scatter: {
       const std::size_t count = call.output.count();
-      fold_block(turn, op, call.input, static_cast<std::size_t>(me) * count, count,
-                 call.reduce_op, bytes_of(call.output), -1);
+      fold_block(turn, op, call.input, static_cast<std::size_t>(me) * count, count, call.reduce_op,
+                 bytes_of(call.output), -1);
       break;
     }
     case reduce: {
       const EvenSplit blocks{call.input.count(), static_cast<std::size_t>(world)};
       const std::size_t first = blocks.offset(static_cast<std::size_t>(me));
-      fold_block(turn, op, call.input, first, blocks.size(static_cast<std::size_t>(me)),
-                 call.reduce_op,
-                 me == root ? bytes_of(call.output) + first * dtype_size(call.input.dtype()) : nullptr,
-                 root);
+      fold_block(
+          turn, op, call.input, first, blocks.size(static_cast<std::size_t>(me)), call.reduce_op,
+          me == root ? bytes_of(call.output) + first * dtype_size(call.input.dtype()) : nullptr,
+          root);
       break;
     }
     case all_to_all: {
@@ -110,7 +110,8 @@ asio::awaitable<void> run_single_copy(ArenaTurn& turn, CollectiveOp& op,
       co_await turn.wait_all(Stage::reduced, "every rank's reads of the blocks");
       if (in_place) {
         for (int peer = 0; peer < world; ++peer) {
-          if (peer != me) std::memcpy(bytes_of(call.output) + peer * block, into + peer * block, block);
+          if (peer != me)
+            std::memcpy(bytes_of(call.output) + peer * block, into + peer * block, block);
         }
       }
       break;

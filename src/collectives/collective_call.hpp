@@ -13,6 +13,7 @@
 
 namespace braid::collectives {
 struct HierarchyPlan;
+class SelectionTable;
 }  // namespace braid::collectives
 
 namespace braid::collectives::detail {
@@ -34,8 +35,9 @@ struct CollectiveCall {
   // shared_memory: the arena and this call's place in its order.
   class SharedMemoryArena* arena = nullptr;
   std::uint64_t arena_ticket = 0;
-  // hierarchical: the communicator's plan.
+  // hierarchical: the communicator's plan, and its table for the cross-node phase.
   const HierarchyPlan* hierarchy = nullptr;
+  const SelectionTable* selection = nullptr;
 };
 
 // What every rank must agree on for a call, exchanged under BRAID_DEBUG=detail. Plain

@@ -206,7 +206,7 @@ asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call
           co_return;
         case Algorithm::hierarchical:
           co_await detail::hierarchical_all_reduce(op, call.input, call.output, call.reduce_op,
-                                                   *call.hierarchy);
+                                                   *call.hierarchy, *call.selection);
           co_return;
         default:
           co_await detail::ring_all_reduce(op, call.input, call.output, call.reduce_op);
@@ -603,6 +603,7 @@ asio::awaitable<void> Communicator::submit(std::unique_ptr<CollectiveCall> call)
         selection_->select(call->kind, call->bytes, size(),
                            {.one_node = false, .grouped_nodes = hierarchy_.worth_it()});
     call->hierarchy = &hierarchy_;
+    call->selection = selection_.get();
     call->sequence = take_sequence();
     call->deadline = deadline_for(timeout_);
     std::shared_ptr<Communicator> self = shared_from_this();
@@ -615,6 +616,7 @@ asio::awaitable<void> Communicator::submit(std::unique_ptr<CollectiveCall> call)
     call->arena_ticket = arena_->take_ticket();
   }
   call->hierarchy = &hierarchy_;
+  call->selection = selection_.get();
   call->sequence = take_sequence();
   call->deadline = deadline_for(timeout_);
   std::shared_ptr<Communicator> self = shared_from_this();

@@ -142,6 +142,31 @@ TEST_P(Hierarchical, AllReduceMatchesTheSerialReferenceForEveryDtypeAndOp) {
       options, nodes);
 }
 
+// The phase across nodes takes its algorithm from the selection table (its bytes, its
+// ranks): each one the table can name gives the reference result.
+TEST_P(Hierarchical, TheCrossNodePhaseRunsWhicheverAlgorithmTheTableNames) {
+  const std::vector<int>& nodes = GetParam().node_of_rank;
+  const int world = static_cast<int>(nodes.size());
+  for (const char* across : {"ring", "recursive_doubling", "halving_doubling"}) {
+    Communicator::Options options;
+    options.selection = forcing(fmt::format("allreduce:0-inf:hierarchical#0-inf:{}", across));
+    run_ranks(
+        world,
+        [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+          Mismatch mismatch;
+          for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+            for (std::size_t count : kCounts) {
+              co_await check_all_reduce(*comm, DType::f32, op, count,
+                                        fmt::format("hierarchical, {} across", across),
+                                        mismatch);
+            }
+          }
+          EXPECT_EQ(mismatch.what, "");
+        },
+        options, nodes);
+  }
+}
+
 TEST_P(Hierarchical, TheBuiltInTableChoosesItForLargeVectorsAndEveryRankEndsBitIdentical) {
   const std::vector<int>& nodes = GetParam().node_of_rank;
   const int world = static_cast<int>(nodes.size());

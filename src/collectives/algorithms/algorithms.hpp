@@ -20,6 +20,7 @@
 
 namespace braid::collectives {
 struct HierarchyPlan;
+class SelectionTable;
 }  // namespace braid::collectives
 
 namespace braid::collectives::detail {
@@ -47,9 +48,11 @@ asio::awaitable<void> pairwise_all_to_all(CollectiveOp& op, Buffer input,
                                           std::span<const std::size_t> recv_counts);
 asio::awaitable<void> dissemination_barrier(CollectiveOp& op);
 
-// Within nodes, then across them, then within again; `plan` says who is where.
+// Within nodes, then across them, then within again; `plan` says who is where, and
+// `selection` picks the cross-node phase's algorithm for its bytes and ranks.
 asio::awaitable<void> hierarchical_all_reduce(CollectiveOp& op, Buffer input, Buffer output,
-                                              ReduceOp reduce_op, const HierarchyPlan& plan);
+                                              ReduceOp reduce_op, const HierarchyPlan& plan,
+                                              const SelectionTable& selection);
 
 // Through the communicator's shared-memory arena (call.arena), when call.arena_ticket
 // comes up in its issue order. all_reduce always runs there; the other collectives only

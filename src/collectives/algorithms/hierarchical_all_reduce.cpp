@@ -5,8 +5,8 @@
 // Uniform (N nodes of L ranks each, P = N L; alpha_l, beta_l within a node, alpha_x,
 // beta_x across nodes):
 //   1. ring reduce-scatter within the node: rank i of the node ends with block i;
-//   2. all-reduce of block i (n/L bytes) across the rail of ranks i, ring or recursive
-//      doubling by its size;
+//   2. all-reduce of block i (n/L bytes) across the rail of ranks i, by the algorithm the
+//      selection table gives its size and ranks;
 //   3. ring all-gather within the node.
 //   time ~ 2(L-1) alpha_l + 2 (L-1)/L n beta_l + 2(N-1) alpha_x + 2 (N-1)/N (n/L) beta_x
 //          + gamma terms
@@ -25,30 +25,41 @@
 #include "algorithms.hpp"
 #include "ring_phases.hpp"
 
+#include <braid/collectives/selection.hpp>
+
 namespace braid::collectives::detail {
 namespace {
-
-// Below this the rails' vectors are latency-bound: recursive doubling beats the ring.
-constexpr std::size_t kCrossRingFromBytes = 64 * 1024;
 
 // Steps of the second intra-node phase start here: the first used fewer (RingLayout keeps
 // an operation's steps under the tag's width), and the cross-node phase talks to other
 // peers.
 constexpr std::uint32_t kSecondLocalPhaseStep = kAlgorithmSteps / 2;
 
+// The all-reduce among the rail (or the leaders), run as the selection table says for
+// its bytes and ranks placed on separate nodes: latency-bound sizes recursive doubling,
+// then halving-doubling, then ring (docs/algorithms.md), or what BRAID_ALGO sets.
 asio::awaitable<void> cross_node_all_reduce(CollectiveOp& op, const Buffer& data,
-                                            ReduceOp op_kind) {
-  if (data.size_bytes() >= kCrossRingFromBytes) {
-    co_await ring_all_reduce(op, data, data, op_kind);
-  } else {
-    co_await recursive_doubling_all_reduce(op, data, data, op_kind);
+                                            ReduceOp op_kind, const SelectionTable& selection) {
+  const Algorithm algorithm =
+      selection.select(CollectiveKind::all_reduce, data.size_bytes(), op.size(),
+                       {.one_node = false, .grouped_nodes = false});
+  switch (algorithm) {
+    case Algorithm::recursive_doubling:
+      co_await recursive_doubling_all_reduce(op, data, data, op_kind);
+      co_return;
+    case Algorithm::halving_doubling:
+      co_await halving_doubling_all_reduce(op, data, data, op_kind);
+      co_return;
+    default:
+      co_await ring_all_reduce(op, data, data, op_kind);
   }
 }
 
 }  // namespace
 
 asio::awaitable<void> hierarchical_all_reduce(CollectiveOp& op, Buffer input, Buffer output,
-                                              ReduceOp reduce_op, const HierarchyPlan& plan) {
+                                              ReduceOp reduce_op, const HierarchyPlan& plan,
+                                              const SelectionTable& selection) {
   const Buffer out = output;
   const int everyone = op.size();
   copy(out, input);
@@ -70,7 +81,7 @@ asio::awaitable<void> hierarchical_all_reduce(CollectiveOp& op, Buffer input, Bu
     if (plan.cross_group.size() > 1) {
       const CollectiveOp::Subgroup rail(op, plan.cross_group);
       auto crossing = op.phase(trace::Name("cross-node all-reduce"), mine.size_bytes());
-      co_await cross_node_all_reduce(op, mine, phase_op);
+      co_await cross_node_all_reduce(op, mine, phase_op, selection);
     }
     finish_average(mine, reduce_op, everyone);
     if (local_size > 1) {
@@ -90,7 +101,7 @@ asio::awaitable<void> hierarchical_all_reduce(CollectiveOp& op, Buffer input, Bu
     if (plan.cross_group.size() > 1) {
       const CollectiveOp::Subgroup leaders(op, plan.cross_group);
       auto crossing = op.phase(trace::Name("cross-node all-reduce"), out.size_bytes());
-      co_await cross_node_all_reduce(op, out, phase_op);
+      co_await cross_node_all_reduce(op, out, phase_op, selection);
     }
     finish_average(out, reduce_op, everyone);
   }

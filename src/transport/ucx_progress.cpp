@@ -107,14 +107,14 @@ void UcxWorkerImpl::open() {
       BRAID_UCX_CHECK(ucp_init(&params, config, &context_), where);
     } catch (...) {
       ucp_config_release(config);
-      ucp_context_attr_t context_attributes{};
-      context_attributes.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
-      if (ucp_context_query(context_, &context_attributes) == UCS_OK) {
-        moves_cuda_memory_ = (context_attributes.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
-      }
       throw;
     }
     ucp_config_release(config);
+    ucp_context_attr_t context_attributes{};
+    context_attributes.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+    if (ucp_context_query(context_, &context_attributes) == UCS_OK) {
+      moves_cuda_memory_ = (context_attributes.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+    }
 
     ucp_worker_params_t worker_params{};
     worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;

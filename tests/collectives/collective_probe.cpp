@@ -160,15 +160,26 @@ awaitable<std::string> check(Communicator& comm) {
 // Returns normally only if no all_reduce failed. 4 MiB: shared memory, several chunks.
 // The buffer dies with the coroutine: a failed collective must have ended every transfer
 // into or out of it before the error reaches us.
-awaitable<void> die(Communicator& comm, int doomed) {
-  std::vector<float> data(std::size_t{1} << 20, 1.0F);
-  co_await comm.all_reduce(Buffer(data), ReduceOp::avg);
+// `collective`: all_reduce, or broadcast / all_gather (from rank 0, in place).
+awaitable<void> die(Communicator& comm, int doomed, std::string collective) {
+  // Splits into equal blocks for the in-place all-gather: 1 MiB per rank.
+  std::vector<float> data(static_cast<std::size_t>(comm.size()) << 18, 1.0F);
+  auto once = [&]() -> awaitable<void> {
+    if (collective == "broadcast") {
+      co_await comm.broadcast(Buffer(data), 0);
+    } else if (collective == "all_gather") {
+      co_await comm.all_gather(Buffer(data));
+    } else {
+      co_await comm.all_reduce(Buffer(data), ReduceOp::avg);
+    }
+  };
+  co_await once();
   if (comm.rank() == doomed) std::raise(SIGKILL);
-  for (int i = 0; i < 1000; ++i) co_await comm.all_reduce(Buffer(data), ReduceOp::avg);
+  for (int i = 0; i < 1000; ++i) co_await once();
 }
 
 int usage() {
-  std::cerr << "usage: collective_probe check | die RANK\n";
+  std::cerr << "usage: collective_probe check | die RANK [all_reduce|broadcast|all_gather]\n";
   return 2;
 }
 
@@ -200,7 +211,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     try {
-      runtime.spawn(die(*comm, doomed)).get();
+      runtime.spawn(die(*comm, doomed, argc > 3 ? argv[3] : "all_reduce")).get();
     } catch (const braid::Error& e) {
       std::cerr << "rank " << rank << " saw: " << e.what() << "\n";
       return 3;

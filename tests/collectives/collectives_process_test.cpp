@@ -97,22 +97,25 @@ struct Death {
   int world;
   int doomed;
   const char* single_copy;  // BRAID_SHM_SINGLE_COPY
+  const char* collective = "all_reduce";
 };
 
 class CollectivesPeerFailure : public ::testing::TestWithParam<Death> {};
 
-// Every survivor's all_reduce fails naming the dead rank, including survivors that never
-// exchange a message with it (4 ranks, rank 2 dies: rank 0's ring neighbours are 1 and 3),
-// and no survivor crashes afterwards (its buffers are freed right after the error).
-TEST_P(CollectivesPeerFailure, AKilledRankFailsEverySurvivorsAllReduceNamingIt) {
-  const auto [world, doomed, single_copy] = GetParam();
+// Every survivor's collective (all-reduce; broadcast and all-gather by single copy) fails
+// naming the dead rank, including survivors that never exchange a message with it (4
+// ranks, rank 2 dies: rank 0's ring neighbours are 1 and 3), and no survivor crashes
+// afterwards (its buffers are freed right after the error).
+TEST_P(CollectivesPeerFailure, AKilledRankFailsEverySurvivorsCollectiveNamingIt) {
+  const auto [world, doomed, single_copy, collective] = GetParam();
   // BRAID_TIMEOUT is short so that a survivor that is never told would time out (and the
   // test fail on its message) rather than hang; the grace lets survivors, which ignore
   // braid-run's SIGTERM, report what they saw.
-  auto result = ChildProcess({braid_run(), "-n", std::to_string(world), "--grace", "40",
-                              "--timeout", "50", probe(), "die", std::to_string(doomed)},
-                             {{"BRAID_TIMEOUT", "20"}, {"BRAID_SHM_SINGLE_COPY", single_copy}}, 60s)
-                    .wait();
+  auto result =
+      ChildProcess({braid_run(), "-n", std::to_string(world), "--grace", "40", "--timeout", "50",
+                    probe(), "die", std::to_string(doomed), collective},
+                   {{"BRAID_TIMEOUT", "20"}, {"BRAID_SHM_SINGLE_COPY", single_copy}}, 60s)
+          .wait();
   // braid-run reports the first failure, the doomed rank's death, and fails with its status.
   EXPECT_EQ(result.status, 128 + SIGKILL) << result.out << result.err;
   EXPECT_THAT(result.err, HasSubstr(fmt::format("braid-run: rank {} (pid ", doomed)));
@@ -122,7 +125,7 @@ TEST_P(CollectivesPeerFailure, AKilledRankFailsEverySurvivorsAllReduceNamingIt) 
     if (survivor == doomed) continue;
     const auto saw = lines_with(result.err, fmt::format("[{}] rank {} saw: ", survivor, survivor));
     ASSERT_EQ(saw.size(), 1U) << result.out << result.err;
-    EXPECT_THAT(saw[0], HasSubstr(fmt::format("rank {}: all_reduce", survivor)));
+    EXPECT_THAT(saw[0], HasSubstr(fmt::format("rank {}: {}", survivor, collective)));
     EXPECT_THAT(saw[0], HasSubstr(fmt::format("(peer rank {}", doomed)));
     EXPECT_THAT(saw[0], HasSubstr("peer failed"));
   }
@@ -164,10 +167,12 @@ TEST(CollectivesPeerFailure, AKilledRankFailsAHierarchicalAllReduceOnBothNodes) 
 
 INSTANTIATE_TEST_SUITE_P(Deaths, CollectivesPeerFailure,
                          ::testing::Values(Death{3, 1, "1"}, Death{3, 0, "0"}, Death{4, 2, "auto"},
-                                           Death{2, 1, "1"}),
+                                           Death{2, 1, "1"}, Death{2, 0, "1", "broadcast"},
+                                           Death{3, 2, "auto", "all_gather"}),
                          [](const auto& info) {
-                           return fmt::format("rank{}of{}_single_copy_{}", info.param.doomed,
-                                              info.param.world, info.param.single_copy);
+                           return fmt::format("{}_rank{}of{}_single_copy_{}", info.param.collective,
+                                              info.param.doomed, info.param.world,
+                                              info.param.single_copy);
                          });
 
 }  // namespace

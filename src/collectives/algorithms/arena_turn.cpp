@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstring>
 #include <string>
 #include <unistd.h>
@@ -188,6 +189,14 @@ void ArenaTurn::write_output(int rank, std::size_t offset, const void* from, std
 }
 
 void ArenaTurn::cross_memory_failed(int rank, int error, std::string_view what) {
+  if (error == ESRCH) {
+    // Its process is gone: the same failure a dead peer is everywhere else.
+    throw Error(
+        Errc::peer_failed,
+        fmt::format("rank {}'s process ({}) is gone; its buffer cannot be {}", op_.world_rank(rank),
+                    arena_.record(rank).pid, what == "read" ? "read" : "written"),
+        {.rank = op_.world_rank(op_.rank()), .peer = op_.world_rank(rank)});
+  }
   throw Error(std::error_code(error, std::generic_category()),
               fmt::format("cannot {} rank {}'s buffer (process {}) through cross-memory attach",
                           what, op_.world_rank(rank), arena_.record(rank).pid),

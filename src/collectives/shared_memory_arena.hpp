@@ -103,6 +103,9 @@ class SharedMemoryArena {
   // one per chunk copied through the segment.
   std::uint64_t next_generation() noexcept { return ++generation_; }
   SingleCopy policy() const noexcept { return policy_; }
+  // More members than usable CPUs (decided when mapping): waits must not spin long.
+  bool crowded() const noexcept { return crowded_; }
+  void set_crowded(bool crowded) noexcept { crowded_ = crowded; }
   // Whether every member reads every other's memory, and whether all-reduce does too
   // (agreed when mapping).
   bool single_copy() const noexcept { return single_copy_; }
@@ -130,6 +133,7 @@ class SharedMemoryArena {
   bool broken_ = false;
   bool single_copy_ = false;
   bool single_copy_all_reduce_ = false;
+  bool crowded_ = false;
   std::uint64_t probe_word_ = kProbeValue;
 };
 

@@ -84,6 +84,7 @@ asio::awaitable<void> ArenaTurn::map() {
   mine.probe = arena_.probe_address();
   raise(Stage::posted);
   co_await wait_all(Stage::posted, "every rank's shared-memory record");
+  arena_.set_crowded(world > usable_cpus());
   const SingleCopy policy = arena_.policy();
   bool reads_all = policy != SingleCopy::never;
   for (int r = 0; r < world && reads_all; ++r) {

@@ -44,6 +44,11 @@ class ArenaTurn {
   std::uint64_t generation() const noexcept { return generation_; }
   const RankRecord& record(int rank) noexcept { return arena_.record(rank); }
 
+  // How long to spin for partners busy with this same operation (collective_op.hpp).
+  std::chrono::microseconds busy_spin_window() const noexcept {
+    return arena_.crowded() ? kSpinWindow : kPartnersBusySpinWindow;
+  }
+
   void raise(Stage stage) noexcept;
   // Waits on other ranks' flags. Until every rank has posted, a partner may still be
   // computing, so the waits nap after a short spin; after that, partners are busy with
@@ -59,7 +64,7 @@ class ArenaTurn {
  private:
   asio::awaitable<void> map();
   std::chrono::microseconds spin_window() const noexcept {
-    return all_posted_ ? kPartnersBusySpinWindow : kSpinWindow;
+    return all_posted_ ? busy_spin_window() : kSpinWindow;
   }
   [[noreturn]] void cross_memory_failed(int rank, int error, std::string_view what);
 

@@ -91,7 +91,7 @@ asio::awaitable<void> copy_through_segment(ArenaTurn& turn, CollectiveOp& op, Bu
                 n * element);
     arena.flag(me, Stage::arrived).store(generation, std::memory_order_release);
     co_await op.poll_until(all_reached(Stage::arrived, generation),
-                           "every rank's copy into shared memory", kPartnersBusySpinWindow);
+                           "every rank's copy into shared memory", turn.busy_spin_window());
     const EvenSplit parts{n, static_cast<std::size_t>(world)};
     const std::size_t first = parts.offset(static_cast<std::size_t>(me));
     const std::size_t length = parts.size(static_cast<std::size_t>(me));
@@ -104,7 +104,7 @@ asio::awaitable<void> copy_through_segment(ArenaTurn& turn, CollectiveOp& op, Bu
     }
     arena.flag(me, Stage::reduced).store(generation, std::memory_order_release);
     co_await op.poll_until(all_reached(Stage::reduced, generation),
-                           "every rank's share of the reduction", kPartnersBusySpinWindow);
+                           "every rank's share of the reduction", turn.busy_spin_window());
     std::memcpy(static_cast<std::byte*>(output.data()) + offset * element, arena.result(),
                 n * element);
   }

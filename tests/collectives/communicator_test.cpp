@@ -157,8 +157,7 @@ TEST_P(Hierarchical, TheCrossNodePhaseRunsWhicheverAlgorithmTheTableNames) {
           for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
             for (std::size_t count : kCounts) {
               co_await check_all_reduce(*comm, DType::f32, op, count,
-                                        fmt::format("hierarchical, {} across", across),
-                                        mismatch);
+                                        fmt::format("hierarchical, {} across", across), mismatch);
             }
           }
           EXPECT_EQ(mismatch.what, "");
@@ -579,16 +578,23 @@ TEST(Mismatch, CountsThatDifferAcrossRanksAreASizeMismatchNeverATruncation) {
   EXPECT_GE(size_mismatches, 1);
 }
 
+// Options for the mismatch tests: `rules` forced, no fingerprints (the algorithms must
+// notice on their own), and a deadline short enough for a failure to show as one.
+Communicator::Options unchecked_forcing(std::string_view rules) {
+  Communicator::Options options;
+  options.timeout = std::chrono::seconds(10);
+  options.check_fingerprints = false;
+  options.selection = forcing(rules);
+  return options;
+}
+
 // Through shared memory ranks read each other's buffers, so a count that differs must be
 // caught before anyone reads: every rank fails naming both sides, in both modes, and the
 // communicator stays usable.
 TEST(Mismatch, SharedMemoryAllReduceChecksEveryRanksCountBeforeReadingAnyBuffer) {
   for (const char* single_copy : {"1", "0"}) {
     const braid::testing::ScopedEnv policy("BRAID_SHM_SINGLE_COPY", single_copy);
-    Communicator::Options options;
-    options.timeout = std::chrono::seconds(10);
-    options.check_fingerprints = false;
-    options.selection = forcing("allreduce:0-inf:shared_memory");
+    const Communicator::Options options = unchecked_forcing("allreduce:0-inf:shared_memory");
     std::atomic<int> size_mismatches{0};
     run_ranks(
         3,
@@ -614,10 +620,8 @@ TEST(Mismatch, SharedMemoryAllReduceChecksEveryRanksCountBeforeReadingAnyBuffer)
 
 TEST(Mismatch, SingleCopyCollectivesCheckEveryRanksCallBeforeReadingAnyBuffer) {
   const braid::testing::ScopedEnv policy("BRAID_SHM_SINGLE_COPY", "1");
-  Communicator::Options options;
-  options.timeout = std::chrono::seconds(10);
-  options.check_fingerprints = false;
-  options.selection = forcing("allgather:0-inf:shared_memory;broadcast:0-inf:shared_memory");
+  const Communicator::Options options =
+      unchecked_forcing("allgather:0-inf:shared_memory;broadcast:0-inf:shared_memory");
   std::atomic<int> mismatches{0};
   run_ranks(
       3,

@@ -194,13 +194,6 @@ asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call
   switch (call.kind) {
     case all_reduce:
       switch (call.algorithm) {
-        case Algorithm::recursive_doubling:
-          co_await detail::recursive_doubling_all_reduce(op, call.input, call.output,
-                                                         call.reduce_op);
-          co_return;
-        case Algorithm::halving_doubling:
-          co_await detail::halving_doubling_all_reduce(op, call.input, call.output, call.reduce_op);
-          co_return;
         case Algorithm::shared_memory:
           co_await detail::shared_memory_all_reduce(op, call);
           co_return;
@@ -209,7 +202,8 @@ asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call
                                                    *call.hierarchy, *call.selection);
           co_return;
         default:
-          co_await detail::ring_all_reduce(op, call.input, call.output, call.reduce_op);
+          co_await detail::message_all_reduce(op, call.input, call.output, call.reduce_op,
+                                              call.algorithm);
           co_return;
       }
     case reduce_scatter:

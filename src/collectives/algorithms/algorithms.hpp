@@ -12,6 +12,7 @@
 
 #include <boost/asio/awaitable.hpp>
 
+#include <braid/collectives/algorithm.hpp>
 #include <braid/core/buffer.hpp>
 #include <braid/core/reduce_op.hpp>
 
@@ -47,6 +48,10 @@ asio::awaitable<void> pairwise_all_to_all(CollectiveOp& op, Buffer input,
                                           std::span<const std::size_t> send_counts, Buffer output,
                                           std::span<const std::size_t> recv_counts);
 asio::awaitable<void> dissemination_barrier(CollectiveOp& op);
+
+// recursive_doubling or halving_doubling by name; ring for any other algorithm.
+asio::awaitable<void> message_all_reduce(CollectiveOp& op, Buffer input, Buffer output,
+                                         ReduceOp reduce_op, Algorithm algorithm);
 
 // Within nodes, then across them, then within again; `plan` says who is where, and
 // `selection` picks the cross-node phase's algorithm for its bytes and ranks.

@@ -21,11 +21,10 @@
 // Every rank ends bit-identical: each block is reduced once, on one rail, then copied.
 // avg sums through all phases and divides once by P. Scratch: that of the phases.
 #include <braid/collectives/hierarchy.hpp>
+#include <braid/collectives/selection.hpp>
 
 #include "algorithms.hpp"
 #include "ring_phases.hpp"
-
-#include <braid/collectives/selection.hpp>
 
 namespace braid::collectives::detail {
 namespace {
@@ -38,21 +37,12 @@ constexpr std::uint32_t kSecondLocalPhaseStep = kAlgorithmSteps / 2;
 // The all-reduce among the rail (or the leaders), run as the selection table says for
 // its bytes and ranks placed on separate nodes: latency-bound sizes recursive doubling,
 // then halving-doubling, then ring (docs/algorithms.md), or what BRAID_ALGO sets.
-asio::awaitable<void> cross_node_all_reduce(CollectiveOp& op, const Buffer& data,
-                                            ReduceOp op_kind, const SelectionTable& selection) {
-  const Algorithm algorithm =
+asio::awaitable<void> cross_node_all_reduce(CollectiveOp& op, const Buffer& data, ReduceOp op_kind,
+                                            const SelectionTable& selection) {
+  co_await message_all_reduce(
+      op, data, data, op_kind,
       selection.select(CollectiveKind::all_reduce, data.size_bytes(), op.size(),
-                       {.one_node = false, .grouped_nodes = false});
-  switch (algorithm) {
-    case Algorithm::recursive_doubling:
-      co_await recursive_doubling_all_reduce(op, data, data, op_kind);
-      co_return;
-    case Algorithm::halving_doubling:
-      co_await halving_doubling_all_reduce(op, data, data, op_kind);
-      co_return;
-    default:
-      co_await ring_all_reduce(op, data, data, op_kind);
-  }
+                       {.one_node = false, .grouped_nodes = false}));
 }
 
 }  // namespace

@@ -172,14 +172,15 @@ asio::awaitable<void> ArenaTurn::wait_all(Stage stage, std::string_view what) {
 }
 
 void ArenaTurn::read_input(int rank, std::size_t offset, void* into, std::size_t bytes) {
-  const RankRecord& peer = arena_.record(rank);
-  const int error = read_process_memory(peer.pid, peer.input + offset, into, bytes);
-  if (error != 0) cross_memory_failed(rank, error, "read");
+  read(rank, arena_.record(rank).input + offset, into, bytes);
 }
 
 void ArenaTurn::read_output(int rank, std::size_t offset, void* into, std::size_t bytes) {
-  const RankRecord& peer = arena_.record(rank);
-  const int error = read_process_memory(peer.pid, peer.output + offset, into, bytes);
+  read(rank, arena_.record(rank).output + offset, into, bytes);
+}
+
+void ArenaTurn::read(int rank, std::uint64_t remote, void* into, std::size_t bytes) {
+  const int error = read_process_memory(arena_.record(rank).pid, remote, into, bytes);
   if (error != 0) cross_memory_failed(rank, error, "read");
 }
 
@@ -211,7 +212,8 @@ void fold_block(ArenaTurn& turn, CollectiveOp& op, const Buffer& input, std::siz
   const DType dtype = input.dtype();
   const std::size_t element = dtype_size(dtype);
   const std::size_t piece_elements = kFoldPieceBytes / element;
-  ScratchPool::Lease scratch = op.scratch(3 * piece_elements * element);
+  // Two landing pieces, and a third for the result when it goes to the root.
+  ScratchPool::Lease scratch = op.scratch((out == nullptr ? 3 : 2) * piece_elements * element);
   std::byte* const landing[2] = {scratch.data(), scratch.data() + piece_elements * element};
   std::byte* const result = scratch.data() + 2 * piece_elements * element;
   const auto* in = static_cast<const std::byte*>(input.data());

@@ -42,17 +42,15 @@ class ArenaTurn {
   bool single_copy_all_reduce() const noexcept { return arena_.single_copy_all_reduce(); }
   // This operation's generation (post() takes it).
   std::uint64_t generation() const noexcept { return generation_; }
+  // Copy-through: each chunk raises and waits on flags of a generation of its own.
+  void next_chunk() noexcept { generation_ = arena_.next_generation(); }
   const RankRecord& record(int rank) noexcept { return arena_.record(rank); }
-
-  // How long to spin for partners busy with this same operation (collective_op.hpp).
-  std::chrono::microseconds busy_spin_window() const noexcept {
-    return arena_.crowded() ? kSpinWindow : kPartnersBusySpinWindow;
-  }
 
   void raise(Stage stage) noexcept;
   // Waits on other ranks' flags. Until every rank has posted, a partner may still be
   // computing, so the waits nap after a short spin; after that, partners are busy with
-  // this very operation and the waits spin longer (collective_op.hpp).
+  // this very operation and the waits spin longer, unless the node has more members than
+  // cores (collective_op.hpp).
   asio::awaitable<void> wait_for(int rank, Stage stage, std::string_view what);
   asio::awaitable<void> wait_all(Stage stage, std::string_view what);
   // Single copy: `bytes` at byte `offset` of rank's input or output, into or from ours.
@@ -64,8 +62,9 @@ class ArenaTurn {
  private:
   asio::awaitable<void> map();
   std::chrono::microseconds spin_window() const noexcept {
-    return all_posted_ ? busy_spin_window() : kSpinWindow;
+    return all_posted_ && !arena_.crowded() ? kPartnersBusySpinWindow : kSpinWindow;
   }
+  void read(int rank, std::uint64_t remote, void* into, std::size_t bytes);
   [[noreturn]] void cross_memory_failed(int rank, int error, std::string_view what);
 
   CollectiveOp& op_;

@@ -75,23 +75,14 @@ asio::awaitable<void> copy_through_segment(ArenaTurn& turn, CollectiveOp& op, Bu
   const DType dtype = input.dtype();
   const std::size_t element = dtype_size(dtype);
   const std::size_t chunk_elements = SharedMemoryArena::kSlotBytes / element;
-  auto all_reached = [&arena, world](Stage stage, std::uint64_t generation) {
-    return [shared = &arena, world, stage, generation] {
-      for (int r = 0; r < world; ++r) {
-        if (shared->flag(r, stage).load(std::memory_order_acquire) < generation) return false;
-      }
-      return true;
-    };
-  };
   for (std::size_t offset = 0; offset < input.count(); offset += chunk_elements) {
     const std::size_t n = std::min(chunk_elements, input.count() - offset);
     const trace::AsyncSpan chunk = op.phase("shared_memory.chunk", n * element);
-    const std::uint64_t generation = arena.next_generation();
+    turn.next_chunk();
     std::memcpy(arena.slot(me), static_cast<const std::byte*>(input.data()) + offset * element,
                 n * element);
-    arena.flag(me, Stage::arrived).store(generation, std::memory_order_release);
-    co_await op.poll_until(all_reached(Stage::arrived, generation),
-                           "every rank's copy into shared memory", turn.busy_spin_window());
+    turn.raise(Stage::arrived);
+    co_await turn.wait_all(Stage::arrived, "every rank's copy into shared memory");
     const EvenSplit parts{n, static_cast<std::size_t>(world)};
     const std::size_t first = parts.offset(static_cast<std::size_t>(me));
     const std::size_t length = parts.size(static_cast<std::size_t>(me));
@@ -102,9 +93,8 @@ asio::awaitable<void> copy_through_segment(ArenaTurn& turn, CollectiveOp& op, Bu
       for (int r = 2; r < world; ++r) combine(result, result, part_of(arena.slot(r)), reduce_op);
       finish_average(result, reduce_op, world);
     }
-    arena.flag(me, Stage::reduced).store(generation, std::memory_order_release);
-    co_await op.poll_until(all_reached(Stage::reduced, generation),
-                           "every rank's share of the reduction", turn.busy_spin_window());
+    turn.raise(Stage::reduced);
+    co_await turn.wait_all(Stage::reduced, "every rank's share of the reduction");
     std::memcpy(static_cast<std::byte*>(output.data()) + offset * element, arena.result(),
                 n * element);
   }

@@ -31,12 +31,6 @@ std::byte* bytes_of(const Buffer& buffer) {
   return static_cast<std::byte*>(buffer.data());
 }
 
-void copy_own_block(const Buffer& from, std::byte* into) {
-  if (from.data() != into && from.size_bytes() != 0) {
-    std::memcpy(into, from.data(), from.size_bytes());
-  }
-}
-
 asio::awaitable<void> run_single_copy(ArenaTurn& turn, CollectiveOp& op,
                                       const CollectiveCall& call) {
   const int world = op.size();
@@ -55,7 +49,7 @@ asio::awaitable<void> run_single_copy(ArenaTurn& turn, CollectiveOp& op,
         const int peer = (me + step) % world;
         turn.read_input(peer, 0, bytes_of(call.output) + peer * block, block);
       }
-      copy_own_block(call.input, bytes_of(call.output) + me * block);
+      copy(call.output.slice(me * call.input.count(), call.input.count()), call.input);
       break;
     }
     case gather:
@@ -64,15 +58,13 @@ asio::awaitable<void> run_single_copy(ArenaTurn& turn, CollectiveOp& op,
         for (int peer = 0; peer < world; ++peer) {
           if (peer != me) turn.read_input(peer, 0, bytes_of(call.output) + peer * block, block);
         }
-        copy_own_block(call.input, bytes_of(call.output) + me * block);
+        copy(call.output.slice(me * call.input.count(), call.input.count()), call.input);
       }
       break;
     case scatter: {
       const std::size_t block = call.output.size_bytes();
       if (me == root) {
-        copy_own_block(
-            Buffer(bytes_of(call.input) + me * block, call.output.count(), call.output.dtype()),
-            bytes_of(call.output));
+        copy(call.output, call.input.slice(me * call.output.count(), call.output.count()));
       } else {
         turn.read_input(root, me * block, call.output.data(), block);
       }

@@ -348,14 +348,13 @@ std::vector<Row> run_openmpi(const CollectivesOptions& options, int ranks) {
 
 std::vector<Row> run_gloo(const CollectivesOptions& options, int ranks) {
   const std::string script = sibling_program("braid-bench-gloo-peer.py");
-  const std::string python = "/usr/bin/python3";
-  if (access(python.c_str(), X_OK) != 0 || access(script.c_str(), R_OK) != 0 ||
-      run_command({python, "-c", "import torch.distributed"}, std::chrono::seconds(60)).exit_code != 0) {
-    std::cerr << "braid-bench collectives: no Gloo peer (/usr/bin/python3 with torch, or "
+  const std::optional<std::string> python = torch_python();
+  if (!python || access(script.c_str(), R_OK) != 0) {
+    std::cerr << "braid-bench collectives: no Gloo peer (a python3 with torch, or "
               << script << ", missing)\n";
     return {};
   }
-  std::vector<std::string> argv{python, script, "--ranks", std::to_string(ranks)};
+  std::vector<std::string> argv{*python, script, "--ranks", std::to_string(ranks)};
   for (auto& a : common_arguments(options)) argv.push_back(a);
   return rows_from(run_command(argv, std::chrono::seconds(1800)), "gloo");
 }

@@ -82,11 +82,12 @@ std::optional<std::string> run_braid(const DdpOptions& o, const std::string& syn
 
 std::optional<std::string> run_pytorch(const DdpOptions& o) {
   const std::string script = sibling_program("braid-bench-ddp-peer.py");
-  if (!std::filesystem::exists("/usr/bin/python3") || !std::filesystem::exists(script)) {
-    std::cerr << "braid-bench ddp: no PyTorch peer (/usr/bin/python3 or " << script << ")\n";
+  const std::optional<std::string> python = torch_python();
+  if (!python || !std::filesystem::exists(script)) {
+    std::cerr << "braid-bench ddp: no PyTorch peer (a python3 with torch, or " << script << ")\n";
     return std::nullopt;
   }
-  std::vector<std::string> argv{"/usr/bin/python3", script, "--ranks", std::to_string(o.ranks)};
+  std::vector<std::string> argv{*python, script, "--ranks", std::to_string(o.ranks)};
   for (auto& a : model_arguments(o)) argv.push_back(a);
   return json_line(run_command(argv, std::chrono::seconds(900)), "PyTorch DDP");
 }

@@ -112,18 +112,42 @@ std::string sibling_program(const std::string& name) {
   return (self.parent_path() / name).string();
 }
 
-bool on_path(const std::string& name) {
+namespace {
+
+// The first executable `name` on PATH, as a full path.
+std::optional<std::string> find_on_path(const std::string& name) {
   const char* path = std::getenv("PATH");
-  if (path == nullptr) return false;
+  if (path == nullptr) return std::nullopt;
   std::string_view rest(path);
   while (!rest.empty()) {
     const auto colon = rest.find(':');
-    const auto dir = rest.substr(0, colon);
-    if (std::filesystem::exists(std::filesystem::path(dir) / name)) return true;
+    const auto candidate = std::filesystem::path(rest.substr(0, colon)) / name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate.string();
     if (colon == std::string_view::npos) break;
     rest.remove_prefix(colon + 1);
   }
-  return false;
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool on_path(const std::string& name) {
+  return find_on_path(name).has_value();
+}
+
+std::optional<std::string> torch_python() {
+  static const std::optional<std::string> found = []() -> std::optional<std::string> {
+    std::vector<std::string> candidates;
+    if (auto python = find_on_path("python3")) candidates.push_back(*python);
+    candidates.emplace_back("/usr/bin/python3");
+    for (const std::string& python : candidates) {
+      if (access(python.c_str(), X_OK) != 0) continue;
+      const auto probe = run_command({python, "-c", "import torch.distributed"}, std::chrono::seconds(60));
+      if (probe.exit_code == 0) return python;
+    }
+    return std::nullopt;
+  }();
+  return found;
 }
 
 }  // namespace braid::bench

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,7 +32,11 @@ class BackgroundProcess {
 
 // The path of a program installed beside this one (build/tools/, or the install bindir).
 std::string sibling_program(const std::string& name);
-// Whether `name` is found on PATH.
+// Whether an executable `name` is found on PATH.
 bool on_path(const std::string& name);
+// The Python that runs the torch peers: python3 on PATH when it can import torch.distributed
+// (a virtual environment on a GPU machine), else Debian's /usr/bin/python3 with
+// python3-torch; nullopt when neither has torch. Probed once.
+std::optional<std::string> torch_python();
 
 }  // namespace braid::bench

@@ -5,7 +5,7 @@
     /usr/bin/python3 tools/braid_bench/peers/gloo_collectives.py --ranks P \
         --ops all_reduce --min-bytes 8 --max-bytes 64M
 
-Runs with Debian's python3-torch (/usr/bin/python3), not whatever python3 is first on PATH.
+braid-bench runs it with a python3 that can import torch.distributed (subprocess.cpp, torch_python).
 The script starts its P ranks itself (torch.multiprocessing, spawn), on 127.0.0.1 at a free
 port, each with one intra-op thread, and Gloo's sockets on loopback (GLOO_SOCKET_IFNAME=lo
 unless already set), so it needs no network.

@@ -1,12 +1,13 @@
 // How it measures, the same way for braid and both peers (peers/README.md), so rows
 // compare like with like:
 // - sizes double from --min-bytes to --max-bytes; `bytes` is the per-rank buffer as
-//   nccl-tests counts it (all_gather: the output; reduce_scatter, all_to_all: the input),
-//   f32 elements, rounded down to a multiple of the ranks where the op splits the buffer.
+//   nccl-tests counts it (all_gather, all_gather_v: the output; gather: the root's output;
+//   scatter: the root's input; reduce_scatter, all_to_all, all_to_all_v: the input), f32
+//   elements, rounded down to a multiple of the ranks where the op splits the buffer.
 // - 3 warm-up calls; then `iters` timed calls back to back (adaptive: ~0.2 s, 5 to 1000,
 //   decided by rank 0 from the warm-up and broadcast). time = the slowest rank's mean.
-// - algbw = bytes / time; busbw = algbw x (all_reduce 2(P-1)/P; all_gather, reduce_scatter,
-//   all_to_all (P-1)/P; broadcast, reduce 1), so rows compare across world sizes.
+// - algbw = bytes / time; busbw = algbw x (all_reduce 2(P-1)/P; broadcast, reduce 1; the
+//   others (P-1)/P), so rows compare across world sizes.
 // - after timing, one more call on fresh inputs is checked element by element against the
 //   exact expected result (inputs are small integers, exact in f32): `wrong` counts the
 //   elements that differ, summed over ranks. Every measured size is checked.
@@ -39,8 +40,9 @@ namespace {
 using asio::awaitable;
 using collectives::Communicator;
 
-const std::vector<std::string> kAllOps = {"all_reduce", "all_gather", "reduce_scatter",
-                                          "broadcast",  "reduce",     "all_to_all", "barrier"};
+const std::vector<std::string> kAllOps = {
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast",    "reduce", "gather",
+    "scatter",    "all_to_all", "all_gather_v",   "all_to_all_v", "barrier"};
 
 struct CollectivesOptions {
   std::vector<int> ranks{2, 4};
@@ -116,10 +118,16 @@ struct Row {
   long long wrong = 0;
 };
 
+// The ops whose buffer is cut into one block per rank: sizes are rounded to a multiple of
+// the ranks, and busbw counts the (P-1)/P of the bytes that cross between ranks.
+bool splits_across_ranks(const std::string& op) {
+  return op != "all_reduce" && op != "broadcast" && op != "reduce" && op != "barrier";
+}
+
 double bus_factor(const std::string& op, int ranks) {
   const double p = ranks;
   if (op == "all_reduce") return 2 * (p - 1) / p;
-  if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") return (p - 1) / p;
+  if (splits_across_ranks(op)) return (p - 1) / p;
   return 1;
 }
 
@@ -154,6 +162,29 @@ float reduced_value(int ranks, std::size_t i) {
   return static_cast<float>(ranks * (ranks + 1) / 2 * static_cast<int>(i % 7 + 1));
 }
 
+// The variable-count ops cut `total` elements into P uneven parts (the peers cut them the
+// same way, peers/README.md): part j weighs ((j + shift) % P) + 1 of P(P+1)/2, rounded
+// down, the last part taking the remainder. all_gather_v: rank r contributes part r of
+// the output (shift 0); all_to_all_v: rank s sends part d of its input to rank d (shift s).
+std::vector<std::size_t> uneven_counts(std::size_t total, int ranks, int shift) {
+  const std::size_t p = static_cast<std::size_t>(ranks);
+  const std::size_t weights = p * (p + 1) / 2;
+  std::vector<std::size_t> counts(p);
+  std::size_t given = 0;
+  for (std::size_t j = 0; j + 1 < p; ++j) {
+    counts[j] = total * ((j + static_cast<std::size_t>(shift)) % p + 1) / weights;
+    given += counts[j];
+  }
+  counts[p - 1] = total - given;
+  return counts;
+}
+
+std::size_t sum_before(const std::vector<std::size_t>& counts, std::size_t j) {
+  std::size_t sum = 0;
+  for (std::size_t i = 0; i < j; ++i) sum += counts[i];
+  return sum;
+}
+
 // One op at one size: its buffers, the call, and the check of its result.
 class Case {
  public:
@@ -161,6 +192,14 @@ class Case {
       : comm_(comm), op_(std::move(op)), rank_(comm.rank()), ranks_(comm.size()) {
     count_ = bytes / sizeof(float);
     block_ = count_ / static_cast<std::size_t>(ranks_);
+    if (op_ == "all_gather_v") {
+      gather_counts_ = uneven_counts(count_, ranks_, 0);
+    } else if (op_ == "all_to_all_v") {
+      send_counts_ = uneven_counts(count_, ranks_, rank_);
+      for (int source = 0; source < ranks_; ++source) {
+        recv_counts_.push_back(uneven_counts(count_, ranks_, source)[static_cast<std::size_t>(rank_)]);
+      }
+    }
     send_.assign(send_elements(), 0.0f);
     recv_.assign(recv_elements(), 0.0f);
   }
@@ -176,8 +215,16 @@ class Case {
       co_await comm_.broadcast(Buffer(recv_), 0);
     } else if (op_ == "reduce") {
       co_await comm_.reduce(Buffer(send_), Buffer(recv_), ReduceOp::sum, 0);
+    } else if (op_ == "gather") {
+      co_await comm_.gather(Buffer(send_), Buffer(recv_), 0);
+    } else if (op_ == "scatter") {
+      co_await comm_.scatter(Buffer(send_), Buffer(recv_), 0);
     } else if (op_ == "all_to_all") {
       co_await comm_.all_to_all(Buffer(send_), Buffer(recv_));
+    } else if (op_ == "all_gather_v") {
+      co_await comm_.all_gather_v(Buffer(send_), Buffer(recv_), gather_counts_);
+    } else if (op_ == "all_to_all_v") {
+      co_await comm_.all_to_all_v(Buffer(send_), send_counts_, Buffer(recv_), recv_counts_);
     } else {
       co_await comm_.barrier();
     }
@@ -193,30 +240,55 @@ class Case {
   }
 
   long long count_wrong() const {
-    if (op_ == "barrier" || (op_ == "reduce" && rank_ != 0)) return 0;
+    if (op_ == "barrier" || ((op_ == "reduce" || op_ == "gather") && rank_ != 0)) return 0;
+    if (op_ == "all_gather_v" || op_ == "all_to_all_v") return count_wrong_variable();
     long long wrong = 0;
     for (std::size_t i = 0; i < recv_.size(); ++i) wrong += recv_[i] != expected(i) ? 1 : 0;
     return wrong;
   }
 
  private:
+  // Part s of the output came from rank s: all_gather_v, its whole input; all_to_all_v,
+  // the piece of its input it cut for this rank.
+  long long count_wrong_variable() const {
+    const auto rank = static_cast<std::size_t>(rank_);
+    const std::vector<std::size_t>& parts = op_ == "all_gather_v" ? gather_counts_ : recv_counts_;
+    long long wrong = 0;
+    std::size_t at = 0;
+    for (int source = 0; source < ranks_; ++source) {
+      const std::size_t first =
+          op_ == "all_gather_v" ? 0 : sum_before(uneven_counts(count_, ranks_, source), rank);
+      for (std::size_t k = 0; k < parts[static_cast<std::size_t>(source)]; ++k, ++at) {
+        wrong += recv_[at] != input_value(source, first + k) ? 1 : 0;
+      }
+    }
+    return wrong;
+  }
+
+  // The root's buffer of gather and scatter is `count` elements; the others' is unused.
   std::size_t send_elements() const {
-    if (op_ == "all_gather") return block_;
+    if (op_ == "all_gather" || op_ == "gather") return block_;
+    if (op_ == "all_gather_v") return gather_counts_[static_cast<std::size_t>(rank_)];
+    if (op_ == "scatter") return rank_ == 0 ? count_ : 0;
     if (op_ == "broadcast" || op_ == "barrier") return 0;
     return count_;
   }
   std::size_t recv_elements() const {
-    if (op_ == "reduce_scatter") return block_;
+    if (op_ == "reduce_scatter" || op_ == "scatter") return block_;
+    if (op_ == "gather") return rank_ == 0 ? count_ : 0;
+    if (op_ == "all_to_all_v") return sum_before(recv_counts_, recv_counts_.size());
     if (op_ == "barrier") return 0;
     return count_;
   }
   float expected(std::size_t i) const {
+    const auto rank = static_cast<std::size_t>(rank_);
     if (op_ == "all_reduce" || op_ == "reduce") return reduced_value(ranks_, i);
-    if (op_ == "all_gather") return input_value(static_cast<int>(i / block_), i % block_);
-    if (op_ == "reduce_scatter") return reduced_value(ranks_, static_cast<std::size_t>(rank_) * block_ + i);
+    if (op_ == "all_gather" || op_ == "gather") return input_value(static_cast<int>(i / block_), i % block_);
+    if (op_ == "reduce_scatter") return reduced_value(ranks_, rank * block_ + i);
     if (op_ == "broadcast") return input_value(0, i);
+    if (op_ == "scatter") return input_value(0, rank * block_ + i);
     // all_to_all: block s came from rank s, which sent its elements [rank*block, ...) here.
-    return input_value(static_cast<int>(i / block_), static_cast<std::size_t>(rank_) * block_ + i % block_);
+    return input_value(static_cast<int>(i / block_), rank * block_ + i % block_);
   }
 
   Communicator& comm_;
@@ -225,6 +297,9 @@ class Case {
   int ranks_;
   std::size_t count_ = 0;
   std::size_t block_ = 0;
+  std::vector<std::size_t> gather_counts_;  // all_gather_v
+  std::vector<std::size_t> send_counts_;    // all_to_all_v
+  std::vector<std::size_t> recv_counts_;
   std::vector<float> send_;
   std::vector<float> recv_;
 };
@@ -262,10 +337,6 @@ awaitable<Row> measure(Communicator& comm, const std::string& op, std::size_t by
   row.algbw_gbps = time > 0 ? static_cast<double>(bytes) / time / 1e9 : 0;
   row.busbw_gbps = row.algbw_gbps * bus_factor(op, comm.size());
   co_return row;
-}
-
-bool splits_across_ranks(const std::string& op) {
-  return op == "all_gather" || op == "reduce_scatter" || op == "all_to_all";
 }
 
 awaitable<void> measure_all(Communicator& comm, const CollectivesOptions& options) {
@@ -384,8 +455,10 @@ std::string peer_json(const std::optional<Row>& row) {
                      row->busbw_gbps, row->wrong);
 }
 
-std::string optional_number(const std::optional<double>& value, const char* format) {
-  return value ? fmt::format(fmt::runtime(format), *value) : std::string("-");
+// `absent` where there is no value: "-" in the table, "null" in JSON.
+std::string optional_number(const std::optional<double>& value, const char* format,
+                            const char* absent = "-") {
+  return value ? fmt::format(fmt::runtime(format), *value) : std::string(absent);
 }
 
 int run_driver(const CollectivesOptions& options) {
@@ -406,8 +479,8 @@ int run_driver(const CollectivesOptions& options) {
                          R"({{"bench":"collectives","op":"{}","ranks":{},"bytes":{},"braid":{},)"
                          R"("openmpi":{},"gloo":{},"speedup_openmpi":{},"speedup_gloo":{}}})",
                          row.op, row.ranks, row.bytes, peer_json(row), peer_json(mpi),
-                         peer_json(torch), optional_number(speedup(row, mpi), "{:.3f}"),
-                         optional_number(speedup(row, torch), "{:.3f}"))
+                         peer_json(torch), optional_number(speedup(row, mpi), "{:.3f}", "null"),
+                         optional_number(speedup(row, torch), "{:.3f}", "null"))
                   << "\n";
         continue;
       }

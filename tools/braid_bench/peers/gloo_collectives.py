@@ -32,9 +32,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
-       "barrier")
-SPLIT_OPS = {"all_gather", "reduce_scatter", "all_to_all"}  # count must divide by ranks
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter",
+       "all_to_all", "all_gather_v", "all_to_all_v", "barrier")
+# Ops that cut the buffer into one block per rank: count must divide by ranks.
+SPLIT_OPS = set(OPS) - {"all_reduce", "broadcast", "reduce", "barrier"}
 WARMUP_ITERS = 3
 MIN_ITERS = 5
 MAX_ITERS = 1000
@@ -83,6 +84,16 @@ def reduced_values(ranks, count, offset=0):
     return sum(input_values(rank, count, offset) for rank in range(ranks))
 
 
+def uneven_counts(total, ranks, shift):
+    """`total` cut into `ranks` uneven parts, as braid-bench cuts them: part j weighs
+    ((j + shift) % P) + 1 of P(P+1)/2, rounded down, the last taking the remainder.
+    all_gather_v: rank r contributes part r (shift 0); all_to_all_v: rank s sends part d of
+    its input to rank d (shift s)."""
+    weights = ranks * (ranks + 1) // 2
+    counts = [total * ((j + shift) % ranks + 1) // weights for j in range(ranks - 1)]
+    return counts + [total - sum(counts)]
+
+
 def bus_factor(op, ranks):
     if op == "all_reduce":
         return 2.0 * (ranks - 1) / ranks
@@ -102,7 +113,15 @@ FORMS = {
         ("reduce_scatter", lambda case: dist.reduce_scatter(case.out, case.inp_parts))],
     "broadcast": [("broadcast", lambda case: dist.broadcast(case.out, src=0))],
     "reduce": [("reduce", lambda case: dist.reduce(case.out, dst=0))],
+    "gather": [("gather", lambda case: dist.gather(
+        case.inp, case.out_parts if case.rank == 0 else None, dst=0))],
+    "scatter": [("scatter", lambda case: dist.scatter(
+        case.out, case.inp_parts if case.rank == 0 else None, src=0))],
     "all_to_all": [("all_to_all_single", lambda case: dist.all_to_all_single(case.out, case.inp))],
+    "all_gather_v": [("all_gather", lambda case: dist.all_gather(case.out_parts, case.inp))],
+    "all_to_all_v": [("all_to_all_single", lambda case: dist.all_to_all_single(
+        case.out, case.inp, output_split_sizes=case.recv_counts,
+        input_split_sizes=case.send_counts))],
     "barrier": [("barrier", lambda case: dist.barrier())],
 }
 
@@ -119,17 +138,31 @@ class Case:
         self.block = self.count // ranks
         count, block = self.count, self.block
         self.inp = self.out = None
+        # Per-rank parts of the output (input) in rank order, for the list forms.
+        out_counts = in_counts = [block] * ranks
         if op in ("all_reduce", "broadcast", "reduce"):
             self.inp = self.out = torch.empty(count)  # in place: torch has no other form
-        elif op == "all_gather":
+        elif op in ("all_gather", "gather"):
+            # gather's root only has an output; the others still pass their input.
             self.inp, self.out = torch.empty(block), torch.empty(count)
-        elif op == "reduce_scatter":
+        elif op in ("reduce_scatter", "scatter"):
             self.inp, self.out = torch.empty(count), torch.empty(block)
         elif op == "all_to_all":
             self.inp, self.out = torch.empty(count), torch.empty(count)
-        # Per-rank views, for the list forms of all_gather and reduce_scatter.
-        self.inp_parts = list(self.inp.chunk(ranks)) if self.inp is not None else []
-        self.out_parts = list(self.out.chunk(ranks)) if self.out is not None else []
+        elif op == "all_gather_v":
+            out_counts = uneven_counts(count, ranks, 0)
+            self.inp, self.out = torch.empty(out_counts[rank]), torch.empty(count)
+        elif op == "all_to_all_v":
+            self.send_counts = in_counts = uneven_counts(count, ranks, rank)
+            self.recv_counts = out_counts = [uneven_counts(count, ranks, source)[rank]
+                                             for source in range(ranks)]
+            self.inp, self.out = torch.empty(count), torch.empty(sum(out_counts))
+        def parts(tensor, counts):  # only where the buffer is the one split across ranks
+            if tensor is None or tensor.numel() != sum(counts):
+                return []
+            return list(tensor.split(counts))
+        self.inp_parts, self.out_parts = parts(self.inp, in_counts), parts(self.out, out_counts)
+        self.out_counts = out_counts
         self.reset()
 
     def run(self):
@@ -142,6 +175,8 @@ class Case:
         if self.op == "broadcast":
             if self.rank == 0:
                 self.inp.copy_(input_values(0, self.count))
+        elif self.op == "scatter":
+            self.inp.copy_(input_values(0, self.count))  # only the root's is sent
         else:
             self.inp.copy_(input_values(self.rank, self.inp.numel()))
 
@@ -155,12 +190,24 @@ class Case:
             return reduced_values(ranks, block, offset=rank * block)
         if op == "broadcast":
             return input_values(0, count)
+        if op == "gather":
+            return torch.cat([input_values(source, block) for source in range(ranks)])
+        if op == "scatter":
+            return input_values(0, block, offset=rank * block)
+        if op == "all_gather_v":
+            return torch.cat([input_values(source, part)
+                              for source, part in enumerate(self.out_counts)])
+        if op == "all_to_all_v":
+            # part s came from rank s: the piece of its input it cut for this rank
+            return torch.cat([input_values(source, part,
+                                           offset=sum(uneven_counts(count, ranks, source)[:rank]))
+                              for source, part in enumerate(self.out_counts)])
         # all_to_all: block s came from rank s, which sent its [rank*block, (rank+1)*block)
         return torch.cat([input_values(source, block, offset=rank * block)
                           for source in range(ranks)])
 
     def wrong(self):
-        if self.op == "barrier" or (self.op == "reduce" and self.rank != 0):
+        if self.op == "barrier" or (self.op in ("reduce", "gather") and self.rank != 0):
             return 0
         return int((self.out != self.expected()).sum())
 

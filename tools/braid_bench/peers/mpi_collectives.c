@@ -46,10 +46,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum Op { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE, ALL_TO_ALL, BARRIER, OP_COUNT };
+enum Op {
+  ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE, GATHER, SCATTER, ALL_TO_ALL,
+  ALL_GATHER_V, ALL_TO_ALL_V, BARRIER, OP_COUNT
+};
 
 static const char *const op_names[OP_COUNT] = {
-    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "barrier"};
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast",    "reduce", "gather",
+    "scatter",    "all_to_all", "all_gather_v",   "all_to_all_v", "barrier"};
 
 enum { WARMUP_ITERS = 3, MIN_ITERS = 5, MAX_ITERS = 1000 };
 static const double target_seconds = 0.2; /* timed work per size when --iters is not given */
@@ -64,12 +68,15 @@ typedef struct {
 } Options;
 
 /* The buffers of one (op, size): `count` elements of the buffer `bytes` describes, `block`
- * the per-rank share for the ops that split it (count / P). */
+ * the per-rank share for the ops that split it (count / P). The variable-count ops carry
+ * their counts and displacements, in elements (MPI's ints). */
 typedef struct {
   float *send;
   float *recv;
   size_t count;
   size_t block;
+  int *send_counts, *send_displs; /* all_gather_v: send_counts[0] is this rank's part */
+  int *recv_counts, *recv_displs;
 } Buffers;
 
 /* Exact in f32 for any sum of P of them while P stays below a few hundred thousand. */
@@ -149,16 +156,34 @@ static int parse_options(int argc, char **argv, int loud, Options *options) {
   return 1;
 }
 
+/* Ops that cut the buffer into one block per rank; busbw counts the (P-1)/P that crosses. */
 static int splits_across_ranks(int op) {
-  return op == ALL_GATHER || op == REDUCE_SCATTER || op == ALL_TO_ALL;
+  return op != ALL_REDUCE && op != BROADCAST && op != REDUCE && op != BARRIER;
 }
 
 static double bus_factor(int op, int ranks) {
-  switch (op) {
-    case ALL_REDUCE: return 2.0 * (ranks - 1) / ranks;
-    case ALL_GATHER: case REDUCE_SCATTER: case ALL_TO_ALL: return (double)(ranks - 1) / ranks;
-    default: return 1.0;
-  }
+  if (op == ALL_REDUCE) return 2.0 * (ranks - 1) / ranks;
+  if (splits_across_ranks(op)) return (double)(ranks - 1) / ranks;
+  return 1.0;
+}
+
+/* Part j of `total` elements cut into P uneven parts, as braid-bench cuts them: weight
+ * ((j + shift) % P) + 1 of P(P+1)/2, rounded down, the last part taking the remainder.
+ * all_gather_v: rank r contributes part r (shift 0); all_to_all_v: rank s sends part d of
+ * its input to rank d (shift s). */
+static size_t uneven_part(size_t total, int ranks, int shift, int j) {
+  const size_t p = (size_t)ranks, weights = p * (p + 1) / 2;
+  if (j < ranks - 1) return total * (((size_t)j + (size_t)shift) % p + 1) / weights;
+  size_t given = 0;
+  for (int i = 0; i < ranks - 1; ++i) given += uneven_part(total, ranks, shift, i);
+  return total - given;
+}
+
+/* Where part j starts: the sum of the parts before it. */
+static size_t uneven_offset(size_t total, int ranks, int shift, int j) {
+  size_t offset = 0;
+  for (int i = 0; i < j; ++i) offset += uneven_part(total, ranks, shift, i);
+  return offset;
 }
 
 static void run_once(int op, const Buffers *b) {
@@ -177,48 +202,114 @@ static void run_once(int op, const Buffers *b) {
     case REDUCE:
       MPI_Reduce(b->send, b->recv, count, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
       break;
+    case GATHER:
+      MPI_Gather(b->send, block, MPI_FLOAT, b->recv, block, MPI_FLOAT, 0, MPI_COMM_WORLD);
+      break;
+    case SCATTER:
+      MPI_Scatter(b->send, block, MPI_FLOAT, b->recv, block, MPI_FLOAT, 0, MPI_COMM_WORLD);
+      break;
     case ALL_TO_ALL:
       MPI_Alltoall(b->send, block, MPI_FLOAT, b->recv, block, MPI_FLOAT, MPI_COMM_WORLD);
+      break;
+    case ALL_GATHER_V:
+      MPI_Allgatherv(b->send, b->send_counts[0], MPI_FLOAT, b->recv, b->recv_counts,
+                     b->recv_displs, MPI_FLOAT, MPI_COMM_WORLD);
+      break;
+    case ALL_TO_ALL_V:
+      MPI_Alltoallv(b->send, b->send_counts, b->send_displs, MPI_FLOAT, b->recv, b->recv_counts,
+                    b->recv_displs, MPI_FLOAT, MPI_COMM_WORLD);
       break;
     case BARRIER: MPI_Barrier(MPI_COMM_WORLD); break;
     default: break;
   }
 }
 
-/* Element counts of the two buffers, as each MPI call reads and writes them. */
-static size_t send_elements(int op, const Buffers *b) {
+/* Element counts of the two buffers, as each MPI call reads and writes them. The root's
+ * buffer of gather and scatter is `count` elements; the others' is unused. */
+static size_t send_elements(int op, const Buffers *b, int rank) {
   switch (op) {
-    case ALL_GATHER: return b->block;
+    case ALL_GATHER: case GATHER: return b->block;
+    case ALL_GATHER_V: return (size_t)b->send_counts[0];
+    case SCATTER: return rank == 0 ? b->count : 0;
     case BROADCAST: case BARRIER: return 0;
     default: return b->count;
   }
 }
 
-static size_t recv_elements(int op, const Buffers *b) {
+static size_t recv_elements(int op, const Buffers *b, int rank, int ranks) {
   switch (op) {
-    case REDUCE_SCATTER: return b->block;
+    case REDUCE_SCATTER: case SCATTER: return b->block;
+    case GATHER: return rank == 0 ? b->count : 0;
+    case ALL_TO_ALL_V: return (size_t)b->recv_displs[ranks - 1] + (size_t)b->recv_counts[ranks - 1];
     case BARRIER: return 0;
     default: return b->count;
   }
 }
 
+/* The counts and displacements of the variable-count ops (NULL for the others). */
+static void plan_counts(int op, Buffers *b, int rank, int ranks) {
+  if (op != ALL_GATHER_V && op != ALL_TO_ALL_V) return;
+  const size_t n = (size_t)ranks;
+  b->send_counts = calloc(n, sizeof(int));
+  b->send_displs = calloc(n, sizeof(int));
+  b->recv_counts = calloc(n, sizeof(int));
+  b->recv_displs = calloc(n, sizeof(int));
+  if (!b->send_counts || !b->send_displs || !b->recv_counts || !b->recv_displs) {
+    fprintf(stderr, "braid-bench-mpi-peer: rank %d cannot allocate counts\n", rank);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  int at = 0;
+  for (int j = 0; j < ranks; ++j) {
+    if (op == ALL_GATHER_V) {
+      b->recv_counts[j] = (int)uneven_part(b->count, ranks, 0, j);
+    } else {
+      b->send_counts[j] = (int)uneven_part(b->count, ranks, rank, j);
+      b->send_displs[j] = (int)uneven_offset(b->count, ranks, rank, j);
+      b->recv_counts[j] = (int)uneven_part(b->count, ranks, j, rank);
+    }
+    b->recv_displs[j] = at;
+    at += b->recv_counts[j];
+  }
+  if (op == ALL_GATHER_V) b->send_counts[0] = b->recv_counts[rank];
+}
+
+static void free_buffers(Buffers *b) {
+  free(b->send);
+  free(b->recv);
+  free(b->send_counts);
+  free(b->send_displs);
+  free(b->recv_counts);
+  free(b->recv_displs);
+}
+
 static void fill_inputs(int op, const Buffers *b, int rank) {
-  for (size_t i = 0; i < send_elements(op, b); ++i) b->send[i] = input_value(rank, i);
+  for (size_t i = 0; i < send_elements(op, b, rank); ++i) b->send[i] = input_value(rank, i);
   if (op == BROADCAST && rank == 0)
     for (size_t i = 0; i < b->count; ++i) b->recv[i] = input_value(0, i);
 }
 
-static void clear_outputs(int op, const Buffers *b, int rank) {
+static void clear_outputs(int op, const Buffers *b, int rank, int ranks) {
   if (op == BROADCAST && rank == 0) return; /* the root's buffer is its input */
-  for (size_t i = 0; i < recv_elements(op, b); ++i) b->recv[i] = sentinel;
+  for (size_t i = 0; i < recv_elements(op, b, rank, ranks); ++i) b->recv[i] = sentinel;
+}
+
+/* Part s of the output came from rank s: all_gather_v, its whole input; all_to_all_v, the
+ * piece of its input it cut for this rank. */
+static float expected_variable(int op, const Buffers *b, int rank, int ranks, size_t i) {
+  int source = 0;
+  while (source + 1 < ranks && i >= (size_t)b->recv_displs[source + 1]) ++source;
+  const size_t first = op == ALL_GATHER_V ? 0 : uneven_offset(b->count, ranks, source, rank);
+  return input_value(source, first + i - (size_t)b->recv_displs[source]);
 }
 
 static float expected_value(int op, const Buffers *b, int rank, int ranks, size_t i) {
   switch (op) {
     case ALL_REDUCE: case REDUCE: return reduced_value(ranks, i);
-    case ALL_GATHER: return input_value((int)(i / b->block), i % b->block);
+    case ALL_GATHER: case GATHER: return input_value((int)(i / b->block), i % b->block);
     case REDUCE_SCATTER: return reduced_value(ranks, (size_t)rank * b->block + i);
     case BROADCAST: return input_value(0, i);
+    case SCATTER: return input_value(0, (size_t)rank * b->block + i);
+    case ALL_GATHER_V: case ALL_TO_ALL_V: return expected_variable(op, b, rank, ranks, i);
     /* block s came from rank s, which sent its elements [rank*block, (rank+1)*block) here */
     case ALL_TO_ALL: return input_value((int)(i / b->block), (size_t)rank * b->block + i % b->block);
     default: return 0.0f;
@@ -226,9 +317,9 @@ static float expected_value(int op, const Buffers *b, int rank, int ranks, size_
 }
 
 static long long count_wrong(int op, const Buffers *b, int rank, int ranks) {
-  if (op == BARRIER || (op == REDUCE && rank != 0)) return 0;
+  if (op == BARRIER || ((op == REDUCE || op == GATHER) && rank != 0)) return 0;
   long long wrong = 0;
-  for (size_t i = 0; i < recv_elements(op, b); ++i)
+  for (size_t i = 0; i < recv_elements(op, b, rank, ranks); ++i)
     wrong += b->recv[i] != expected_value(op, b, rank, ranks, i);
   return wrong;
 }
@@ -259,17 +350,19 @@ static int warm_up(int op, const Buffers *b, const Options *options, int rank) {
 }
 
 static void measure(int op, size_t bytes, int rank, int ranks, const Options *options) {
-  Buffers b = {NULL, NULL, bytes / sizeof(float), bytes / sizeof(float) / (size_t)ranks};
+  Buffers b = {NULL, NULL, bytes / sizeof(float), bytes / sizeof(float) / (size_t)ranks,
+               NULL, NULL, NULL, NULL};
+  plan_counts(op, &b, rank, ranks);
   if (bytes > 0) {
-    b.send = malloc(send_elements(op, &b) * sizeof(float) + 1);
-    b.recv = malloc(recv_elements(op, &b) * sizeof(float) + 1);
+    b.send = malloc(send_elements(op, &b, rank) * sizeof(float) + 1);
+    b.recv = malloc(recv_elements(op, &b, rank, ranks) * sizeof(float) + 1);
     if (b.send == NULL || b.recv == NULL) {
       fprintf(stderr, "braid-bench-mpi-peer: rank %d cannot allocate %zu bytes\n", rank, bytes);
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
   }
   fill_inputs(op, &b, rank);
-  clear_outputs(op, &b, rank);
+  clear_outputs(op, &b, rank, ranks);
 
   const int iters = warm_up(op, &b, options, rank);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -278,13 +371,12 @@ static void measure(int op, size_t bytes, int rank, int ranks, const Options *op
   const double slowest = max_over_ranks(MPI_Wtime() - start);
 
   /* One more call on cleared outputs, so a result left by an earlier call cannot pass. */
-  clear_outputs(op, &b, rank);
+  clear_outputs(op, &b, rank, ranks);
   run_once(op, &b);
   const long long wrong_here = count_wrong(op, &b, rank, ranks);
   long long wrong = 0;
   MPI_Reduce(&wrong_here, &wrong, 1, MPI_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
-  free(b.send);
-  free(b.recv);
+  free_buffers(&b);
 
   if (rank != 0) return;
   const double time_us = slowest / iters * 1e6;
@@ -322,7 +414,8 @@ int main(int argc, char **argv) {
   if (!parse_options(argc, argv, rank == 0, &options)) {
     if (rank == 0)
       fprintf(stderr, "usage: braid-bench-mpi-peer [--ops all_reduce,all_gather,reduce_scatter,"
-                      "broadcast,reduce,all_to_all,barrier] [--min-bytes 8] [--max-bytes 64M] "
+                      "broadcast,reduce,gather,scatter,all_to_all,all_gather_v,all_to_all_v,barrier] "
+                      "[--min-bytes 8] [--max-bytes 64M] "
                       "[--iters N]\n");
     MPI_Finalize();
     return 2;

@@ -2,6 +2,7 @@
 // a CollectiveCall to run(), which exchanges fingerprints (BRAID_DEBUG=detail), runs the
 // selected algorithm and puts the operation's name on any error.
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -603,9 +604,15 @@ asio::awaitable<void> Communicator::submit(std::unique_ptr<CollectiveCall> call)
     std::shared_ptr<Communicator> self = shared_from_this();
     return run_staged(std::move(self), std::move(call));
   }
-  call->algorithm = algorithm_for(call->kind, call->bytes);
+  // all_to_all_v: each rank's sizes are its own, yet every rank must take the same path
+  // (and the same arena turns), so the table is asked for the largest size: on one node,
+  // single copy whatever the sizes (shared_memory_collectives.cpp); elsewhere pairwise.
+  const bool sizes_differ = call->kind == CollectiveKind::all_to_all && call->variable;
+  const std::size_t selected_bytes =
+      sizes_differ ? std::numeric_limits<std::size_t>::max() - 1 : call->bytes;
+  call->algorithm = algorithm_for(call->kind, selected_bytes);
   // An empty call moves nothing (run() skips it), so it takes no turn in the arena.
-  if (call->algorithm == Algorithm::shared_memory && call->bytes != 0) {
+  if (call->algorithm == Algorithm::shared_memory && selected_bytes != 0) {
     call->arena = arena_.get();
     call->arena_ticket = arena_->take_ticket();
   }

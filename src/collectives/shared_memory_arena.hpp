@@ -43,6 +43,13 @@ struct alignas(64) RankRecord {
   std::uint64_t input;  // buffer addresses in its process
   std::uint64_t output;
   Fingerprint call;  // what every rank must agree on before anyone reads another's buffer
+  // all_to_all_v, where each rank's counts are its own: the address of its send counts
+  // (size_t[P], read by each receiver to find its piece), and, after the check, the first
+  // sender whose count for it differs from what it expects (-1: none).
+  std::uint64_t send_counts;
+  std::int32_t disputed_sender;
+  std::uint64_t disputed_sent;
+  std::uint64_t disputed_expected;
 };
 
 // Flags: the last generation a rank reached in each stage of an operation.

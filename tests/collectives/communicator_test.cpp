@@ -392,40 +392,57 @@ INSTANTIATE_TEST_SUITE_P(Worlds, DataMovement,
                                               info.param.single_copy ? "single_copy" : "messages");
                          });
 
-TEST(VariableCounts, AllGatherVAndAllToAllVMoveUnevenBlocksIncludingEmptyOnes) {
+// The variable-count forms by messages and with single copy, at sizes on both sides of
+// the shared-memory rule. all_to_all_v's senders may bring inputs of very different sizes
+// (below, the last rank's is thousands of times rank 0's) and must still take one path.
+class VariableCounts : public ::testing::TestWithParam<bool> {};  // single copy
+
+TEST_P(VariableCounts, AllGatherVAndAllToAllVMoveUnevenBlocksIncludingEmptyOnes) {
+  const braid::testing::ScopedEnv policy("BRAID_SHM_SINGLE_COPY", GetParam() ? "1" : "0");
   constexpr int kWorld = 3;
   run_ranks(kWorld, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
     const int me = comm->rank();
-    const std::vector<std::size_t> counts{3, 0, 5001};
-    std::vector<std::int32_t> mine(counts[static_cast<std::size_t>(me)]);
-    std::iota(mine.begin(), mine.end(), me * 10000);
-    std::vector<std::int32_t> all(5004, -1);
-    co_await comm->all_gather_v(Buffer(mine), Buffer(all), counts);
-    std::vector<std::int32_t> expected;
-    for (int r = 0; r < kWorld; ++r) {
-      for (std::size_t i = 0; i < counts[static_cast<std::size_t>(r)]; ++i)
-        expected.push_back(r * 10000 + static_cast<int>(i));
+    // 12 bytes in all, then 20 KiB: past the 16 KiB rule.
+    for (const std::vector<std::size_t>& counts :
+         {std::vector<std::size_t>{1, 0, 2}, std::vector<std::size_t>{3, 0, 5001}}) {
+      std::vector<std::int32_t> mine(counts[static_cast<std::size_t>(me)]);
+      std::iota(mine.begin(), mine.end(), me * 10000);
+      std::vector<std::int32_t> all(std::accumulate(counts.begin(), counts.end(), std::size_t{0}),
+                                    -1);
+      co_await comm->all_gather_v(Buffer(mine), Buffer(all), counts);
+      std::vector<std::int32_t> expected;
+      for (int r = 0; r < kWorld; ++r) {
+        for (std::size_t i = 0; i < counts[static_cast<std::size_t>(r)]; ++i)
+          expected.push_back(r * 10000 + static_cast<int>(i));
+      }
+      EXPECT_EQ(all, expected) << "counts " << counts[2];
     }
-    EXPECT_EQ(all, expected);
 
-    // Rank r sends (r + j) elements to rank j, each holding 100 r + j.
-    std::vector<std::size_t> send_counts, recv_counts;
-    std::vector<std::int64_t> send;
-    for (int j = 0; j < kWorld; ++j) {
-      send_counts.push_back(static_cast<std::size_t>(me + j));
-      for (int k = 0; k < me + j; ++k) send.push_back(100 * me + j);
-      recv_counts.push_back(static_cast<std::size_t>(j + me));
+    // Rank r sends weight(r) * (r + j) elements to rank j, each holding 100 r + j: all
+    // small, then with the last rank's input 72 KiB and rank 0's 24 bytes.
+    for (const std::size_t last_weight : {1, 1000}) {
+      const auto weight = [&](int r) { return r == kWorld - 1 ? last_weight : std::size_t{1}; };
+      std::vector<std::size_t> send_counts, recv_counts;
+      std::vector<std::int64_t> send;
+      for (int j = 0; j < kWorld; ++j) {
+        const std::size_t n = weight(me) * static_cast<std::size_t>(me + j);
+        send_counts.push_back(n);
+        send.insert(send.end(), n, 100 * me + j);
+        recv_counts.push_back(weight(j) * static_cast<std::size_t>(j + me));
+      }
+      std::vector<std::int64_t> received(
+          std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}), -1);
+      co_await comm->all_to_all_v(Buffer(send), send_counts, Buffer(received), recv_counts);
+      std::vector<std::int64_t> want;
+      for (int r = 0; r < kWorld; ++r) want.insert(want.end(), recv_counts[static_cast<std::size_t>(r)], 100 * r + me);
+      EXPECT_EQ(received, want) << "last rank's weight " << last_weight;
     }
-    std::vector<std::int64_t> received(
-        std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
-    co_await comm->all_to_all_v(Buffer(send), send_counts, Buffer(received), recv_counts);
-    std::vector<std::int64_t> want;
-    for (int r = 0; r < kWorld; ++r) {
-      for (int k = 0; k < r + me; ++k) want.push_back(100 * r + me);
-    }
-    EXPECT_EQ(received, want);
   });
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, VariableCounts, ::testing::Bool(), [](const auto& info) {
+  return info.param ? std::string("single_copy") : std::string("messages");
+});
 
 TEST(InFlight, ManyCollectivesIssuedTogetherCompleteInAnyOrderWithTheRightResults) {
   constexpr int kWorld = 4;
@@ -650,6 +667,40 @@ TEST(Mismatch, SingleCopyCollectivesCheckEveryRanksCallBeforeReadingAnyBuffer) {
       },
       options);
   EXPECT_EQ(mismatches.load(), 6);
+}
+
+// all_to_all_v's counts are each rank's own, so no fingerprint covers them: with single
+// copy each receiver checks every sender's count for it, and the ranks agree on the
+// verdict before anyone reads, so every rank fails naming the pair and the communicator
+// stays usable.
+TEST(Mismatch, SingleCopyAllToAllVChecksEverySendersCountAgainstItsReceiver) {
+  const braid::testing::ScopedEnv policy("BRAID_SHM_SINGLE_COPY", "1");
+  std::atomic<int> mismatches{0};
+  run_ranks(
+      3,
+      [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        const int me = comm->rank();
+        // 6000 elements to every rank, except that rank 1 expects 4000 from rank 0.
+        const std::vector<std::size_t> send_counts(3, 6000);
+        std::vector<std::size_t> recv_counts(3, 6000);
+        if (me == 1) recv_counts[0] = 4000;
+        std::vector<float> send(18000, 1.0f);
+        std::vector<float> received(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
+        try {
+          co_await comm->all_to_all_v(Buffer(send), send_counts, Buffer(received), recv_counts);
+          ADD_FAILURE() << "rank " << me << " completed an all_to_all_v with disputed counts";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), make_error_code(Errc::size_mismatch)) << e.what();
+          EXPECT_THAT(e.what(), HasSubstr("rank 0 sends 6000 elements to rank 1, which expects 4000"));
+          ++mismatches;
+        }
+        const std::vector<std::size_t> even(3, 6000);
+        std::vector<float> back(18000, -1.0f);
+        co_await comm->all_to_all_v(Buffer(send), even, Buffer(back), even);
+        EXPECT_EQ(back, send);
+      },
+      Communicator::Options{.timeout = std::chrono::seconds(10)});
+  EXPECT_EQ(mismatches.load(), 3);
 }
 
 TEST(Mismatch, WithFingerprintsADesyncFailsOnEveryRankNamingBothSides) {

@@ -58,6 +58,10 @@ class ArenaTurn {
   void read_input(int rank, std::size_t offset, void* into, std::size_t bytes);
   void read_output(int rank, std::size_t offset, void* into, std::size_t bytes);
   void write_output(int rank, std::size_t offset, const void* from, std::size_t bytes);
+  // Any address in rank's process (one its record names).
+  void read_remote(int rank, std::uint64_t address, void* into, std::size_t bytes) {
+    read(rank, address, into, bytes);
+  }
 
  private:
   asio::awaitable<void> map();

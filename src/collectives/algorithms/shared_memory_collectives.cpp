@@ -12,14 +12,31 @@
 //                   writing it into the root's output: the root does not reduce alone;
 //   all_to_all      each rank reads its block from every peer; in place, into scratch
 //                   first, with one extra wait before anyone overwrites what others read.
-// Two waits each (posted, released), three for all_to_all, and one system call per block
-// moved: against the message algorithms they replace, every byte crosses memory once
-// instead of twice through UCX's shared-memory FIFO.
+//   all_gather_v    as all_gather, with each rank's own count (the counts are part of
+//                   the fingerprint, so every rank checks them before reading);
+//   all_to_all_v    each rank reads every sender's counts (P-1 reads of P words) to find
+//                   its piece, checks them against its receive counts, and the ranks agree
+//                   on the verdict (one wait) before each reads its pieces.
+// Two waits each (posted, released), three for all_to_all and all_to_all_v, and one system
+// call per block moved: against the message algorithms they replace, every byte crosses
+// memory once instead of twice through UCX's shared-memory FIFO.
+//
+// all_to_all_v is selected for its largest possible size (communicator.cpp), since ranks'
+// sizes differ, so on one node it always moves by single copy: at small sizes that costs
+// about what the message algorithm does with a core per rank (3.7 us for 2 ranks on the
+// dev VM, where settling the size first and then sending messages took 7.2), and 10-20 us
+// more with 4 ranks on 2 cores.
 //
 // Where the members cannot read each other's memory (the kernel forbids it, or
-// BRAID_SHM_SINGLE_COPY=0), and for the variable-count forms, these return false
-// without touching the arena and the Communicator runs the message algorithm.
+// BRAID_SHM_SINGLE_COPY=0), these return false without touching the arena and the
+// Communicator runs the message algorithm.
 #include <cstring>
+#include <numeric>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <braid/core/error.hpp>
 
 #include "algorithms.hpp"
 #include "arena_turn.hpp"
@@ -29,6 +46,89 @@ namespace {
 
 std::byte* bytes_of(const Buffer& buffer) {
   return static_cast<std::byte*>(buffer.data());
+}
+
+std::size_t sum_before(std::span<const std::size_t> counts, std::size_t end) {
+  return std::accumulate(counts.begin(), counts.begin() + static_cast<std::ptrdiff_t>(end),
+                         std::size_t{0});
+}
+
+// Rank r's count lands at the sum of the counts before r, in rank order.
+asio::awaitable<void> all_gather_variable(ArenaTurn& turn, CollectiveOp& op,
+                                          const CollectiveCall& call) {
+  const int world = op.size();
+  const int me = op.rank();
+  const std::size_t element = dtype_size(call.output.dtype());
+  for (int step = 1; step < world; ++step) {
+    const auto peer = static_cast<std::size_t>((me + step) % world);
+    const std::size_t bytes = call.counts[peer] * element;
+    if (bytes != 0) {
+      turn.read_input(static_cast<int>(peer), 0,
+                      bytes_of(call.output) + sum_before(call.counts, peer) * element, bytes);
+    }
+  }
+  const auto mine = static_cast<std::size_t>(me);
+  copy(call.output.slice(sum_before(call.counts, mine), call.counts[mine]), call.input);
+  co_return;
+}
+
+// Sender s put the piece for rank d at the sum of its send counts before d. Each rank reads
+// every sender's counts, and a count that differs from the receive count it expects fails
+// the operation on every rank alike: the ranks agree on the verdict before reading.
+asio::awaitable<void> all_to_all_variable(ArenaTurn& turn, CollectiveOp& op,
+                                          const CollectiveCall& call) {
+  const int world = op.size();
+  const auto me = static_cast<std::size_t>(op.rank());
+  const std::size_t element = dtype_size(call.input.dtype());
+  std::vector<std::size_t> first(static_cast<std::size_t>(world));  // each sender's offset for us
+  RankRecord& mine = turn.arena().record(op.rank());
+  mine.disputed_sender = -1;
+  std::vector<std::size_t> theirs(static_cast<std::size_t>(world));
+  for (int sender = 0; sender < world; ++sender) {
+    const auto s = static_cast<std::size_t>(sender);
+    std::size_t sent = 0;
+    if (s == me) {
+      first[s] = sum_before(call.counts, me);
+      sent = call.counts[me];
+    } else {
+      turn.read_remote(sender, turn.record(sender).send_counts, theirs.data(),
+                       theirs.size() * sizeof(std::size_t));
+      first[s] = sum_before(theirs, me);
+      sent = theirs[me];
+    }
+    if (sent != call.recv_counts[s] && mine.disputed_sender < 0) {
+      mine.disputed_sender = sender;
+      mine.disputed_sent = sent;
+      mine.disputed_expected = call.recv_counts[s];
+    }
+  }
+  turn.raise(Stage::arrived);
+  co_await turn.wait_all(Stage::arrived, "every rank's check of the send counts");
+  for (int r = 0; r < world; ++r) {
+    const RankRecord& record = turn.record(r);
+    if (record.disputed_sender < 0) continue;
+    Error mismatch(
+        Errc::size_mismatch,
+        fmt::format("all_to_all_v: rank {} sends {} elements to rank {}, which expects {} from it: "
+                    "the send and receive counts disagree",
+                    op.world_rank(record.disputed_sender), record.disputed_sent, op.world_rank(r),
+                    record.disputed_expected),
+        {.rank = op.world_rank(op.rank()), .peer = op.world_rank(record.disputed_sender)});
+    co_await turn.release();
+    turn.finish();  // every rank fails at the same point: the arena is still in step
+    throw mismatch;
+  }
+  for (int step = 0; step < world; ++step) {
+    const auto s = (me + static_cast<std::size_t>(step)) % static_cast<std::size_t>(world);
+    const std::size_t bytes = call.recv_counts[s] * element;
+    std::byte* into = bytes_of(call.output) + sum_before(call.recv_counts, s) * element;
+    if (bytes == 0) continue;
+    if (s == me) {
+      std::memcpy(into, bytes_of(call.input) + first[s] * element, bytes);
+    } else {
+      turn.read_input(static_cast<int>(s), first[s] * element, into, bytes);
+    }
+  }
 }
 
 asio::awaitable<void> run_single_copy(ArenaTurn& turn, CollectiveOp& op,
@@ -44,6 +144,10 @@ asio::awaitable<void> run_single_copy(ArenaTurn& turn, CollectiveOp& op,
       }
       break;
     case all_gather: {
+      if (call.variable) {
+        co_await all_gather_variable(turn, op, call);
+        break;
+      }
       const std::size_t block = call.input.size_bytes();
       for (int step = 1; step < world; ++step) {
         const int peer = (me + step) % world;
@@ -86,6 +190,10 @@ asio::awaitable<void> run_single_copy(ArenaTurn& turn, CollectiveOp& op,
       break;
     }
     case all_to_all: {
+      if (call.variable) {
+        co_await all_to_all_variable(turn, op, call);
+        break;
+      }
       const std::size_t block = call.input.size_bytes() / static_cast<std::size_t>(world);
       const bool in_place = call.input.data() == call.output.data();
       // In place, peers still read our blocks while we gather theirs: land them in scratch
@@ -119,13 +227,15 @@ asio::awaitable<void> run_single_copy(ArenaTurn& turn, CollectiveOp& op,
 asio::awaitable<bool> shared_memory_collective(CollectiveOp& op, const CollectiveCall& call) {
   ArenaTurn turn(op, *call.arena, call.arena_ticket);
   co_await turn.start();
-  // Every rank reaches the same answer: single copy was agreed by all, and the variable
-  // forms are part of the call every rank makes.
-  if (op.size() == 1 || !turn.single_copy() || call.variable) {
+  // Every rank reaches the same answer: single copy was agreed by all.
+  if (op.size() == 1 || !turn.single_copy()) {
     turn.finish();
     co_return false;
   }
   const trace::AsyncSpan moved = op.phase("shared_memory.single_copy", call.bytes);
+  if (call.kind == CollectiveKind::all_to_all && call.variable) {
+    turn.arena().record(op.rank()).send_counts = reinterpret_cast<std::uint64_t>(call.counts.data());
+  }
   co_await turn.post(fingerprint_of(call), call.input, call.output);
   co_await run_single_copy(turn, op, call);
   turn.finish();

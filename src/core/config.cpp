@@ -51,6 +51,10 @@ constexpr std::array kKnobs{
     Knob{"BRAID_TRACE", "",
          "directory: record a timeline and write rank-<r>.trace.json there (Chrome trace "
          "format) when the World leaves, at exit and on trace::write(); empty: off"},
+    Knob{"BRAID_TRACE_CLOCK", "auto",
+         "the clock trace timestamps read: tsc (the CPU's time-stamp counter, kept in step "
+         "with steady_clock; about half its cost), steady (steady_clock), or auto: tsc where "
+         "the counter is invariant (x86-64, constant_tsc and nonstop_tsc)"},
 };
 
 std::string_view trim(std::string_view s) {

@@ -258,12 +258,6 @@ void set_enabled(bool on) noexcept {
   detail::enabled_flag.store(on, std::memory_order_relaxed);
 }
 
-std::int64_t now_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 Snapshot snapshot() {
   return registry().snapshot();
 }

@@ -32,8 +32,13 @@ class OpenSpan {
   OpenSpan(RecordKind kind, Category category, Name name, Track track,
            std::uint64_t bytes) noexcept {
     if (!enabled()) return;
-    const std::uint32_t resolved = resolve(track);
-    if (resolved == 0) return;
+    // A synchronous span ends on the thread it began on, whose track append() fills in;
+    // only a span that may end elsewhere looks its track up now (one call saved per span).
+    std::uint32_t resolved = track.id;
+    if (kind != RecordKind::span) {
+      resolved = resolve(track);
+      if (resolved == 0) return;
+    }
     Record& record_ = *std::construct_at(&storage_.record);
     record_.kind = kind;
     record_.category = category;

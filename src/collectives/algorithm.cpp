@@ -95,7 +95,7 @@ bool implements(CollectiveKind kind, Algorithm algorithm) noexcept {
     case CollectiveKind::all_to_all:
       return algorithm == Algorithm::pairwise || algorithm == Algorithm::shared_memory;
     case CollectiveKind::barrier:
-      return algorithm == Algorithm::dissemination;
+      return algorithm == Algorithm::dissemination || algorithm == Algorithm::shared_memory;
   }
   return false;
 }

@@ -188,6 +188,10 @@ asio::awaitable<void> exchange_fingerprints(CollectiveOp& op, const CollectiveCa
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call) {
   using enum CollectiveKind;
+  if (call.kind == barrier && call.algorithm == Algorithm::shared_memory) {
+    co_await detail::shared_memory_barrier(op, call);
+    co_return;
+  }
   if (call.kind != all_reduce && call.algorithm == Algorithm::shared_memory &&
       co_await detail::shared_memory_collective(op, call)) {
     co_return;
@@ -611,8 +615,10 @@ asio::awaitable<void> Communicator::submit(std::unique_ptr<CollectiveCall> call)
   const std::size_t selected_bytes =
       sizes_differ ? std::numeric_limits<std::size_t>::max() - 1 : call->bytes;
   call->algorithm = algorithm_for(call->kind, selected_bytes);
-  // An empty call moves nothing (run() skips it), so it takes no turn in the arena.
-  if (call->algorithm == Algorithm::shared_memory && selected_bytes != 0) {
+  // An empty call moves nothing (run() skips it), so it takes no turn in the arena; a
+  // barrier moves nothing but is all turn.
+  if (call->algorithm == Algorithm::shared_memory &&
+      (selected_bytes != 0 || call->kind == CollectiveKind::barrier)) {
     call->arena = arena_.get();
     call->arena_ticket = arena_->take_ticket();
   }

@@ -18,6 +18,11 @@ constexpr std::size_t MiB = 1024 * KiB;
 std::vector<SelectionRule> built_in_rules() {
   using enum CollectiveKind;
   return {
+      // Members on one node only: one flag wait through the inline slots.
+      {.kind = all_reduce,
+       .min_bytes = 0,
+       .max_bytes = 4 * KiB,
+       .algorithm = Algorithm::shared_memory},
       {.kind = all_reduce,
        .min_bytes = 0,
        .max_bytes = 16 * KiB,
@@ -56,6 +61,7 @@ std::vector<SelectionRule> built_in_rules() {
       {.kind = gather, .algorithm = Algorithm::linear},
       {.kind = scatter, .algorithm = Algorithm::linear},
       {.kind = all_to_all, .algorithm = Algorithm::pairwise},
+      {.kind = barrier, .algorithm = Algorithm::shared_memory},  // one node only
       {.kind = barrier, .algorithm = Algorithm::dissemination},
   };
 }

@@ -45,7 +45,8 @@ SharedMemoryArena::~SharedMemoryArena() {
 
 std::size_t SharedMemoryArena::segment_bytes() const noexcept {
   const auto ranks = static_cast<std::size_t>(ranks_);
-  return kStages * ranks * kFlagStride + ranks * sizeof(RankRecord) + (ranks + 1) * kSlotBytes;
+  return kStages * ranks * kFlagStride + ranks * sizeof(RankRecord) + (ranks + 1) * kSlotBytes +
+         2 * ranks * sizeof(InlineSlot);
 }
 
 std::string SharedMemoryArena::create() {
@@ -103,6 +104,11 @@ std::byte* SharedMemoryArena::slot(int rank) noexcept {
 
 std::byte* SharedMemoryArena::result() noexcept {
   return slot(ranks_);
+}
+
+InlineSlot& SharedMemoryArena::inline_slot(int rank, int parity) noexcept {
+  std::byte* slots = slot(ranks_) + kSlotBytes;  // after the result area
+  return reinterpret_cast<InlineSlot*>(slots)[2 * rank + parity];
 }
 
 }  // namespace braid::collectives::detail

@@ -52,6 +52,13 @@ struct alignas(64) RankRecord {
   std::uint64_t disputed_expected;
 };
 
+// A small vector and its call, for all-reduces and barriers that take one flag wait
+// (algorithms/shared_memory_inline.cpp); two per rank, used by generation parity.
+struct alignas(64) InlineSlot {
+  Fingerprint call;
+  alignas(64) std::byte data[16 * 1024];
+};
+
 // Flags: the last generation a rank reached in each stage of an operation.
 enum class Stage : int {
   posted = 0,    // its record describes the current operation
@@ -79,6 +86,7 @@ int usable_cpus() noexcept;
 class SharedMemoryArena {
  public:
   static constexpr std::size_t kSlotBytes = std::size_t{2} << 20;
+  static constexpr std::size_t kInlineBytes = sizeof(InlineSlot::data);
   static constexpr std::size_t kFlagStride = 64;
   static constexpr int kStages = 4;
   static constexpr std::uint64_t kProbeValue = 0x627261696450524fULL;  // "braidPRO"
@@ -101,6 +109,7 @@ class SharedMemoryArena {
   RankRecord& record(int rank) noexcept;
   std::byte* slot(int rank) noexcept;
   std::byte* result() noexcept;
+  InlineSlot& inline_slot(int rank, int parity) noexcept;
 
   // Issue order: a ticket at the call, served in order.
   std::uint64_t take_ticket() noexcept { return next_ticket_.fetch_add(1); }

@@ -160,7 +160,8 @@ awaitable<std::string> check(Communicator& comm) {
 // Returns normally only if no all_reduce failed. 4 MiB: shared memory, several chunks.
 // The buffer dies with the coroutine: a failed collective must have ended every transfer
 // into or out of it before the error reaches us.
-// `collective`: all_reduce, or broadcast / all_gather (from rank 0, in place).
+// `collective`: all_reduce, or broadcast / all_gather (from rank 0, in place), or
+// small_all_reduce (8 elements) / barrier: one flag wait through the inline slots.
 awaitable<void> die(Communicator& comm, int doomed, std::string collective) {
   // Splits into equal blocks for the in-place all-gather: 1 MiB per rank.
   std::vector<float> data(static_cast<std::size_t>(comm.size()) << 18, 1.0F);
@@ -169,6 +170,10 @@ awaitable<void> die(Communicator& comm, int doomed, std::string collective) {
       co_await comm.broadcast(Buffer(data), 0);
     } else if (collective == "all_gather") {
       co_await comm.all_gather(Buffer(data));
+    } else if (collective == "small_all_reduce") {
+      co_await comm.all_reduce(Buffer(data).slice(0, 8), ReduceOp::sum);
+    } else if (collective == "barrier") {
+      co_await comm.barrier();
     } else {
       co_await comm.all_reduce(Buffer(data), ReduceOp::avg);
     }
@@ -179,7 +184,8 @@ awaitable<void> die(Communicator& comm, int doomed, std::string collective) {
 }
 
 int usage() {
-  std::cerr << "usage: collective_probe check | die RANK [all_reduce|broadcast|all_gather]\n";
+  std::cerr << "usage: collective_probe check | die RANK "
+               "[all_reduce|broadcast|all_gather|small_all_reduce|barrier]\n";
   return 2;
 }
 

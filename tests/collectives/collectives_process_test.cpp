@@ -97,17 +97,19 @@ struct Death {
   int world;
   int doomed;
   const char* single_copy;  // BRAID_SHM_SINGLE_COPY
-  const char* collective = "all_reduce";
+  const char* collective = "all_reduce";  // collective_probe's name for it
+  const char* operation = nullptr;        // how errors name it, where that differs
 };
 
 class CollectivesPeerFailure : public ::testing::TestWithParam<Death> {};
 
-// Every survivor's collective (all-reduce; broadcast and all-gather by single copy) fails
+// Every survivor's collective (all-reduce; broadcast and all-gather by single copy; a small
+// all-reduce and a barrier through the inline slots, one flag wait each) fails
 // naming the dead rank, including survivors that never exchange a message with it (4
 // ranks, rank 2 dies: rank 0's ring neighbours are 1 and 3), and no survivor crashes
 // afterwards (its buffers are freed right after the error).
 TEST_P(CollectivesPeerFailure, AKilledRankFailsEverySurvivorsCollectiveNamingIt) {
-  const auto [world, doomed, single_copy, collective] = GetParam();
+  const auto [world, doomed, single_copy, collective, operation] = GetParam();
   // BRAID_TIMEOUT is short so that a survivor that is never told would time out (and the
   // test fail on its message) rather than hang; the grace lets survivors, which ignore
   // braid-run's SIGTERM, report what they saw.
@@ -125,7 +127,8 @@ TEST_P(CollectivesPeerFailure, AKilledRankFailsEverySurvivorsCollectiveNamingIt)
     if (survivor == doomed) continue;
     const auto saw = lines_with(result.err, fmt::format("[{}] rank {} saw: ", survivor, survivor));
     ASSERT_EQ(saw.size(), 1U) << result.out << result.err;
-    EXPECT_THAT(saw[0], HasSubstr(fmt::format("rank {}: {}", survivor, collective)));
+    EXPECT_THAT(saw[0], HasSubstr(fmt::format("rank {}: {}", survivor,
+                                              operation != nullptr ? operation : collective)));
     EXPECT_THAT(saw[0], HasSubstr(fmt::format("(peer rank {}", doomed)));
     EXPECT_THAT(saw[0], HasSubstr("peer failed"));
   }
@@ -168,7 +171,11 @@ TEST(CollectivesPeerFailure, AKilledRankFailsAHierarchicalAllReduceOnBothNodes) 
 INSTANTIATE_TEST_SUITE_P(Deaths, CollectivesPeerFailure,
                          ::testing::Values(Death{3, 1, "1"}, Death{3, 0, "0"}, Death{4, 2, "auto"},
                                            Death{2, 1, "1"}, Death{2, 0, "1", "broadcast"},
-                                           Death{3, 2, "auto", "all_gather"}),
+                                           Death{3, 2, "auto", "all_gather"},
+                                           Death{3, 1, "auto", "small_all_reduce",
+                                                 "all_reduce[shared_memory]"},
+                                           Death{2, 0, "auto", "barrier",
+                                                 "barrier[shared_memory]"}),
                          [](const auto& info) {
                            return fmt::format("{}_rank{}of{}_single_copy_{}", info.param.collective,
                                               info.param.doomed, info.param.world,

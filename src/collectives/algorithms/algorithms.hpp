@@ -65,5 +65,7 @@ asio::awaitable<void> hierarchical_all_reduce(CollectiveOp& op, Buffer input, Bu
 // Communicator to run the message algorithm instead.
 asio::awaitable<void> shared_memory_all_reduce(CollectiveOp& op, const CollectiveCall& call);
 asio::awaitable<bool> shared_memory_collective(CollectiveOp& op, const CollectiveCall& call);
+// A barrier through shared memory (one flag wait; shared_memory_inline.cpp).
+asio::awaitable<void> shared_memory_barrier(CollectiveOp& op, const CollectiveCall& call);
 
 }  // namespace braid::collectives::detail

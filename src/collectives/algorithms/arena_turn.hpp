@@ -80,6 +80,11 @@ class ArenaTurn {
   bool all_posted_ = false;
 };
 
+// All-reduce of at most SharedMemoryArena::kInlineBytes, or a barrier (no data), in one
+// flag wait through the ranks' inline slots (shared_memory_inline.cpp).
+asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
+                                           const CollectiveCall& call);
+
 // Single copy: reduces elements [first, first + count) of every rank's input (ranks in
 // order 0..P-1, so the result does not depend on who reduces), reading peers' pieces
 // into a cache-sized scratch. The result goes to `out` (where element `first` lands), or,

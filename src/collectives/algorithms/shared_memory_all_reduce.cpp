@@ -27,9 +27,11 @@
 //   Cost: 2 n/C flag waits (C the slot size), and per rank n bytes copied in, n read and
 //   n/P written to reduce, n copied out: about 5n bytes of memory traffic.
 //
+// Up to 16 KiB (SharedMemoryArena::kInlineBytes) neither: the vectors go through the
+// ranks' inline slots in one flag wait (shared_memory_inline.cpp).
+//
 // Flags carry generations, so they never need resetting, and the waits order every reuse
-// of records, slots and the result area. The waits cost a few microseconds each, so small
-// vectors stay with recursive doubling.
+// of records, slots and the result area.
 #include <algorithm>
 #include <cstring>
 
@@ -107,6 +109,11 @@ asio::awaitable<void> shared_memory_all_reduce(CollectiveOp& op, const Collectiv
   co_await turn.start();
   if (op.size() == 1) {
     copy(call.output, call.input);
+    turn.finish();
+    co_return;
+  }
+  if (call.input.size_bytes() <= SharedMemoryArena::kInlineBytes) {
+    co_await shared_memory_inline(turn, op, call);
     turn.finish();
     co_return;
   }

@@ -206,14 +206,15 @@ void ArenaTurn::cross_memory_failed(int rank, int error, std::string_view what) 
 }
 
 void fold_block(ArenaTurn& turn, CollectiveOp& op, const Buffer& input, std::size_t first,
-                std::size_t count, ReduceOp reduce_op, std::byte* out, int root) {
+                std::size_t count, ReduceOp reduce_op, const FoldTarget& target) {
   const int world = op.size();
   const int me = op.rank();
   const DType dtype = input.dtype();
   const std::size_t element = dtype_size(dtype);
   const std::size_t piece_elements = kFoldPieceBytes / element;
-  // Two landing pieces, and a third for the result when it goes to the root.
-  ScratchPool::Lease scratch = op.scratch((out == nullptr ? 3 : 2) * piece_elements * element);
+  // Two landing pieces, and a third for the result when it has no place of ours.
+  ScratchPool::Lease scratch =
+      op.scratch((target.local == nullptr ? 3 : 2) * piece_elements * element);
   std::byte* const landing[2] = {scratch.data(), scratch.data() + piece_elements * element};
   std::byte* const result = scratch.data() + 2 * piece_elements * element;
   const auto* in = static_cast<const std::byte*>(input.data());
@@ -226,7 +227,7 @@ void fold_block(ArenaTurn& turn, CollectiveOp& op, const Buffer& input, std::siz
       turn.read_input(r, at, landing[which], n * element);
       return landing[which];
     };
-    std::byte* const destination = out != nullptr ? out + done * element : result;
+    std::byte* const destination = target.local != nullptr ? target.local + done * element : result;
     // Accumulate in landing[0] up to the last rank, whose fold writes the destination: an
     // in-place output is our input, read for the last time in that same fold.
     std::byte* accumulated = piece(0, 0);
@@ -238,7 +239,16 @@ void fold_block(ArenaTurn& turn, CollectiveOp& op, const Buffer& input, std::siz
       accumulated = into;
     }
     finish_average(Buffer(destination, n, dtype), reduce_op, world);
-    if (out == nullptr) turn.write_output(root, at, result, n * element);
+    if (target.root >= 0 && target.root != me) {
+      turn.write_output(target.root, at, destination, n * element);
+    }
+    if (target.every_peer) {
+      // Only we read or write these elements of any rank's buffers (each rank folds its
+      // own block): a peer's in-place input here was read above, for the last time.
+      for (int step = 1; step < world; ++step) {
+        turn.write_output((me + step) % world, at, destination, n * element);
+      }
+    }
   }
 }
 

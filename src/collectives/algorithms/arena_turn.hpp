@@ -85,11 +85,19 @@ class ArenaTurn {
 asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
                                            const CollectiveCall& call);
 
+// Where fold_block's result goes: our own memory, and/or other ranks' outputs at the same
+// element (written with process_vm_writev while the piece is still in cache).
+struct FoldTarget {
+  std::byte* local = nullptr;  // where element `first` lands in our memory; null: nowhere
+  int root = -1;               // reduce: the root's output, when we are not the root
+  bool every_peer = false;     // all-reduce: every other rank's output too
+};
+
 // Single copy: reduces elements [first, first + count) of every rank's input (ranks in
 // order 0..P-1, so the result does not depend on who reduces), reading peers' pieces
-// into a cache-sized scratch. The result goes to `out` (where element `first` lands), or,
-// with `out` null, into `root`'s output at the same element. avg is finished here.
+// into a cache-sized scratch, and writes the result where `target` says. avg is finished
+// here.
 void fold_block(ArenaTurn& turn, CollectiveOp& op, const Buffer& input, std::size_t first,
-                std::size_t count, ReduceOp reduce_op, std::byte* out, int root);
+                std::size_t count, ReduceOp reduce_op, const FoldTarget& target);
 
 }  // namespace braid::collectives::detail

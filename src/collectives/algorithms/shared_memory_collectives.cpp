@@ -177,16 +177,16 @@ asio::awaitable<void> run_single_copy(ArenaTurn& turn, CollectiveOp& op,
     case reduce_scatter: {
       const std::size_t count = call.output.count();
       fold_block(turn, op, call.input, static_cast<std::size_t>(me) * count, count, call.reduce_op,
-                 bytes_of(call.output), -1);
+                 {.local = bytes_of(call.output)});
       break;
     }
     case reduce: {
       const EvenSplit blocks{call.input.count(), static_cast<std::size_t>(world)};
       const std::size_t first = blocks.offset(static_cast<std::size_t>(me));
-      fold_block(
-          turn, op, call.input, first, blocks.size(static_cast<std::size_t>(me)), call.reduce_op,
-          me == root ? bytes_of(call.output) + first * dtype_size(call.input.dtype()) : nullptr,
-          root);
+      FoldTarget target{.root = root};
+      if (me == root) target.local = bytes_of(call.output) + first * dtype_size(call.input.dtype());
+      fold_block(turn, op, call.input, first, blocks.size(static_cast<std::size_t>(me)),
+                 call.reduce_op, target);
       break;
     }
     case all_to_all: {

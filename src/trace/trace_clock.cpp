@@ -71,7 +71,8 @@ class CounterClock {
     const Pair first = pair();
     Pair second = pair();
     while (second.ns - first.ns < 1'000'000) second = pair();
-    publish(second.ticks, second.ns, rate_of(first, second), second.ticks + ticks_for(kFirstInterval, first, second));
+    publish(second.ticks, second.ns, rate_of(first, second),
+            second.ticks + ticks_for(kFirstInterval, first, second));
     last_ = second;
     interval_ns_ = kFirstInterval;
   }
@@ -127,13 +128,15 @@ class CounterClock {
   }
   static std::uint64_t ticks_for(std::int64_t ns, Pair from, Pair to) noexcept {
     const auto ticks = static_cast<Wide>(to.ticks - from.ticks);
-    return static_cast<std::uint64_t>(ticks * static_cast<std::uint64_t>(ns) /
-                                      static_cast<std::uint64_t>(std::max<std::int64_t>(to.ns - from.ns, 1)));
+    return static_cast<std::uint64_t>(
+        ticks * static_cast<std::uint64_t>(ns) /
+        static_cast<std::uint64_t>(std::max<std::int64_t>(to.ns - from.ns, 1)));
   }
   // Signed ticks (a reader may hold ticks from before the anchor) times the rate.
   static std::int64_t scale(std::uint64_t delta, std::uint64_t rate) noexcept {
     const auto signed_delta = static_cast<std::int64_t>(delta);
-    const auto magnitude = static_cast<std::uint64_t>(signed_delta < 0 ? -signed_delta : signed_delta);
+    const auto magnitude =
+        static_cast<std::uint64_t>(signed_delta < 0 ? -signed_delta : signed_delta);
     const auto ns = static_cast<std::int64_t>((static_cast<Wide>(magnitude) * rate) >> 32);
     return signed_delta < 0 ? -ns : ns;
   }
@@ -161,10 +164,9 @@ class CounterClock {
     }
     // The true rate over the last interval, and where the extrapolation stands now.
     const std::uint64_t true_rate = rate_of(last_, now);
-    const std::int64_t current =
-        anchor_ns_.load(std::memory_order_relaxed) +
-        scale(now.ticks - anchor_ticks_.load(std::memory_order_relaxed),
-              rate_.load(std::memory_order_relaxed));
+    const std::int64_t current = anchor_ns_.load(std::memory_order_relaxed) +
+                                 scale(now.ticks - anchor_ticks_.load(std::memory_order_relaxed),
+                                       rate_.load(std::memory_order_relaxed));
     interval_ns_ = std::min(interval_ns_ * 2, kLongestInterval);
     const std::uint64_t interval_ticks = ticks_for(interval_ns_, last_, now);
     const std::int64_t off = current - now.ns;
@@ -173,7 +175,8 @@ class CounterClock {
     } else {
       // Meet steady_clock at the next anchor: cover interval_ns_ - off in interval_ticks.
       const auto ns = static_cast<Wide>(interval_ns_ - off);
-      const auto rate = static_cast<std::uint64_t>((ns << 32) / std::max<std::uint64_t>(interval_ticks, 1));
+      const auto rate =
+          static_cast<std::uint64_t>((ns << 32) / std::max<std::uint64_t>(interval_ticks, 1));
       publish(now.ticks, current, rate, now.ticks + interval_ticks);
     }
     last_ = now;
@@ -211,7 +214,8 @@ ClockChoice choose() {
     return choice;
   }
 #if defined(__x86_64__)
-  if (wanted == "tsc" || (wanted == "auto" && invariant_counter())) choice.source = ClockSource::tsc;
+  if (wanted == "tsc" || (wanted == "auto" && invariant_counter()))
+    choice.source = ClockSource::tsc;
 #endif
   return choice;
 }

@@ -96,7 +96,7 @@ INSTANTIATE_TEST_SUITE_P(Worlds, CollectivesProcesses,
 struct Death {
   int world;
   int doomed;
-  const char* single_copy;  // BRAID_SHM_SINGLE_COPY
+  const char* single_copy;                // BRAID_SHM_SINGLE_COPY
   const char* collective = "all_reduce";  // collective_probe's name for it
   const char* operation = nullptr;        // how errors name it, where that differs
 };
@@ -168,19 +168,16 @@ TEST(CollectivesPeerFailure, AKilledRankFailsAHierarchicalAllReduceOnBothNodes) 
   for (const auto& result : results) EXPECT_LT(result.elapsed, 20s) << err;
 }
 
-INSTANTIATE_TEST_SUITE_P(Deaths, CollectivesPeerFailure,
-                         ::testing::Values(Death{3, 1, "1"}, Death{3, 0, "0"}, Death{4, 2, "auto"},
-                                           Death{2, 1, "1"}, Death{2, 0, "1", "broadcast"},
-                                           Death{3, 2, "auto", "all_gather"},
-                                           Death{3, 1, "auto", "small_all_reduce",
-                                                 "all_reduce[shared_memory]"},
-                                           Death{2, 0, "auto", "barrier",
-                                                 "barrier[shared_memory]"}),
-                         [](const auto& info) {
-                           return fmt::format("{}_rank{}of{}_single_copy_{}", info.param.collective,
-                                              info.param.doomed, info.param.world,
-                                              info.param.single_copy);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Deaths, CollectivesPeerFailure,
+    ::testing::Values(Death{3, 1, "1"}, Death{3, 0, "0"}, Death{4, 2, "auto"}, Death{2, 1, "1"},
+                      Death{2, 0, "1", "broadcast"}, Death{3, 2, "auto", "all_gather"},
+                      Death{3, 1, "auto", "small_all_reduce", "all_reduce[shared_memory]"},
+                      Death{2, 0, "auto", "barrier", "barrier[shared_memory]"}),
+    [](const auto& info) {
+      return fmt::format("{}_rank{}of{}_single_copy_{}", info.param.collective, info.param.doomed,
+                         info.param.world, info.param.single_copy);
+    });
 
 }  // namespace
 }  // namespace braid::collectives

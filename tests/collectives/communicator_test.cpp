@@ -7,7 +7,6 @@
 
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -438,7 +437,8 @@ TEST_P(VariableCounts, AllGatherVAndAllToAllVMoveUnevenBlocksIncludingEmptyOnes)
           std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}), -1);
       co_await comm->all_to_all_v(Buffer(send), send_counts, Buffer(received), recv_counts);
       std::vector<std::int64_t> want;
-      for (int r = 0; r < kWorld; ++r) want.insert(want.end(), recv_counts[static_cast<std::size_t>(r)], 100 * r + me);
+      for (int r = 0; r < kWorld; ++r)
+        want.insert(want.end(), recv_counts[static_cast<std::size_t>(r)], 100 * r + me);
       EXPECT_EQ(received, want) << "last rank's weight " << last_weight;
     }
   });
@@ -738,13 +738,15 @@ TEST(Mismatch, SingleCopyAllToAllVChecksEverySendersCountAgainstItsReceiver) {
         std::vector<std::size_t> recv_counts(3, 6000);
         if (me == 1) recv_counts[0] = 4000;
         std::vector<float> send(18000, 1.0f);
-        std::vector<float> received(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
+        std::vector<float> received(
+            std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
         try {
           co_await comm->all_to_all_v(Buffer(send), send_counts, Buffer(received), recv_counts);
           ADD_FAILURE() << "rank " << me << " completed an all_to_all_v with disputed counts";
         } catch (const Error& e) {
           EXPECT_EQ(e.code(), make_error_code(Errc::size_mismatch)) << e.what();
-          EXPECT_THAT(e.what(), HasSubstr("rank 0 sends 6000 elements to rank 1, which expects 4000"));
+          EXPECT_THAT(e.what(),
+                      HasSubstr("rank 0 sends 6000 elements to rank 1, which expects 4000"));
           ++mismatches;
         }
         const std::vector<std::size_t> even(3, 6000);

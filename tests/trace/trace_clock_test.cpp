@@ -90,12 +90,11 @@ TEST(TraceClockDeathTest, AMalformedChoiceIsAnErrorNamingTheVariable) {
         try {
           (void)clock_source();
         } catch (const Error& e) {
-          const bool named = std::string(e.what()).find(
-                                 "BRAID_TRACE_CLOCK='rdtsc' is not auto, tsc or steady") !=
-                             std::string::npos;
+          const bool named =
+              std::string(e.what()).find("BRAID_TRACE_CLOCK='rdtsc' is not auto, tsc or steady") !=
+              std::string::npos;
           // now_ns() still works, on steady_clock.
-          std::exit(named && e.code() == make_error_code(Errc::invalid_environment) &&
-                            now_ns() > 0
+          std::exit(named && e.code() == make_error_code(Errc::invalid_environment) && now_ns() > 0
                         ? 3
                         : 4);
         }

@@ -234,7 +234,8 @@ asio::awaitable<bool> shared_memory_collective(CollectiveOp& op, const Collectiv
   }
   const trace::AsyncSpan moved = op.phase("shared_memory.single_copy", call.bytes);
   if (call.kind == CollectiveKind::all_to_all && call.variable) {
-    turn.arena().record(op.rank()).send_counts = reinterpret_cast<std::uint64_t>(call.counts.data());
+    turn.arena().record(op.rank()).send_counts =
+        reinterpret_cast<std::uint64_t>(call.counts.data());
   }
   co_await turn.post(fingerprint_of(call), call.input, call.output);
   co_await run_single_copy(turn, op, call);

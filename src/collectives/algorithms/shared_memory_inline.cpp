@@ -57,9 +57,7 @@ asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
   if (bytes == 0) co_return;
   const DType dtype = call.input.dtype();
   const std::size_t count = call.input.count();
-  auto vector_of = [&](int r) {
-    return Buffer(arena.inline_slot(r, parity).data, count, dtype);
-  };
+  auto vector_of = [&](int r) { return Buffer(arena.inline_slot(r, parity).data, count, dtype); };
   // The output may be the input: every operand is read from the slots.
   combine(call.output, vector_of(0), vector_of(1), call.reduce_op);
   for (int r = 2; r < world; ++r) combine(call.output, call.output, vector_of(r), call.reduce_op);

@@ -87,7 +87,8 @@ TEST(CollectivesProcesses, FourRanksAsTwoNodesOfTwoRunEveryCollectiveHierarchica
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, CollectivesProcesses,
-                         ::testing::Values(Ranks{2, "auto"}, Ranks{3, "1"}, Ranks{4, "0"}),
+                         ::testing::Values(Ranks{1, "auto"}, Ranks{2, "auto"}, Ranks{3, "1"},
+                                           Ranks{4, "0"}, Ranks{8, "auto"}),
                          [](const auto& info) {
                            return fmt::format("ranks{}_single_copy_{}", info.param.size,
                                               info.param.single_copy);

@@ -35,6 +35,17 @@ using detail::Message;
 
 namespace {
 
+// The sum of counts, or SIZE_MAX where it would wrap around: no buffer holds that many
+// elements, so the size checks that compare with it fail instead of passing on a wrapped
+// sum (which would send the shared-memory paths outside the buffers).
+std::size_t sum_of_counts(std::span<const std::size_t> counts) {
+  std::size_t sum = 0;
+  for (const std::size_t count : counts) {
+    if (__builtin_add_overflow(sum, count, &sum)) return std::numeric_limits<std::size_t>::max();
+  }
+  return sum;
+}
+
 constexpr std::uint32_t kWorldCommunicatorId = 1;
 // Ids 2.. are handed out by the store counter below, across the whole job.
 constexpr std::uint32_t kFirstSplitId = 2;
@@ -392,6 +403,7 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
   in_flight_.insert(&op);
   std::exception_ptr failure;
   bool settle = false;
+  bool algorithm_started = false;
   try {
     // A member that died earlier fails the op at once: ranks that do not talk to it
     // directly would otherwise wait for partners that gave up.
@@ -403,6 +415,7 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
     if (check_fingerprints_ && size() > 1) co_await exchange_fingerprints(op, *call, id_);
     const bool nothing_to_move = call->bytes == 0 && call->kind != CollectiveKind::barrier &&
                                  !(call->kind == CollectiveKind::all_to_all && call->variable);
+    algorithm_started = true;
     if (!nothing_to_move) co_await run_algorithm(op, *call);
   } catch (const Error& error) {
     std::string where = fmt::format("{}{}[{}]", to_string(call->kind), call->variable ? "_v" : "",
@@ -421,6 +434,15 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
   if (settle) {
     std::string why = to_string(call->kind).data();
     co_await op.settle(std::move(why));
+    // Its arena ticket was taken at the call: unserved, it would hold up every later
+    // shared-memory operation.
+    if (!algorithm_started && call->arena != nullptr) {
+      try {
+        co_await detail::pass_arena_turn(op, *call);
+      } catch (const Error&) {
+        // The turn never came (an earlier operation still holds it, and fails on its own).
+      }
+    }
   }
   in_flight_.erase(&op);
   (void)self;  // keeps the communicator alive until the operation is done
@@ -736,7 +758,7 @@ asio::awaitable<void> Communicator::all_gather_v(Buffer input, Buffer output,
   check.that(input.count() == counts[static_cast<std::size_t>(rank_)],
              "input has {} elements but counts[{}] is {}", input.count(), rank_,
              counts[static_cast<std::size_t>(rank_)]);
-  const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  const std::size_t total = sum_of_counts(counts);
   check.that(output.count() == total, "output has {} elements; the counts add up to {}",
              output.count(), total);
   const std::size_t offset =
@@ -836,9 +858,8 @@ asio::awaitable<void> Communicator::all_to_all_v(Buffer input,
                  recv_counts.size() == static_cast<std::size_t>(size()),
              "{} send counts and {} receive counts for a communicator of {} ranks",
              send_counts.size(), recv_counts.size(), size());
-  const std::size_t sent = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});
-  const std::size_t received =
-      std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
+  const std::size_t sent = sum_of_counts(send_counts);
+  const std::size_t received = sum_of_counts(recv_counts);
   check.that(input.count() == sent, "input has {} elements; the send counts add up to {}",
              input.count(), sent);
   check.that(output.count() == received, "output has {} elements; the receive counts add up to {}",

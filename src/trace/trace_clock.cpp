@@ -14,12 +14,15 @@
 // clock follows steady_clock (NTP slewing included) the way the kernel's own clock
 // follows its hardware, with an error bounded by one interval's drift. Intervals grow
 // from 16 ms to 1 s; the first rate comes from a 1 ms calibration when the clock is first
-// read. An extrapolation more than 100 us off steady_clock (the first anchor, a suspended
-// VM) is reset to it instead.
+// read. It never runs backwards: an extrapolation ahead of steady_clock slows (or stands
+// still) rather than stepping back; one more than 100 us behind (a suspended VM) jumps
+// forward to it. Either large offset starts the intervals again from 16 ms.
 //
 // When. x86-64 with an invariant counter (constant_tsc and nonstop_tsc in /proc/cpuinfo:
-// the same rate on every core and in every power state), unless BRAID_TRACE_CLOCK=steady.
-// Elsewhere now_ns() is steady_clock::now().
+// the same rate on every core and in every power state) that the kernel itself keeps
+// time with (clocksource tsc: it checked that the cores' counters agree), unless
+// BRAID_TRACE_CLOCK=steady; BRAID_TRACE_CLOCK=tsc skips the checks. Elsewhere now_ns()
+// is steady_clock::now().
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -54,14 +57,19 @@ std::int64_t steady_ns() noexcept {
 __extension__ typedef unsigned __int128 Wide;
 
 bool invariant_counter() {
+  bool flags = false;
   std::ifstream cpuinfo("/proc/cpuinfo");
   for (std::string line; std::getline(cpuinfo, line);) {
     if (line.rfind("flags", 0) != 0) continue;
     line += ' ';
-    return line.find(" constant_tsc ") != std::string::npos &&
-           line.find(" nonstop_tsc ") != std::string::npos;
+    flags = line.find(" constant_tsc ") != std::string::npos &&
+            line.find(" nonstop_tsc ") != std::string::npos;
+    break;
   }
-  return false;
+  std::ifstream clocksource("/sys/devices/system/clocksource/clocksource0/current_clocksource");
+  std::string source;
+  std::getline(clocksource, source);
+  return flags && source == "tsc";
 }
 
 class CounterClock {
@@ -87,10 +95,12 @@ class CounterClock {
       const std::uint64_t next = next_anchor_.load(std::memory_order_relaxed);
       std::atomic_thread_fence(std::memory_order_acquire);
       if ((sequence & 1) != 0 || sequence_.load(std::memory_order_relaxed) != sequence) continue;
-      if (static_cast<std::int64_t>(ticks - next) >= 0) [[unlikely]] {
-        reanchor();
+      // Past the next anchoring point one reader re-anchors; the others (and that one, if
+      // it finds the work done) extrapolate from the anchor they read, which is still
+      // good: nobody waits on the re-anchoring reader, even one that was preempted or is
+      // the copy of a thread that held the lock when its process forked.
+      if (static_cast<std::int64_t>(ticks - next) >= 0 && reanchor()) [[unlikely]]
         continue;
-      }
       return anchor_ns + scale(ticks - anchor_ticks, rate);
     }
   }
@@ -153,33 +163,39 @@ class CounterClock {
     sequence_.store(sequence + 2, std::memory_order_release);
   }
 
-  // One reader re-anchors; the others keep extrapolating (the anchor they read is still
-  // good) or retry once the sequence moves.
-  void reanchor() noexcept {
+  // One reader re-anchors; returns whether it published a new anchor.
+  bool reanchor() noexcept {
     std::unique_lock lock(mutex_, std::try_to_lock);
-    if (!lock.owns_lock()) return;
+    if (!lock.owns_lock()) return false;
     const Pair now = pair();
     if (static_cast<std::int64_t>(now.ticks - next_anchor_.load(std::memory_order_relaxed)) < 0) {
-      return;  // another reader just did it
+      return false;  // another reader just did it
     }
     // The true rate over the last interval, and where the extrapolation stands now.
     const std::uint64_t true_rate = rate_of(last_, now);
     const std::int64_t current = anchor_ns_.load(std::memory_order_relaxed) +
                                  scale(now.ticks - anchor_ticks_.load(std::memory_order_relaxed),
                                        rate_.load(std::memory_order_relaxed));
-    interval_ns_ = std::min(interval_ns_ * 2, kLongestInterval);
-    const std::uint64_t interval_ticks = ticks_for(interval_ns_, last_, now);
     const std::int64_t off = current - now.ns;
-    if (off > kResetBeyond || off < -kResetBeyond) {
-      publish(now.ticks, now.ns, true_rate, now.ticks + interval_ticks);
+    if (off < -kResetBeyond) {
+      // Far behind (a suspended VM): jump forward to steady_clock, which keeps it monotonic,
+      // and measure again soon.
+      interval_ns_ = kFirstInterval;
+      publish(now.ticks, now.ns, true_rate, now.ticks + ticks_for(interval_ns_, last_, now));
     } else {
       // Meet steady_clock at the next anchor: cover interval_ns_ - off in interval_ticks.
-      const auto ns = static_cast<Wide>(interval_ns_ - off);
+      // Never backwards: a clock that is ahead (steady_clock slewed slower by NTP) slows,
+      // or stands still for an interval, instead of stepping back.
+      interval_ns_ =
+          off > kResetBeyond ? kFirstInterval : std::min(interval_ns_ * 2, kLongestInterval);
+      const std::uint64_t interval_ticks = ticks_for(interval_ns_, last_, now);
+      const auto ns = static_cast<Wide>(std::max<std::int64_t>(interval_ns_ - off, 0));
       const auto rate =
           static_cast<std::uint64_t>((ns << 32) / std::max<std::uint64_t>(interval_ticks, 1));
       publish(now.ticks, current, rate, now.ticks + interval_ticks);
     }
     last_ = now;
+    return true;
   }
 
   std::atomic<std::uint64_t> sequence_{0};

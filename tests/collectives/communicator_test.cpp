@@ -2,6 +2,7 @@
 // (thread_ranks.hpp): every op, dtype and reduce op, awkward counts, in-place forms,
 // operations in flight together, split communicators, and the errors for bad input.
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -614,6 +615,13 @@ TEST(BadInput, ArgumentErrorsAreThrownAtTheCallAndTakeNoPlaceInTheOrder) {
         [&] { (void)comm->all_reduce(Buffer(d), labelled_cuda, ReduceOp::sum); }, "cuda memory");
     braid::testing::expect_invalid_argument([&] { (void)comm->all_gather(Buffer(b)); },
                                             "must split into 2 equal blocks");
+    // Counts whose sum wraps around a size_t are refused, not summed modulo 2^64 into
+    // something that matches the buffer.
+    const std::vector<std::size_t> wrapping{std::numeric_limits<std::size_t>::max(), 9};
+    const std::vector<std::size_t> eight{4, 4};
+    braid::testing::expect_invalid_argument(
+        [&] { (void)comm->all_to_all_v(Buffer(a), wrapping, Buffer(b), eight); },
+        "the send counts add up to 18446744073709551615");
     // Nothing above took a sequence number: the ranks are still in step.
     std::vector<float> ones(3, 1.0f);
     co_await comm->all_reduce(Buffer(ones), ReduceOp::sum);
@@ -756,6 +764,69 @@ TEST(Mismatch, SingleCopyAllToAllVChecksEverySendersCountAgainstItsReceiver) {
       },
       Communicator::Options{.timeout = std::chrono::seconds(10)});
   EXPECT_EQ(mismatches.load(), 3);
+}
+
+// Counts on either side of the inline limit put ranks on different shared-memory paths
+// (4096 floats fill an inline slot, 4097 go through the records): each path leaves its
+// fingerprint where the other looks and ends a mismatch with a release, so every rank
+// fails at once naming both calls, and the arena stays in step for the next operation.
+TEST(Mismatch, CountsAcrossTheInlineLimitFailOnEveryRankAndLeaveTheArenaInStep) {
+  const braid::testing::ScopedEnv policy("BRAID_SHM_SINGLE_COPY", "1");
+  std::atomic<int> mismatches{0};
+  const auto started = std::chrono::steady_clock::now();
+  run_ranks(
+      3,
+      [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        std::vector<float> data(comm->rank() == 1 ? 4097 : 4096, 1.0f);
+        try {
+          co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
+          ADD_FAILURE() << "rank " << comm->rank() << " completed a mismatched all-reduce";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), make_error_code(Errc::size_mismatch)) << e.what();
+          EXPECT_THAT(e.what(), HasSubstr("all_reduce(count 4096, f32, sum)"));
+          EXPECT_THAT(e.what(), HasSubstr("all_reduce(count 4097, f32, sum)"));
+          ++mismatches;
+        }
+        for (const std::size_t count : {std::size_t{8}, std::size_t{40000}}) {
+          std::vector<float> ones(count, 1.0f);
+          co_await comm->all_reduce(Buffer(ones), ReduceOp::sum);
+          EXPECT_EQ(ones, std::vector<float>(count, 3.0f));
+        }
+      },
+      Communicator::Options{.timeout = std::chrono::seconds(10), .check_fingerprints = false});
+  EXPECT_EQ(mismatches.load(), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5))
+      << "a rank waited for the timeout instead of failing at once";
+}
+
+// A desync caught by the fingerprint exchange fails before the algorithm runs, on ranks
+// whose call had taken a turn in the shared-memory order at the call: that turn is given
+// up, so the shared-memory operations after it still run.
+TEST(Mismatch, ADesyncCaughtByFingerprintsGivesUpItsSharedMemoryTurn) {
+  std::atomic<int> desyncs{0};
+  run_ranks(
+      3,
+      [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        std::vector<float> data(16, 1.0f);
+        try {
+          // Ranks 0 and 1 take an arena turn (a small all-reduce); rank 2 broadcasts.
+          if (comm->rank() == 2) {
+            co_await comm->broadcast(Buffer(data), 0);
+          } else {
+            co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
+          }
+          ADD_FAILURE() << "rank " << comm->rank() << " missed the desync";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), Errc::desync) << e.what();
+          ++desyncs;
+        }
+        std::vector<float> ones(8, 1.0f);
+        co_await comm->all_reduce(Buffer(ones), ReduceOp::sum);
+        EXPECT_EQ(ones, std::vector<float>(8, 3.0f));
+        co_await comm->barrier();
+      },
+      Communicator::Options{.timeout = std::chrono::seconds(10), .check_fingerprints = true});
+  EXPECT_EQ(desyncs.load(), 3);
 }
 
 TEST(Mismatch, WithFingerprintsADesyncFailsOnEveryRankNamingBothSides) {

@@ -65,6 +65,8 @@ asio::awaitable<void> hierarchical_all_reduce(CollectiveOp& op, Buffer input, Bu
 // Communicator to run the message algorithm instead.
 asio::awaitable<void> shared_memory_all_reduce(CollectiveOp& op, const CollectiveCall& call);
 asio::awaitable<bool> shared_memory_collective(CollectiveOp& op, const CollectiveCall& call);
+// Gives up the arena turn of a call whose algorithm never ran (arena_turn.hpp, pass()).
+asio::awaitable<void> pass_arena_turn(CollectiveOp& op, const CollectiveCall& call);
 // A barrier through shared memory (one flag wait; shared_memory_inline.cpp).
 asio::awaitable<void> shared_memory_barrier(CollectiveOp& op, const CollectiveCall& call);
 

@@ -49,6 +49,16 @@ asio::awaitable<void> ArenaTurn::start() {
   if (!arena_.mapped() && op_.size() > 1) co_await map();
 }
 
+asio::awaitable<void> ArenaTurn::pass() {
+  SharedMemoryArena* shared = &arena_;
+  const std::uint64_t ticket = ticket_;
+  co_await op_.poll_until(
+      [shared, ticket] { return shared->serving() == ticket || shared->broken(); },
+      "the communicator's previous shared-memory operation");
+  served_ = true;
+  finished_ = true;
+}
+
 // Rank 0 creates the segment and sends its name; the others map it and acknowledge. Then
 // every rank tests reading each peer's probe word, and single copy is used only if every
 // rank could and its policy wants it.
@@ -116,6 +126,9 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   mine.input = reinterpret_cast<std::uint64_t>(input.data());
   mine.output = reinterpret_cast<std::uint64_t>(output.data());
   mine.call = call;
+  // A peer whose count put it on the inline path (shared_memory_inline.cpp) compares
+  // fingerprints in the inline slots of this generation: ours must be there too.
+  arena_.inline_slot(op_.rank(), static_cast<int>(generation_ & 1)).call = call;
   all_posted_ = false;
   raise(Stage::posted);
   co_await wait_all(Stage::posted, "every rank's shared-memory record");

@@ -33,6 +33,10 @@ class ArenaTurn {
   ArenaTurn& operator=(const ArenaTurn&) = delete;
 
   asio::awaitable<void> start();
+  // For an operation that failed before its algorithm ran (a desync caught by the
+  // fingerprint exchange, which fails on every rank alike): waits for its turn and gives
+  // it up untouched, so the operations after it still get theirs.
+  asio::awaitable<void> pass();
   asio::awaitable<void> post(const Fingerprint& call, const Buffer& input, const Buffer& output);
   asio::awaitable<void> release();
   void finish() noexcept { finished_ = true; }

@@ -4,12 +4,15 @@
 // fingerprint and folds the P vectors in rank order (0..P-1, so every rank's result is
 // bit-identical) straight into its output. A barrier is the same exchange without data.
 //
-// No release wait: each rank has two inline slots and uses the one of the operation's
-// generation parity. A rank reaches an operation two generations later only through a
-// wait in the operation between, which every rank enters after it has read this one's
-// slots, so a slot is never rewritten while a peer still reads it. Records are not used:
-// the next operation's post() may rewrite them before a slow peer has compared this one's
-// fingerprints, so the fingerprint travels in the slot.
+// No release wait (but on a mismatch): each rank has two inline slots and uses the one of
+// the operation's generation parity. A rank reaches an operation two generations later only through
+// a wait in the operation between, which every rank enters after it has read this one's slots, so a
+// slot is never rewritten while a peer still reads it. Records are not read: the next operation's
+// post() may rewrite them before a slow peer has compared this one's fingerprints, so the
+// fingerprint travels in the slot. Ranks whose counts differ may take different paths (a vector of
+// at most kInlineBytes here, a larger one through ArenaTurn::post): each path also writes its
+// fingerprint where the other looks (post() into the inline slot, this into the record), and both
+// end a mismatch with a release, so every rank fails at once and the arena stays in step.
 //
 // Cost: one flag wait, P·n bytes read from the segment and folded, n written: no system
 // call and no message. Recursive doubling over UCX pays log2 P message latencies (~1.5 us
@@ -38,6 +41,8 @@ asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
   const int parity = static_cast<int>(turn.generation() & 1);
   InlineSlot& mine = arena.inline_slot(me, parity);
   mine.call = fingerprint_of(call);
+  // A peer whose count put it on the record path (ArenaTurn::post) reads our record.
+  arena.record(me).call = mine.call;
   if (bytes != 0) std::memcpy(mine.data, call.input.data(), bytes);
   turn.raise(Stage::posted);
   co_await turn.wait_all(Stage::posted, "every rank's small vector");
@@ -46,13 +51,18 @@ asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
   for (int r = 1; r < world; ++r) {
     const Fingerprint& other = arena.inline_slot(r, parity).call;
     if (other == first) continue;
-    // Every rank reads the same slots and fails here alike: the arena stays in step.
+    // Every rank reads the same fingerprints and fails here alike (a peer on the record
+    // path fails in post(), which ends with a release). Word the error, then release and
+    // wait, so that no rank rewrites its slot or record while another still reads it.
+    Error mismatch(
+        Errc::size_mismatch,
+        fmt::format("rank {} calls {} but rank {} calls {}: counts or dtypes differ "
+                    "across ranks",
+                    op.world_rank(0), describe(first), op.world_rank(r), describe(other)),
+        {.rank = op.world_rank(me), .peer = op.world_rank(me == 0 ? r : 0)});
+    co_await turn.release();
     turn.finish();
-    throw Error(Errc::size_mismatch,
-                fmt::format("rank {} calls {} but rank {} calls {}: counts or dtypes differ "
-                            "across ranks",
-                            op.world_rank(0), describe(first), op.world_rank(r), describe(other)),
-                {.rank = op.world_rank(me), .peer = op.world_rank(me == 0 ? r : 0)});
+    throw mismatch;
   }
   if (bytes == 0) co_return;
   const DType dtype = call.input.dtype();
@@ -62,6 +72,11 @@ asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
   combine(call.output, vector_of(0), vector_of(1), call.reduce_op);
   for (int r = 2; r < world; ++r) combine(call.output, call.output, vector_of(r), call.reduce_op);
   finish_average(call.output, call.reduce_op, world);
+}
+
+asio::awaitable<void> pass_arena_turn(CollectiveOp& op, const CollectiveCall& call) {
+  ArenaTurn turn(op, *call.arena, call.arena_ticket);
+  co_await turn.pass();
 }
 
 asio::awaitable<void> shared_memory_barrier(CollectiveOp& op, const CollectiveCall& call) {

@@ -57,10 +57,10 @@ Message CollectiveOp::send_reserved(int peer, Buffer data, std::uint32_t step) {
   message.bytes = data.size_bytes();
   message.step = step;
   if (abort_) throw_aborted();
-  transfers_.push_back(transport_.start_send(message.world_peer, data,
-                                             tag_of(communicator_, sequence_, step), deadline_));
-  peers_.push_back(message.world_peer);
-  message.transfer = &transfers_.back();
+  transfers_.push_back({transport_.start_send(message.world_peer, data,
+                                              tag_of(communicator_, sequence_, step), deadline_),
+                         message.world_peer});
+  message.transfer = &transfers_.back().transfer;
   return message;
 }
 
@@ -74,15 +74,15 @@ Message CollectiveOp::recv_reserved(int peer, Buffer data, std::uint32_t step, b
   message.exact = exact_size;
   if (abort_) throw_aborted();
   try {
-    transfers_.push_back(transport_.start_recv(message.world_peer, data,
-                                               tag_of(communicator_, sequence_, step), deadline_));
+    transfers_.push_back({transport_.start_recv(message.world_peer, data,
+                                                tag_of(communicator_, sequence_, step), deadline_),
+                           message.world_peer});
   } catch (const Error& error) {
     // A larger message that had already arrived: refused at the start, not at the wait.
     if (error.code() != Errc::size_mismatch) throw;
     throw with_size_hint(error);
   }
-  peers_.push_back(message.world_peer);
-  message.transfer = &transfers_.back();
+  message.transfer = &transfers_.back().transfer;
   return message;
 }
 
@@ -126,18 +126,19 @@ void CollectiveOp::throw_timeout(std::string_view what) const {
 void CollectiveOp::abort(int peer, std::string why) {
   if (abort_) return;
   abort_ = Abort{peer, std::move(why)};
-  for (transport::Transfer& transfer : transfers_) {
-    if (transfer.valid()) transport_.cancel(transfer);
+  for (Started& started : transfers_) {
+    if (started.transfer.valid()) transport_.cancel(started.transfer);
   }
 }
 
 asio::awaitable<void> CollectiveOp::settle(std::string why) {
   auto in_flight = [this] {
-    return std::any_of(transfers_.begin(), transfers_.end(),
-                       [](const transport::Transfer& t) { return t.valid() && !t.ready(); });
+    return std::any_of(transfers_.begin(), transfers_.end(), [](const Started& s) {
+      return s.transfer.valid() && !s.transfer.ready();
+    });
   };
-  for (transport::Transfer& transfer : transfers_) {
-    if (transfer.valid()) transport_.cancel(transfer);
+  for (Started& started : transfers_) {
+    if (started.transfer.valid()) transport_.cancel(started.transfer);
   }
   // Sends to live peers finish as soon as those post their receives, and half-arrived
   // messages as soon as their senders are done: a short grace is usually enough.
@@ -149,10 +150,10 @@ asio::awaitable<void> CollectiveOp::settle(std::string why) {
     co_await timer.async_wait(asio::use_awaitable);
   }
   if (in_flight()) {
-    for (std::size_t i = 0; i < transfers_.size(); ++i) {
-      if (transfers_[i].valid() && !transfers_[i].ready()) {
+    for (Started& started : transfers_) {
+      if (started.transfer.valid() && !started.transfer.ready()) {
         // The transfer's peer is in its Message only; the op records it beside the transfer.
-        transport_.fail_peer(peers_[i],
+        transport_.fail_peer(started.world_peer,
                              fmt::format("a collective on this rank failed ({}) while a message "
                                          "with it was in flight, and the endpoint was closed "
                                          "to release the buffer",
@@ -160,10 +161,10 @@ asio::awaitable<void> CollectiveOp::settle(std::string why) {
       }
     }
   }
-  for (transport::Transfer& transfer : transfers_) {
-    if (!transfer.valid()) continue;
+  for (Started& started : transfers_) {
+    if (!started.transfer.valid()) continue;
     try {
-      co_await transport_.wait(transfer);
+      co_await transport_.wait(started.transfer);
     } catch (const std::exception&) {
       // The operation has failed already; these errors add nothing.
     }

@@ -21,7 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <deque>
+#include <list>
 #include <optional>
 #include <sched.h>
 #include <span>
@@ -155,10 +155,13 @@ class CollectiveOp {
   template <class Ready>
   asio::awaitable<void> poll_until(Ready ready, std::string_view what,
                                    std::chrono::microseconds spin_window = kSpinWindow) {
+    // Often ready at once (the partners arrived first): then no clock read and no timer,
+    // whose construction takes the io_context's service-registry lock.
+    if (ready()) co_return;
     const auto executor = co_await asio::this_coro::executor;
     const auto started = Clock::now();
     auto nap = kFirstNap;
-    asio::steady_timer timer(executor);
+    std::optional<asio::steady_timer> timer;
     for (unsigned round = 0; !ready(); ++round) {
       if (abort_) throw_aborted();
       if ((round & 255) == 255 && Clock::now() > deadline_) throw_timeout(what);
@@ -172,8 +175,9 @@ class CollectiveOp {
       // it will bring): sleep in growing naps, so this thread stops taking CPU from the
       // compute threads it is meant to overlap with. Costs up to kLongestNap of latency
       // on waits that last that long anyway.
-      timer.expires_after(nap);
-      co_await timer.async_wait(asio::use_awaitable);
+      if (!timer) timer.emplace(executor);
+      timer->expires_after(nap);
+      co_await timer->async_wait(asio::use_awaitable);
       nap = std::min(nap * 2, kLongestNap);
       if (Clock::now() > deadline_) throw_timeout(what);
     }
@@ -183,8 +187,14 @@ class CollectiveOp {
   [[noreturn]] void throw_aborted() const;
   [[noreturn]] void throw_timeout(std::string_view what) const;
 
-  std::deque<transport::Transfer> transfers_;  // stable addresses for Message handles
-  std::vector<int> peers_;                     // transfers_[i]'s peer (world rank)
+  // Every transfer started, with its peer's world rank. A list: stable addresses for
+  // Message handles, and no allocation for the many operations that send no message (a
+  // std::deque allocates two blocks on construction).
+  struct Started {
+    transport::Transfer transfer;
+    int world_peer;
+  };
+  std::list<Started> transfers_;
   struct Abort {
     int peer;
     std::string why;

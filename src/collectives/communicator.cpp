@@ -400,7 +400,7 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
   span.arg("seq", static_cast<std::int64_t>(call->sequence));
   span.text("algorithm", span_name(call->algorithm));
   // While in flight, a member's death aborts the op (see on_member_failed()).
-  in_flight_.insert(&op);
+  in_flight_.push_back(&op);
   std::exception_ptr failure;
   bool settle = false;
   bool algorithm_started = false;
@@ -444,7 +444,7 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
       }
     }
   }
-  in_flight_.erase(&op);
+  in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), &op));
   (void)self;  // keeps the communicator alive until the operation is done
   if (failure) std::rethrow_exception(failure);
 }

@@ -67,7 +67,6 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -265,8 +264,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void* cuda_stream_ = nullptr;
   std::vector<std::pair<int, std::unique_ptr<detail::StagingResources>>> staging_;  // by device
   std::shared_ptr<NcclCommunicator> nccl_;  // route_cuda_to()
-  // Collectives in flight (runtime thread only), aborted when a member dies.
-  std::set<detail::CollectiveOp*> in_flight_;
+  // Collectives in flight (runtime thread only), aborted when a member dies. A vector:
+  // a few at a time, and no allocation per operation once it has grown.
+  std::vector<detail::CollectiveOp*> in_flight_;
   std::uint64_t failure_listener_ = 0;
   // This communicator's row in a timeline ("communicator 1"): its collectives' spans.
   trace::Track track_;

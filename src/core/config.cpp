@@ -54,7 +54,8 @@ constexpr std::array kKnobs{
     Knob{"BRAID_TRACE_CLOCK", "auto",
          "the clock trace timestamps read: tsc (the CPU's time-stamp counter, kept in step "
          "with steady_clock; about half its cost), steady (steady_clock), or auto: tsc where "
-         "the counter is invariant (x86-64, constant_tsc and nonstop_tsc)"},
+         "the counter is invariant (x86-64, constant_tsc and nonstop_tsc) and the kernel's "
+         "clocksource is tsc"},
 };
 
 std::string_view trim(std::string_view s) {

@@ -30,16 +30,18 @@ ArenaTurn::~ArenaTurn() {
   arena_.done_serving();
 }
 
-asio::awaitable<void> ArenaTurn::start() {
-  {
-    const trace::AsyncSpan turn = op_.phase("shared_memory.wait_turn");
-    SharedMemoryArena* shared = &arena_;
-    const std::uint64_t ticket = ticket_;
-    co_await op_.poll_until(
-        [shared, ticket] { return shared->serving() == ticket || shared->broken(); },
-        "the communicator's previous shared-memory operation");
-  }
+asio::awaitable<void> ArenaTurn::wait_turn() {
+  const trace::AsyncSpan turn = op_.phase("shared_memory.wait_turn");
+  SharedMemoryArena* shared = &arena_;
+  const std::uint64_t ticket = ticket_;
+  co_await op_.poll_until(
+      [shared, ticket] { return shared->serving() == ticket || shared->broken(); },
+      "the communicator's previous shared-memory operation");
   served_ = true;
+}
+
+asio::awaitable<void> ArenaTurn::start() {
+  co_await wait_turn();
   if (arena_.broken()) {
     throw Error(Errc::peer_failed,
                 "an earlier shared-memory collective on this communicator failed, so its ranks "
@@ -50,12 +52,7 @@ asio::awaitable<void> ArenaTurn::start() {
 }
 
 asio::awaitable<void> ArenaTurn::pass() {
-  SharedMemoryArena* shared = &arena_;
-  const std::uint64_t ticket = ticket_;
-  co_await op_.poll_until(
-      [shared, ticket] { return shared->serving() == ticket || shared->broken(); },
-      "the communicator's previous shared-memory operation");
-  served_ = true;
+  co_await wait_turn();
   finished_ = true;
 }
 
@@ -133,11 +130,19 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   raise(Stage::posted);
   co_await wait_all(Stage::posted, "every rank's shared-memory record");
   all_posted_ = true;
-  const Fingerprint& first = arena_.record(0).call;
+  co_await agree_on_call(false);
+}
+
+asio::awaitable<void> ArenaTurn::agree_on_call(bool inline_slots) {
+  const int parity = static_cast<int>(generation_ & 1);
+  auto call_of = [&](int r) -> const Fingerprint& {
+    return inline_slots ? arena_.inline_slot(r, parity).call : arena_.record(r).call;
+  };
+  const Fingerprint& first = call_of(0);
   for (int r = 1; r < op_.size(); ++r) {
-    const Fingerprint& other = arena_.record(r).call;
+    const Fingerprint& other = call_of(r);
     if (other == first) continue;
-    // Every rank reaches this verdict from the same records. Word it before releasing
+    // Every rank reaches this verdict from the same fingerprints. Word it before releasing
     // them: a rank that fails first may post its next record once everyone has released.
     Error mismatch(
         Errc::size_mismatch,

@@ -39,6 +39,10 @@ class ArenaTurn {
   asio::awaitable<void> pass();
   asio::awaitable<void> post(const Fingerprint& call, const Buffer& input, const Buffer& output);
   asio::awaitable<void> release();
+  // Compares every rank's posted fingerprint (in its record, or in its inline slot of this
+  // generation) with rank 0's. On a difference every rank fails alike, naming both calls,
+  // after a release, so no record or slot is rewritten while another rank still reads it.
+  asio::awaitable<void> agree_on_call(bool inline_slots);
   void finish() noexcept { finished_ = true; }
 
   SharedMemoryArena& arena() noexcept { return arena_; }
@@ -68,6 +72,7 @@ class ArenaTurn {
   }
 
  private:
+  asio::awaitable<void> wait_turn();
   asio::awaitable<void> map();
   std::chrono::microseconds spin_window() const noexcept {
     return all_posted_ && !arena_.crowded() ? kPartnersBusySpinWindow : kSpinWindow;

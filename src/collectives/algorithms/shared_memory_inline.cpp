@@ -19,10 +19,6 @@
 // each between two processes on the dev VM); OpenMPI's shared-memory FIFO pays one.
 #include <cstring>
 
-#include <fmt/format.h>
-
-#include <braid/core/error.hpp>
-
 #include "algorithms.hpp"
 #include "arena_turn.hpp"
 
@@ -47,23 +43,8 @@ asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
   turn.raise(Stage::posted);
   co_await turn.wait_all(Stage::posted, "every rank's small vector");
 
-  const Fingerprint& first = arena.inline_slot(0, parity).call;
-  for (int r = 1; r < world; ++r) {
-    const Fingerprint& other = arena.inline_slot(r, parity).call;
-    if (other == first) continue;
-    // Every rank reads the same fingerprints and fails here alike (a peer on the record
-    // path fails in post(), which ends with a release). Word the error, then release and
-    // wait, so that no rank rewrites its slot or record while another still reads it.
-    Error mismatch(
-        Errc::size_mismatch,
-        fmt::format("rank {} calls {} but rank {} calls {}: counts or dtypes differ "
-                    "across ranks",
-                    op.world_rank(0), describe(first), op.world_rank(r), describe(other)),
-        {.rank = op.world_rank(me), .peer = op.world_rank(me == 0 ? r : 0)});
-    co_await turn.release();
-    turn.finish();
-    throw mismatch;
-  }
+  // A peer on the record path fails the same way, in post().
+  co_await turn.agree_on_call(true);
   if (bytes == 0) co_return;
   const DType dtype = call.input.dtype();
   const std::size_t count = call.input.count();

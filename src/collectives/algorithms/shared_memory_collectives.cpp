@@ -4,8 +4,8 @@
 // each byte once with cross-memory reads, and ends when every rank is done reading
 // (release), so buffers may be reused. Costs (P ranks, n bytes per rank's block):
 //   broadcast       each non-root reads the root's n bytes;
-//   all_gather      each rank reads (P-1) blocks;
-//   gather/scatter  the root reads (P-1) blocks / each non-root reads its block;
+//   all_gather      each rank writes its block into the (P-1) peers' outputs;
+//   gather/scatter  each non-root writes its block into the root / reads its block from it;
 //   reduce_scatter  each rank folds its block of every input, peers' read into cache:
 //                   (P-1) n read, n written;
 //   reduce          as all-reduce's first step, each rank folding 1/P of the vector and
@@ -148,23 +148,27 @@ asio::awaitable<void> run_single_copy(ArenaTurn& turn, CollectiveOp& op,
         co_await all_gather_variable(turn, op, call);
         break;
       }
+      // Each rank writes its block into every peer's output: only its own block of any
+      // output, so the writes never meet, and an in-place input (its own block) is read
+      // by itself alone.
       const std::size_t block = call.input.size_bytes();
       for (int step = 1; step < world; ++step) {
-        const int peer = (me + step) % world;
-        turn.read_input(peer, 0, bytes_of(call.output) + peer * block, block);
+        turn.write_output((me + step) % world, me * block, call.input.data(), block);
       }
       copy(call.output.slice(me * call.input.count(), call.input.count()), call.input);
       break;
     }
-    case gather:
+    case gather: {
+      // Every non-root writes its block into the root at once, instead of the root reading
+      // P-1 blocks one after another.
+      const std::size_t block = call.input.size_bytes();
       if (me == root) {
-        const std::size_t block = call.input.size_bytes();
-        for (int peer = 0; peer < world; ++peer) {
-          if (peer != me) turn.read_input(peer, 0, bytes_of(call.output) + peer * block, block);
-        }
         copy(call.output.slice(me * call.input.count(), call.input.count()), call.input);
+      } else {
+        turn.write_output(root, me * block, call.input.data(), block);
       }
       break;
+    }
     case scatter: {
       const std::size_t block = call.output.size_bytes();
       if (me == root) {

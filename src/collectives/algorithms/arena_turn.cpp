@@ -165,16 +165,6 @@ void ArenaTurn::raise(Stage stage) noexcept {
   arena_.flag(op_.rank(), stage).store(generation_, std::memory_order_release);
 }
 
-asio::awaitable<void> ArenaTurn::wait_for(int rank, Stage stage, std::string_view what) {
-  SharedMemoryArena* shared = &arena_;
-  const std::uint64_t generation = generation_;
-  co_await op_.poll_until(
-      [shared, rank, stage, generation] {
-        return shared->flag(rank, stage).load(std::memory_order_acquire) >= generation;
-      },
-      what, spin_window());
-}
-
 asio::awaitable<void> ArenaTurn::wait_all(Stage stage, std::string_view what) {
   SharedMemoryArena* shared = &arena_;
   const std::uint64_t generation = generation_;

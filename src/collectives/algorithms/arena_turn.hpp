@@ -55,11 +55,10 @@ class ArenaTurn {
   const RankRecord& record(int rank) noexcept { return arena_.record(rank); }
 
   void raise(Stage stage) noexcept;
-  // Waits on other ranks' flags. Until every rank has posted, a partner may still be
+  // Waits on every rank's flag. Until every rank has posted, a partner may still be
   // computing, so the waits nap after a short spin; after that, partners are busy with
   // this very operation and the waits spin longer, unless the node has more members than
   // cores (collective_op.hpp).
-  asio::awaitable<void> wait_for(int rank, Stage stage, std::string_view what);
   asio::awaitable<void> wait_all(Stage stage, std::string_view what);
   // Single copy: `bytes` at byte `offset` of rank's input or output, into or from ours.
   // A failure (the process is gone) is an Error naming the rank.

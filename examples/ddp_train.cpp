@@ -9,14 +9,18 @@
 //   BRAID_TRACE=traces braid-run -n 2 build/examples/ddp_train  # plus a trace per rank
 //
 // Options: --model mlp|transformer  --steps N  --batch B (per rank)  --hidden H
-//          --layers L  --lr X  --sync ddp|none (none: no gradient sync, for comparison)
+//          --layers L  --lr X  --sync ddp|none|paired (none: no gradient sync, for
+//          comparison; paired: DDP steps alternating with no_sync() steps in one process,
+//          so that the difference, the exposed communication, is measured in pairs)
 //          --bench (time steps after a warm-up and print one JSON line on rank 0)
 //          --threads T (libtorch intra-op threads per rank, default 1)
 //          --optimizer adam|sgd (default adam, lr --lr; sgd: lr 0.01, momentum 0.9)
 //          --bucket-cap-mib M (DDP bucket cap, default 25)
 //          --bucket-view (gradients as views into the buckets: no copies)
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <ctime>
 #include <deque>
 #include <iostream>
 #include <numeric>
@@ -83,7 +87,11 @@ Settings parse(int argc, char** argv) {
   }
   if (s.model != "mlp" && s.model != "transformer")
     throw std::invalid_argument("--model mlp|transformer");
-  if (s.sync != "ddp" && s.sync != "none") throw std::invalid_argument("--sync ddp|none");
+  if (s.sync != "ddp" && s.sync != "none" && s.sync != "paired")
+    throw std::invalid_argument("--sync ddp|none|paired");
+  if (s.sync == "paired" && (!s.bench || s.steps < 8))
+    throw std::invalid_argument(
+        "--sync paired is a benchmark mode: it needs --bench, --steps >= 8");
   if (s.optimizer != "adam" && s.optimizer != "sgd")
     throw std::invalid_argument("--optimizer adam|sgd");
   if (s.steps < 2 || s.batch < 1 || s.hidden < 8 || s.layers < 1 || s.threads < 1) {
@@ -157,13 +165,88 @@ struct Task {
   }
 };
 
+// CPU time of this process, every thread (the training thread and braid's runtime thread).
+double process_cpu_ms() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) / 1e6;
+}
+
+// What --bench reports of the timed steps: means of the synchronised steps and, paired,
+// of the no_sync() steps, and the exposed communication as the mean of the pairs'
+// differences (each pair ran back to back, so a slow spell of the machine hits both
+// halves: the difference is far steadier than two runs' step times, which drift by tens
+// of percent here), with its 95% confidence half-width.
+struct StepFigures {
+  double step_ms = 0;
+  double cpu_ms = 0;
+  double none_step_ms = 0;
+  double none_cpu_ms = 0;
+  double exposed_ms = 0;
+  double exposed_ci_ms = 0;
+  double exposed_cpu_ms = 0;
+  double progress_cpu_ms = 0;       // braid's runtime thread, per synchronised step
+  double none_progress_cpu_ms = 0;  // ... per no_sync() step
+  int pairs = 0;
+};
+
+StepFigures step_figures(const std::vector<double>& ms, const std::vector<double>& cpu_ms,
+                         const std::vector<double>& progress_cpu_ms,
+                         const std::vector<bool>& synced, bool paired) {
+  StepFigures f;
+  int synced_steps = 0;
+  int local_steps = 0;
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    if (synced[i] || !paired) {
+      f.step_ms += ms[i];
+      f.cpu_ms += cpu_ms[i];
+      f.progress_cpu_ms += progress_cpu_ms[i];
+      ++synced_steps;
+    } else {
+      f.none_step_ms += ms[i];
+      f.none_cpu_ms += cpu_ms[i];
+      f.none_progress_cpu_ms += progress_cpu_ms[i];
+      ++local_steps;
+    }
+  }
+  if (synced_steps > 0) {
+    f.step_ms /= synced_steps;
+    f.cpu_ms /= synced_steps;
+    f.progress_cpu_ms /= synced_steps;
+  }
+  if (local_steps > 0) {
+    f.none_step_ms /= local_steps;
+    f.none_cpu_ms /= local_steps;
+    f.none_progress_cpu_ms /= local_steps;
+  }
+  if (!paired) return f;
+  std::vector<double> differences;
+  for (std::size_t i = 0; i + 1 < ms.size(); i += 2) {
+    const std::size_t with = synced[i] ? i : i + 1;
+    const std::size_t without = synced[i] ? i + 1 : i;
+    differences.push_back(ms[with] - ms[without]);
+    f.exposed_cpu_ms += cpu_ms[with] - cpu_ms[without];
+  }
+  f.pairs = static_cast<int>(differences.size());
+  if (f.pairs == 0) return f;
+  f.exposed_ms = std::accumulate(differences.begin(), differences.end(), 0.0) / f.pairs;
+  f.exposed_cpu_ms /= f.pairs;
+  if (f.pairs > 1) {
+    double squares = 0;
+    for (double d : differences) squares += (d - f.exposed_ms) * (d - f.exposed_ms);
+    f.exposed_ci_ms = 1.96 * std::sqrt(squares / (f.pairs - 1) / f.pairs);
+  }
+  return f;
+}
+
 template <class Model>
 int train(braid::transport::World& world, const Settings& s, Model model) {
   auto comm = braid::collectives::Communicator::world(world);
   const Task task(s.hidden, s.model == "transformer");
   std::int64_t parameters = 0;
   for (const auto& p : model->parameters()) parameters += p.numel();
-  const bool sync = s.sync == "ddp";
+  const bool paired = s.sync == "paired";
+  const bool sync = s.sync != "none";
   std::optional<braid::torch::DistributedDataParallel<Model>> ddp;
   braid::torch::DistributedDataParallelOptions options;
   options.limits.bucket_cap_bytes = static_cast<std::size_t>(s.bucket_cap_mib * (1 << 20));
@@ -186,28 +269,52 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
         s.model, static_cast<double>(parameters) / 1e6, comm->size(), s.batch, s.steps,
         sync ? "braid DDP" : "none");
   }
-  const int warmup = s.bench ? std::min(5, s.steps / 4) : 0;
+  // Paired steps come in pairs (2k, 2k + 1); the warm-up ends on a pair boundary.
+  const int warmup = s.bench ? std::min(5, s.steps / 4) & (paired ? ~1 : ~0) : 0;
   double first_loss = 0;
   double last_loss = 0;
   std::deque<double> recent;  // the last 5 losses: one batch's loss is noisy
-  auto timed_from = std::chrono::steady_clock::now();
+  // --bench: each timed step's wall time and process CPU time (every thread: training and
+  // braid's runtime thread), and whether it synchronised gradients.
+  std::vector<double> timed_ms;
+  std::vector<double> timed_cpu_ms;
+  std::vector<double> timed_progress_cpu_ms;  // braid's runtime thread alone
+  std::vector<bool> timed_synced;
   // The summary covers the training steps from the second on (the first builds buckets).
   std::int64_t summary_from_ns = 0;
+  int summarized_synced_steps = 0;
+  const auto loop_started = std::chrono::steady_clock::now();
   for (int step = 0; step < s.steps; ++step) {
-    if (step == warmup) {
+    // Paired: pair k syncs first when k is even, second when odd, so neither kind of step
+    // always follows the other.
+    const bool synced = sync && (!paired || step % 2 == (step / 2) % 2);
+    if (s.bench && step >= warmup) {
+      // Every timed step starts together, so its time on the slowest rank is what the job
+      // waited for. The barrier is left out of the trace: it is the benchmark's, not DDP's.
+      braid::trace::set_enabled(false);
       comm->launch(comm->barrier()).get();
-      timed_from = std::chrono::steady_clock::now();
+      braid::trace::set_enabled(true);
     }
     if (step == 1) summary_from_ns = braid::trace::now_ns();
+    if (step >= 1 && synced) ++summarized_synced_steps;
     const auto started = std::chrono::steady_clock::now();
+    const double cpu_started = process_cpu_ms();
+    const auto progress_cpu_started = comm->runtime().progress_cpu_time();
     auto [x, y] = task.batch(comm->rank(), step, s.batch);
-    optimizer->zero_grad();
-    torch::Tensor prediction = sync ? ddp->forward(x) : model->forward(x);
-    torch::Tensor loss = torch::mse_loss(prediction, y);
-    loss.backward();
-    {
+    torch::Tensor loss;
+    auto train_step = [&] {
+      optimizer->zero_grad();
+      torch::Tensor prediction = sync ? ddp->forward(x) : model->forward(x);
+      loss = torch::mse_loss(prediction, y);
+      loss.backward();
       braid::trace::ComputeRegion region("optimizer");
       optimizer->step();
+    };
+    if (sync && !synced) {
+      auto local_only = ddp->no_sync();
+      train_step();
+    } else {
+      train_step();
     }
     const double value = loss.item<double>();
     recent.push_back(value);
@@ -218,6 +325,15 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
             .count();
+    if (s.bench && step >= warmup) {
+      timed_ms.push_back(ms);
+      timed_cpu_ms.push_back(process_cpu_ms() - cpu_started);
+      timed_progress_cpu_ms.push_back(
+          std::chrono::duration<double, std::milli>(comm->runtime().progress_cpu_time() -
+                                                    progress_cpu_started)
+              .count());
+      timed_synced.push_back(synced);
+    }
     if (comm->rank() == 0 && !s.bench && (step % 5 == 0 || step == s.steps - 1)) {
       const int done = (step + 1) * 30 / s.steps;
       std::cout << fmt::format("step {:>4}/{} [{:<30}] loss {:.5f}  {:.1f} ms/step\n", step + 1,
@@ -226,18 +342,27 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     }
   }
   const std::int64_t summary_to_ns = braid::trace::now_ns();
-  const double step_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - timed_from)
-          .count() /
-      (s.steps - warmup);
-  // Every rank holds the same weights after DDP: check one checksum across ranks.
+  // Each timed step's time on its slowest rank; CPU time summed over ranks.
+  comm->launch(comm->all_reduce(braid::Buffer(timed_ms), braid::ReduceOp::max)).get();
+  comm->launch(comm->all_reduce(braid::Buffer(timed_cpu_ms), braid::ReduceOp::sum)).get();
+  comm->launch(comm->all_reduce(braid::Buffer(timed_progress_cpu_ms), braid::ReduceOp::avg)).get();
+  for (double& cpu : timed_cpu_ms) cpu /= comm->size();
+  const StepFigures figures_of_steps =
+      step_figures(timed_ms, timed_cpu_ms, timed_progress_cpu_ms, timed_synced, paired);
+  const double step_ms = s.bench ? figures_of_steps.step_ms
+                                 : std::chrono::duration<double, std::milli>(
+                                       std::chrono::steady_clock::now() - loop_started)
+                                           .count() /
+                                       s.steps;
+  // Every rank holds the same weights after DDP (paired runs skip synchronisation on
+  // purpose): check one checksum across ranks.
   std::vector<double> checksum{0.0};
   for (const auto& p : model->parameters()) checksum[0] += p.sum().template item<double>();
   std::vector<double> low = checksum;
   std::vector<double> high = checksum;
   comm->launch(comm->all_reduce(braid::Buffer(low), braid::ReduceOp::min)).get();
   comm->launch(comm->all_reduce(braid::Buffer(high), braid::ReduceOp::max)).get();
-  if (sync && low[0] != high[0]) {
+  if (sync && !paired && low[0] != high[0]) {
     std::cerr << fmt::format("ddp_train: ranks disagree on the weights ({} vs {})\n", low[0],
                              high[0]);
     return 1;
@@ -258,18 +383,25 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   comm->launch(comm->all_gather(braid::Buffer(figures), braid::Buffer(all))).get();
 
   // The bare all-reduce of every gradient at once, for comparison with what DDP exposed.
+  // Its CPU time too (the mean over ranks): on a node whose cores the training threads
+  // already fill, that CPU time is what overlapping can at best hide nothing of.
   double bare_ms = 0;
+  std::vector<double> bare_cpu_ms{0.0};
   if (s.bench) {
     std::vector<float> gradients(static_cast<std::size_t>(parameters), 1.0f);
     comm->launch(comm->all_reduce(braid::Buffer(gradients), braid::ReduceOp::sum)).get();
     constexpr int kRounds = 5;
     const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = process_cpu_ms();
     for (int i = 0; i < kRounds; ++i) {
       comm->launch(comm->all_reduce(braid::Buffer(gradients), braid::ReduceOp::sum)).get();
     }
     bare_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
                   .count() /
               kRounds;
+    bare_cpu_ms[0] = (process_cpu_ms() - cpu_start) / kRounds;
+    comm->launch(comm->all_reduce(braid::Buffer(bare_cpu_ms), braid::ReduceOp::sum)).get();
+    bare_cpu_ms[0] /= comm->size();
   }
   if (comm->rank() != 0) return 0;
   braid::trace::Summary summary;
@@ -291,13 +423,28 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     summary.ranks.push_back(rank);
   }
   if (s.bench) {
-    const double exposed_ms =
-        static_cast<double>(summary.job.figures.exposed_ns) / 1e6 / comm->size() / (s.steps - 1);
-    std::cout << fmt::format(
+    // Traced exposure per synchronised step (paired runs trace their no_sync() steps too,
+    // which expose nothing).
+    const int traced_steps = std::max(paired ? summarized_synced_steps : s.steps - 1, 1);
+    const double traced_exposed_ms =
+        static_cast<double>(summary.job.figures.exposed_ns) / 1e6 / comm->size() / traced_steps;
+    const StepFigures& g = figures_of_steps;
+    std::string line = fmt::format(
         "{{\"sync\":\"{}\",\"model\":\"{}\",\"parameters\":{},\"ranks\":{},"
-        "\"step_ms\":{:.3f},\"exposed_ms_per_step\":{:.3f},"
-        "\"bare_all_reduce_ms\":{:.3f},\"loss\":{:.6f}}}\n",
-        s.sync, s.model, parameters, comm->size(), step_ms, exposed_ms, bare_ms, last_loss);
+        "\"step_ms\":{:.3f},\"cpu_ms\":{:.3f},\"progress_cpu_ms\":{:.3f},"
+        "\"exposed_ms_per_step\":{:.3f},"
+        "\"bare_all_reduce_ms\":{:.3f},\"bare_cpu_ms\":{:.3f},\"loss\":{:.6f}",
+        s.sync, s.model, parameters, comm->size(), step_ms, g.cpu_ms, g.progress_cpu_ms,
+        traced_exposed_ms, bare_ms, bare_cpu_ms[0], last_loss);
+    if (paired) {
+      line += fmt::format(
+          ",\"pairs\":{},\"none_step_ms\":{:.3f},\"none_cpu_ms\":{:.3f},"
+          "\"none_progress_cpu_ms\":{:.3f},\"exposed_ms\":{:.3f},\"exposed_ci_ms\":{:.3f},"
+          "\"exposed_cpu_ms\":{:.3f}",
+          g.pairs, g.none_step_ms, g.none_cpu_ms, g.none_progress_cpu_ms, g.exposed_ms,
+          g.exposed_ci_ms, g.exposed_cpu_ms);
+    }
+    std::cout << line << "}\n";
     return 0;
   }
   // Losses are means of 5 steps: steps 1-5 against the last 5.

@@ -26,8 +26,9 @@ class AllReduceHook final : public CommHook {
  public:
   std::string_view name() const noexcept override { return "all_reduce"; }
   bool single_collective() const noexcept override { return true; }
+  bool averages() const noexcept override { return true; }
   asio::awaitable<void> reduce(Communicator& comm, BucketView bucket) override {
-    co_await comm.all_reduce(bucket.data, ReduceOp::sum);
+    co_await comm.all_reduce(bucket.data, bucket.combine);
   }
 };
 
@@ -36,7 +37,7 @@ class Float32Hook : public CommHook {
  public:
   asio::awaitable<void> reduce(Communicator& comm, BucketView bucket) final {
     if (bucket.data.dtype() != DType::f32) {
-      co_await comm.all_reduce(bucket.data, ReduceOp::sum);
+      co_await comm.all_reduce(bucket.data, bucket.combine);
     } else {
       co_await reduce_f32(comm, bucket);
     }

@@ -192,6 +192,7 @@ void Reducer::set_batch_share(double share) {
     misuse(*comm_, fmt::format("batch share {} is not in (0, 1]", share));
   }
   scale_ = share;
+  equal_shares_ = false;
 }
 
 void Reducer::check_previous_finished() const {
@@ -257,7 +258,14 @@ void Reducer::fill_slot(std::size_t index) {
                                describe(p, index), gradient->count(), to_string(gradient->dtype()),
                                p.count, to_string(p.dtype)));
   }
-  detail::scaled_copy(slot, *gradient, scale_);
+  const double factor = !averaged_in_reduction(bucket) ? scale_
+                        : equal_shares_                ? 1.0
+                                                       : scale_ * comm_->size();
+  detail::scaled_copy(slot, *gradient, factor);
+}
+
+bool Reducer::averaged_in_reduction(const Bucket& bucket) const {
+  return hook_->averages() && bucket.layout.dtype != DType::f16;
 }
 
 void Reducer::mark_ready(std::size_t index) {
@@ -303,7 +311,8 @@ void Reducer::launch_ready_buckets() {
     BucketView view{.index = next_launch_,
                     .data = bucket.data,
                     .layout = &bucket.layout,
-                    .parameters = parameters_};
+                    .parameters = parameters_,
+                    .combine = averaged_in_reduction(bucket) ? ReduceOp::avg : ReduceOp::sum};
     std::shared_ptr<Turn> previous;
     std::shared_ptr<Turn> mine;
     if (!hook_->single_collective()) {

@@ -10,9 +10,21 @@
 namespace braid::dp::detail {
 namespace {
 
+// dst may be src (scaling in place), never a partial overlap. Written in blocks of a
+// constant trip count, with ivdep for the exact alias, because GCC 12 at -O2 vectorises
+// nothing else (src/collectives/reduce_kernels.cpp): the plain loop ran scalar, at about
+// 4 GB/s.
 template <class T>
-void scale_loop(T* dst, const T* src, std::size_t count, T factor) {  // may alias: in-place scaling
-  for (std::size_t i = 0; i < count; ++i) dst[i] = src[i] * factor;
+void scale_loop(T* dst, const T* src, std::size_t count, T factor) {
+  constexpr std::size_t kBlock = 64;
+  std::size_t i = 0;
+  for (; i + kBlock <= count; i += kBlock) {
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC ivdep
+#endif
+    for (std::size_t j = i; j < i + kBlock; ++j) dst[j] = src[j] * factor;
+  }
+  for (; i < count; ++i) dst[i] = src[i] * factor;
 }
 
 template <float (*ToFloat)(std::uint16_t), std::uint16_t (*FromFloat)(float)>

@@ -324,29 +324,40 @@ TEST(ReduceKernels, DivideTruncatesIntegersTowardZero) {
   EXPECT_EQ(u8_by_more_than_255[0], 0);
 }
 
+// By 3, and by powers of two, which multiply by their exact reciprocal instead: the same
+// bits as the division, subnormal results included.
 TEST(ReduceKernels, DivideFloatsRoundsTheQuotientOnce) {
-  for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
-    SCOPED_TRACE(std::string(to_string(dtype)));
-    for (std::size_t count : kOddCounts) {
-      std::vector<std::byte> data = random_operand(dtype, count, 5);
-      std::vector<std::byte> expected(data.size());
-      for (std::size_t i = 0; i < count; ++i) {
-        switch (dtype) {
-          case DType::f32: store(expected, i, load<float>(data, i) / 3.0f); break;
-          case DType::f64: store(expected, i, load<double>(data, i) / 3.0); break;
-          case DType::f16:
-            store(expected, i, f32_to_f16(f16_to_f32(load<std::uint16_t>(data, i)) / 3.0f));
-            break;
-          case DType::bf16:
-            store(expected, i, f32_to_bf16(bf16_to_f32(load<std::uint16_t>(data, i)) / 3.0f));
-            break;
-          default: FAIL() << "not a float dtype";
+  for (const int divisor : {3, 2, 4, 8}) {
+    const float by = static_cast<float>(divisor);
+    for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+      SCOPED_TRACE(std::string(to_string(dtype)) + " / " + std::to_string(divisor));
+      for (std::size_t count : kOddCounts) {
+        std::vector<std::byte> data = random_operand(dtype, count, 5);
+        std::vector<std::byte> expected(data.size());
+        for (std::size_t i = 0; i < count; ++i) {
+          switch (dtype) {
+            case DType::f32: store(expected, i, load<float>(data, i) / by); break;
+            case DType::f64: store(expected, i, load<double>(data, i) / divisor); break;
+            case DType::f16:
+              store(expected, i, f32_to_f16(f16_to_f32(load<std::uint16_t>(data, i)) / by));
+              break;
+            case DType::bf16:
+              store(expected, i, f32_to_bf16(bf16_to_f32(load<std::uint16_t>(data, i)) / by));
+              break;
+            default: FAIL() << "not a float dtype";
+          }
         }
+        divide(data.data(), count, dtype, divisor);
+        EXPECT_TRUE(same_elements(expected, data, count, dtype)) << "count " << count;
       }
-      divide(data.data(), count, dtype, 3);
-      EXPECT_TRUE(same_elements(expected, data, count, dtype)) << "count " << count;
     }
   }
+  float tiny[] = {std::numeric_limits<float>::denorm_min() * 3,
+                  std::numeric_limits<float>::min() * 1.5f};
+  const float tiny_expected[] = {tiny[0] / 4, tiny[1] / 4};
+  divide(tiny, 2, DType::f32, 4);
+  EXPECT_EQ(tiny[0], tiny_expected[0]);
+  EXPECT_EQ(tiny[1], tiny_expected[1]);
   // The point of dividing rather than multiplying by 1/3: the average of equal values is
   // that value.
   float equal_sum[] = {3 * 0.1f};

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <ctime>
+#include <thread>
 
 namespace braid {
 namespace {
@@ -62,6 +64,26 @@ TEST(Runtime, RunExecutesOnTheProgressThreadAndReturnsItsValue) {
   });
   EXPECT_EQ(id, runtime.thread_id());
   EXPECT_THROW(runtime.run([]() -> int { throw Error(Errc::closed, "x"); }), Error);
+}
+
+// The progress thread's CPU time counts work done there, not time spent elsewhere: 20 ms
+// of spinning on it shows up; 50 ms of the caller sleeping does not.
+TEST(Runtime, ProgressCpuTimeCountsOnlyWorkOnTheProgressThread) {
+  Runtime runtime;
+  const auto before = runtime.progress_cpu_time();
+  std::this_thread::sleep_for(50ms);
+  const auto idle = runtime.progress_cpu_time() - before;
+  EXPECT_LT(idle, 10ms);
+  runtime.run([] {
+    timespec start{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);
+    for (timespec now = start;; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now)) {
+      if ((now.tv_sec - start.tv_sec) * 1'000'000'000L + (now.tv_nsec - start.tv_nsec) >=
+          20'000'000L)
+        break;
+    }
+  });
+  EXPECT_GE(runtime.progress_cpu_time() - before, 20ms);
 }
 
 TEST(Runtime, ProgressThreadLogsWithTheRuntimesRank) {

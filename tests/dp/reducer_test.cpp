@@ -1,5 +1,6 @@
 // The framework-agnostic reducer with gradients in plain vectors, ranks as threads:
 // averaging across buckets, the comm hooks' error bounds, and gradient clipping.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <mutex>
@@ -8,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <braid/collectives/reduce_kernels.hpp>
 #include <braid/core/error.hpp>
 #include <braid/dp/comm_hook.hpp>
 #include <braid/dp/reducer.hpp>
@@ -218,6 +220,89 @@ TEST(CommHooks, PowerSgdErrorFeedbackRecoversFullRankGradientsOverSteps) {
   const double many = mean_error(40);
   EXPECT_GT(one, 0.05) << "a rank-1 approximation of a full-rank 6x5 matrix is coarse";
   EXPECT_LT(many, one / 4) << "error feedback makes up for it over steps";
+}
+
+// What a hook was handed: each bucket's dtype, how it was to combine, and its first value.
+struct Handed {
+  DType dtype;
+  ReduceOp combine;
+  float first;
+};
+
+class RecordingHook final : public CommHook {
+ public:
+  explicit RecordingHook(bool averages) : averages_(averages) {}
+  std::string_view name() const noexcept override { return "recording"; }
+  bool averages() const noexcept override { return averages_; }
+  asio::awaitable<void> reduce(Communicator& comm, BucketView bucket) override {
+    const float first =
+        bucket.data.dtype() == DType::f16
+            ? collectives::f16_to_f32(*static_cast<std::uint16_t*>(bucket.data.data()))
+            : *static_cast<float*>(bucket.data.data());
+    handed.push_back({bucket.data.dtype(), bucket.combine, first});
+    co_await comm.all_reduce(bucket.data, bucket.combine);
+  }
+  std::vector<Handed> handed;
+
+ private:
+  bool averages_;
+};
+
+// One f32 and one f16 parameter, 8 elements each; rank r's gradients are all r + 1.
+class MixedGradients final : public GradientAccess {
+ public:
+  std::optional<Buffer> gradient(std::size_t index, bool) override {
+    if (index == 0) return Buffer(f32);
+    return Buffer(f16.data(), f16.size(), DType::f16);
+  }
+  void fill(float value) {
+    std::fill(f32.begin(), f32.end(), value);
+    std::fill(f16.begin(), f16.end(), collectives::f32_to_f16(value));
+  }
+  std::vector<float> f32 = std::vector<float>(8);
+  std::vector<std::uint16_t> f16 = std::vector<std::uint16_t>(8);
+};
+
+// The 1/W costs no pass over the gradients when the hook can average: f32 buckets go in
+// unscaled, to be averaged by the all-reduce; f16 buckets (whose unscaled sum could
+// overflow) and every bucket of a hook that cannot average go in scaled, to be summed.
+// Uneven shares scale by share x W, so that the average is still the weighted sum.
+TEST(Reducer, LeavesTheAverageToAHookThatAveragesAndScalesForTheRest) {
+  const std::vector<ParameterSpec> specs{
+      ParameterSpec{.name = "w32", .count = 8, .dtype = DType::f32},
+      ParameterSpec{.name = "w16", .count = 8, .dtype = DType::f16}};
+  for (const bool averaging : {true, false}) {
+    for (const bool weighted : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "averaging " << averaging << ", weighted " << weighted);
+      expect_passed(
+          testing::run_blocking_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+            MixedGradients grads;
+            Reducer reducer(comm, specs, grads, one_per_bucket(false));
+            auto hook = std::make_shared<RecordingHook>(averaging);
+            reducer.set_comm_hook(hook);
+            const double share = weighted ? (rank == 0 ? 0.25 : 0.75) : 0.5;
+            if (weighted) reducer.set_batch_share(share);
+            const float mine = static_cast<float>(rank + 1);
+            reducer.prepare_for_backward();
+            grads.fill(mine);
+            reducer.mark_ready(1);
+            reducer.mark_ready(0);
+            reducer.finalize();
+            ASSERT_EQ(hook->handed.size(), 2u);
+            for (const Handed& h : hook->handed) {
+              const bool averaged = averaging && h.dtype == DType::f32;
+              EXPECT_EQ(h.combine, averaged ? ReduceOp::avg : ReduceOp::sum);
+              EXPECT_FLOAT_EQ(h.first, averaged ? mine * static_cast<float>(share * 2)
+                                                : mine * static_cast<float>(share));
+            }
+            // Either way every rank ends with the share-weighted sum: 1 x s0 + 2 x s1.
+            const float expected = weighted ? 0.25f + 2 * 0.75f : 1.5f;
+            for (const float g : grads.f32) EXPECT_FLOAT_EQ(g, expected);
+            for (const std::uint16_t g : grads.f16)
+              EXPECT_FLOAT_EQ(collectives::f16_to_f32(g), expected);
+          }));
+    }
+  }
 }
 
 TEST(Reducer, ClipsTheGlobalGradientNormTheSameOnEveryRank) {

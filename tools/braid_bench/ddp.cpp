@@ -1,6 +1,7 @@
 #include "ddp.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -25,22 +26,63 @@ struct DdpOptions {
   std::string optimizer = "sgd";
 };
 
-std::optional<double> field(const std::string& line, const std::string& key);
-
-// The run whose step time is the median of `runs` (their JSON lines).
-std::optional<std::string> median_run(std::vector<std::string> runs) {
-  if (runs.empty()) return std::nullopt;
-  std::sort(runs.begin(), runs.end(), [](const std::string& a, const std::string& b) {
-    return field(a, "step_ms").value_or(0) < field(b, "step_ms").value_or(0);
-  });
-  return runs[runs.size() / 2];
-}
-
 // The number after "key": in a one-line JSON object.
 std::optional<double> field(const std::string& line, const std::string& key) {
   const auto at = line.find("\"" + key + "\":");
   if (at == std::string::npos) return std::nullopt;
   return std::stod(line.substr(at + key.size() + 3));
+}
+
+// One configuration's paired figures, the mean over its rounds (ddp_train --sync paired
+// and the PyTorch peer print the same fields).
+struct PairedFigures {
+  double step_ms = 0;
+  double none_step_ms = 0;
+  double exposed_ms = 0;
+  double exposed_ci_ms = 0;  // 95% half-width of the mean over rounds
+  double cpu_ms = 0;
+  double exposed_cpu_ms = 0;
+  std::optional<double> runtime_cpu_ms;  // braid's runtime thread: synchronised - no_sync()
+  double bare_ms = 0;
+  double bare_cpu_ms = 0;
+  std::optional<double> traced_exposed_ms;
+};
+
+PairedFigures mean_over_rounds(const std::vector<std::string>& runs) {
+  PairedFigures f;
+  double ci_squares = 0;
+  double traced = 0;
+  bool has_traced = false;
+  double runtime_cpu = 0;
+  bool has_runtime_cpu = false;
+  for (const std::string& run : runs) {
+    f.step_ms += field(run, "step_ms").value_or(0);
+    f.none_step_ms += field(run, "none_step_ms").value_or(0);
+    f.exposed_ms += field(run, "exposed_ms").value_or(0);
+    const double ci = field(run, "exposed_ci_ms").value_or(0);
+    ci_squares += ci * ci;
+    f.cpu_ms += field(run, "cpu_ms").value_or(0);
+    f.exposed_cpu_ms += field(run, "exposed_cpu_ms").value_or(0);
+    f.bare_ms += field(run, "bare_all_reduce_ms").value_or(0);
+    f.bare_cpu_ms += field(run, "bare_cpu_ms").value_or(0);
+    if (auto with = field(run, "progress_cpu_ms")) {
+      runtime_cpu += *with - field(run, "none_progress_cpu_ms").value_or(0);
+      has_runtime_cpu = true;
+    }
+    if (auto t = field(run, "exposed_ms_per_step")) {
+      traced += *t;
+      has_traced = true;
+    }
+  }
+  const auto n = static_cast<double>(runs.size());
+  for (double* x : {&f.step_ms, &f.none_step_ms, &f.exposed_ms, &f.cpu_ms, &f.exposed_cpu_ms,
+                    &f.bare_ms, &f.bare_cpu_ms}) {
+    *x /= n;
+  }
+  f.exposed_ci_ms = std::sqrt(ci_squares) / n;
+  if (has_traced) f.traced_exposed_ms = traced / n;
+  if (has_runtime_cpu) f.runtime_cpu_ms = runtime_cpu / n;
+  return f;
 }
 
 std::optional<std::string> json_line(const CommandResult& result, const std::string& who) {
@@ -119,60 +161,62 @@ int run_ddp(const std::vector<std::string>& args) {
       throw std::invalid_argument("unknown option " + args[i]);
   }
   if (o.steps < 8) throw std::invalid_argument("--steps must be at least 8");
-  // Interleaved: none, braid, pytorch -- each once, in one run.
-  // Rounds interleave the four configurations, so a slow spell of the machine hits them
-  // alike; each configuration's figures come from its median-step-time run.
-  std::vector<std::string> none_runs, braid_runs, view_runs, torch_runs;
+  // Each run pairs its steps: one synchronised, one under no_sync() (no gradient sync at
+  // all), alternating, so the exposed communication is measured as paired differences
+  // inside one process. Two separate runs' step times drift by tens of percent on a
+  // shared VM, ten times the figure sought. Rounds interleave the configurations, so a
+  // slow spell of the machine hits them alike; figures are means over rounds.
+  std::vector<std::string> braid_runs, view_runs, torch_runs;
   for (int round = 0; round < o.rounds; ++round) {
-    if (auto r = run_braid(o, "none")) none_runs.push_back(*r);
-    if (auto r = run_braid(o, "ddp")) braid_runs.push_back(*r);
-    if (auto r = run_braid(o, "ddp", {"--bucket-view"})) view_runs.push_back(*r);
+    if (auto r = run_braid(o, "paired")) braid_runs.push_back(*r);
+    if (auto r = run_braid(o, "paired", {"--bucket-view"})) view_runs.push_back(*r);
     if (auto r = run_pytorch(o)) torch_runs.push_back(*r);
   }
-  const auto none = median_run(none_runs);
-  const auto braid = median_run(braid_runs);
-  const auto view = median_run(view_runs);
-  const auto torch = median_run(torch_runs);
-  if (!none || !braid) return 1;
-  const double params = field(*braid, "parameters").value_or(0);
-  const double none_ms = field(*none, "step_ms").value_or(0);
-  const double braid_ms = field(*braid, "step_ms").value_or(0);
-  const double bare_ms = field(*braid, "bare_all_reduce_ms").value_or(0);
-  const double traced_exposed = field(*braid, "exposed_ms_per_step").value_or(0);
+  if (braid_runs.empty()) return 1;
+  const PairedFigures braid = mean_over_rounds(braid_runs);
+  const double params = field(braid_runs.front(), "parameters").value_or(0);
   std::cout << fmt::format(
       "MLP {}x{} ({:.1f}M parameters, {:.1f} MiB of f32 gradients), batch {} per rank, {}, {} "
-      "ranks, {} steps (mean after warm-up, slowest rank; median of {} interleaved rounds):\n\n",
+      "ranks; {} steps per run, paired (a synchronised step and a no_sync() step, in "
+      "alternating order, each timed on its slowest rank); means of {} interleaved rounds:\n\n",
       o.hidden, o.layers, params / 1e6, params * 4 / (1 << 20), o.batch, o.optimizer, o.ranks,
       o.steps, o.rounds);
-  std::cout << fmt::format("{:<22} {:>10} {:>22}\n", "", "step ms", "exposed comm ms/step");
-  std::cout << fmt::format("{:<22} {:>10.2f} {:>22}\n", "no gradient sync", none_ms, "-");
+  std::cout << fmt::format("{:<24} {:>9} {:>12} {:>22} {:>8} {:>9} {:>9} {:>9}\n", "", "step ms",
+                           "no-sync ms", "exposed ms (95% CI)", "traced", "CPU ms", "comm CPU",
+                           "runtime");
+  auto row = [](const std::string& name, const PairedFigures& f) {
+    std::cout << fmt::format(
+        "{:<24} {:>9.2f} {:>12.2f} {:>22} {:>8} {:>9.2f} {:>9.2f} {:>9}\n", name, f.step_ms,
+        f.none_step_ms, fmt::format("{:.2f} +- {:.2f}", f.exposed_ms, f.exposed_ci_ms),
+        f.traced_exposed_ms ? fmt::format("{:.2f}", *f.traced_exposed_ms) : "-", f.cpu_ms,
+        f.exposed_cpu_ms, f.runtime_cpu_ms ? fmt::format("{:.2f}", *f.runtime_cpu_ms) : "-");
+  };
+  row("braid DDP", braid);
+  std::optional<PairedFigures> view;
+  if (!view_runs.empty()) row("braid DDP, bucket view", *(view = mean_over_rounds(view_runs)));
+  std::optional<PairedFigures> torch;
+  if (!torch_runs.empty()) row("PyTorch DDP (Gloo)", *(torch = mean_over_rounds(torch_runs)));
   std::cout << fmt::format(
-      "{:<22} {:>10.2f} {:>22}\n", "braid DDP", braid_ms,
-      fmt::format("{:.2f} (trace: {:.2f})", braid_ms - none_ms, traced_exposed));
-  if (view) {
-    const double view_ms = field(*view, "step_ms").value_or(0);
-    std::cout << fmt::format("{:<22} {:>10.2f} {:>22}\n", "braid DDP, bucket view", view_ms,
-                             fmt::format("{:.2f} (trace: {:.2f})", view_ms - none_ms,
-                                         field(*view, "exposed_ms_per_step").value_or(0)));
-  }
-  std::optional<double> torch_ms;
-  if (torch) {
-    torch_ms = field(*torch, "step_ms");
-    std::cout << fmt::format("{:<22} {:>10.2f} {:>22.2f}\n", "PyTorch DDP (Gloo)", *torch_ms,
-                             *torch_ms - none_ms);
-  }
-  std::cout << fmt::format("\nbare all-reduce of all gradients (braid, one buffer): {:.2f} ms\n",
-                           bare_ms);
-  const double braid_exposed = std::max(braid_ms - none_ms, 0.0);
-  std::cout << fmt::format("braid exposed / bare all-reduce: {:.2f} (goal <= 0.7)\n",
-                           bare_ms > 0 ? braid_exposed / bare_ms : 0.0);
-  if (torch_ms) {
-    const double torch_exposed = std::max(*torch_ms - none_ms, 1e-9);
-    std::cout << fmt::format("braid / PyTorch step time: {:.2f} (goal <= 0.9)\n",
-                             braid_ms / *torch_ms);
-    std::cout << fmt::format("braid / PyTorch exposed communication: {:.2f} (goal <= 0.5)\n",
-                             braid_exposed / torch_exposed);
-  }
+      "\nexposed: synchronised minus no_sync() step, pair by pair; traced: what braid-trace "
+      "counts as exposed;\ncomm CPU: the same difference in process CPU time (every thread); "
+      "runtime: the same in braid's runtime thread alone;\nCPU times are means over ranks.\n");
+  std::cout << fmt::format(
+      "\nbare all-reduce of all gradients (braid, one buffer): {:.2f} ms, {:.2f} ms CPU per "
+      "rank\n",
+      braid.bare_ms, braid.bare_cpu_ms);
+  auto ratios = [&](const std::string& name, const PairedFigures& f) {
+    std::cout << fmt::format("{}: exposed / bare all-reduce {:.2f} (goal <= 0.7)", name,
+                             f.bare_ms > 0 ? std::max(f.exposed_ms, 0.0) / f.bare_ms : 0.0);
+    if (torch) {
+      std::cout << fmt::format(
+          "; step / PyTorch's {:.2f} (goal <= 0.9); exposed / PyTorch's {:.2f} (goal <= 0.5)",
+          f.step_ms / torch->step_ms,
+          std::max(f.exposed_ms, 0.0) / std::max(torch->exposed_ms, 1e-9));
+    }
+    std::cout << "\n";
+  };
+  ratios("braid DDP", braid);
+  if (view) ratios("braid DDP, bucket view", *view);
   return 0;
 }
 

@@ -19,6 +19,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 
+#include <chrono>
 #include <exception>
 #include <string>
 #include <thread>
@@ -54,6 +55,12 @@ class Runtime {
   // True when called from the progress thread.
   bool on_runtime_thread() const noexcept { return std::this_thread::get_id() == thread_id_; }
   std::thread::id thread_id() const noexcept { return thread_id_; }
+  // CPU time the progress thread has used since it started: everything braid does
+  // asynchronously (collectives' copies and reductions, UCX progress, polling). A
+  // training loop that overlaps communication with compute on busy cores pays at least
+  // this much in compute time. One system call (clock_gettime on the thread's clock);
+  // zero where the clock cannot be read.
+  std::chrono::nanoseconds progress_cpu_time() const;
 
   // Starts `work` on the runtime. Safe from any thread.
   template <class T>
@@ -111,6 +118,7 @@ class Runtime {
   asio::executor_work_guard<executor_type> work_;
   std::thread thread_;
   std::thread::id thread_id_;
+  int progress_clock_ = -1;  // the progress thread's CPU-time clock (a clockid_t)
 };
 
 }  // namespace braid

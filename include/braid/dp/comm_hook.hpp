@@ -1,8 +1,10 @@
-// Comm hooks: how a gradient bucket is reduced. The reducer hands each full bucket --
-// already scaled by this rank's share, so the sum over ranks is the average -- to its
-// hook, which must leave that sum in the bucket on every rank, identically. The default
-// is one all-reduce; the built-ins trade accuracy for bytes on the wire, as PyTorch's
-// DDP comm hooks do:
+// Comm hooks: how a gradient bucket is reduced. The reducer hands each full bucket to its
+// hook, which must leave the ranks' combined buckets (BucketView::combine) in the bucket
+// on every rank, identically. Usually the bucket is already scaled by this rank's share,
+// and combine is sum: the sum over ranks is the average. A hook that says it averages()
+// may instead get unscaled f32/f64/bf16 buckets with combine avg, so the 1/W costs no pass
+// of its own (Reducer). The default is one all-reduce; the built-ins trade accuracy for
+// bytes on the wire, as PyTorch's DDP comm hooks do:
 //
 //   hook                      bytes per element sent      result
 //   all_reduce (default)      2(W-1)/W x 4 (ring)          exact sum
@@ -42,6 +44,8 @@ struct BucketView {
   Buffer data;                                // the flat bucket, reduced in place
   const BucketLayout* layout = nullptr;       // which parameters, where
   std::span<const ParameterSpec> parameters;  // all of the model's (layout indexes them)
+  // How the ranks' buckets combine: sum, or avg for a hook that averages().
+  ReduceOp combine = ReduceOp::sum;
 };
 
 class CommHook {
@@ -52,6 +56,11 @@ class CommHook {
   // True when reduce() issues exactly one collective before its first suspension, so
   // buckets may be in flight together.
   virtual bool single_collective() const noexcept { return false; }
+  // True when reduce() combines as BucketView::combine says, avg included: the reducer then
+  // leaves the 1/W to the reduction (an all-reduce divides each piece while it is in
+  // cache) instead of scaling every gradient on its way into the bucket. Compressing
+  // hooks say no: a sum of unscaled gradients may overflow their wire format.
+  virtual bool averages() const noexcept { return false; }
   // The buckets were rebuilt: per-bucket state no longer lines up.
   virtual void buckets_rebuilt() {}
 };

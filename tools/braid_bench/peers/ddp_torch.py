@@ -11,12 +11,21 @@ MSE loss, SGD (lr 0.01, momentum 0.9) or Adam (lr 1e-3), one intra-op thread per
 broadcast_buffers). Ranks are started here (torch.multiprocessing, spawn) on 127.0.0.1 with
 Gloo on loopback.
 
+Steps are paired as in `ddp_train --sync paired`: each pair is one synchronised step and
+one under no_sync(), in alternating order, each started after a barrier and timed on its
+slowest rank; the exposed communication is the mean of the pairs' differences.
+
 Output, rank 0 only: one JSON line
-  {"sync":"pytorch_ddp","parameters":N,"ranks":2,"step_ms":...,"loss":...}
-step_ms is the mean over the steps after the warm-up, the slowest rank's.
+  {"sync":"pytorch_ddp","parameters":N,"ranks":2,"step_ms":...,"none_step_ms":...,
+   "exposed_ms":...,"exposed_ci_ms":...,"cpu_ms":...,"none_cpu_ms":...,"loss":...}
+step_ms and none_step_ms are the means of the synchronised and the no_sync() steps after
+the warm-up; exposed_ci_ms is the 95% confidence half-width; CPU times are the process's
+(every thread), the mean over ranks.
 """
 import argparse
+import contextlib
 import json
+import math
 import os
 import socket
 import time
@@ -53,26 +62,60 @@ def worker(rank, args, port):
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     torch.manual_seed(4242)
     teacher = torch.randn(16, 1) / 4
-    warmup = min(5, args.steps // 4)
+    # Paired steps, as ddp_train --sync paired: pair k syncs first when k is even, second
+    # when odd, the other step under no_sync(); every timed step starts after a barrier
+    # and counts on its slowest rank.
+    warmup = min(5, args.steps // 4) & ~1
     loss = torch.zeros(())
+    wall, cpu, synced = [], [], []
     for step in range(args.steps):
-        if step == warmup:
+        sync = step % 2 == (step // 2) % 2
+        if step >= warmup:
             dist.barrier()
-            start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         torch.manual_seed(1000003 * (step + 1) + rank)
         x = torch.randn(args.batch, args.hidden)
         y = torch.tanh(x[:, :16] @ teacher * 2)
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(ddp(x), y)
-        loss.backward()
-        opt.step()
-    elapsed = torch.tensor([(time.perf_counter() - start) / (args.steps - warmup)])
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        with contextlib.ExitStack() as local:
+            if not sync:
+                local.enter_context(ddp.no_sync())
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            loss.backward()
+            opt.step()
+        loss.item()
+        if step >= warmup:
+            wall.append((time.perf_counter() - start) * 1e3)
+            cpu.append((time.process_time() - cpu_start) * 1e3)
+            synced.append(sync)
+    wall_t = torch.tensor(wall, dtype=torch.float64)
+    cpu_t = torch.tensor(cpu, dtype=torch.float64)
+    dist.all_reduce(wall_t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(cpu_t)
+    cpu_t /= args.ranks
     if rank == 0:
-        print(json.dumps({"sync": "pytorch_ddp",
-                          "parameters": sum(p.numel() for p in net.parameters()),
-                          "ranks": args.ranks, "step_ms": elapsed.item() * 1e3,
-                          "loss": loss.item()}), flush=True)
+        wall, cpu = wall_t.tolist(), cpu_t.tolist()
+        mean = lambda v: sum(v) / max(len(v), 1)
+        with_sync = [i for i, s in enumerate(synced) if s]
+        without = [i for i, s in enumerate(synced) if not s]
+        pairs = [(i, i + 1) if synced[i] else (i + 1, i) for i in range(0, len(wall) - 1, 2)]
+        differences = [wall[a] - wall[b] for a, b in pairs]
+        exposed = mean(differences)
+        spread = (sum((d - exposed) ** 2 for d in differences) / (len(differences) - 1)
+                  if len(differences) > 1 else 0.0)
+        print(json.dumps({
+            "sync": "pytorch_ddp",
+            "parameters": sum(p.numel() for p in net.parameters()),
+            "ranks": args.ranks,
+            "step_ms": mean([wall[i] for i in with_sync]),
+            "cpu_ms": mean([cpu[i] for i in with_sync]),
+            "none_step_ms": mean([wall[i] for i in without]),
+            "none_cpu_ms": mean([cpu[i] for i in without]),
+            "pairs": len(pairs),
+            "exposed_ms": exposed,
+            "exposed_ci_ms": 1.96 * math.sqrt(spread / max(len(differences), 1)),
+            "exposed_cpu_ms": mean([cpu[a] - cpu[b] for a, b in pairs]),
+            "loss": loss.item()}), flush=True)
     dist.destroy_process_group()
 
 

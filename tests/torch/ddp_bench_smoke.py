@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""The DDP benchmark's measurement, small: `ddp_train --sync paired` pairs each synchronised
+step with a no_sync() step and reports their difference; `braid-bench ddp` prints braid's
+rows (and PyTorch's, where a python3 with torch is installed) with the goal ratios.
+
+What this proves: the pairing is what the JSON says (steps after the warm-up, two per
+pair); no_sync() steps leave braid's runtime thread idle while synchronised steps keep it
+busy (so the CPU figures measure communication); the table has every row and ratio.
+
+Paths from the environment (meson sets them): BRAID_RUN, DDP_TRAIN, BRAID_BENCH.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+MODEL = ["--hidden", "256", "--layers", "2", "--batch", "8", "--optimizer", "sgd"]
+
+
+def fail(message, output=""):
+    print(output)
+    print("FAIL:", message)
+    sys.exit(1)
+
+
+def paired_run():
+    steps = 12  # warm-up min(5, 12 // 4) = 3, rounded down to a pair boundary: 2
+    result = subprocess.run(
+        [os.environ["BRAID_RUN"], "-n", "2", os.environ["DDP_TRAIN"], "--bench", "--sync",
+         "paired", "--steps", str(steps)] + MODEL, capture_output=True, text=True, timeout=180)
+    if result.returncode != 0:
+        fail(f"ddp_train --sync paired exited {result.returncode}", result.stdout + result.stderr)
+    lines = [l[l.index("{"):] for l in result.stdout.splitlines() if '{"sync"' in l]
+    if len(lines) != 1:
+        fail("expected one JSON line from rank 0", result.stdout)
+    row = json.loads(lines[0])
+    if row["sync"] != "paired" or row["pairs"] != (steps - 2) // 2:
+        fail(f"expected {(steps - 2) // 2} pairs", lines[0])
+    for key in ("step_ms", "none_step_ms", "cpu_ms", "bare_all_reduce_ms", "bare_cpu_ms"):
+        if not row[key] > 0:
+            fail(f"{key} should be positive", lines[0])
+    # No collective runs during a no_sync() step: the runtime thread's CPU is all DDP's.
+    if not row["progress_cpu_ms"] > 10 * row["none_progress_cpu_ms"]:
+        fail("the runtime thread should work in synchronised steps and idle in no_sync() ones",
+             lines[0])
+    # The exposed figure is the mean of the pairs' differences: within the two means' gap.
+    if abs(row["exposed_ms"] - (row["step_ms"] - row["none_step_ms"])) > 1e-2:
+        fail("exposed_ms should be the synchronised minus the no_sync() mean", lines[0])
+
+
+def bench_table():
+    result = subprocess.run(
+        [os.environ["BRAID_BENCH"], "ddp", "--steps", "8", "--rounds", "1"] + MODEL,
+        capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    if result.returncode != 0:
+        fail(f"braid-bench ddp exited {result.returncode}", output)
+    number = r"-?\d+\.\d\d"
+    for name in ("braid DDP", "braid DDP, bucket view"):
+        if not re.search(rf"^{re.escape(name)} +{number} +{number} +{number} \+- {number}",
+                         result.stdout, re.M):
+            fail(f"no '{name}' row with figures", output)
+    if not re.search(r"^bare all-reduce of all gradients .*: \d+\.\d\d ms", result.stdout, re.M):
+        fail("no bare all-reduce line", output)
+    with_peer = "PyTorch DDP (Gloo)" in result.stdout
+    for name in ("braid DDP", "braid DDP, bucket view"):
+        line = next((l for l in result.stdout.splitlines() if l.startswith(name + ":")), None)
+        if line is None or "exposed / bare all-reduce" not in line:
+            fail(f"no ratio line for {name}", output)
+        if with_peer and "step / PyTorch's" not in line:
+            fail(f"the PyTorch peer ran but {name} has no ratio to it", output)
+    print(result.stdout)
+    print("PyTorch peer:", "measured" if with_peer else "not installed")
+
+
+def main():
+    paired_run()
+    bench_table()
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()

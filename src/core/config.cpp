@@ -51,6 +51,9 @@ constexpr std::array kKnobs{
     Knob{"BRAID_TRACE", "",
          "directory: record a timeline and write rank-<r>.trace.json there (Chrome trace "
          "format) when the World leaves, at exit and on trace::write(); empty: off"},
+    Knob{"BRAID_TRACE_BUFFER_MB", "256",
+         "the most memory (MiB) trace records may hold in a process; past it each thread "
+         "overwrites its own oldest records, and the trace file says how many were lost"},
     Knob{"BRAID_TRACE_CLOCK", "auto",
          "the clock trace timestamps read: tsc (the CPU's time-stamp counter, kept in step "
          "with steady_clock; about half its cost), steady (steady_clock), or auto: tsc where "

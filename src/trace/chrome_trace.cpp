@@ -149,9 +149,9 @@ std::string chrome_trace_json(const Snapshot& snapshot, const TraceIdentity& ide
   append_json_string(out, identity.host);
   fmt::format_to(std::back_inserter(out),
                  R"(,"clock":{{"origin_ns":{},"reference_rank":{},"offset_ns":{},)"
-                 R"("round_trip_ns":{}}}}},"traceEvents":[)",
+                 R"("round_trip_ns":{}}},"overwritten_records":{}}},"traceEvents":[)",
                  origin_ns, identity.clock.reference_rank, identity.clock.offset_ns,
-                 identity.clock.round_trip_ns);
+                 identity.clock.round_trip_ns, snapshot.overwritten);
 
   EventWriter writer(out, identity.rank, origin_ns);
   const std::string process = identity.host.empty()

@@ -12,6 +12,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include <braid/core/config.hpp>
+#include <braid/core/error.hpp>
 #include <braid/trace/recorder.hpp>
 
 namespace braid::trace {
@@ -56,28 +58,58 @@ Chunk* map_chunk() noexcept {
   return new (memory) Chunk;
 }
 
+// BRAID_TRACE_BUFFER_MB in chunks; 0 or a malformed value (which World::join reports)
+// gives the default.
+std::size_t limit_from_environment() noexcept {
+  std::int64_t mib = 256;
+  try {
+    mib = config::int_value("BRAID_TRACE_BUFFER_MB");
+  } catch (...) {
+  }
+  if (mib <= 0) mib = 256;
+  return std::max<std::size_t>(static_cast<std::size_t>(mib) * (std::size_t{1} << 20) / sizeof(Chunk),
+                               1);
+}
+
 class ChunkPool {
  public:
   Chunk* take() noexcept {
+    Chunk* chunk = nullptr;
     {
       std::lock_guard lock(mutex_);
       if (!free_.empty()) {
-        Chunk* chunk = free_.back();
+        chunk = new (free_.back()) Chunk;
         free_.pop_back();
-        return new (chunk) Chunk;
       }
     }
-    return map_chunk();
+    if (chunk == nullptr) chunk = map_chunk();
+    if (chunk != nullptr) live_.fetch_add(1, std::memory_order_relaxed);
+    return chunk;
   }
   void give(Chunk* chunk) {
     chunk->~Chunk();
+    live_.fetch_sub(1, std::memory_order_relaxed);
     std::lock_guard lock(mutex_);
     free_.push_back(chunk);
+  }
+  // Whether one more chunk keeps every buffer within the limit.
+  bool may_grow() noexcept {
+    std::size_t limit = limit_.load(std::memory_order_relaxed);
+    if (limit == 0) {
+      limit = limit_from_environment();
+      limit_.store(limit, std::memory_order_relaxed);
+    }
+    return live_.load(std::memory_order_relaxed) < limit;
+  }
+  void set_limit(std::size_t chunks) noexcept {
+    limit_.store(std::max<std::size_t>(chunks, 1), std::memory_order_relaxed);
   }
 
  private:
   std::mutex mutex_;
   std::vector<Chunk*> free_;
+  std::atomic<std::size_t> live_{0};   // chunks in threads' buffers
+  std::atomic<std::size_t> limit_{0};  // 0: not read from the environment yet
 };
 
 // Never destroyed, like the registry.
@@ -142,6 +174,7 @@ class Registry {
         for (std::size_t i = begin; i < end; ++i) out.records.push_back(chunk->records[i].record);
       }
     }
+    out.overwritten = overwritten_;
     std::stable_sort(out.records.begin(), out.records.end(), [](const Record& a, const Record& b) {
       if (a.track != b.track) return a.track < b.track;
       if (a.begin_ns != b.begin_ns) return a.begin_ns < b.begin_ns;
@@ -152,6 +185,7 @@ class Registry {
 
   void clear() {
     std::lock_guard lock(mutex_);
+    overwritten_ = 0;
     std::erase_if(buffers_, [](const std::unique_ptr<ThreadBuffer>& buffer) {
       if (!buffer->exited) return false;
       free_chunks(buffer->head.load(std::memory_order_acquire), nullptr);
@@ -169,6 +203,24 @@ class Registry {
     }
   }
 
+  // Past the limit: the owner of `buffer`, whose tail chunk is full, takes back its own
+  // oldest chunk as its new tail. Under the mutex, so no snapshot is reading that chunk
+  // and no clear() is freeing it; once per kChunkRecords records.
+  Chunk* recycle_oldest(ThreadBuffer& buffer) {
+    std::lock_guard lock(mutex_);
+    Chunk* oldest = buffer.head.load(std::memory_order_acquire);
+    overwritten_ += oldest->count.load(std::memory_order_relaxed) -
+                    oldest->first.load(std::memory_order_relaxed);
+    oldest->first.store(0, std::memory_order_relaxed);
+    oldest->count.store(0, std::memory_order_release);
+    if (oldest == buffer.tail) return oldest;  // its only chunk: start it over
+    buffer.head.store(oldest->next.load(std::memory_order_acquire), std::memory_order_release);
+    oldest->next.store(nullptr, std::memory_order_relaxed);
+    buffer.tail->next.store(oldest, std::memory_order_release);
+    buffer.tail = oldest;
+    return oldest;
+  }
+
  private:
   // Needs mutex_.
   std::uint32_t add_track(TrackInfo info) {
@@ -182,6 +234,7 @@ class Registry {
   std::vector<TrackInfo> tracks_;
   std::unordered_map<std::string, std::uint32_t> named_;
   std::unordered_set<std::string> names_;  // node-based: the strings never move
+  std::uint64_t overwritten_ = 0;          // records recycled since the last clear()
 };
 
 // Never destroyed: threads may record (or exit) while static destructors run.
@@ -266,6 +319,10 @@ void clear() {
   registry().clear();
 }
 
+void set_buffer_limit(std::size_t bytes) {
+  chunk_pool().set_limit(bytes / sizeof(Chunk));
+}
+
 namespace detail {
 
 std::uint32_t resolve(Track track) noexcept {
@@ -280,10 +337,18 @@ void append(const Record& record) noexcept {
   Chunk* chunk = buffer->tail;
   std::size_t n = chunk->count.load(std::memory_order_relaxed);
   if (n == kChunkRecords) [[unlikely]] {
-    Chunk* fresh = chunk_pool().take();
-    if (fresh == nullptr) return;
-    chunk->next.store(fresh, std::memory_order_release);
-    buffer->tail = chunk = fresh;
+    Chunk* fresh = chunk_pool().may_grow() ? chunk_pool().take() : nullptr;
+    if (fresh != nullptr) {
+      chunk->next.store(fresh, std::memory_order_release);
+      buffer->tail = chunk = fresh;
+    } else {
+      // At the limit, or out of memory: overwrite this thread's oldest records.
+      try {
+        chunk = registry().recycle_oldest(*buffer);
+      } catch (...) {
+        return;  // the mutex failed: drop this record
+      }
+    }
     n = 0;
   }
   Record& slot = *std::construct_at(&chunk->records[n].record, record);

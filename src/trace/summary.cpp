@@ -123,8 +123,9 @@ void append_rank_json(std::string& out, const RankSummary& rank) {
   if (rank.rank >= 0) fmt::format_to(std::back_inserter(out), R"("rank":{},)", rank.rank);
   fmt::format_to(std::back_inserter(out),
                  R"("wall_ns":{},"compute_ns":{},"communication_ns":{},"overlap_ns":{},)"
-                 R"("exposed_communication_ns":{},"overlap_percent":)",
-                 f.wall_ns, f.compute_ns, f.communication_ns, f.overlap_ns, f.exposed_ns);
+                 R"("exposed_communication_ns":{},"overwritten_records":{},"overlap_percent":)",
+                 f.wall_ns, f.compute_ns, f.communication_ns, f.overlap_ns, f.exposed_ns,
+                 rank.overwritten_records);
   if (const auto p = f.overlap_percent()) {
     fmt::format_to(std::back_inserter(out), "{:.3f}", *p);
   } else {
@@ -250,6 +251,8 @@ Summary summarize(const Timeline& timeline) {
     for (auto& [name, samples] : collectives) out.collectives[name] = samples.stats();
     for (auto& [index, samples] : buckets) out.buckets[index] = samples.stats();
     out.bubble_percent = bubble_of(rank);
+    out.overwritten_records = rank.overwritten_records;
+    summary.job.overwritten_records += rank.overwritten_records;
     if (out.bubble_percent) bubbles.push_back(*out.bubble_percent);
     add_figures(summary.job.figures, out.figures);
     summary.ranks.push_back(std::move(out));
@@ -277,6 +280,13 @@ std::string format_text(const Summary& summary) {
   };
   for (const RankSummary& rank : summary.ranks) row(std::to_string(rank.rank), rank.figures);
   row("all", summary.job.figures);
+  for (const RankSummary& rank : summary.ranks) {
+    if (rank.overwritten_records == 0) continue;
+    fmt::format_to(std::back_inserter(out),
+                   "rank {} overwrote its {} oldest records (BRAID_TRACE_BUFFER_MB): its "
+                   "figures cover only the time after them\n",
+                   rank.rank, rank.overwritten_records);
+  }
   if (!summary.job.collectives.empty()) {
     out += "\ncollectives, every rank:\n";
     append_stats_table(out, "name", summary.job.collectives);

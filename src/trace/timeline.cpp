@@ -16,6 +16,7 @@ RankTimeline rank_timeline(const Snapshot& snapshot, const TraceIdentity& identi
   rank.rank = identity.rank;
   rank.host = identity.host;
   rank.clock = identity.clock;
+  rank.overwritten_records = snapshot.overwritten;
   for (const TrackInfo& track : snapshot.tracks) rank.track_names[track.id] = track.name;
   std::int64_t origin = 0;
   if (!snapshot.records.empty()) {

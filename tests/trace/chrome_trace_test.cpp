@@ -84,7 +84,9 @@ TEST(ChromeTrace, EveryEventHasTheFieldsTheFormatRequires) {
 }
 
 TEST(ChromeTrace, NamesTheProcessAndEveryTrackAndSaysWhoWroteIt) {
-  const json trace = exported(two_tracks(), {.rank = 3,
+  Snapshot snap = two_tracks();
+  snap.overwritten = 12288;  // records lost to BRAID_TRACE_BUFFER_MB
+  const json trace = exported(snap, {.rank = 3,
                                              .world_size = 4,
                                              .host = "node7",
                                              .clock = {.offset_ns = -250, .round_trip_ns = 900}});
@@ -96,6 +98,7 @@ TEST(ChromeTrace, NamesTheProcessAndEveryTrackAndSaysWhoWroteIt) {
   EXPECT_EQ(trace["braid"]["clock"]["round_trip_ns"], 900);
   EXPECT_EQ(trace["braid"]["clock"]["reference_rank"], 0);
   EXPECT_TRUE(trace["braid"]["clock"]["origin_ns"].is_number_integer());
+  EXPECT_EQ(trace["braid"]["overwritten_records"], 12288);
   std::map<std::string, std::set<std::string>> metadata;  // name -> values
   for (const json& e : events_with(trace, "M")) {
     const json& value = e["args"].begin().value();

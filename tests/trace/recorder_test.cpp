@@ -266,5 +266,34 @@ TEST_F(Recorder, ClearDiscardsRecordsWhileAnotherThreadKeepsRecording) {
   EXPECT_TRUE(records_on(snapshot(), writer_track).empty());
 }
 
+// Past BRAID_TRACE_BUFFER_MB (here: the smallest limit, so no thread may grow past its
+// first chunk), a thread overwrites its own oldest records: what stays is the newest,
+// gap-free, and the snapshot counts the rest. Snapshots taken meanwhile read whole records.
+TEST_F(Recorder, PastTheMemoryLimitAThreadKeepsItsNewestRecordsAndCountsTheRest) {
+  constexpr std::uint64_t kSpans = 50000;  // several chunks' worth
+  set_buffer_limit(1);
+  std::atomic<std::uint32_t> writer_track{0};
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    writer_track = detail::resolve({});
+    for (std::uint64_t i = 0; i < kSpans; ++i) Span span(Category::compute, "tick", {}, i);
+    done = true;
+  });
+  while (!done) {
+    for (const Record& r : snapshot().records) ASSERT_STREQ(r.name, "tick");
+  }
+  writer.join();
+  const Snapshot snap = snapshot();
+  const std::vector<Record> kept = records_on(snap, writer_track);
+  ASSERT_FALSE(kept.empty());
+  EXPECT_LT(kept.size(), kSpans);
+  EXPECT_EQ(kept.size() + snap.overwritten, kSpans);
+  EXPECT_EQ(kept.back().bytes, kSpans - 1);
+  for (std::size_t i = 1; i < kept.size(); ++i) ASSERT_EQ(kept[i].bytes, kept[i - 1].bytes + 1);
+  clear();
+  EXPECT_EQ(snapshot().overwritten, 0u);
+  set_buffer_limit(std::size_t{256} << 20);
+}
+
 }  // namespace
 }  // namespace braid::trace

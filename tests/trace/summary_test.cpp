@@ -166,6 +166,18 @@ TEST(Formats, TextHasTheTableAndJsonParsesWithTheSameFigures) {
   EXPECT_DOUBLE_EQ(json["job"]["overlap_percent"].get<double>(), 20.0);
   EXPECT_EQ(json["job"]["collectives"]["all_reduce"]["count"], 1);
   EXPECT_TRUE(json["job"]["pipeline_bubble_percent"].is_null());
+  EXPECT_EQ(json["ranks"][0]["overwritten_records"], 0);
+}
+
+// A rank whose recorder overwrote old records (BRAID_TRACE_BUFFER_MB) is named, with the
+// count, so nobody mistakes its figures for the whole run's.
+TEST(Formats, ARankThatOverwroteRecordsIsNamedWithTheCount) {
+  Timeline timeline = one_rank({event("compute", 0, 100), event("comm", 80, 180, "all_reduce")});
+  timeline.ranks[0].overwritten_records = 4096;
+  const Summary s = summarize(timeline);
+  const std::string text = format_text(s);
+  EXPECT_NE(text.find("rank 0 overwrote its 4096 oldest records"), std::string::npos) << text;
+  EXPECT_EQ(nlohmann::json::parse(format_json(s))["ranks"][0]["overwritten_records"], 4096);
 }
 
 }  // namespace

@@ -107,6 +107,12 @@ TEST(WorldProcesses, AMalformedEnvironmentIsAnErrorNamingTheVariable) {
   auto result = run_child({ring()}, {{"BRAID_RANK", "one"}, {"BRAID_WORLD_SIZE", "2"}});
   EXPECT_EQ(result.status, 1);
   EXPECT_THAT(result.err, HasSubstr("BRAID_RANK='one' is not an integer"));
+  // A trace knob is checked at join too, before anything connects.
+  Env env = rank_env(0, 1, 1);
+  env["BRAID_TRACE_BUFFER_MB"] = "0";
+  result = run_child({ring()}, env);
+  EXPECT_EQ(result.status, 1);
+  EXPECT_THAT(result.err, HasSubstr("BRAID_TRACE_BUFFER_MB=0 must be a positive number of MiB"));
 }
 
 TEST(WorldThreads, ThreeRanksAsThreadsExchangeMessagesThroughTheWorld) {

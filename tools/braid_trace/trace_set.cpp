@@ -239,6 +239,7 @@ trace::Timeline TraceSet::timeline() const {
       if (written_by != ranks.end()) {
         trace::RankTimeline& rank = written_by->second;
         rank.host = braid->value("host", "");
+        rank.overwritten_records = braid->value("overwritten_records", std::uint64_t{0});
         const json& clock = (*braid)["clock"];
         rank.clock.reference_rank = clock.value("reference_rank", 0);
         rank.clock.offset_ns = clock.value("offset_ns", std::int64_t{0});
@@ -273,7 +274,8 @@ json TraceSet::merged() const {
                  {"host", braid->value("host", "")},
                  {"file", file.path.filename().string()},
                  {"offset_ns", (*braid)["clock"].value("offset_ns", std::int64_t{0})},
-                 {"round_trip_ns", (*braid)["clock"].value("round_trip_ns", std::int64_t{0})}});
+                 {"round_trip_ns", (*braid)["clock"].value("round_trip_ns", std::int64_t{0})},
+                 {"overwritten_records", braid->value("overwritten_records", std::uint64_t{0})}});
       }
     }
     for (const json& event : doc["traceEvents"]) {

@@ -9,6 +9,12 @@
 // registers its buffer under a mutex, once. Buffers outlive their threads: records from
 // threads that have exited stay until clear().
 //
+// Memory. All buffers together hold at most BRAID_TRACE_BUFFER_MB (256 MiB, ~2.4M
+// records): a long run keeps its latest records rather than growing until it runs out of
+// memory. Past the limit, a thread whose chunk is full takes back its own oldest chunk
+// (under the registry mutex, once per chunk), and Snapshot::overwritten counts what was
+// lost.
+//
 // Tracks are the rows of a timeline: by default the recording thread's own track;
 // otherwise a named track (a stream, a communicator) interned by track(name).
 #pragma once
@@ -115,6 +121,9 @@ struct Snapshot {
   // Ordered by track, then begin time, then longer first, so a parent span comes
   // before the spans nested in it.
   std::vector<Record> records;
+  // Records overwritten since the last clear() to stay within BRAID_TRACE_BUFFER_MB: the
+  // oldest of the threads that recorded the most.
+  std::uint64_t overwritten = 0;
 };
 
 namespace detail {
@@ -147,6 +156,11 @@ ClockSource clock_source();
 // exited. Safe while other threads record: a record being written concurrently appears
 // in the next snapshot.
 Snapshot snapshot();
+
+// The limit on the records' memory, in chunks of records: BRAID_TRACE_BUFFER_MB, read at
+// the first record that needs a new chunk; set_buffer_limit overrides it (tests, tools).
+// At least one chunk per recording thread is always kept.
+void set_buffer_limit(std::size_t bytes);
 
 // Discards every record so far and frees the buffers of exited threads. Threads may
 // keep recording while it runs; their later records are kept. Tracks keep their ids.

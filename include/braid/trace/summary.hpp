@@ -51,6 +51,7 @@ struct RankSummary {
   std::map<std::string, LatencyStats> collectives;  // by span name
   std::map<std::int64_t, LatencyStats> buckets;     // by bucket index
   std::optional<double> bubble_percent;             // with pipeline spans only
+  std::uint64_t overwritten_records = 0;            // RankTimeline::overwritten_records
 };
 
 struct Summary {

@@ -37,6 +37,9 @@ struct RankTimeline {
   ClockAlignment clock;
   std::map<std::uint32_t, std::string> track_names;
   std::vector<TimelineEvent> events;  // by begin time
+  // Oldest records the rank overwrote to stay within BRAID_TRACE_BUFFER_MB: its figures
+  // cover only what came after.
+  std::uint64_t overwritten_records = 0;
 };
 
 struct Timeline {

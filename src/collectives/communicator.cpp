@@ -425,7 +425,15 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
                          .peer = error.context().peer,
                          .operation = std::move(where),
                          .sequence = call->sequence};
-    failure = std::make_exception_ptr(Error(error.code(), error.detail(), std::move(context)));
+    std::string detail = error.detail();
+    if (error.code() == Errc::timeout && !check_fingerprints_) {
+      // Without fingerprints, a partner that never made this call, or made it with other
+      // sizes (and so chose another algorithm, which waits for other messages), shows up
+      // only as this wait running out.
+      detail += "; every member must make the same calls in the same order with the same "
+                "sizes (BRAID_DEBUG=detail checks each call and names a mismatch)";
+    }
+    failure = std::make_exception_ptr(Error(error.code(), std::move(detail), std::move(context)));
     settle = true;
   } catch (...) {
     failure = std::current_exception();

@@ -656,6 +656,31 @@ TEST(Mismatch, CountsThatDifferAcrossRanksAreASizeMismatchNeverATruncation) {
   EXPECT_GE(size_mismatches, 1);
 }
 
+// A partner that never makes the call: the wait runs out at the deadline, and the error
+// says what usually causes that and how to find out which.
+TEST(Mismatch, AWaitThatRunsOutSaysRanksMustMakeTheSameCallsAndHowToCheck) {
+  Communicator::Options options;
+  options.timeout = std::chrono::milliseconds(300);
+  options.check_fingerprints = false;
+  auto failures = run_ranks_collecting(
+      2,
+      [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        if (comm->rank() == 1) co_return;  // skips the all-reduce
+        std::vector<float> data(1000, 1.0f);
+        co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
+      },
+      options);
+  ASSERT_TRUE(failures[0]) << "rank 0's all-reduce completed without its partner";
+  try {
+    std::rethrow_exception(failures[0]);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), make_error_code(Errc::timeout)) << e.what();
+    EXPECT_THAT(e.what(), HasSubstr("all_reduce["));
+    EXPECT_THAT(e.what(), HasSubstr("same calls in the same order with the same sizes"));
+    EXPECT_THAT(e.what(), HasSubstr("BRAID_DEBUG=detail"));
+  }
+}
+
 // Options for the mismatch tests: `rules` forced, no fingerprints (the algorithms must
 // notice on their own), and a deadline short enough for a failure to show as one.
 Communicator::Options unchecked_forcing(std::string_view rules) {

@@ -68,7 +68,8 @@ asio::awaitable<void> reduce_bucket(std::shared_ptr<Communicator> comm,
 
 struct Reducer::Bucket {
   BucketLayout layout;
-  std::vector<std::byte> storage;
+  // Shared with the gradients bound to it (gradient_as_bucket_view), which may outlive it.
+  std::shared_ptr<std::byte[]> storage;
   Buffer data;
   std::size_t pending = 0;  // parameters not yet ready this iteration
   bool full = false;
@@ -119,7 +120,7 @@ void Reducer::bind_gradients() {
     } else {
       detail::zero(slot);
     }
-    access_.bind_gradient(i, slot);
+    access_.bind_gradient(i, slot, buckets_[bucket_of_[i]]->storage);
   }
 }
 
@@ -139,8 +140,8 @@ void Reducer::build_buckets(const std::vector<std::size_t>& ready_order) {
   slot_of_.assign(parameters_.size(), 0);
   for (BucketLayout& layout : plan_buckets(parameters_, ready_order, options_.limits)) {
     auto bucket = std::make_unique<Bucket>();
-    bucket->storage.resize(layout.count * dtype_size(layout.dtype));
-    bucket->data = Buffer(bucket->storage.data(), layout.count, layout.dtype);
+    bucket->storage = std::make_shared<std::byte[]>(layout.count * dtype_size(layout.dtype));
+    bucket->data = Buffer(bucket->storage.get(), layout.count, layout.dtype);
     for (std::size_t position = 0; position < layout.parameters.size(); ++position) {
       bucket_of_[layout.parameters[position]] = buckets_.size();
       slot_of_[layout.parameters[position]] = position;
@@ -262,6 +263,11 @@ void Reducer::fill_slot(std::size_t index) {
                         : equal_shares_                ? 1.0
                                                        : scale_ * comm_->size();
   detail::scaled_copy(slot, *gradient, factor);
+  if (options_.gradient_as_bucket_view && gradient->data() != slot.data()) {
+    // The framework replaced the gradient (set to none by zero_grad, or assigned): from
+    // the next backward on it accumulates in the bucket again, as with PyTorch's views.
+    access_.bind_gradient(index, slot, bucket.storage);
+  }
 }
 
 bool Reducer::averaged_in_reduction(const Bucket& bucket) const {

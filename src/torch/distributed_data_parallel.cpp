@@ -229,10 +229,13 @@ void DataParallelCore::end_of_backward() {
   reducer_->finalize();
 }
 
-bool DataParallelCore::bind_gradient(std::size_t index, Buffer slot) {
+bool DataParallelCore::bind_gradient(std::size_t index, Buffer slot,
+                                     std::shared_ptr<const void> owner) {
   const at::Tensor& p = parameters_[index];
-  // A view of bucket memory the reducer owns; it outlives the view until the next rebind.
-  p.mutable_grad() = ::torch::from_blob(slot.data(), p.sizes(), p.options());
+  // A view of bucket memory whose storage holds the bucket: the gradient stays readable
+  // after a rebuild or after the wrapper is gone, as PyTorch's bucket views do.
+  p.mutable_grad() = ::torch::from_blob(
+      slot.data(), p.sizes(), [owner = std::move(owner)](void*) {}, p.options());
   return true;
 }
 

@@ -178,6 +178,49 @@ TEST(DistributedDataParallel, GradientsAsBucketViewsTrainTheSameWithoutCopies) {
   expect_all_close(copied, viewed, "parameter", 1e-6, 1e-7);
 }
 
+// Bucket-view gradients share their bucket's memory: they stay readable after the wrapper
+// is gone (the buckets are large enough to be unmapped when freed, so a dangling view
+// would crash). A gradient set to none comes back as a view at the next backward.
+TEST(DistributedDataParallel, BucketViewGradientsOutliveTheWrapperAndComeBackAfterSetToNone) {
+  expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    ::torch::nn::Linear net = [] {
+      std::lock_guard lock(rng_mutex);
+      ::torch::manual_seed(3);
+      return ::torch::nn::Linear(256, 256);  // a 256 KiB weight: its own mapping
+    }();
+    ::torch::Tensor kept;
+    ::torch::Tensor expected;
+    {
+      DistributedDataParallelOptions options;
+      options.gradient_as_bucket_view = true;
+      DistributedDataParallel ddp(net, comm, options);
+      auto step = [&](int i) {
+        ::torch::Tensor x;
+        {
+          std::lock_guard lock(rng_mutex);
+          ::torch::manual_seed(10 * i + rank);
+          x = ::torch::randn({4, 256});
+        }
+        ddp.forward(x).pow(2).sum().backward();
+      };
+      step(0);  // buckets rebuilt after this one
+      net->weight.mutable_grad().zero_();
+      step(1);
+      const void* view = net->weight.grad().data_ptr();
+      net->weight.mutable_grad() = ::torch::Tensor();  // zero_grad(set_to_none)
+      net->bias.mutable_grad() = ::torch::Tensor();
+      step(2);
+      EXPECT_EQ(net->weight.grad().data_ptr(), view) << "the gradient is a bucket view again";
+      kept = net->weight.grad();
+      expected = kept.clone();
+    }
+    // The wrapper and its reducer are gone; the gradients still read their bucket.
+    EXPECT_TRUE(::torch::equal(net->weight.grad(), expected));
+    EXPECT_TRUE(::torch::equal(kept, expected));
+    EXPECT_GT(expected.abs().sum().item<double>(), 0.0);
+  }));
+}
+
 TEST(DistributedDataParallel, NoSyncAccumulatesAndTheNextBackwardReducesTheSum) {
   // Two micro-batches per rank, the first under no_sync: the gradient equals the
   // average over ranks of each rank's summed micro-batch gradients.

@@ -58,8 +58,14 @@ class GradientAccess {
   virtual std::optional<Buffer> gradient(std::size_t index, bool create) = 0;
   // gradient_as_bucket_view: make parameter `index`'s gradient a view of `slot` (bucket
   // memory, already holding the current gradient's values), so the framework accumulates
-  // straight into the bucket. Returns false where it cannot (the reducer then copies).
-  virtual bool bind_gradient(std::size_t /*index*/, Buffer /*slot*/) { return false; }
+  // straight into the bucket. `owner` keeps that memory alive: the gradient must hold it
+  // for as long as it may be read, since the reducer drops its buckets when it rebuilds
+  // them or is destroyed while the gradients live on. Returns false where it cannot (the
+  // reducer then copies).
+  virtual bool bind_gradient(std::size_t /*index*/, Buffer /*slot*/,
+                             std::shared_ptr<const void> /*owner*/) {
+    return false;
+  }
 };
 
 struct ReducerOptions {

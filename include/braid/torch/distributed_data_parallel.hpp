@@ -77,7 +77,7 @@ class DataParallelCore final : public dp::GradientAccess {
   void after_forward(const std::vector<at::Tensor>& outputs);
 
   std::optional<Buffer> gradient(std::size_t index, bool create) override;
-  bool bind_gradient(std::size_t index, Buffer slot) override;
+  bool bind_gradient(std::size_t index, Buffer slot, std::shared_ptr<const void> owner) override;
 
   dp::Reducer& reducer() noexcept { return *reducer_; }
   std::atomic<bool>& require_sync() noexcept { return require_sync_; }

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <sched.h>
 
 #include <fmt/format.h>
 
@@ -28,6 +29,10 @@ constexpr std::array kKnobs{
     Knob{"BRAID_NNODES", "", "number of nodes in the job; set by braid-run"},
     Knob{"BRAID_STORE", "", "host:port of the rendezvous store served by rank 0"},
     Knob{"BRAID_TOKEN", "", "shared secret a store client must present; empty: no check"},
+    Knob{"BRAID_RUNTIME_CPUS", "",
+         "CPUs the runtime thread (all of braid's communication work) may run on, as taskset "
+         "writes them (3, 0-3, 0,2): keeps it off the cores the training threads use; empty: "
+         "wherever the process may run"},
     Knob{"BRAID_UCX_SPIN_US", "50",
          "microseconds to keep polling UCX after the last activity before sleeping on its "
          "event fd (lower: less CPU, higher: lower latency)"},
@@ -132,6 +137,36 @@ std::chrono::nanoseconds parse_seconds(std::string_view text, std::string_view w
     bad_value(what, text, "a non-negative number of seconds");
   }
   return std::chrono::nanoseconds(static_cast<std::int64_t>(seconds * 1e9));
+}
+
+std::vector<int> parse_cpu_list(std::string_view text, std::string_view what) {
+  constexpr std::string_view expected = "a CPU list such as 3, 0-3 or 0,2,4-7";
+  std::vector<int> cpus;
+  std::string_view rest = trim(text);
+  if (rest.empty()) bad_value(what, text, expected);
+  auto number = [&](std::string_view digits) {
+    int value = -1;
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+    if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || value < 0 ||
+        value >= CPU_SETSIZE) {
+      bad_value(what, text, expected);
+    }
+    return value;
+  };
+  while (!rest.empty()) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view item = trim(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    if (comma != std::string_view::npos && trim(rest).empty()) bad_value(what, text, expected);
+    const std::size_t dash = item.find('-');
+    const int first = number(item.substr(0, dash));
+    const int last = dash == std::string_view::npos ? first : number(item.substr(dash + 1));
+    if (last < first) bad_value(what, text, expected);
+    for (int cpu = first; cpu <= last; ++cpu) cpus.push_back(cpu);
+  }
+  std::sort(cpus.begin(), cpus.end());
+  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
+  return cpus;
 }
 
 std::int64_t int_value(std::string_view name, const EnvLookup& env) {

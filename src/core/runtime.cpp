@@ -1,30 +1,71 @@
+#include <braid/core/config.hpp>
+#include <braid/core/error.hpp>
 #include <braid/core/log.hpp>
 #include <braid/core/runtime.hpp>
 #include <pthread.h>
 #include <time.h>
 
+#include <fmt/format.h>
+
+#include <cstring>
 #include <future>
+#include <optional>
 #include <type_traits>
 
 namespace braid {
 
 Runtime::Runtime() : Runtime(Options{}) {}
 
+namespace {
+
+// The progress thread's CPU set: Options::cpus, else BRAID_RUNTIME_CPUS; nullopt: leave it.
+std::optional<cpu_set_t> progress_cpus(const std::vector<int>& chosen, std::string& knob) {
+  std::vector<int> cpus = chosen;
+  knob = "Runtime::Options::cpus";
+  if (cpus.empty()) {
+    const std::string text = config::string_value("BRAID_RUNTIME_CPUS");
+    if (text.empty()) return std::nullopt;
+    cpus = config::parse_cpu_list(text, "BRAID_RUNTIME_CPUS");
+    knob = "BRAID_RUNTIME_CPUS";
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (const int cpu : cpus) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE) {
+      throw Error(Errc::invalid_argument, fmt::format("{} names CPU {}, which does not exist", knob, cpu),
+                  {.operation = "runtime"});
+    }
+    CPU_SET(cpu, &set);
+  }
+  return set;
+}
+
+}  // namespace
+
 Runtime::Runtime(Options options)
     : options_(std::move(options)), work_(asio::make_work_guard(io_)) {
   log::configure_from_env();
+  std::string knob;
+  const std::optional<cpu_set_t> cpus = progress_cpus(options_.cpus, knob);
   struct Started {
     std::thread::id id;
     clockid_t cpu_clock;
+    int affinity_error;  // pthread_setaffinity_np's, 0 when it worked or was not asked
   };
   std::promise<Started> started;
   auto started_future = started.get_future();
-  thread_ = std::thread([this, &started] {
+  thread_ = std::thread([this, &started, &cpus] {
     pthread_setname_np(pthread_self(), options_.thread_name.substr(0, 15).c_str());
+    // The kernel refuses (EINVAL) a set with no CPU the process's cpuset allows; a CPU
+    // outside the launching thread's own mask is fine (taskset -c 0 braid-run ... with
+    // BRAID_RUNTIME_CPUS=1 puts compute on 0 and communication on 1).
+    const int affinity_error =
+        cpus ? pthread_setaffinity_np(pthread_self(), sizeof *cpus, &*cpus) : 0;
     if (options_.rank >= 0) log::set_thread_rank(options_.rank);
     clockid_t cpu_clock = CLOCK_THREAD_CPUTIME_ID;
     if (pthread_getcpuclockid(pthread_self(), &cpu_clock) != 0) cpu_clock = -1;
-    started.set_value({std::this_thread::get_id(), cpu_clock});
+    started.set_value({std::this_thread::get_id(), cpu_clock, affinity_error});
+    if (affinity_error != 0) return;
     for (;;) {
       try {
         io_.run();
@@ -39,6 +80,14 @@ Runtime::Runtime(Options options)
   const Started thread = started_future.get();
   thread_id_ = thread.id;
   progress_clock_ = thread.cpu_clock;
+  if (thread.affinity_error != 0) {
+    thread_.join();
+    throw Error(Errc::invalid_argument,
+                fmt::format("{} names no CPU this process may run on ({}; see taskset -p and "
+                            "the cpuset of its cgroup)",
+                            knob, std::strerror(thread.affinity_error)),
+                {.operation = "runtime"});
+  }
 }
 
 std::chrono::nanoseconds Runtime::progress_cpu_time() const {

@@ -42,6 +42,8 @@ TEST(Config, ParsesIntegersBooleansAndSeconds) {
             std::chrono::milliseconds(2500));
   EXPECT_TRUE(parse_bool("yes", "X"));
   EXPECT_FALSE(parse_bool("0", "X"));
+  EXPECT_EQ(parse_cpu_list("3", "X"), std::vector<int>{3});
+  EXPECT_EQ(parse_cpu_list(" 4-6,0, 5 ", "X"), (std::vector<int>{0, 4, 5, 6}));
 }
 
 TEST(Config, MalformedValuesAreErrorsNamingTheVariable) {
@@ -55,6 +57,9 @@ TEST(Config, MalformedValuesAreErrorsNamingTheVariable) {
   EXPECT_THROW(seconds_value("BRAID_TIMEOUT", env_of({{"BRAID_TIMEOUT", "-1"}})), Error);
   EXPECT_THROW(seconds_value("BRAID_TIMEOUT", env_of({{"BRAID_TIMEOUT", "nan"}})), Error);
   EXPECT_THROW(parse_bool("maybe", "BRAID_X"), Error);
+  for (const char* list : {"", "1,", "3-1", "a", "1-", "-1", "100000"}) {
+    EXPECT_THROW(parse_cpu_list(list, "BRAID_RUNTIME_CPUS"), Error) << list;
+  }
 }
 
 TEST(Config, ReadingAnUndeclaredKnobIsAnInvariantError) {

@@ -8,6 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <sched.h>
+#include <string>
+#include <vector>
 #include <ctime>
 #include <thread>
 
@@ -84,6 +87,39 @@ TEST(Runtime, ProgressCpuTimeCountsOnlyWorkOnTheProgressThread) {
     }
   });
   EXPECT_GE(runtime.progress_cpu_time() - before, 20ms);
+}
+
+// The progress thread runs where it is told to, and nowhere else; a set with no CPU the
+// process may use is refused at construction.
+TEST(Runtime, ProgressThreadRunsOnTheCpusItIsGiven) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  int last = -1;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) last = cpu;
+  }
+  Runtime pinned({.cpus = {last}});
+  const std::vector<int> where = pinned.run([] {
+    cpu_set_t mine;
+    CPU_ZERO(&mine);
+    sched_getaffinity(0, sizeof mine, &mine);
+    std::vector<int> cpus;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &mine)) cpus.push_back(cpu);
+    }
+    return cpus;
+  });
+  EXPECT_EQ(where, std::vector<int>{last});
+  try {
+    Runtime refused({.cpus = {CPU_SETSIZE - 1}});  // no such CPU here
+    FAIL() << "a CPU outside the process's set was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("names no CPU this process may run on"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Runtime, ProgressThreadLogsWithTheRuntimesRank) {

@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace braid::config {
 
@@ -48,6 +49,8 @@ std::chrono::nanoseconds seconds_value(std::string_view name,
 std::int64_t parse_int(std::string_view text, std::string_view what);
 bool parse_bool(std::string_view text, std::string_view what);
 std::chrono::nanoseconds parse_seconds(std::string_view text, std::string_view what);
+// A CPU list as taskset and /sys write it: "3", "0-3", "0,2,4-7". Sorted, no repeats.
+std::vector<int> parse_cpu_list(std::string_view text, std::string_view what);
 
 // The table as printable text: name, value in force (or "(unset)"), default, doc.
 std::string describe(const EnvLookup& env = process_env());

@@ -25,6 +25,7 @@
 #include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace braid {
 
@@ -39,6 +40,12 @@ class Runtime {
     int rank = -1;
     // The progress thread's name, as shown by top and gdb (at most 15 characters).
     std::string thread_name = "braid-runtime";
+    // CPUs the progress thread may run on; empty: BRAID_RUNTIME_CPUS, and if that is
+    // unset too, wherever the process may. Pinning it apart from the training threads
+    // lets communication overlap compute instead of taking its cores (Horovod's
+    // HOROVOD_THREAD_AFFINITY). A malformed list, or one with no CPU this process may
+    // use, is an Error(invalid_argument or invalid_environment) from the constructor.
+    std::vector<int> cpus;
   };
 
   Runtime();

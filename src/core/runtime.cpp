@@ -32,7 +32,8 @@ std::optional<cpu_set_t> progress_cpus(const std::vector<int>& chosen, std::stri
   CPU_ZERO(&set);
   for (const int cpu : cpus) {
     if (cpu < 0 || cpu >= CPU_SETSIZE) {
-      throw Error(Errc::invalid_argument, fmt::format("{} names CPU {}, which does not exist", knob, cpu),
+      throw Error(Errc::invalid_argument,
+                  fmt::format("{} names CPU {}, which does not exist", knob, cpu),
                   {.operation = "runtime"});
     }
     CPU_SET(cpu, &set);

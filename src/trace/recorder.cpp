@@ -45,6 +45,10 @@ struct ThreadBuffer {
   Chunk* tail = nullptr;              // the owning thread only
   std::atomic<Chunk*> head{nullptr};  // readers and clear(), under the registry mutex
   bool exited = false;                // registry mutex
+  // Held (inside the registry mutex) while a snapshot copies this buffer or clear()
+  // frees its chunks, and by the owner while it takes back its oldest chunk at the memory
+  // limit: so a thread at the limit waits only for its own buffer's copy.
+  std::mutex chain_mutex;
 };
 
 // Chunks come from mmap with MAP_POPULATE: the kernel faults the pages in with the
@@ -67,8 +71,8 @@ std::size_t limit_from_environment() noexcept {
   } catch (...) {
   }
   if (mib <= 0) mib = 256;
-  return std::max<std::size_t>(static_cast<std::size_t>(mib) * (std::size_t{1} << 20) / sizeof(Chunk),
-                               1);
+  const std::size_t bytes = static_cast<std::size_t>(mib) * (std::size_t{1} << 20);
+  return std::max<std::size_t>(bytes / sizeof(Chunk), 1);
 }
 
 class ChunkPool {
@@ -130,7 +134,14 @@ class Registry {
  public:
   ThreadBuffer* add_thread() {
     auto buffer = std::make_unique<ThreadBuffer>();
-    Chunk* chunk = chunk_pool().take();
+    // At the limit a new thread starts in an exited thread's oldest chunk, so threads
+    // that come and go do not grow the records past it.
+    Chunk* chunk = nullptr;
+    if (!chunk_pool().may_grow()) {
+      std::lock_guard lock(mutex_);
+      chunk = take_exited_chunk();
+    }
+    if (chunk == nullptr) chunk = chunk_pool().take();
     if (chunk == nullptr) throw std::bad_alloc();
     buffer->tail = chunk;
     buffer->head.store(chunk, std::memory_order_release);
@@ -164,17 +175,21 @@ class Registry {
 
   Snapshot snapshot() {
     Snapshot out;
-    std::lock_guard lock(mutex_);
-    out.tracks = tracks_;
-    for (const auto& buffer : buffers_) {
-      for (Chunk* chunk = buffer->head.load(std::memory_order_acquire); chunk != nullptr;
-           chunk = chunk->next.load(std::memory_order_acquire)) {
-        const std::size_t end = chunk->count.load(std::memory_order_acquire);
-        const std::size_t begin = chunk->first.load(std::memory_order_relaxed);
-        for (std::size_t i = begin; i < end; ++i) out.records.push_back(chunk->records[i].record);
+    {
+      std::lock_guard lock(mutex_);
+      out.tracks = tracks_;
+      for (const auto& buffer : buffers_) {
+        std::lock_guard chain(buffer->chain_mutex);
+        for (Chunk* chunk = buffer->head.load(std::memory_order_acquire); chunk != nullptr;
+             chunk = chunk->next.load(std::memory_order_acquire)) {
+          const std::size_t end = chunk->count.load(std::memory_order_acquire);
+          const std::size_t begin = chunk->first.load(std::memory_order_relaxed);
+          for (std::size_t i = begin; i < end; ++i) out.records.push_back(chunk->records[i].record);
+        }
       }
+      out.overwritten = overwritten_.load(std::memory_order_relaxed);
     }
-    out.overwritten = overwritten_;
+    // Sorted outside the locks: nobody waits for it.
     std::stable_sort(out.records.begin(), out.records.end(), [](const Record& a, const Record& b) {
       if (a.track != b.track) return a.track < b.track;
       if (a.begin_ns != b.begin_ns) return a.begin_ns < b.begin_ns;
@@ -185,13 +200,14 @@ class Registry {
 
   void clear() {
     std::lock_guard lock(mutex_);
-    overwritten_ = 0;
+    overwritten_.store(0, std::memory_order_relaxed);
     std::erase_if(buffers_, [](const std::unique_ptr<ThreadBuffer>& buffer) {
       if (!buffer->exited) return false;
       free_chunks(buffer->head.load(std::memory_order_acquire), nullptr);
       return true;
     });
     for (const auto& buffer : buffers_) {
+      std::lock_guard chain(buffer->chain_mutex);
       // The owner only writes into its tail chunk, which is the last one linked; every
       // chunk before the last one seen here is full and untouched, so it can go.
       Chunk* head = buffer->head.load(std::memory_order_acquire);
@@ -203,14 +219,27 @@ class Registry {
     }
   }
 
-  // Past the limit: the owner of `buffer`, whose tail chunk is full, takes back its own
-  // oldest chunk as its new tail. Under the mutex, so no snapshot is reading that chunk
-  // and no clear() is freeing it; once per kChunkRecords records.
+  // Past the limit: the owner of `buffer`, whose tail chunk is full, needs another. First
+  // choice, the oldest chunk of a thread that has exited (if the registry is free right
+  // now: a writer never waits for a snapshot of other threads); else its own oldest,
+  // under its own buffer's lock, so no snapshot is reading that chunk and no clear() is
+  // freeing it. Once per kChunkRecords records.
   Chunk* recycle_oldest(ThreadBuffer& buffer) {
-    std::lock_guard lock(mutex_);
+    Chunk* reused = nullptr;
+    if (mutex_.try_lock()) {
+      reused = take_exited_chunk();
+      mutex_.unlock();
+    }
+    if (reused != nullptr) {
+      buffer.tail->next.store(reused, std::memory_order_release);
+      buffer.tail = reused;
+      return reused;
+    }
+    std::lock_guard chain(buffer.chain_mutex);
     Chunk* oldest = buffer.head.load(std::memory_order_acquire);
-    overwritten_ += oldest->count.load(std::memory_order_relaxed) -
-                    oldest->first.load(std::memory_order_relaxed);
+    overwritten_.fetch_add(oldest->count.load(std::memory_order_relaxed) -
+                               oldest->first.load(std::memory_order_relaxed),
+                           std::memory_order_relaxed);
     oldest->first.store(0, std::memory_order_relaxed);
     oldest->count.store(0, std::memory_order_release);
     if (oldest == buffer.tail) return oldest;  // its only chunk: start it over
@@ -222,6 +251,28 @@ class Registry {
   }
 
  private:
+  // Needs mutex_. The oldest chunk of an exited thread's buffer, emptied (its records
+  // count as overwritten), or nullptr; a buffer left with no chunk goes.
+  Chunk* take_exited_chunk() {
+    for (auto it = buffers_.begin(); it != buffers_.end(); ++it) {
+      ThreadBuffer& exited = **it;
+      if (!exited.exited) continue;
+      Chunk* oldest = exited.head.load(std::memory_order_acquire);
+      Chunk* next = oldest->next.load(std::memory_order_acquire);
+      overwritten_.fetch_add(oldest->count.load(std::memory_order_relaxed) -
+                                 oldest->first.load(std::memory_order_relaxed),
+                             std::memory_order_relaxed);
+      if (next == nullptr) {
+        buffers_.erase(it);
+      } else {
+        exited.head.store(next, std::memory_order_release);
+      }
+      oldest->~Chunk();
+      return new (oldest) Chunk;
+    }
+    return nullptr;
+  }
+
   // Needs mutex_.
   std::uint32_t add_track(TrackInfo info) {
     info.id = static_cast<std::uint32_t>(tracks_.size() + 1);  // 0 is "this thread"
@@ -234,7 +285,7 @@ class Registry {
   std::vector<TrackInfo> tracks_;
   std::unordered_map<std::string, std::uint32_t> named_;
   std::unordered_set<std::string> names_;  // node-based: the strings never move
-  std::uint64_t overwritten_ = 0;          // records recycled since the last clear()
+  std::atomic<std::uint64_t> overwritten_{0};  // records recycled since the last clear()
 };
 
 // Never destroyed: threads may record (or exit) while static destructors run.

@@ -295,5 +295,36 @@ TEST_F(Recorder, PastTheMemoryLimitAThreadKeepsItsNewestRecordsAndCountsTheRest)
   set_buffer_limit(std::size_t{256} << 20);
 }
 
+// Threads that have exited give up their oldest chunks first: a thread recording after
+// them keeps as much as the limit allows, not one chunk, and threads that come and go do
+// not grow the records past the limit.
+TEST_F(Recorder, AtTheLimitExitedThreadsGiveUpTheirRecordsBeforeLiveOnes) {
+  constexpr std::uint64_t kSpans = 200000;
+  set_buffer_limit(std::size_t{8} << 20);
+  auto record = [](std::uint64_t n) {
+    std::uint32_t track = 0;
+    std::thread writer([&] {
+      track = detail::resolve({});
+      for (std::uint64_t i = 0; i < n; ++i) Span span(Category::compute, "tick", {}, i);
+    });
+    writer.join();
+    return track;
+  };
+  const std::uint32_t first = record(kSpans);
+  for (int i = 0; i < 50; ++i) record(10);  // threads that come and go
+  const std::uint32_t second = record(kSpans);
+  const Snapshot snap = snapshot();
+  const std::size_t kept_first = records_on(snap, first).size();
+  const std::size_t kept_second = records_on(snap, second).size();
+  // The later thread got nearly all the limit holds; the records stay within it, but for
+  // the chunk a thread writes into as it starts (the main thread's, here) and one more.
+  const std::size_t limit_records = (std::size_t{8} << 20) / sizeof(Record);
+  EXPECT_GT(kept_second, limit_records * 3 / 5);
+  EXPECT_LT(kept_first, kept_second);
+  EXPECT_LT(snap.records.size(), limit_records + 2 * 4096) << "the records grew past the limit";
+  clear();
+  set_buffer_limit(std::size_t{256} << 20);
+}
+
 }  // namespace
 }  // namespace braid::trace

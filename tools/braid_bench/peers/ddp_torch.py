@@ -41,6 +41,20 @@ def free_port():
         return s.getsockname()[1]
 
 
+# Student's t for a two-sided 95% interval, by degrees of freedom (as ddp_train's t95).
+T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+       2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+       2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def t95(df):
+    if df < 1:
+        return 0.0
+    if df <= 30:
+        return T95[df - 1]
+    return 2.000 if df <= 60 else 1.980 if df <= 120 else 1.960
+
+
 def model(hidden, layers):
     body = []
     for _ in range(layers):
@@ -113,7 +127,8 @@ def worker(rank, args, port):
             "none_cpu_ms": mean([cpu[i] for i in without]),
             "pairs": len(pairs),
             "exposed_ms": exposed,
-            "exposed_ci_ms": 1.96 * math.sqrt(spread / max(len(differences), 1)),
+            "exposed_ci_ms": t95(len(differences) - 1) * math.sqrt(
+                spread / max(len(differences), 1)),
             "exposed_cpu_ms": mean([cpu[a] - cpu[b] for a, b in pairs]),
             "loss": loss.item()}), flush=True)
     dist.destroy_process_group()

@@ -204,25 +204,22 @@ BRAID_INLINE void divide_elements(typename Element::Stored* data, std::size_t co
     // reciprocal, so there the multiply gives the same bits, at a fraction of the cost (a
     // 512-bit divide issues every ~10 cycles, a multiply every cycle; measured in a DDP
     // step, the division was a third of the reduction's time).
-    if ((divisor & (divisor - 1)) == 0) {
-      const Value reciprocal = Value{1} / static_cast<Value>(divisor);
+    auto each = [&](auto scaled) {
       std::size_t i = 0;
       for (; i + kVectorStep <= count; i += kVectorStep) {
         for (std::size_t j = i; j < i + kVectorStep; ++j) {
-          data[j] = Element::store(Element::load(data[j]) * reciprocal);
+          data[j] = Element::store(scaled(Element::load(data[j])));
         }
       }
-      for (; i < count; ++i) data[i] = Element::store(Element::load(data[i]) * reciprocal);
-      return;
+      for (; i < count; ++i) data[i] = Element::store(scaled(Element::load(data[i])));
+    };
+    if ((divisor & (divisor - 1)) == 0) {
+      const Value reciprocal = Value{1} / static_cast<Value>(divisor);
+      each([reciprocal](Value x) { return x * reciprocal; });
+    } else {
+      const auto scale = static_cast<Value>(divisor);
+      each([scale](Value x) { return x / scale; });
     }
-    const auto scale = static_cast<Value>(divisor);
-    std::size_t i = 0;
-    for (; i + kVectorStep <= count; i += kVectorStep) {
-      for (std::size_t j = i; j < i + kVectorStep; ++j) {
-        data[j] = Element::store(Element::load(data[j]) / scale);
-      }
-    }
-    for (; i < count; ++i) data[i] = Element::store(Element::load(data[i]) / scale);
   } else {
     // Truncates toward zero. No SIMD integer division exists, so this runs scalar; integer
     // avg is rare. divisor > 0 rules out the one overflow, INT_MIN / -1.

@@ -354,11 +354,10 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     }
   }
   const std::int64_t summary_to_ns = braid::trace::now_ns();
-  // Each timed step's time on its slowest rank; CPU time summed over ranks.
+  // Each timed step's time on its slowest rank; CPU times as the mean over ranks.
   comm->launch(comm->all_reduce(braid::Buffer(timed_ms), braid::ReduceOp::max)).get();
-  comm->launch(comm->all_reduce(braid::Buffer(timed_cpu_ms), braid::ReduceOp::sum)).get();
+  comm->launch(comm->all_reduce(braid::Buffer(timed_cpu_ms), braid::ReduceOp::avg)).get();
   comm->launch(comm->all_reduce(braid::Buffer(timed_progress_cpu_ms), braid::ReduceOp::avg)).get();
-  for (double& cpu : timed_cpu_ms) cpu /= comm->size();
   const StepFigures figures_of_steps =
       step_figures(timed_ms, timed_cpu_ms, timed_progress_cpu_ms, timed_synced, paired);
   const double step_ms = s.bench ? figures_of_steps.step_ms
@@ -412,8 +411,7 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
                   .count() /
               kRounds;
     bare_cpu_ms[0] = (process_cpu_ms() - cpu_start) / kRounds;
-    comm->launch(comm->all_reduce(braid::Buffer(bare_cpu_ms), braid::ReduceOp::sum)).get();
-    bare_cpu_ms[0] /= comm->size();
+    comm->launch(comm->all_reduce(braid::Buffer(bare_cpu_ms), braid::ReduceOp::avg)).get();
   }
   if (comm->rank() != 0) return 0;
   braid::trace::Summary summary;

@@ -36,14 +36,14 @@ struct Chunk {
   };
   std::array<Slot, kChunkRecords> records;
   std::atomic<std::size_t> count{0};  // written by the owning thread only
-  std::atomic<std::size_t> first{0};  // records before it were cleared (registry mutex)
+  std::atomic<std::size_t> first{0};  // records before it were cleared (under a lock)
   std::atomic<Chunk*> next{nullptr};
 };
 
 struct ThreadBuffer {
   std::uint32_t track = 0;
   Chunk* tail = nullptr;              // the owning thread only
-  std::atomic<Chunk*> head{nullptr};  // readers and clear(), under the registry mutex
+  std::atomic<Chunk*> head{nullptr};  // moved on under chain_mutex (or, exited, the registry's)
   bool exited = false;                // registry mutex
   // Held (inside the registry mutex) while a snapshot copies this buffer or clear()
   // frees its chunks, and by the owner while it takes back its oldest chunk at the memory
@@ -236,12 +236,7 @@ class Registry {
       return reused;
     }
     std::lock_guard chain(buffer.chain_mutex);
-    Chunk* oldest = buffer.head.load(std::memory_order_acquire);
-    overwritten_.fetch_add(oldest->count.load(std::memory_order_relaxed) -
-                               oldest->first.load(std::memory_order_relaxed),
-                           std::memory_order_relaxed);
-    oldest->first.store(0, std::memory_order_relaxed);
-    oldest->count.store(0, std::memory_order_release);
+    Chunk* oldest = overwrite(buffer.head.load(std::memory_order_acquire));
     if (oldest == buffer.tail) return oldest;  // its only chunk: start it over
     buffer.head.store(oldest->next.load(std::memory_order_acquire), std::memory_order_release);
     oldest->next.store(nullptr, std::memory_order_relaxed);
@@ -259,18 +254,25 @@ class Registry {
       if (!exited.exited) continue;
       Chunk* oldest = exited.head.load(std::memory_order_acquire);
       Chunk* next = oldest->next.load(std::memory_order_acquire);
-      overwritten_.fetch_add(oldest->count.load(std::memory_order_relaxed) -
-                                 oldest->first.load(std::memory_order_relaxed),
-                             std::memory_order_relaxed);
       if (next == nullptr) {
         buffers_.erase(it);
       } else {
         exited.head.store(next, std::memory_order_release);
+        oldest->next.store(nullptr, std::memory_order_relaxed);
       }
-      oldest->~Chunk();
-      return new (oldest) Chunk;
+      return overwrite(oldest);
     }
     return nullptr;
+  }
+
+  // Counts the records `chunk` still holds as overwritten and empties it for reuse.
+  Chunk* overwrite(Chunk* chunk) noexcept {
+    overwritten_.fetch_add(chunk->count.load(std::memory_order_relaxed) -
+                               chunk->first.load(std::memory_order_relaxed),
+                           std::memory_order_relaxed);
+    chunk->first.store(0, std::memory_order_relaxed);
+    chunk->count.store(0, std::memory_order_release);
+    return chunk;
   }
 
   // Needs mutex_.

@@ -102,10 +102,9 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   // BRAID_TRACE: recording starts now, so joining is on the timeline too.
   const std::string trace_directory = config::string_value("BRAID_TRACE");
   (void)trace::clock_source();  // a malformed BRAID_TRACE_CLOCK is an error here, at join
-  if (config::int_value("BRAID_TRACE_BUFFER_MB") <= 0) {
+  if (const std::int64_t mib = config::int_value("BRAID_TRACE_BUFFER_MB"); mib <= 0) {
     throw Error(Errc::invalid_environment,
-                fmt::format("BRAID_TRACE_BUFFER_MB={} must be a positive number of MiB",
-                            config::int_value("BRAID_TRACE_BUFFER_MB")),
+                fmt::format("BRAID_TRACE_BUFFER_MB={} must be a positive number of MiB", mib),
                 {.operation = "join"});
   }
   if (!trace_directory.empty()) trace::set_enabled(true);

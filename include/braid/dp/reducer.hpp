@@ -7,7 +7,7 @@
 //                   unless set_batch_share says otherwise) in the same pass, or leaves
 //                   the 1/W to the all-reduce (see averaged_in_reduction); the bucket
 //                   whose last gradient this was is full, and every full bucket whose
-//                   predecessors have launched launches its all-reduce (sum) now, on the
+//                   predecessors have launched launches its all-reduce now, on the
 //                   communicator's runtime thread, while backward goes on computing.
 //   finalize()      waits for every bucket in order and writes the averaged gradients
 //                   back; what it waits for is the communication backward did not hide.

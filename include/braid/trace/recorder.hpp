@@ -11,9 +11,9 @@
 //
 // Memory. All buffers together hold at most BRAID_TRACE_BUFFER_MB (256 MiB, ~2.4M
 // records): a long run keeps its latest records rather than growing until it runs out of
-// memory. Past the limit, a thread whose chunk is full takes back its own oldest chunk
-// (under the registry mutex, once per chunk), and Snapshot::overwritten counts what was
-// lost.
+// memory. Past the limit, a thread whose chunk is full reuses the oldest chunk of a thread
+// that has exited, else its own oldest (once per chunk, waiting at most for a snapshot's
+// copy of its own records), and Snapshot::overwritten counts what was lost.
 //
 // Tracks are the rows of a timeline: by default the recording thread's own track;
 // otherwise a named track (a stream, a communicator) interned by track(name).

@@ -1003,22 +1003,31 @@ asio::awaitable<std::shared_ptr<Communicator>> Communicator::split(int color, in
   return run_split(std::move(self), sequence, color, key, deadline_for(timeout_));
 }
 
+asio::awaitable<void> Communicator::run_step(std::shared_ptr<Communicator> self,
+                                             CollectiveKind kind, Buffer input, Buffer output,
+                                             std::uint64_t sequence, Deadline deadline) {
+  BRAID_ENFORCE(kind == CollectiveKind::all_gather || kind == CollectiveKind::broadcast,
+                "run_step runs all_gather and broadcast only");
+  auto call = prepare(kind);
+  call->input = input;
+  call->output = output;
+  call->root = 0;
+  call->bytes = output.size_bytes();
+  call->algorithm =
+      kind == CollectiveKind::all_gather ? Algorithm::ring : Algorithm::binomial_tree;
+  call->sequence = sequence;
+  call->deadline = deadline;
+  co_await run(std::move(self), std::move(call));
+}
+
 asio::awaitable<std::shared_ptr<Communicator>> Communicator::run_split(
     std::shared_ptr<Communicator> self, std::uint64_t sequence, int color, int key,
     Deadline deadline) {
   const auto world_size = static_cast<std::size_t>(size());
   std::vector<std::int32_t> mine{color, key};
   std::vector<std::int32_t> everyone(2 * world_size);
-  {
-    auto call = prepare(CollectiveKind::all_gather);
-    call->input = Buffer(mine);
-    call->output = Buffer(everyone);
-    call->bytes = call->output.size_bytes();
-    call->algorithm = algorithm_for(call->kind, call->bytes);
-    call->sequence = sequence;
-    call->deadline = deadline;
-    co_await run(self, std::move(call));
-  }
+  co_await run_step(self, CollectiveKind::all_gather, Buffer(mine), Buffer(everyone), sequence,
+                    deadline);
   std::vector<int> colors;
   for (std::size_t r = 0; r < world_size; ++r) {
     if (everyone[2 * r] >= 0) colors.push_back(everyone[2 * r]);
@@ -1033,17 +1042,8 @@ asio::awaitable<std::shared_ptr<Communicator>> Communicator::run_split(
     const std::int64_t after = co_await world_.store().add(std::move(counter_key), delta);
     first_id[0] = kFirstSplitId + after - delta;
   }
-  {
-    auto call = prepare(CollectiveKind::broadcast);
-    call->input = Buffer(first_id);
-    call->output = Buffer(first_id);
-    call->root = 0;
-    call->bytes = call->output.size_bytes();
-    call->algorithm = algorithm_for(call->kind, call->bytes);
-    call->sequence = sequence + 1;
-    call->deadline = deadline;
-    co_await run(self, std::move(call));
-  }
+  co_await run_step(self, CollectiveKind::broadcast, Buffer(first_id), Buffer(first_id),
+                    sequence + 1, deadline);
   if (color < 0) co_return nullptr;
 
   const auto color_index = std::lower_bound(colors.begin(), colors.end(), color) - colors.begin();

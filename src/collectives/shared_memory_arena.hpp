@@ -25,9 +25,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "collective_call.hpp"
+#include "shared_buffers.hpp"
+#include "shared_segment.hpp"
 
 namespace braid::collectives::detail {
 
@@ -42,6 +45,13 @@ struct alignas(64) RankRecord {
   // Per operation.
   std::uint64_t input;  // buffer addresses in its process
   std::uint64_t output;
+  // Where they lie in memory from Communicator::allocate_shared (shared_buffers.hpp): the
+  // allocation (0: none) and the offset into this rank's region. Where every rank's lie in
+  // one allocation, ranks reach each other's buffers through their own mappings.
+  std::uint64_t shared_input;
+  std::uint64_t shared_input_offset;
+  std::uint64_t shared_output;
+  std::uint64_t shared_output_offset;
   Fingerprint call;  // what every rank must agree on before anyone reads another's buffer
   // all_to_all_v, where each rank's counts are its own: the address of its send counts
   // (size_t[P], read by each receiver to find its piece), and, after the check, the first
@@ -92,7 +102,6 @@ class SharedMemoryArena {
   static constexpr std::uint64_t kProbeValue = 0x627261696450524fULL;  // "braidPRO"
 
   SharedMemoryArena(int ranks, SingleCopy policy) : ranks_(ranks), policy_(policy) {}
-  ~SharedMemoryArena();
   SharedMemoryArena(const SharedMemoryArena&) = delete;
   SharedMemoryArena& operator=(const SharedMemoryArena&) = delete;
 
@@ -103,7 +112,7 @@ class SharedMemoryArena {
   // The others: maps the segment rank 0 created.
   void open(const std::string& name);
   // Rank 0, once every rank has mapped it: removes the name (the mappings stay).
-  void unlink_name() noexcept;
+  void unlink_name() noexcept { segment_.unlink_name(); }
 
   std::atomic_ref<std::uint64_t> flag(int rank, Stage stage) noexcept;
   RankRecord& record(int rank) noexcept;
@@ -130,6 +139,10 @@ class SharedMemoryArena {
     single_copy_ = all_can;
     single_copy_all_reduce_ = all_can && all_reduce_too;
   }
+  // The memory allocate_shared handed out on this communicator.
+  const std::shared_ptr<SharedBufferRegistry>& shared_buffers() const noexcept {
+    return shared_buffers_;
+  }
   // Where this process keeps kProbeValue, for peers to test reading it.
   std::uint64_t probe_address() const noexcept {
     return reinterpret_cast<std::uint64_t>(&probe_word_);
@@ -141,8 +154,9 @@ class SharedMemoryArena {
  private:
   int ranks_;
   SingleCopy policy_;
-  std::byte* base_ = nullptr;
-  std::string name_;
+  SharedSegment segment_;
+  std::shared_ptr<SharedBufferRegistry> shared_buffers_ = std::make_shared<SharedBufferRegistry>();
+  std::byte* base_ = nullptr;  // segment_.data()
   std::atomic<std::uint64_t> next_ticket_{0};
   std::uint64_t serving_ = 0;
   std::uint64_t generation_ = 0;

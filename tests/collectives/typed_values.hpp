@@ -15,17 +15,22 @@
 
 namespace braid::collectives::testing {
 
-// Owned, typed storage behind a Buffer.
+// Typed storage behind a Buffer: owned, or `count` elements at `storage` (someone else's).
 class TypedVector {
  public:
   TypedVector(DType dtype, std::size_t count)
-      : dtype_(dtype), count_(count), bytes_(count * dtype_size(dtype) + 1) {}
-  Buffer buffer() { return Buffer(bytes_.data(), count_, dtype_); }
+      : dtype_(dtype), count_(count), bytes_(count * dtype_size(dtype) + 1), data_(bytes_.data()) {}
+  TypedVector(DType dtype, std::size_t count, std::byte* storage)
+      : dtype_(dtype), count_(count), data_(storage) {}
+  // A moved vector keeps its elements where they were; a copy would point at the original's.
+  TypedVector(TypedVector&&) = default;
+  TypedVector& operator=(TypedVector&&) = default;
+  Buffer buffer() { return Buffer(data_, count_, dtype_); }
   std::size_t count() const { return count_; }
   DType dtype() const { return dtype_; }
 
   void set(std::size_t i, double value) {
-    std::byte* at = bytes_.data() + i * dtype_size(dtype_);
+    std::byte* at = data_ + i * dtype_size(dtype_);
     switch (dtype_) {
       case DType::f32: store(at, static_cast<float>(value)); break;
       case DType::f64: store(at, value); break;
@@ -37,7 +42,7 @@ class TypedVector {
     }
   }
   double get(std::size_t i) const {
-    const std::byte* at = bytes_.data() + i * dtype_size(dtype_);
+    const std::byte* at = data_ + i * dtype_size(dtype_);
     switch (dtype_) {
       case DType::f32: return load<float>(at);
       case DType::f64: return load<double>(at);
@@ -66,6 +71,7 @@ class TypedVector {
   DType dtype_;
   std::size_t count_;
   std::vector<std::byte> bytes_;  // one spare byte so that count 0 still has an address
+  std::byte* data_;
 };
 
 inline bool is_float(DType dtype) {

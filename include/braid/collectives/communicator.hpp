@@ -191,6 +191,23 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
                                      Buffer output, std::span<const std::size_t> recv_counts);
   asio::awaitable<void> barrier();
 
+  // ---- memory
+  // Collective: `bytes` for this rank's buffers, in memory every member maps when they are
+  // all on one node. A collective whose buffers lie, on every rank, in memory from the
+  // same allocate_shared call reaches peers' buffers with plain loads and stores: no system
+  // call, no pinned pages, no copy through a staging segment (all_reduce reads and writes
+  // them directly; the other shared-memory collectives copy with memcpy where they would
+  // otherwise use cross-memory attach). DistributedDataParallel keeps its buckets here.
+  //   Every rank passes the same `bytes` (Errc::size_mismatch names the ranks that
+  //   differ). The result is 4096-byte aligned, at least `bytes` long, and zeroed. It
+  //   lives as long as the last copy of the pointer, on each rank independently; freeing
+  //   it while a call still uses it is the caller's error, as with any buffer.
+  //   Where members span nodes, or the node cannot share the memory (a /dev/shm too small,
+  //   say: logged at warn), every rank gets private memory instead, and collectives on it
+  //   take their usual paths.
+  //   Cost: 3 small collectives, and P x `bytes` of shared memory (every rank's region).
+  asio::awaitable<std::shared_ptr<std::byte[]>> allocate_shared(std::size_t bytes);
+
   // ---- point to point, matched per pair of ranks in call order (independent of the
   // collectives' order). recv returns the elements received (at most buffer.count()).
   asio::awaitable<void> send(Buffer data, int peer);
@@ -241,6 +258,15 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   asio::awaitable<std::shared_ptr<Communicator>> run_split(std::shared_ptr<Communicator> self,
                                                            std::uint64_t sequence, int color,
                                                            int key, Deadline deadline);
+  asio::awaitable<std::shared_ptr<std::byte[]>> run_allocate_shared(
+      std::shared_ptr<Communicator> self, std::uint64_t sequence, std::uint64_t id,
+      std::size_t bytes, Deadline deadline);
+  // One step of a call made of several (split, allocate_shared), at a sequence number the
+  // outer call reserved: all_gather by ring, broadcast (from rank 0) by binomial tree,
+  // message algorithms that take no arena turn.
+  asio::awaitable<void> run_step(std::shared_ptr<Communicator> self, CollectiveKind kind,
+                                 Buffer input, Buffer output, std::uint64_t sequence,
+                                 Deadline deadline);
   std::unique_ptr<detail::CollectiveCall> prepare(CollectiveKind kind);
   void on_member_failed(int world_peer, const std::string& why);
   std::uint64_t take_sequence() noexcept { return next_sequence_.fetch_add(1); }
@@ -254,6 +280,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   bool check_fingerprints_ = false;
   std::shared_ptr<const SelectionTable> selection_;
   std::atomic<std::uint64_t> next_sequence_{0};
+  std::atomic<std::uint64_t> shared_allocations_{0};  // allocate_shared calls so far
   // Point-to-point sequence numbers, per peer and direction.
   std::unique_ptr<std::atomic<std::uint64_t>[]> send_sequence_;
   std::unique_ptr<std::atomic<std::uint64_t>[]> recv_sequence_;

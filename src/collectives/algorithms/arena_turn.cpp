@@ -122,6 +122,15 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   RankRecord& mine = arena_.record(op_.rank());
   mine.input = reinterpret_cast<std::uint64_t>(input.data());
   mine.output = reinterpret_cast<std::uint64_t>(output.data());
+  const SharedBufferRegistry& shared = *arena_.shared_buffers();
+  const SharedBufferRegistry::Location in =
+      shared.locate(input.data(), input.size_bytes(), op_.rank());
+  const SharedBufferRegistry::Location out =
+      shared.locate(output.data(), output.size_bytes(), op_.rank());
+  mine.shared_input = in.id;
+  mine.shared_input_offset = in.offset;
+  mine.shared_output = out.id;
+  mine.shared_output_offset = out.offset;
   mine.call = call;
   // A peer whose count put it on the inline path (shared_memory_inline.cpp) compares
   // fingerprints in the inline slots of this generation: ours must be there too.
@@ -131,6 +140,17 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   co_await wait_all(Stage::posted, "every rank's shared-memory record");
   all_posted_ = true;
   co_await agree_on_call(false);
+  // Every rank decides alike, from the same records: each rank whose buffers lie in
+  // allocation n has it registered, so if all name the same n, all map it.
+  bool one_allocation = mine.shared_input != 0 && mine.shared_output != 0;
+  for (int r = 0; r < op_.size() && one_allocation; ++r) {
+    one_allocation = arena_.record(r).shared_input == mine.shared_input &&
+                     arena_.record(r).shared_output == mine.shared_output;
+  }
+  if (one_allocation) {
+    mapped_input_ = shared.view(mine.shared_input);
+    mapped_output_ = shared.view(mine.shared_output);
+  }
 }
 
 asio::awaitable<void> ArenaTurn::agree_on_call(bool inline_slots) {
@@ -179,12 +199,28 @@ asio::awaitable<void> ArenaTurn::wait_all(Stage stage, std::string_view what) {
       what, spin_window());
 }
 
+const std::byte* ArenaTurn::mapped_input(int rank) noexcept {
+  return mapped_input_.at(rank, arena_.record(rank).shared_input_offset);
+}
+
+std::byte* ArenaTurn::mapped_output(int rank) noexcept {
+  return mapped_output_.at(rank, arena_.record(rank).shared_output_offset);
+}
+
 void ArenaTurn::read_input(int rank, std::size_t offset, void* into, std::size_t bytes) {
-  read(rank, arena_.record(rank).input + offset, into, bytes);
+  if (mapped()) {
+    std::memcpy(into, mapped_input(rank) + offset, bytes);
+  } else {
+    read(rank, arena_.record(rank).input + offset, into, bytes);
+  }
 }
 
 void ArenaTurn::read_output(int rank, std::size_t offset, void* into, std::size_t bytes) {
-  read(rank, arena_.record(rank).output + offset, into, bytes);
+  if (mapped()) {
+    std::memcpy(into, mapped_output(rank) + offset, bytes);
+  } else {
+    read(rank, arena_.record(rank).output + offset, into, bytes);
+  }
 }
 
 void ArenaTurn::read(int rank, std::uint64_t remote, void* into, std::size_t bytes) {
@@ -193,6 +229,10 @@ void ArenaTurn::read(int rank, std::uint64_t remote, void* into, std::size_t byt
 }
 
 void ArenaTurn::write_output(int rank, std::size_t offset, const void* from, std::size_t bytes) {
+  if (mapped()) {
+    std::memcpy(mapped_output(rank) + offset, from, bytes);
+    return;
+  }
   const RankRecord& peer = arena_.record(rank);
   const int error = write_process_memory(peer.pid, peer.output + offset, from, bytes);
   if (error != 0) cross_memory_failed(rank, error, "write");
@@ -229,9 +269,11 @@ void fold_block(ArenaTurn& turn, CollectiveOp& op, const Buffer& input, std::siz
   for (std::size_t done = 0; done < count; done += piece_elements) {
     const std::size_t n = std::min(piece_elements, count - done);
     const std::size_t at = (first + done) * element;
-    // Rank r's piece: our own input, or a peer's read into landing[which].
+    // Rank r's piece: our own input, a peer's through our mapping of it, or a peer's
+    // read into landing[which].
     auto piece = [&](int r, int which) -> std::byte* {
       if (r == me) return const_cast<std::byte*>(in + at);
+      if (turn.mapped()) return const_cast<std::byte*>(turn.mapped_input(r) + at);
       turn.read_input(r, at, landing[which], n * element);
       return landing[which];
     };

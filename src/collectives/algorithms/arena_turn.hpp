@@ -60,8 +60,14 @@ class ArenaTurn {
   // this very operation and the waits spin longer, unless the node has more members than
   // cores (collective_op.hpp).
   asio::awaitable<void> wait_all(Stage stage, std::string_view what);
-  // Single copy: `bytes` at byte `offset` of rank's input or output, into or from ours.
-  // A failure (the process is gone) is an Error naming the rank.
+  // Whether every rank's input and output lie in one allocate_shared allocation (known
+  // after post()): then peers' buffers are in our own address space, at these addresses.
+  bool mapped() const noexcept { return mapped_input_.base != nullptr; }
+  const std::byte* mapped_input(int rank) noexcept;
+  std::byte* mapped_output(int rank) noexcept;
+  // Single copy: `bytes` at byte `offset` of rank's input or output, into or from ours:
+  // a memcpy where mapped(), else cross-memory attach. A failure (the process is gone) is
+  // an Error naming the rank.
   void read_input(int rank, std::size_t offset, void* into, std::size_t bytes);
   void read_output(int rank, std::size_t offset, void* into, std::size_t bytes);
   void write_output(int rank, std::size_t offset, const void* from, std::size_t bytes);
@@ -86,6 +92,8 @@ class ArenaTurn {
   bool served_ = false;
   bool finished_ = false;
   bool all_posted_ = false;
+  SharedBufferRegistry::View mapped_input_;
+  SharedBufferRegistry::View mapped_output_;
 };
 
 // All-reduce of at most SharedMemoryArena::kInlineBytes, or a barrier (no data), in one

@@ -4,7 +4,8 @@
 // every rank:
 //
 // Single copy (the members read each other's memory, cross_memory.hpp, and the node is
-// not crowded: shared_memory_arena.hpp):
+// not crowded: shared_memory_arena.hpp; or every rank's buffers lie in one
+// Communicator::allocate_shared allocation, which every rank maps):
 //   1. each rank reduces its 1/P block of the vector: it reads every peer's block into a
 //      cache-sized scratch, a piece at a time, and folds it in (ranks in order 0..P-1, so
 //      the result does not depend on who reduces), writing each finished piece into its
@@ -17,7 +18,10 @@
 //   Cost (P ranks, n bytes): 2 flag waits, and per rank (P-1)/P n bytes read from peers
 //   into cache, n/P read from its own input, n written (n/P locally, the rest into peers):
 //   about 2n bytes of memory traffic. Reading the finished blocks back from the peers'
-//   outputs instead took 2.5n and a third wait.
+//   outputs instead took 2.5n and a third wait. Through cross-memory attach, each read and
+//   write of a peer's piece is a system call that pins the peer's pages first; in mapped
+//   memory the reduction reads peers' pieces where they are and writes with memcpy, no
+//   system call, no pinning, and no scratch copy.
 //
 // Copy through the segment (otherwise), in chunks of one slot (2 MiB). Per chunk, each
 // rank:
@@ -109,7 +113,7 @@ asio::awaitable<void> shared_memory_all_reduce(CollectiveOp& op, const Collectiv
     co_return;
   }
   co_await turn.post(fingerprint_of(call), call.input, call.output);
-  if (turn.single_copy_all_reduce()) {
+  if (turn.mapped() || turn.single_copy_all_reduce()) {
     co_await single_copy(turn, op, call.input, call.output, call.reduce_op);
   } else {
     co_await copy_through_segment(turn, op, call.input, call.output, call.reduce_op);

@@ -138,9 +138,24 @@ void Reducer::build_buckets(const std::vector<std::size_t>& ready_order) {
   buckets_.clear();
   bucket_of_.assign(parameters_.size(), 0);
   slot_of_.assign(parameters_.size(), 0);
-  for (BucketLayout& layout : plan_buckets(parameters_, ready_order, options_.limits)) {
+  std::vector<BucketLayout> layouts = plan_buckets(parameters_, ready_order, options_.limits);
+  // One allocation for every bucket (the same size on every rank, as the layouts are),
+  // each bucket starting on a cache line of its own.
+  constexpr std::size_t kAlignment = 64;
+  std::vector<std::size_t> starts;
+  std::size_t total = 0;
+  for (const BucketLayout& layout : layouts) {
+    starts.push_back(total);
+    total += (layout.count * dtype_size(layout.dtype) + kAlignment - 1) / kAlignment * kAlignment;
+  }
+  std::shared_ptr<std::byte[]> memory = options_.shared_buckets
+                                            ? comm_->launch(comm_->allocate_shared(total)).get()
+                                            : std::make_shared<std::byte[]>(total);
+  for (std::size_t b = 0; b < layouts.size(); ++b) {
+    BucketLayout& layout = layouts[b];
     auto bucket = std::make_unique<Bucket>();
-    bucket->storage = std::make_shared<std::byte[]>(layout.count * dtype_size(layout.dtype));
+    // Aliases the allocation: it lives while any bucket or bound gradient does.
+    bucket->storage = std::shared_ptr<std::byte[]>(memory, memory.get() + starts[b]);
     bucket->data = Buffer(bucket->storage.get(), layout.count, layout.dtype);
     for (std::size_t position = 0; position < layout.parameters.size(); ++position) {
       bucket_of_[layout.parameters[position]] = buckets_.size();

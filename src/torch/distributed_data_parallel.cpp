@@ -66,7 +66,8 @@ DataParallelCore::DataParallelCore(::torch::nn::Module& module,
       comm_, std::move(specs), *this,
       dp::ReducerOptions{.limits = options_.limits,
                          .rebuild_buckets = options_.rebuild_buckets,
-                         .gradient_as_bucket_view = options_.gradient_as_bucket_view});
+                         .gradient_as_bucket_view = options_.gradient_as_bucket_view,
+                         .shared_buckets = options_.shared_buckets});
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     auto accumulator = ::torch::autograd::impl::grad_accumulator(parameters_[i]);
     hook_keys_.push_back(

@@ -5,6 +5,8 @@
 #include <functional>
 #include <mutex>
 #include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -13,8 +15,10 @@
 #include <braid/core/error.hpp>
 #include <braid/dp/comm_hook.hpp>
 #include <braid/dp/reducer.hpp>
+#include <braid/trace/recorder.hpp>
 
 #include "../support/rank_threads.hpp"
+#include "../support/scoped_env.hpp"
 
 namespace braid::dp {
 namespace {
@@ -85,6 +89,38 @@ TEST(Reducer, AveragesEveryBucketAcrossRanks) {
             }
           }
         }));
+  }
+}
+
+// With cross-memory attach off, a bucket's all-reduce reads peers' buckets directly only
+// through memory the ranks share: its single-copy phase ("shared_memory.reduce") shows it,
+// where private buckets copy every chunk through the arena ("shared_memory.chunk").
+TEST(Reducer, KeepsItsBucketsInMemoryTheRanksShareUnlessToldNot) {
+  const braid::testing::ScopedEnv no_cross_memory("BRAID_SHM_SINGLE_COPY", "0");
+  // Buckets above the arena's 16 KiB inline slots.
+  const std::vector<ParameterSpec> large = {
+      ParameterSpec{.name = "w", .count = 20000, .shape = {20000}},
+      ParameterSpec{.name = "b", .count = 7001, .shape = {7001}}};
+  for (const bool shared : {true, false}) {
+    trace::clear();
+    trace::set_enabled(true);
+    expect_passed(testing::run_blocking_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+      VectorGradients grads(large);
+      Reducer reducer(comm, large, grads, {.shared_buckets = shared});
+      for (int step = 0; step < 2; ++step) {
+        backward(reducer, grads, rank, step);
+        for (std::size_t p = 0; p < grads.values.size(); ++p) {
+          for (std::size_t i = 0; i < grads.values[p].size(); ++i) {
+            ASSERT_NEAR(grads.values[p][i], exact_average(2, p, i, step), 1e-6);
+          }
+        }
+      }
+    }));
+    trace::set_enabled(false);
+    std::set<std::string> phases;
+    for (const trace::Record& record : trace::snapshot().records) phases.insert(record.name);
+    EXPECT_EQ(phases.contains("shared_memory.reduce"), shared) << "shared buckets " << shared;
+    EXPECT_EQ(phases.contains("shared_memory.chunk"), !shared) << "shared buckets " << shared;
   }
 }
 

@@ -38,7 +38,8 @@ def paired_run():
     row = json.loads(lines[0])
     if row["sync"] != "paired" or row["pairs"] != (steps - 2) // 2:
         fail(f"expected {(steps - 2) // 2} pairs", lines[0])
-    for key in ("step_ms", "none_step_ms", "cpu_ms", "bare_all_reduce_ms", "bare_cpu_ms"):
+    for key in ("step_ms", "none_step_ms", "cpu_ms", "bare_all_reduce_ms", "bare_cpu_ms",
+                "bare_shared_all_reduce_ms", "bare_shared_cpu_ms"):
         if not row[key] > 0:
             fail(f"{key} should be positive", lines[0])
     # No collective runs during a no_sync() step: the runtime thread's CPU is all DDP's.
@@ -62,8 +63,9 @@ def bench_table():
         if not re.search(rf"^{re.escape(name)} +{number} +{number} +{number} \+- {number}",
                          result.stdout, re.M):
             fail(f"no '{name}' row with figures", output)
-    if not re.search(r"^bare all-reduce of all gradients .*: \d+\.\d\d ms", result.stdout, re.M):
-        fail("no bare all-reduce line", output)
+    if not re.search(r"^bare all-reduce of all gradients .*: \d+\.\d\d ms .* plain buffer; "
+                     r"\d+\.\d\d ms .* allocate_shared", result.stdout, re.M):
+        fail("no bare all-reduce line with plain and shared-memory figures", output)
     with_peer = "PyTorch DDP (Gloo)" in result.stdout
     for name in ("braid DDP", "braid DDP, bucket view"):
         line = next((l for l in result.stdout.splitlines() if l.startswith(name + ":")), None)

@@ -78,6 +78,11 @@ struct ReducerOptions {
   // place. A gradient the framework replaced (set to none, reassigned) falls back to
   // copying for that iteration.
   bool gradient_as_bucket_view = false;
+  // Keep the buckets in memory every rank on the node maps (Communicator::allocate_shared,
+  // one allocation for all of them, made again when they are rebuilt), so each bucket's
+  // all-reduce reads and writes peers' buckets directly: no system call, no pinned pages.
+  // Members on several nodes get private memory either way.
+  bool shared_buckets = true;
 };
 
 class Reducer {

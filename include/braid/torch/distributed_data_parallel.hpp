@@ -57,6 +57,8 @@ struct DistributedDataParallelOptions {
   // zeroing with optimizer.zero_grad() (in place); a gradient set to a new tensor falls
   // back to copying.
   bool gradient_as_bucket_view = false;
+  // Buckets in memory every rank on the node maps (dp::ReducerOptions::shared_buckets).
+  bool shared_buckets = true;
   // The graph is the same every iteration: with find_unused_parameters, the unused set
   // found in the first iteration is reused instead of walking the graph each time.
   bool static_graph = false;

@@ -430,8 +430,9 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   if (s.bench) {
     std::vector<float> gradients(static_cast<std::size_t>(parameters), 1.0f);
     bare = bare_all_reduce(gradients.data());
-    std::shared_ptr<std::byte[]> shared = comm->launch(
-        comm->allocate_shared(static_cast<std::size_t>(parameters) * sizeof(float))).get();
+    std::shared_ptr<std::byte[]> shared =
+        comm->launch(comm->allocate_shared(static_cast<std::size_t>(parameters) * sizeof(float)))
+            .get();
     std::fill_n(reinterpret_cast<float*>(shared.get()), parameters, 1.0f);
     bare_shared = bare_all_reduce(reinterpret_cast<float*>(shared.get()));
   }

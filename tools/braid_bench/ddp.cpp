@@ -43,7 +43,7 @@ struct PairedFigures {
   double cpu_ms = 0;
   double exposed_cpu_ms = 0;
   std::optional<double> runtime_cpu_ms;  // braid's runtime thread: synchronised - no_sync()
-  double bare_ms = 0;  // a plain buffer
+  double bare_ms = 0;                    // a plain buffer
   double bare_cpu_ms = 0;
   double bare_shared_ms = 0;  // memory the ranks share, as DDP's buckets are
   double bare_shared_cpu_ms = 0;

@@ -53,6 +53,9 @@ struct CollectivesOptions {
   bool json = false;
   bool peers = true;
   bool worker = false;
+  // braid's buffers in memory from Communicator::allocate_shared (the peers keep theirs):
+  // what a user who allocates the buffers it reduces every step that way gets.
+  bool shared_buffers = false;
 };
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -94,6 +97,8 @@ CollectivesOptions parse_options(const std::vector<std::string>& args) {
       options.peers = false;
     } else if (a == "--worker") {
       options.worker = true;
+    } else if (a == "--shared-buffers") {
+      options.shared_buffers = true;
     } else {
       throw std::invalid_argument("unknown option " + a);
     }
@@ -200,8 +205,22 @@ class Case {
         recv_counts_.push_back(uneven_counts(count_, ranks_, source)[static_cast<std::size_t>(rank_)]);
       }
     }
-    send_.assign(send_elements(), 0.0f);
-    recv_.assign(recv_elements(), 0.0f);
+  }
+
+  // The buffers: private, or one allocate_shared allocation of the largest size any rank
+  // needs (every rank must ask for the same).
+  awaitable<void> allocate(bool shared) {
+    const std::size_t elements = send_elements() + recv_elements();
+    if (shared) {
+      std::vector<std::int64_t> largest{static_cast<std::int64_t>(elements)};
+      co_await comm_.all_reduce(Buffer(largest), ReduceOp::max);
+      storage_ = co_await comm_.allocate_shared(static_cast<std::size_t>(largest[0]) * sizeof(float));
+    } else {
+      storage_ = std::make_shared<std::byte[]>(std::max<std::size_t>(elements, 1) * sizeof(float));
+    }
+    auto* floats = reinterpret_cast<float*>(storage_.get());
+    send_ = std::span<float>(floats, send_elements());
+    recv_ = std::span<float>(floats + send_elements(), recv_elements());
   }
 
   awaitable<void> call() {
@@ -300,8 +319,9 @@ class Case {
   std::vector<std::size_t> gather_counts_;  // all_gather_v
   std::vector<std::size_t> send_counts_;    // all_to_all_v
   std::vector<std::size_t> recv_counts_;
-  std::vector<float> send_;
-  std::vector<float> recv_;
+  std::shared_ptr<std::byte[]> storage_;  // send_ then recv_
+  std::span<float> send_;
+  std::span<float> recv_;
 };
 
 awaitable<double> slowest(Communicator& comm, double seconds) {
@@ -313,6 +333,7 @@ awaitable<double> slowest(Communicator& comm, double seconds) {
 awaitable<Row> measure(Communicator& comm, const std::string& op, std::size_t bytes,
                        const CollectivesOptions& options) {
   Case c(comm, op, bytes);
+  co_await c.allocate(options.shared_buffers);
   c.fill_inputs();
   using Clock = std::chrono::steady_clock;
   // 3 warm-up calls; the loop is sized from the last two, as the peers do: the first pays
@@ -402,6 +423,7 @@ std::vector<Row> run_braid(const CollectivesOptions& options, int ranks) {
                                 "--timeout", "1200", sibling_program("braid-bench"),
                                 "collectives", "--worker"};
   for (auto& a : common_arguments(options)) argv.push_back(a);
+  if (options.shared_buffers) argv.push_back("--shared-buffers");
   return rows_from(run_command(argv, std::chrono::seconds(1300)), "braid");
 }
 
@@ -489,8 +511,9 @@ int run_driver(const CollectivesOptions& options) {
       }
       if (row.op != current_op) {
         current_op = row.op;
-        std::cout << fmt::format("\n# {} on {} ranks (f32, sum; busbw in GB/s; x = peer time / braid time)\n",
-                                 row.op, ranks);
+        std::cout << fmt::format(
+            "\n# {} on {} ranks (f32, sum; busbw in GB/s; x = peer time / braid time){}\n", row.op,
+            ranks, options.shared_buffers ? "; braid's buffers from allocate_shared" : "");
         std::cout << fmt::format("{:>9} | {:>10} {:>8} {:>8} {:>5} | {:>10} {:>8} {:>7} | {:>10} {:>8} {:>7}\n",
                                  "size", "braid us", "algbw", "busbw", "wrong", "ompi us",
                                  "busbw", "x ompi", "gloo us", "busbw", "x gloo");

@@ -29,6 +29,7 @@ constexpr const char* kUsage =
     "        and torch.distributed Gloo; every size checked for correctness\n"
     "        options: --ranks 2,4 --ops all_reduce,... --min-bytes 8 --max-bytes 64M --iters N\n"
     "                 --json --no-peers\n"
+    "                 --shared-buffers (braid's buffers from Communicator::allocate_shared)\n"
     "  algorithms   the collective algorithm selection table in force (BRAID_ALGO applied)\n"
     "  trace-cost   ns per trace span off and on, and an all-reduce loop's time with tracing\n"
     "               off and on in alternating rounds\n"

@@ -253,8 +253,10 @@ void Reducer::prepare_for_backward(bool sync,
   for (const std::size_t index : *locally_unused) {
     ready_[index] = 1;
     if (!first_sync_done_) arrival_.push_back(index);
+    // Its gradient will not change in this backward: what it holds now (accumulated under
+    // no_sync(), or none: zeros) is its contribution, as in PyTorch's DDP.
+    fill_slot(index);
     Bucket& bucket = *buckets_[bucket_of_[index]];
-    detail::zero(bucket.slot(slot_of_[index], parameters_[index].count));
     if (--bucket.pending == 0) bucket.full = true;
   }
   launch_ready_buckets();

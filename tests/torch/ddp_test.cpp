@@ -1,6 +1,7 @@
 // braid::torch::DistributedDataParallel, ranks as threads (each with its own Runtime,
 // World and Communicator; libtorch runs each thread's backward on that thread): the
 // contract PyTorch DDP users rely on, and the errors they hit.
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -282,6 +283,45 @@ TEST(DistributedDataParallel, FindsUnusedParametersLocallyZeroGloballyUntouched)
     EXPECT_GT(norm[0], 0.0f);
   });
   expect_all_passed(errors);
+}
+
+// As in PyTorch's DDP: a parameter this rank leaves unused in the synchronised step still
+// contributes the gradient it accumulated under no_sync(), not zeros.
+TEST(DistributedDataParallel,
+     AGradientAccumulatedUnderNoSyncCountsWhereTheSyncedStepLeavesItUnused) {
+  expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Branchy net;
+    DistributedDataParallelOptions options;
+    options.find_unused_parameters = true;
+    DistributedDataParallel ddp(net, comm, options);
+    // This rank's own gradient of the branch over both steps, from a copy of the weights
+    // (rank 0's, after the broadcast): step 0 uses the branch everywhere, step 1 on rank 1.
+    Branchy copy;
+    {
+      ::torch::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < net->parameters().size(); ++i) {
+        copy->parameters()[i].copy_(net->parameters()[i]);
+      }
+    }
+    auto x0 = data(rank, 0).first.narrow(1, 0, 4);
+    auto x1 = data(rank, 1).first.narrow(1, 0, 4);
+    copy->forward(x0, true).sum().backward();
+    copy->forward(x1, rank == 1).sum().backward();
+    std::vector<float> expected(16);
+    std::memcpy(expected.data(), copy->fc_rank1->weight.grad().contiguous().data_ptr<float>(),
+                16 * sizeof(float));
+    comm->launch(comm->all_reduce(Buffer(expected), ReduceOp::avg)).get();
+    {
+      auto guard = ddp.no_sync();
+      ddp.forward(x0, true).sum().backward();
+    }
+    ddp.forward(x1, rank == 1).sum().backward();
+    const ::torch::Tensor got = net->fc_rank1->weight.grad().contiguous();
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_NEAR(got.data_ptr<float>()[i], expected[i], 1e-5)
+          << "rank " << rank << " element " << i;
+    }
+  }));
 }
 
 TEST(DistributedDataParallel, StaticGraphReusesTheFirstIterationsUnusedSet) {

@@ -99,8 +99,9 @@ class Reducer {
 
   // Begins an iteration. With sync false (no_sync), gradients just accumulate where they
   // are: marks are ignored and finalize does nothing. `locally_unused` lists parameters
-  // this rank's forward did not use: they count as ready with a zero gradient, and a
-  // parameter unused on every rank is left alone (its gradient untouched). Every rank
+  // this rank's forward did not use: they count as ready at once, contributing the
+  // gradient they hold (accumulated under no_sync; zeros if none), and a parameter unused
+  // on every rank is left alone (its gradient untouched). Every rank
   // passes a list (maybe empty) or every rank passes nullopt: with a list, the ranks
   // all-reduce which parameters anyone used, one small collective per iteration.
   void prepare_for_backward(bool sync = true,

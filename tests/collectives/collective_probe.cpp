@@ -161,21 +161,31 @@ awaitable<std::string> check(Communicator& comm) {
 // The buffer dies with the coroutine: a failed collective must have ended every transfer
 // into or out of it before the error reaches us.
 // `collective`: all_reduce, or broadcast / all_gather (from rank 0, in place), or
-// small_all_reduce (8 elements) / barrier: one flag wait through the inline slots.
+// small_all_reduce (8 elements) / barrier: one flag wait through the inline slots, or
+// shared_all_reduce: all_reduce on memory from allocate_shared, which ranks reach through
+// their own mappings (no system call that could fail on a dead process).
 awaitable<void> die(Communicator& comm, int doomed, std::string collective) {
   // Splits into equal blocks for the in-place all-gather: 1 MiB per rank.
-  std::vector<float> data(static_cast<std::size_t>(comm.size()) << 18, 1.0F);
+  const std::size_t count = static_cast<std::size_t>(comm.size()) << 18;
+  std::vector<float> private_data(count, 1.0F);
+  std::shared_ptr<std::byte[]> shared;
+  if (collective == "shared_all_reduce") {
+    shared = co_await comm.allocate_shared(count * sizeof(float));
+    std::fill_n(reinterpret_cast<float*>(shared.get()), count, 1.0F);
+  }
+  const Buffer data =
+      shared ? Buffer(shared.get(), count, braid::DType::f32) : Buffer(private_data);
   auto once = [&]() -> awaitable<void> {
     if (collective == "broadcast") {
-      co_await comm.broadcast(Buffer(data), 0);
+      co_await comm.broadcast(data, 0);
     } else if (collective == "all_gather") {
-      co_await comm.all_gather(Buffer(data));
+      co_await comm.all_gather(data);
     } else if (collective == "small_all_reduce") {
-      co_await comm.all_reduce(Buffer(data).slice(0, 8), ReduceOp::sum);
+      co_await comm.all_reduce(data.slice(0, 8), ReduceOp::sum);
     } else if (collective == "barrier") {
       co_await comm.barrier();
     } else {
-      co_await comm.all_reduce(Buffer(data), ReduceOp::avg);
+      co_await comm.all_reduce(data, ReduceOp::avg);
     }
   };
   co_await once();
@@ -185,7 +195,7 @@ awaitable<void> die(Communicator& comm, int doomed, std::string collective) {
 
 int usage() {
   std::cerr << "usage: collective_probe check | die RANK "
-               "[all_reduce|broadcast|all_gather|small_all_reduce|barrier]\n";
+               "[all_reduce|broadcast|all_gather|small_all_reduce|barrier|shared_all_reduce]\n";
   return 2;
 }
 

@@ -105,7 +105,8 @@ struct Death {
 class CollectivesPeerFailure : public ::testing::TestWithParam<Death> {};
 
 // Every survivor's collective (all-reduce; broadcast and all-gather by single copy; a small
-// all-reduce and a barrier through the inline slots, one flag wait each) fails
+// all-reduce and a barrier through the inline slots, one flag wait each; an all-reduce on
+// memory from allocate_shared, read through the mapping) fails
 // naming the dead rank, including survivors that never exchange a message with it (4
 // ranks, rank 2 dies: rank 0's ring neighbours are 1 and 3), and no survivor crashes
 // afterwards (its buffers are freed right after the error).
@@ -174,7 +175,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Death{3, 1, "1"}, Death{3, 0, "0"}, Death{4, 2, "auto"}, Death{2, 1, "1"},
                       Death{2, 0, "1", "broadcast"}, Death{3, 2, "auto", "all_gather"},
                       Death{3, 1, "auto", "small_all_reduce", "all_reduce[shared_memory]"},
-                      Death{2, 0, "auto", "barrier", "barrier[shared_memory]"}),
+                      Death{2, 0, "auto", "barrier", "barrier[shared_memory]"},
+                      Death{3, 1, "0", "shared_all_reduce", "all_reduce[shared_memory]"}),
     [](const auto& info) {
       return fmt::format("{}_rank{}of{}_single_copy_{}", info.param.collective, info.param.doomed,
                          info.param.world, info.param.single_copy);

@@ -142,11 +142,11 @@ void UcxWorkerImpl::track(UcxOp* op, OpKind kind, int peer, const Tag& tag, std:
   op->peer = peer;
   op->tag = tag;
   op->capacity = capacity;
-  op->deadline = deadline;
+  op->deadline = deadline == kDefaultDeadline ? default_deadline() : deadline;
   op->request = request;
   pending_.push_back(*op);
   if (op->deadline < watchdog_expiry_) arm_watchdog(op->deadline);
-  last_activity_ = Clock::now();
+  activity_ = true;
   post_poll();
 }
 
@@ -171,7 +171,7 @@ UcxOp* UcxWorkerImpl::start_send(int peer, const Buffer& buffer, const Tag& tag,
                                    encode_tag(tag, static_cast<std::uint32_t>(rank_)), &params);
   if (!UCS_PTR_IS_PTR(request)) {
     release_op(op);
-    last_activity_ = Clock::now();
+    activity_ = true;
     if (request == nullptr) return nullptr;
     throw make_error(peer, OpKind::send, tag, buffer.size_bytes(), UCS_PTR_STATUS(request), 0);
   }
@@ -202,7 +202,7 @@ RecvStart UcxWorkerImpl::start_recv(int peer, const Buffer& buffer, const Tag& t
                                    tag_mask_exact, &params);
   if (!UCS_PTR_IS_PTR(request)) {
     release_op(op);
-    last_activity_ = Clock::now();
+    activity_ = true;
     if (request == nullptr) return {.op = nullptr, .received = info.length};
     throw make_error(peer, OpKind::recv, tag, buffer.size_bytes(), UCS_PTR_STATUS(request),
                      info.length);

@@ -98,6 +98,8 @@ asio::awaitable<void> UcxWorker::send(int peer, Buffer buffer, Tag tag, Deadline
   span.arg("peer", peer);
   span.arg("seq", static_cast<std::int64_t>(tag.sequence));
   Transfer transfer = start_send(peer, buffer, tag, deadline);
+  // Done at once (a short eager send): no frame for wait().
+  if (transfer.op_ == nullptr) co_return;
   co_await wait(transfer);
 }
 
@@ -106,7 +108,8 @@ asio::awaitable<std::size_t> UcxWorker::recv(int peer, Buffer buffer, Tag tag, D
   span.arg("peer", peer);
   span.arg("seq", static_cast<std::int64_t>(tag.sequence));
   Transfer transfer = start_recv(peer, buffer, tag, deadline);
-  const std::size_t received = co_await wait(transfer);
+  const std::size_t received =
+      transfer.op_ == nullptr ? std::exchange(transfer.length_, 0) : co_await wait(transfer);
   span.set_bytes(received);
   co_return received;
 }

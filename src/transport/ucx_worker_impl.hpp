@@ -176,6 +176,7 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   bool poll_posted_ = false;
   bool fd_wait_outstanding_ = false;
   Clock::time_point last_activity_{};
+  bool activity_ = false;  // an operation started since progress() last looked
   // Completions found by drain(), delivered by progress() once UCX has returned; `ready_`
   // is the batch being delivered (two vectors so that neither allocates after warm-up).
   struct Completion {

@@ -142,6 +142,7 @@ class UcxWorker {
 
   // Receives the message `peer` sent with `tag` into `buffer` (host memory); returns the
   // number of bytes received, which may be less than the buffer's size.
+  // Either may take kDefaultDeadline: BRAID_TIMEOUT from when the operation has to wait.
   asio::awaitable<std::size_t> recv(int peer, Buffer buffer, Tag tag, Deadline deadline);
 
   // send() and recv() in two halves: start now, await later. Starting throws at once what

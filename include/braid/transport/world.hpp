@@ -84,9 +84,9 @@ class World {
   // World messages travel on communicator 0, which communicators never use. Errors and
   // resumption as UcxWorker::send / recv.
   asio::awaitable<void> send(int peer, Buffer buffer, std::uint64_t tag,
-                             Deadline deadline = default_deadline());
+                             Deadline deadline = kDefaultDeadline);
   asio::awaitable<std::size_t> recv(int peer, Buffer buffer, std::uint64_t tag,
-                                    Deadline deadline = default_deadline());
+                                    Deadline deadline = kDefaultDeadline);
 
   // The UCX tag a world message with user tag `tag` travels with.
   static Tag world_tag(std::uint64_t tag) noexcept;

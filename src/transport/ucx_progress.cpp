@@ -37,8 +37,8 @@
 #include <cstring>
 #include <sched.h>
 #include <string>
-#include <utility>
 #include <unistd.h>
+#include <utility>
 
 #include <boost/asio/post.hpp>
 #include <fmt/format.h>

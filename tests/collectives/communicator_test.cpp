@@ -16,6 +16,7 @@
 
 #include "../support/expect_error.hpp"
 #include "../support/scoped_env.hpp"
+#include "all_reduce_check.hpp"
 #include "thread_ranks.hpp"
 #include "typed_values.hpp"
 
@@ -23,6 +24,7 @@ namespace braid::collectives {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::Mismatch;
 using testing::run_ranks;
 using testing::run_ranks_collecting;
 using testing::TypedVector;
@@ -39,39 +41,13 @@ std::shared_ptr<const SelectionTable> forcing(std::string_view rules) {
   return std::make_shared<const SelectionTable>(SelectionTable::with_overrides(rules));
 }
 
-// Records the first element that differs from the reference, for one readable failure.
-struct Mismatch {
-  std::string what;
-  // `context` is only formatted for the first mismatch: checks run per element.
-  template <class Context>
-  void check(const TypedVector& got, std::size_t i, double expected, Context&& context) {
-    if (what.empty() && got.get(i) != expected) {
-      what = fmt::format("{}: element {} is {}, expected {}", context(), i, got.get(i), expected);
-    }
-  }
-};
-
-// One all-reduce out of place and one in place, both checked against the serial reference.
+// One all-reduce out of place and one in place, on owned vectors.
 asio::awaitable<void> check_all_reduce(Communicator& comm, DType dtype, ReduceOp op,
                                        std::size_t count, std::string_view label,
                                        Mismatch& mismatch) {
-  const int world = comm.size();
   TypedVector input(dtype, count);
   TypedVector output(dtype, count);
-  for (std::size_t i = 0; i < count; ++i) {
-    input.set(i, testing::value_for(comm.rank(), i, dtype, op));
-  }
-  const std::string where = fmt::format("{} {} {} count {} rank {}", label, to_string(dtype),
-                                        to_string(op), count, comm.rank());
-  co_await comm.all_reduce(input.buffer(), output.buffer(), op);
-  for (std::size_t i = 0; i < count; ++i) {
-    mismatch.check(output, i, testing::reference(world, i, dtype, op), [&] { return where; });
-  }
-  co_await comm.all_reduce(input.buffer(), op);  // and in place
-  for (std::size_t i = 0; i < count; ++i) {
-    mismatch.check(input, i, testing::reference(world, i, dtype, op),
-                   [&] { return "in place " + where; });
-  }
+  co_await testing::check_all_reduce(comm, input, output, op, label, mismatch);
 }
 
 class AllReduce : public ::testing::TestWithParam<int> {};

@@ -1,6 +1,5 @@
 #include "shared_buffers.hpp"
 
-#include <algorithm>
 #include <functional>
 
 namespace braid::collectives::detail {
@@ -25,17 +24,10 @@ SharedBufferRegistry::Location SharedBufferRegistry::locate(const void* data, st
     const std::less<const std::byte*> before;
     if (!before(first, region) && before(first, region + entry.view.region_bytes) &&
         bytes <= static_cast<std::size_t>(region + entry.view.region_bytes - first)) {
-      return {entry.id, static_cast<std::uint64_t>(first - region)};
+      return {entry.id, static_cast<std::uint64_t>(first - region), entry.view};
     }
   }
   return {};
-}
-
-SharedBufferRegistry::View SharedBufferRegistry::view(std::uint64_t id) const {
-  std::lock_guard lock(mutex_);
-  const auto entry =
-      std::find_if(entries_.begin(), entries_.end(), [id](const Entry& e) { return e.id == id; });
-  return entry == entries_.end() ? View{} : entry->view;
 }
 
 }  // namespace braid::collectives::detail

@@ -18,13 +18,7 @@ namespace braid::collectives::detail {
 
 class SharedBufferRegistry {
  public:
-  // Where a buffer lies: in allocation `id` (0: in none), at `offset` bytes into the
-  // region of the rank that asked.
-  struct Location {
-    std::uint64_t id = 0;
-    std::uint64_t offset = 0;
-  };
-  // Where peers' buffers are, for a collective whose buffers all lie in one allocation.
+  // An allocation as this process maps it: where every rank's region is.
   struct View {
     std::byte* base = nullptr;  // region 0 in this process; null: not mapped here
     std::size_t region_bytes = 0;
@@ -32,12 +26,18 @@ class SharedBufferRegistry {
       return base + static_cast<std::size_t>(rank) * region_bytes + offset;
     }
   };
+  // Where a buffer lies: in allocation `id` (0: in none), at `offset` bytes into the
+  // region of the rank that asked, and where that allocation's regions are here.
+  struct Location {
+    std::uint64_t id = 0;
+    std::uint64_t offset = 0;
+    View view;
+  };
 
   void add(std::uint64_t id, std::byte* base, std::size_t region_bytes);
   void remove(std::uint64_t id) noexcept;
   // The allocation whose region `rank` holds [data, data + bytes) entirely.
   Location locate(const void* data, std::size_t bytes, int rank) const;
-  View view(std::uint64_t id) const;
 
  private:
   struct Entry {

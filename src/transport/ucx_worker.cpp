@@ -108,8 +108,7 @@ asio::awaitable<std::size_t> UcxWorker::recv(int peer, Buffer buffer, Tag tag, D
   span.arg("peer", peer);
   span.arg("seq", static_cast<std::int64_t>(tag.sequence));
   Transfer transfer = start_recv(peer, buffer, tag, deadline);
-  const std::size_t received =
-      transfer.op_ == nullptr ? std::exchange(transfer.length_, 0) : co_await wait(transfer);
+  const std::size_t received = transfer.op_ == nullptr ? transfer.length_ : co_await wait(transfer);
   span.set_bytes(received);
   co_return received;
 }

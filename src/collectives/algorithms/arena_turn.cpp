@@ -148,8 +148,8 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
                      arena_.record(r).shared_output == mine.shared_output;
   }
   if (one_allocation) {
-    mapped_input_ = shared.view(mine.shared_input);
-    mapped_output_ = shared.view(mine.shared_output);
+    mapped_input_ = in.view;
+    mapped_output_ = out.view;
   }
 }
 

@@ -185,6 +185,19 @@ void finish_average(const Buffer& data, ReduceOp op, int contributions) {
   }
 }
 
+void combine_and_finish(const Buffer& dst, const Buffer& a, const Buffer& b, ReduceOp op,
+                        int contributions) {
+  if (op != ReduceOp::avg || contributions <= 1) {
+    combine(dst, a, b, op);
+    return;
+  }
+  BRAID_ENFORCE(dst.count() == a.count() && a.count() == b.count() && dst.dtype() == a.dtype() &&
+                    a.dtype() == b.dtype(),
+                "combine over mismatched buffers ({} / {} / {} elements)", dst.count(), a.count(),
+                b.count());
+  reduce_and_divide(dst.data(), a.data(), b.data(), dst.count(), dst.dtype(), contributions);
+}
+
 void copy(const Buffer& dst, const Buffer& src) {
   BRAID_ENFORCE(dst.size_bytes() == src.size_bytes(), "copy of {} bytes into {} bytes",
                 src.size_bytes(), dst.size_bytes());

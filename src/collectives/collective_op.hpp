@@ -221,6 +221,9 @@ class CollectiveOp {
 void combine(const Buffer& dst, const Buffer& a, const Buffer& b, ReduceOp op);
 // For avg, divides a fully reduced block by the number of contributions; else nothing.
 void finish_average(const Buffer& data, ReduceOp op, int contributions);
+// The last combine of a block: combine(), then finish_average(), in one pass over memory.
+void combine_and_finish(const Buffer& dst, const Buffer& a, const Buffer& b, ReduceOp op,
+                        int contributions);
 // dst = src (same count and dtype); nothing when they are the same memory.
 void copy(const Buffer& dst, const Buffer& src);
 

@@ -194,32 +194,37 @@ BRAID_INLINE void reduce_elements(typename Element::Stored* dst,
   for (; i < count; ++i) dst[i] = reduce_one<Element, Op>(a[i], b[i]);
 }
 
+// Calls body with how a float is divided by divisor. Division, not a multiply by the
+// reciprocal: it rounds once, so avg of equal values gives that value back. Rank counts are
+// exact in float. A power of two has an exact reciprocal, so there the multiply gives the
+// same bits, at a fraction of the cost (a 512-bit divide issues every ~10 cycles, a
+// multiply every cycle; measured in a DDP step, the division was a third of the
+// reduction's time).
+template <class Value, class Body>
+BRAID_INLINE void with_division_by(int divisor, Body body) {
+  if ((divisor & (divisor - 1)) == 0) {
+    const Value reciprocal = Value{1} / static_cast<Value>(divisor);
+    body([reciprocal](Value x) { return x * reciprocal; });
+  } else {
+    const auto scale = static_cast<Value>(divisor);
+    body([scale](Value x) { return x / scale; });
+  }
+}
+
 template <class Element>
 BRAID_INLINE void divide_elements(typename Element::Stored* data, std::size_t count,
                                   int divisor) {
   using Value = decltype(Element::load(*data));
   if constexpr (std::is_floating_point_v<Value>) {
-    // Division, not a multiply by the reciprocal: it rounds once, so avg of equal values
-    // gives that value back. Rank counts are exact in float. A power of two has an exact
-    // reciprocal, so there the multiply gives the same bits, at a fraction of the cost (a
-    // 512-bit divide issues every ~10 cycles, a multiply every cycle; measured in a DDP
-    // step, the division was a third of the reduction's time).
-    auto each = [&](auto scaled) {
+    with_division_by<Value>(divisor, [&](auto divided) {
       std::size_t i = 0;
       for (; i + kVectorStep <= count; i += kVectorStep) {
         for (std::size_t j = i; j < i + kVectorStep; ++j) {
-          data[j] = Element::store(scaled(Element::load(data[j])));
+          data[j] = Element::store(divided(Element::load(data[j])));
         }
       }
-      for (; i < count; ++i) data[i] = Element::store(scaled(Element::load(data[i])));
-    };
-    if ((divisor & (divisor - 1)) == 0) {
-      const Value reciprocal = Value{1} / static_cast<Value>(divisor);
-      each([reciprocal](Value x) { return x * reciprocal; });
-    } else {
-      const auto scale = static_cast<Value>(divisor);
-      each([scale](Value x) { return x / scale; });
-    }
+      for (; i < count; ++i) data[i] = Element::store(divided(Element::load(data[i])));
+    });
   } else {
     // Truncates toward zero. No SIMD integer division exists, so this runs scalar; integer
     // avg is rare. divisor > 0 rules out the one overflow, INT_MIN / -1.
@@ -229,6 +234,28 @@ BRAID_INLINE void divide_elements(typename Element::Stored* data, std::size_t co
       data[i] = static_cast<Value>(static_cast<Wide>(data[i]) / scale);
     }
   }
+}
+
+// reduce_elements<Element, sum> then divide_elements, in one pass: the sum is stored
+// (rounded to the element type) and loaded again before the division, so the bits are
+// those of the two passes.
+template <class Element>
+BRAID_INLINE void sum_and_divide_elements(typename Element::Stored* dst,
+                                          const typename Element::Stored* a,
+                                          const typename Element::Stored* b, std::size_t count,
+                                          int divisor) {
+  using Value = decltype(Element::load(*dst));
+  with_division_by<Value>(divisor, [&](auto divided) {
+    auto one = [&](std::size_t j) {
+      return Element::store(divided(Element::load(reduce_one<Element, ReduceOp::sum>(a[j], b[j]))));
+    };
+    std::size_t i = 0;
+    for (; i + kVectorStep <= count; i += kVectorStep) {
+      BRAID_INDEPENDENT_ITERATIONS
+      for (std::size_t j = i; j < i + kVectorStep; ++j) dst[j] = one(j);
+    }
+    for (; i < count; ++i) dst[i] = one(i);
+  });
 }
 
 // ------------------------------------------------------------------ f16 through f32
@@ -353,6 +380,22 @@ BRAID_INLINE void divide_any(void* data, std::size_t count, int divisor) {
   }
 }
 
+template <class F16Codec, DType D>
+BRAID_INLINE void reduce_and_divide_any(void* dst, const void* a, const void* b,
+                                        std::size_t count, int divisor) {
+  using T = typename Storage<D>::type;
+  if constexpr (D == DType::f32 || D == DType::f64) {
+    sum_and_divide_elements<AsIs<T>>(static_cast<T*>(dst), static_cast<const T*>(a),
+                                     static_cast<const T*>(b), count, divisor);
+  } else if constexpr (D == DType::bf16) {
+    sum_and_divide_elements<Bf16AsF32>(static_cast<T*>(dst), static_cast<const T*>(a),
+                                       static_cast<const T*>(b), count, divisor);
+  } else {
+    reduce_any<F16Codec, D, ReduceOp::sum>(dst, a, b, count);
+    divide_any<F16Codec, D>(dst, count, divisor);
+  }
+}
+
 // ------------------------------------------------------------------ one kernel set per ISA
 
 struct BaselineKernels {
@@ -363,6 +406,11 @@ struct BaselineKernels {
   template <DType D>
   static void divide(void* data, std::size_t count, int divisor) {
     divide_any<ScalarF16Codec, D>(data, count, divisor);
+  }
+  template <DType D>
+  static void reduce_and_divide(void* dst, const void* a, const void* b,
+                                     std::size_t count, int divisor) {
+    reduce_and_divide_any<ScalarF16Codec, D>(dst, a, b, count, divisor);
   }
 };
 
@@ -377,6 +425,11 @@ struct Avx2Kernels {
   BRAID_TARGET_AVX2 static void divide(void* data, std::size_t count, int divisor) {
     divide_any<Avx2F16Codec, D>(data, count, divisor);
   }
+  template <DType D>
+  BRAID_TARGET_AVX2 static void reduce_and_divide(void* dst, const void* a, const void* b,
+                                     std::size_t count, int divisor) {
+    reduce_and_divide_any<Avx2F16Codec, D>(dst, a, b, count, divisor);
+  }
 };
 
 struct Avx512Kernels {
@@ -389,6 +442,11 @@ struct Avx512Kernels {
   BRAID_TARGET_AVX512 static void divide(void* data, std::size_t count, int divisor) {
     divide_any<Avx512F16Codec, D>(data, count, divisor);
   }
+  template <DType D>
+  BRAID_TARGET_AVX512 static void reduce_and_divide(void* dst, const void* a, const void* b,
+                                     std::size_t count, int divisor) {
+    reduce_and_divide_any<Avx512F16Codec, D>(dst, a, b, count, divisor);
+  }
 };
 #endif
 
@@ -399,10 +457,13 @@ constexpr std::size_t kReduceOpCount = static_cast<std::size_t>(ReduceOp::prod) 
 
 using ReduceKernel = void (*)(void* dst, const void* a, const void* b, std::size_t count);
 using DivideKernel = void (*)(void* data, std::size_t count, int divisor);
+using ReduceAndDivideKernel = void (*)(void* dst, const void* a, const void* b, std::size_t count,
+                                       int divisor);
 
 struct KernelTable {
   std::array<std::array<ReduceKernel, kReduceOpCount>, kDTypeCount> reduce;  // [dtype][op]
   std::array<DivideKernel, kDTypeCount> divide;                              // [dtype]
+  std::array<ReduceAndDivideKernel, kDTypeCount> reduce_and_divide;          // [dtype]
 };
 
 template <class Kernels, DType D, std::size_t... Ops>
@@ -416,6 +477,7 @@ constexpr KernelTable make_table(std::index_sequence<DTypes...>) {
       .reduce = {reduce_row<Kernels, static_cast<DType>(DTypes)>(
           std::make_index_sequence<kReduceOpCount>{})...},
       .divide = {&Kernels::template divide<static_cast<DType>(DTypes)>...},
+      .reduce_and_divide = {&Kernels::template reduce_and_divide<static_cast<DType>(DTypes)>...},
   };
 }
 
@@ -481,6 +543,18 @@ void divide(void* data, std::size_t count, DType dtype, int divisor) {
   BRAID_ENFORCE(divisor > 0, "divide: divisor must be positive, got {}", divisor);
   if (count == 0) return;
   kernels().divide[dtype_index](data, count, divisor);
+}
+
+void reduce_and_divide(void* dst, const void* a, const void* b, std::size_t count, DType dtype,
+                       int divisor) {
+  const auto dtype_index = static_cast<std::size_t>(dtype);
+  BRAID_ENFORCE(dtype_index < kDTypeCount, "reduce_and_divide: unknown DType {}", dtype_index);
+  BRAID_ENFORCE(divisor > 0, "reduce_and_divide: divisor must be positive, got {}", divisor);
+  const std::size_t bytes = count * dtype_size(dtype);
+  BRAID_ENFORCE(!partially_overlaps(dst, a, bytes) && !partially_overlaps(dst, b, bytes),
+                "reduce_and_divide: dst must be a, b, or disjoint from both");
+  if (count == 0) return;
+  kernels().reduce_and_divide[dtype_index](dst, a, b, count, divisor);
 }
 
 float f16_to_f32(std::uint16_t bits) noexcept { return half_to_float(bits); }

@@ -365,6 +365,35 @@ TEST(ReduceKernels, DivideFloatsRoundsTheQuotientOnce) {
   EXPECT_EQ(equal_sum[0], 3 * 0.1f / 3);
 }
 
+// The fused last step of an average gives the bits of the two passes it replaces, for
+// every dtype (f16 and the integers run the two passes), divisors that multiply by their
+// reciprocal and one that divides, out of place and in place.
+TEST(ReduceKernels, ReduceAndDivideEqualsReduceThenDivide) {
+  for (const int divisor : {1, 2, 3, 4, 7}) {
+    for (DType dtype : kAllDTypes) {
+      SCOPED_TRACE(std::string(to_string(dtype)) + " / " + std::to_string(divisor));
+      for (std::size_t count : kOddCounts) {
+        const std::vector<std::byte> a = random_operand(dtype, count, 6);
+        const std::vector<std::byte> b = random_operand(dtype, count, 7);
+        std::vector<std::byte> expected(a.size());
+        reduce(expected.data(), a.data(), b.data(), count, dtype, ReduceOp::sum);
+        divide(expected.data(), count, dtype, divisor);
+
+        std::vector<std::byte> fused(a.size());
+        reduce_and_divide(fused.data(), a.data(), b.data(), count, dtype, divisor);
+        EXPECT_TRUE(same_elements(expected, fused, count, dtype)) << "count " << count;
+
+        std::vector<std::byte> into_b = b;
+        reduce_and_divide(into_b.data(), a.data(), into_b.data(), count, dtype, divisor);
+        EXPECT_TRUE(same_elements(expected, into_b, count, dtype)) << "in place, count " << count;
+      }
+    }
+  }
+  float data[4] = {};
+  EXPECT_THROW(reduce_and_divide(data, data, data, 1, DType::f32, 0), InvariantError);
+  EXPECT_THROW(reduce_and_divide(data + 1, data, data + 2, 2, DType::f32, 2), InvariantError);
+}
+
 // ------------------------------------------------------------------ misuse
 
 TEST(ReduceKernels, RejectsUnknownEnumeratorsPartialOverlapAndNonPositiveDivisors) {

@@ -60,6 +60,13 @@ void reduce(void* dst, const void* a, const void* b, std::size_t count, DType dt
 // InvariantError enforces.
 void divide(void* data, std::size_t count, DType dtype, int divisor);
 
+// dst[i] = (a[i] + b[i]) / divisor: the last step of an avg, bit for bit what reduce() with
+// ReduceOp::sum and then divide() give, in one pass over memory instead of two (f32, f64
+// and bf16 fuse the two; f16 and integers run them one after the other). The same aliasing
+// rules as reduce(); divisor as for divide().
+void reduce_and_divide(void* dst, const void* a, const void* b, std::size_t count, DType dtype,
+                       int divisor);
+
 // Scalar conversions between float and IEEE binary16 (f16) or bfloat16 (bf16) bit patterns,
 // bit for bit as the vector kernels convert. To f16/bf16: round to nearest even, overflow to
 // infinity, subnormals kept, NaN stays NaN (made quiet, sign and top payload bits kept, as

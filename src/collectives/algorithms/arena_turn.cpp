@@ -280,15 +280,18 @@ void fold_block(ArenaTurn& turn, CollectiveOp& op, const Buffer& input, std::siz
     std::byte* const destination = target.local != nullptr ? target.local + done * element : result;
     // Accumulate in landing[0] up to the last rank, whose fold writes the destination: an
     // in-place output is our input, read for the last time in that same fold.
+    // The last fold divides an average as it writes.
     std::byte* accumulated = piece(0, 0);
     for (int r = 1; r < world; ++r) {
       std::byte* next = piece(r, 1);
-      std::byte* into = r == world - 1 ? destination : landing[0];
-      combine(Buffer(into, n, dtype), Buffer(accumulated, n, dtype), Buffer(next, n, dtype),
-              reduce_op);
-      accumulated = into;
+      const Buffer a(accumulated, n, dtype), b(next, n, dtype);
+      if (r == world - 1) {
+        combine_and_finish(Buffer(destination, n, dtype), a, b, reduce_op, world);
+      } else {
+        combine(Buffer(landing[0], n, dtype), a, b, reduce_op);
+      }
+      accumulated = landing[0];
     }
-    finish_average(Buffer(destination, n, dtype), reduce_op, world);
     if (target.root >= 0 && target.root != me) {
       turn.write_output(target.root, at, destination, n * element);
     }

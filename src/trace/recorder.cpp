@@ -77,7 +77,46 @@ std::size_t limit_from_environment() noexcept {
 
 class ChunkPool {
  public:
+  // A chunk, whatever the limit (every recording thread keeps at least one), or nullptr
+  // when out of memory.
   Chunk* take() noexcept {
+    live_.fetch_add(1, std::memory_order_relaxed);
+    return take_counted();
+  }
+  // A chunk if one more keeps every buffer within the limit, else nullptr. Counting the
+  // chunk in before making it keeps threads that fill their chunks at the same moment
+  // from all passing the check and growing past the limit together.
+  Chunk* take_within_limit() noexcept {
+    const std::size_t limit = this->limit();
+    std::size_t live = live_.load(std::memory_order_relaxed);
+    do {
+      if (live >= limit) return nullptr;
+    } while (!live_.compare_exchange_weak(live, live + 1, std::memory_order_relaxed));
+    return take_counted();
+  }
+  // Whether one more chunk keeps every buffer within the limit.
+  bool may_grow() noexcept { return live_.load(std::memory_order_relaxed) < limit(); }
+  void give(Chunk* chunk) {
+    chunk->~Chunk();
+    live_.fetch_sub(1, std::memory_order_relaxed);
+    std::lock_guard lock(mutex_);
+    free_.push_back(chunk);
+  }
+  void set_limit(std::size_t chunks) noexcept {
+    limit_.store(std::max<std::size_t>(chunks, 1), std::memory_order_relaxed);
+  }
+
+ private:
+  std::size_t limit() noexcept {
+    std::size_t limit = limit_.load(std::memory_order_relaxed);
+    if (limit == 0) {
+      limit = limit_from_environment();
+      limit_.store(limit, std::memory_order_relaxed);
+    }
+    return limit;
+  }
+  // A chunk already counted in live_ (uncounted again if none can be had).
+  Chunk* take_counted() noexcept {
     Chunk* chunk = nullptr;
     {
       std::lock_guard lock(mutex_);
@@ -87,32 +126,13 @@ class ChunkPool {
       }
     }
     if (chunk == nullptr) chunk = map_chunk();
-    if (chunk != nullptr) live_.fetch_add(1, std::memory_order_relaxed);
+    if (chunk == nullptr) live_.fetch_sub(1, std::memory_order_relaxed);
     return chunk;
   }
-  void give(Chunk* chunk) {
-    chunk->~Chunk();
-    live_.fetch_sub(1, std::memory_order_relaxed);
-    std::lock_guard lock(mutex_);
-    free_.push_back(chunk);
-  }
-  // Whether one more chunk keeps every buffer within the limit.
-  bool may_grow() noexcept {
-    std::size_t limit = limit_.load(std::memory_order_relaxed);
-    if (limit == 0) {
-      limit = limit_from_environment();
-      limit_.store(limit, std::memory_order_relaxed);
-    }
-    return live_.load(std::memory_order_relaxed) < limit;
-  }
-  void set_limit(std::size_t chunks) noexcept {
-    limit_.store(std::max<std::size_t>(chunks, 1), std::memory_order_relaxed);
-  }
 
- private:
   std::mutex mutex_;
   std::vector<Chunk*> free_;
-  std::atomic<std::size_t> live_{0};   // chunks in threads' buffers
+  std::atomic<std::size_t> live_{0};   // chunks in threads' buffers, and being made
   std::atomic<std::size_t> limit_{0};  // 0: not read from the environment yet
 };
 
@@ -390,7 +410,7 @@ void append(const Record& record) noexcept {
   Chunk* chunk = buffer->tail;
   std::size_t n = chunk->count.load(std::memory_order_relaxed);
   if (n == kChunkRecords) [[unlikely]] {
-    Chunk* fresh = chunk_pool().may_grow() ? chunk_pool().take() : nullptr;
+    Chunk* fresh = chunk_pool().take_within_limit();
     if (fresh != nullptr) {
       chunk->next.store(fresh, std::memory_order_release);
       buffer->tail = chunk = fresh;

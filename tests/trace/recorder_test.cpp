@@ -326,5 +326,34 @@ TEST_F(Recorder, AtTheLimitExitedThreadsGiveUpTheirRecordsBeforeLiveOnes) {
   set_buffer_limit(std::size_t{256} << 20);
 }
 
+// Threads that fill their chunks at the same moment do not all grow past the limit
+// together: every one counts its next chunk in before it makes it.
+TEST_F(Recorder, ThreadsRecordingAtOnceStayWithinTheLimitTogether) {
+  constexpr int kThreads = 4;
+  constexpr std::uint64_t kSpans = 60000;
+  const std::size_t limit_bytes = std::size_t{4} << 20;
+  set_buffer_limit(limit_bytes);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> writers;
+  for (int t = 0; t < kThreads; ++t) {
+    writers.emplace_back([&] {
+      detail::resolve({});  // registered, holding its first chunk
+      ready.fetch_add(1);
+      while (ready.load() < kThreads) {
+      }
+      for (std::uint64_t i = 0; i < kSpans; ++i) Span span(Category::compute, "tick", {}, i);
+    });
+  }
+  for (std::thread& writer : writers) writer.join();
+  const Snapshot snap = snapshot();
+  EXPECT_EQ(snap.records.size() + snap.overwritten, kThreads * kSpans);
+  // Within the limit, but for the chunk the main thread (which recorded nothing) holds.
+  const std::size_t limit_records = limit_bytes / sizeof(Record);
+  EXPECT_LE(snap.records.size(), limit_records + 4096) << "the records grew past the limit";
+  EXPECT_GT(snap.overwritten, 0u);
+  clear();
+  set_buffer_limit(std::size_t{256} << 20);
+}
+
 }  // namespace
 }  // namespace braid::trace

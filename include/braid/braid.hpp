@@ -1,4 +1,5 @@
-// The one header users include.
+// The one header users include. The libtorch adapter (braid/torch/, libbraid_torch,
+// dependency('braid-torch')) has its own headers, included where a program uses tensors.
 #pragma once
 
 #include <braid/build_config.hpp>
@@ -41,9 +42,4 @@
 #include <braid/core/cuda_stream.hpp>
 #include <braid/core/nccl_error.hpp>
 #include <braid/trace/cuda_timeline.hpp>
-#endif
-
-#if BRAID_WITH_TORCH
-#include <braid/torch/distributed_data_parallel.hpp>
-#include <braid/torch/tensor_buffer.hpp>
 #endif

@@ -168,6 +168,23 @@ TEST(BraidRun, ARankKilledByASignalIsReportedWithTheSignal) {
   EXPECT_THAT(result.err, HasSubstr("was killed by signal 9 (SIGKILL); stopping the other 1"));
 }
 
+// A rank's death is what its peers then fail on, and they may notice it (its sockets
+// close as it exits) before braid-run reaps it: a death by signal shortly after another
+// rank's error is named as the cause, the error beside it.
+TEST(BraidRun, ARankKilledJustAfterAnotherFailedIsNamedAsTheCause) {
+  auto flag = std::filesystem::path(::testing::TempDir()) /
+              ("braid_run_cause_" + std::to_string(::getpid()));
+  std::filesystem::remove(flag);
+  auto result = run({"-n", "2",        probe(),       "on", "1", "touch", flag.string(), "on",
+                     "0",  "wait-for", flag.string(), "on", "0", "exit",  "3",           "on",
+                     "1",  "sleep",    "0.05",        "on", "1", "kill",  "sleep",       "30"});
+  std::filesystem::remove(flag);
+  EXPECT_EQ(result.status, 128 + SIGKILL) << result.err;
+  EXPECT_THAT(result.err, HasSubstr("braid-run: rank 1 (pid "));
+  EXPECT_THAT(result.err, HasSubstr("was killed by signal 9 (SIGKILL); also rank 0 exited with "
+                                    "code 3"));
+}
+
 TEST(BraidRun, RanksIgnoringSigtermAreKilledAfterTheGracePeriod) {
   auto flag = std::filesystem::path(::testing::TempDir()) /
               ("braid_run_grace_" + std::to_string(::getpid()));

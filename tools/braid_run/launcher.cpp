@@ -97,6 +97,7 @@ class Job {
   void flush(Rank& rank, Stream& stream);
   void reap_children();
   void on_rank_exit(Rank& rank, int status);
+  void give_verdict();
   void on_signal(int sig);
   void stop(int sig);
   void kill_remaining();
@@ -111,7 +112,22 @@ class Job {
   bool stopping_ = false;
   std::optional<Clock::time_point> kill_at_;  // SIGKILL for ranks still running then
   Clock::time_point deadline_ = Clock::time_point::max();
+  // Failed ranks seen within kSettle of the first failure, in the order seen, and when
+  // braid-run names one of them and stops the rest.
+  struct Failure {
+    const Rank* rank;
+    int status;
+  };
+  std::vector<Failure> failures_;
+  std::optional<Clock::time_point> verdict_at_;
 };
+
+// How long braid-run waits after a rank fails before it names the failure and stops the
+// others. A rank killed by a signal (SIGKILL, a crash) is what its peers then fail on:
+// they can notice its death (its sockets close as it exits) before braid-run reaps it,
+// and exit with an error of their own first. Waiting this long for its exit status names
+// the cause, not the first consequence.
+constexpr auto kSettle = std::chrono::milliseconds(200);
 
 // The variables braid-run sets; each must be a declared knob.
 constexpr std::array kRankVariables{
@@ -267,19 +283,38 @@ void Job::drain(Rank& rank) {
 void Job::on_rank_exit(Rank& rank, int status) {
   rank.running = false;
   drain(rank);
-  bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+  const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
   if (!failed || stopping_) return;
+  failures_.push_back({&rank, status});
+  if (!verdict_at_) verdict_at_ = Clock::now() + kSettle;
+}
+
+void Job::give_verdict() {
+  verdict_at_.reset();
+  if (failures_.empty() || stopping_) return;
+  // The first rank a signal ended, else the first that failed.
+  const auto signalled = std::find_if(failures_.begin(), failures_.end(),
+                                      [](const Failure& f) { return !WIFEXITED(f.status); });
+  const Failure culprit = signalled != failures_.end() ? *signalled : failures_.front();
   std::string how;
-  if (WIFEXITED(status)) {
-    exit_status_ = WEXITSTATUS(status);
+  if (WIFEXITED(culprit.status)) {
+    exit_status_ = WEXITSTATUS(culprit.status);
     how = fmt::format("exited with code {}", exit_status_);
   } else {
-    int sig = WTERMSIG(status);
+    const int sig = WTERMSIG(culprit.status);
     exit_status_ = 128 + sig;
     how = fmt::format("was killed by signal {} ({})", sig, signal_name(sig));
   }
-  int others = running_count();
-  report(fmt::format("rank {} (pid {}) {}{}", rank.rank, rank.pid, how,
+  std::string also;
+  for (const Failure& f : failures_) {
+    if (f.rank == culprit.rank) continue;
+    also += fmt::format("{}rank {} {}", also.empty() ? "; also " : ", ", f.rank->rank,
+                        WIFEXITED(f.status)
+                            ? fmt::format("exited with code {}", WEXITSTATUS(f.status))
+                            : fmt::format("was killed by signal {}", WTERMSIG(f.status)));
+  }
+  const int others = running_count();
+  report(fmt::format("rank {} (pid {}) {}{}{}", culprit.rank->rank, culprit.rank->pid, how, also,
                      others > 0 ? fmt::format("; stopping the other {} rank(s)", others) : ""));
   stopping_ = true;
   stop(SIGTERM);
@@ -327,7 +362,11 @@ void Job::kill_remaining() {
 void Job::supervise() {
   std::vector<pollfd> fds;
   std::vector<std::pair<Rank*, Stream*>> owners;
-  while (running_count() > 0) {
+  while (running_count() > 0 || verdict_at_) {
+    if (running_count() == 0) {
+      give_verdict();  // nobody left to wait for
+      break;
+    }
     fds.assign(1, pollfd{signal_fd_, POLLIN, 0});
     owners.assign(1, {nullptr, nullptr});
     for (Rank& rank : ranks_) {
@@ -338,6 +377,7 @@ void Job::supervise() {
       }
     }
     auto next = kill_at_ ? std::min(*kill_at_, deadline_) : deadline_;
+    if (verdict_at_) next = std::min(next, *verdict_at_);
     int timeout_ms = -1;
     if (next != Clock::time_point::max()) {
       auto left = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now());
@@ -359,6 +399,7 @@ void Job::supervise() {
       }
     }
     auto now = Clock::now();
+    if (verdict_at_ && now >= *verdict_at_) give_verdict();
     if (!stopping_ && now >= deadline_) {
       stopping_ = true;
       exit_status_ = 124;  // what timeout(1) returns

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -185,6 +186,11 @@ int run_ddp(const std::vector<std::string>& args) {
       "alternating order, each timed on its slowest rank); means of {} interleaved rounds:\n\n",
       o.hidden, o.layers, params / 1e6, params * 4 / (1 << 20), o.batch, o.optimizer, o.ranks,
       o.steps, o.rounds);
+  // The step's compute depends on the BLAS libtorch calls (docs/user-guide.md, BLAS); an
+  // OpenBLAS kernel choice made by hand belongs beside the figures.
+  if (const char* core = std::getenv("OPENBLAS_CORETYPE"); core != nullptr && *core != '\0') {
+    std::cout << fmt::format("(OPENBLAS_CORETYPE={}, for braid and PyTorch alike)\n\n", core);
+  }
   std::cout << fmt::format("{:<24} {:>9} {:>12} {:>22} {:>8} {:>9} {:>9} {:>9}\n", "", "step ms",
                            "no-sync ms", "exposed ms (95% CI)", "traced", "CPU ms", "comm CPU",
                            "runtime");

@@ -113,6 +113,12 @@ class SharedMemoryArena {
   void open(const std::string& name);
   // Rank 0, once every rank has mapped it: removes the name (the mappings stay).
   void unlink_name() noexcept { segment_.unlink_name(); }
+  // Where some rank could not map it: every rank lets it go, so that the next
+  // collective tries again, all ranks alike.
+  void unmap() noexcept {
+    segment_ = SharedSegment();
+    base_ = nullptr;
+  }
 
   std::atomic_ref<std::uint64_t> flag(int rank, Stage stage) noexcept;
   RankRecord& record(int rank) noexcept;

@@ -1,10 +1,16 @@
 // Communicator::allocate_shared: memory every member on a node maps, and the collectives
 // that reach peers' buffers through it. Worlds of threads-as-ranks (thread_ranks.hpp):
 // every rank still maps the segment itself, as a process would.
+#include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
+#include <sys/resource.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -45,6 +51,21 @@ std::set<std::string> phases_recorded(int world, const testing::RankBody& body,
   std::set<std::string> names;
   for (const trace::Record& record : trace::snapshot().records) names.insert(record.name);
   return names;
+}
+
+// Whether `address` lies in a mapping of a file under /dev/shm (a POSIX shared-memory
+// segment), read from /proc/self/maps.
+bool in_a_shared_segment(const void* address) {
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    std::uintptr_t begin = 0, end = 0;
+    char dash = 0;
+    std::istringstream fields(line);
+    fields >> std::hex >> begin >> dash >> end;
+    if (at >= begin && at < end) return line.find("/dev/shm/") != std::string::npos;
+  }
+  return false;
 }
 
 bool all_zero(const std::byte* data, std::size_t bytes) {
@@ -172,6 +193,108 @@ TEST(AllocateShared, MembersOnSeveralNodesGetPrivateMemoryThatCollectivesStillUs
       {}, {0, 1});
   for (const std::string& name : phases)
     EXPECT_THAT(name, ::testing::Not(HasSubstr("shared_memory")));
+}
+
+// Lowers this process's file-size limit, which tmpfs enforces on a segment's reservation
+// as a full /dev/shm would be (EFBIG instead of ENOSPC), for as long as it lives; SIGXFSZ
+// is ignored meanwhile, so the reservation fails with the error instead of the signal.
+class SmallFileLimit {
+ public:
+  SmallFileLimit() : handler_(std::signal(SIGXFSZ, SIG_IGN)) { getrlimit(RLIMIT_FSIZE, &saved_); }
+  ~SmallFileLimit() {
+    lift();
+    std::signal(SIGXFSZ, handler_);
+  }
+  // Threads-as-ranks share the limit: apply it when only the rank that makes the segment
+  // is about to create a file.
+  void apply() {
+    const rlimit small{.rlim_cur = 64 << 10, .rlim_max = saved_.rlim_max};
+    EXPECT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  }
+  void lift() { setrlimit(RLIMIT_FSIZE, &saved_); }
+
+ private:
+  rlimit saved_{};
+  void (*handler_)(int);
+};
+
+// A segment that cannot be reserved is an error rank 0 reports, not a SIGBUS at first
+// touch: every rank gets private memory, which the collectives still use.
+TEST(AllocateShared, ASegmentThatCannotBeReservedGivesEveryRankPrivateMemory) {
+  SmallFileLimit limit;
+  run_ranks(
+      2,
+      [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        std::shared_ptr<std::byte[]> shared = co_await comm->allocate_shared(1 << 20);
+        EXPECT_TRUE(shared != nullptr && in_a_shared_segment(shared.get()));
+        co_await comm->barrier();  // the arena is mapped: no rank creates a file but rank 0 below
+        if (comm->rank() == 0) limit.apply();
+        std::shared_ptr<std::byte[]> memory = co_await comm->allocate_shared(1 << 20);
+        co_await comm->barrier();
+        if (comm->rank() == 0) limit.lift();
+        EXPECT_NE(memory, nullptr);
+        if (memory == nullptr) co_return;
+        EXPECT_FALSE(in_a_shared_segment(memory.get()));
+        EXPECT_EQ(reinterpret_cast<std::uintptr_t>(memory.get()) % 4096, 0u);
+        EXPECT_TRUE(all_zero(memory.get(), 1 << 20));
+        EXPECT_EQ(co_await reduce_and_check(*comm, DType::f32, ReduceOp::sum, 50000, memory.get(),
+                                            memory.get() + (512 << 10)),
+                  "");
+      },
+      shared_memory_only());
+}
+
+// The segment shared-memory collectives work in (made at a communicator's first one), when
+// rank 0 cannot make it: every rank's collective fails at once with rank 0's reason,
+// instead of the others waiting out their deadline for its name. The next one tries again,
+// on every rank alike: it fails the same way while the cause lasts, and works once it is
+// gone.
+TEST(SharedMemoryArena, ASegmentRankZeroCannotMakeFailsEveryRankAtOnceAndIsTriedAgain) {
+  SmallFileLimit limit;
+  std::atomic<int> failures{0};
+  std::chrono::steady_clock::duration failing{};
+  Communicator::Options options = shared_memory_only();
+  options.selection = std::make_shared<const SelectionTable>(
+      SelectionTable::with_overrides("allreduce:0-inf:shared_memory;barrier:0-inf:dissemination"));
+  run_ranks(
+      3,
+      [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        // Barriers by message: every rank is set up (UCX made its own segments) before rank 0
+        // lowers the limit, and none starts before it has.
+        co_await comm->barrier();
+        if (comm->rank() == 0) limit.apply();
+        co_await comm->barrier();
+        const auto started = std::chrono::steady_clock::now();
+        std::vector<float> data(1000, 1.0f);
+        for (int attempt = 0; attempt < 2; ++attempt) {
+          try {
+            co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
+            ADD_FAILURE() << "rank " << comm->rank() << " reduced without the segment";
+          } catch (const Error& error) {
+            const std::string what = error.what();
+            if (comm->rank() == 0) {
+              EXPECT_THAT(what, HasSubstr("cannot reserve shared-memory segment"));
+            } else {
+              EXPECT_THAT(what,
+                          HasSubstr("rank 0 could not make the node's shared-memory segment"));
+              EXPECT_THAT(what, HasSubstr("(peer rank 0"));
+            }
+            EXPECT_EQ(error.code(), std::error_code(EFBIG, std::generic_category())) << what;
+            failures.fetch_add(1);
+          }
+        }
+        co_await comm->barrier();
+        if (comm->rank() == 0) {
+          failing = std::chrono::steady_clock::now() - started;
+          limit.lift();
+        }
+        co_await comm->barrier();
+        co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
+        EXPECT_EQ(data[0], 3.0f);
+      },
+      options);
+  EXPECT_EQ(failures.load(), 6);
+  EXPECT_LT(failing, std::chrono::seconds(10)) << "a rank waited out its 20 s deadline";
 }
 
 TEST(AllocateShared, MemoryOutlivesItsCommunicator) {

@@ -56,35 +56,141 @@ asio::awaitable<void> ArenaTurn::pass() {
   finished_ = true;
 }
 
-// Rank 0 creates the segment and sends its name; the others map it and acknowledge. Then
-// every rank tests reading each peer's probe word, and single copy is used only if every
-// rank could and its policy wants it.
+namespace {
+
+// map()'s messages: rank 0's segment name (or why it could not make the segment), each
+// rank's acknowledgement, and rank 0's verdict. `error` is an errno, 0 for success.
+struct MapNotice {
+  std::int32_t error = 0;
+  std::int32_t rank = -1;        // whose failure this reports
+  std::array<char, 120> text{};  // the segment's name, or the failure's message
+};
+static_assert(sizeof(MapNotice) == 128);
+
+Buffer bytes_of(MapNotice& notice) {
+  return Buffer(reinterpret_cast<std::uint8_t*>(&notice), sizeof notice, DType::u8);
+}
+
+MapNotice failure_notice(const Error& error, int rank) {
+  MapNotice notice;
+  notice.error = error.code().category() == std::generic_category() ? error.code().value() : EIO;
+  notice.rank = rank;
+  const std::string_view what = error.detail();
+  std::memcpy(notice.text.data(), what.data(), std::min(what.size(), notice.text.size() - 1));
+  return notice;
+}
+
+// Rank 0 makes the segment: its name, or why not (the whole message in `failure`).
+MapNotice create_segment(SharedMemoryArena& arena, std::string& failure) {
+  try {
+    MapNotice name;
+    const std::string created = arena.create();
+    std::memcpy(name.text.data(), created.data(), std::min(created.size(), name.text.size() - 1));
+    return name;
+  } catch (const Error& error) {
+    failure = error.detail();
+    return failure_notice(error, 0);
+  }
+}
+
+// Another rank maps it: an empty notice, or why not (the whole message in `failure`).
+MapNotice open_segment(SharedMemoryArena& arena, const MapNotice& name, int rank,
+                       std::string& failure) {
+  try {
+    arena.open(std::string(name.text.data()));
+    return MapNotice{};
+  } catch (const Error& error) {
+    failure = error.detail();
+    return failure_notice(error, rank);
+  }
+}
+
+// What a rank throws when it could not make or map the segment itself.
+[[noreturn]] void failed_here(const CollectiveOp& op, const MapNotice& notice,
+                              const std::string& message) {
+  throw Error(std::error_code(notice.error, std::generic_category()), message,
+              {.rank = op.world_rank(op.rank())});
+}
+
+// What a rank throws when another (notice.rank) could not `what` the segment.
+[[noreturn]] void failed_elsewhere(const CollectiveOp& op, const MapNotice& notice,
+                                   std::string_view what) {
+  throw Error(std::error_code(notice.error, std::generic_category()),
+              fmt::format("rank {} could not {} the node's shared-memory segment ({})",
+                          op.world_rank(notice.rank), what, std::string_view(notice.text.data())),
+              {.rank = op.world_rank(op.rank()), .peer = op.world_rank(notice.rank)});
+}
+
+}  // namespace
+
+// Rank 0 creates the segment and sends its name; the others map it and acknowledge, and
+// rank 0 sends the verdict. A rank that cannot make or map the segment (a full
+// /dev/shm) says so in its message instead, so every rank fails at once naming it rather
+// than waiting out its deadline for a message that never comes; all let the segment go,
+// and the communicator's next shared-memory collective tries again. Then every rank tests
+// reading each peer's probe word, and single copy is used only if every rank could and
+// its policy wants it.
+// GCC 12 reports its own coroutine frame's deallocation as mismatched here (GCC bug
+// 109224, a false positive; braid-bench is built without the warning for the same reason).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
 asio::awaitable<void> ArenaTurn::map() {
-  std::array<char, kNameBytes> name{};
-  std::array<char, 1> ack{};
-  if (op_.rank() == 0) {
-    const std::string created = arena_.create();
-    std::memcpy(name.data(), created.data(), std::min(created.size(), kNameBytes - 1));
-    std::vector<Message> messages;
-    for (int r = 1; r < op_.size(); ++r) {
-      messages.push_back(op_.send(r, Buffer(name.data(), name.size(), DType::u8), 0));
+  const int world = op_.size();
+  const int me = op_.rank();
+  if (me == 0) {
+    std::string failure;
+    MapNotice name = create_segment(arena_, failure);
+    std::vector<Message> sends;
+    for (int r = 1; r < world; ++r) sends.push_back(op_.send(r, bytes_of(name), 0));
+    co_await op_.wait_all(sends);
+    if (name.error != 0) {
+      finish();  // in step: every rank fails here, none mapped
+      failed_here(op_, name, failure);
     }
-    std::vector<std::array<char, 1>> acks(static_cast<std::size_t>(op_.size()));
-    for (int r = 1; r < op_.size(); ++r) {
-      messages.push_back(
-          op_.recv(r, Buffer(acks[static_cast<std::size_t>(r)].data(), 1, DType::u8), 1));
+    std::vector<MapNotice> acks(static_cast<std::size_t>(world));
+    std::vector<Message> receives;
+    for (int r = 1; r < world; ++r) {
+      receives.push_back(op_.recv(r, bytes_of(acks[static_cast<std::size_t>(r)]), 1));
     }
-    co_await op_.wait_all(messages);
-    arena_.unlink_name();  // every rank has it mapped
+    co_await op_.wait_all(receives);
+    MapNotice verdict;
+    for (int r = 1; r < world && verdict.error == 0; ++r) {
+      if (acks[static_cast<std::size_t>(r)].error != 0) verdict = acks[static_cast<std::size_t>(r)];
+    }
+    sends.clear();
+    for (int r = 1; r < world; ++r) sends.push_back(op_.send(r, bytes_of(verdict), 2));
+    co_await op_.wait_all(sends);
+    arena_.unlink_name();  // every rank has it mapped, or will not
+    if (verdict.error != 0) {
+      arena_.unmap();
+      finish();  // in step: every rank fails here, none mapped
+      failed_elsewhere(op_, verdict, "map");
+    }
   } else {
-    Message received = op_.recv(0, Buffer(name.data(), name.size(), DType::u8), 0);
-    co_await op_.wait(received);
-    arena_.open(std::string(name.data()));
-    Message sent = op_.send(0, Buffer(ack.data(), ack.size(), DType::u8), 1);
+    MapNotice name;
+    Message named = op_.recv(0, bytes_of(name), 0);
+    co_await op_.wait(named);
+    if (name.error != 0) {
+      finish();
+      failed_elsewhere(op_, name, "make");
+    }
+    std::string failure;
+    MapNotice ack = open_segment(arena_, name, me, failure);
+    MapNotice verdict;
+    Message sent = op_.send(0, bytes_of(ack), 1);
+    Message received = op_.recv(0, bytes_of(verdict), 2);
     co_await op_.wait(sent);
+    co_await op_.wait(received);
+    if (verdict.error != 0) {
+      arena_.unmap();
+      finish();
+      if (ack.error != 0) failed_here(op_, ack, failure);
+      failed_elsewhere(op_, verdict, "map");
+    }
   }
 
-  const int world = op_.size();
   generation_ = arena_.next_generation();
   RankRecord& mine = arena_.record(op_.rank());
   mine.pid = static_cast<std::int32_t>(getpid());
@@ -115,6 +221,9 @@ asio::awaitable<void> ArenaTurn::map() {
   }
   arena_.set_single_copy(all_can, all_reduce_too);
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& input,
                                       const Buffer& output) {

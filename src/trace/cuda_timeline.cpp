@@ -206,6 +206,7 @@ std::size_t CudaTimeline::collect_locked() {
     // as the timer however long ago the calibration was.
     record.begin_ns = reference_ns_ + ms_to_ns(begin_ms);
     record.end_ns = record.begin_ns + ms_to_ns(duration_ms);
+    record.ns = true;  // from CUDA events and now_ns(), not stamps
     trace::detail::append(record);
     ++recorded_total_;
     ++appended;

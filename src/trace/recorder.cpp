@@ -209,7 +209,8 @@ class Registry {
       }
       out.overwritten = overwritten_.load(std::memory_order_relaxed);
     }
-    // Sorted outside the locks: nobody waits for it.
+    // Converted and sorted outside the locks: nobody waits for it.
+    detail::stamps_to_ns(out.records);
     std::stable_sort(out.records.begin(), out.records.end(), [](const Record& a, const Record& b) {
       if (a.track != b.track) return a.track < b.track;
       if (a.begin_ns != b.begin_ns) return a.begin_ns < b.begin_ns;

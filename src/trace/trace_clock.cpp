@@ -4,7 +4,9 @@
 // Why. A span takes two timestamps. steady_clock::now() is a vDSO clock_gettime: 36-44 ns
 // on the dev VM, ~50 on the GPU machine's cores, two thirds of a span's cost. rdtsc alone
 // is 20 ns on the dev VM and a few ns on bare metal; scaling ticks to nanoseconds adds a
-// multiply.
+// multiply under the sequence lock below (~6 ns here), which recording sites skip: they
+// store the raw counter (detail::now_stamp()) and snapshot() converts it with the anchors
+// kept in the clock's history (detail::stamps_to_ns()).
 //
 // How. The clock extrapolates from an anchor (ticks, ns) at a rate (ns per tick, 32.32
 // fixed point), all published under a sequence lock so that readers never block. Once
@@ -31,6 +33,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -72,6 +75,13 @@ bool invariant_counter() {
   return flags && source == "tsc";
 }
 
+// One stretch of the counter clock: from `ticks` on, ns = ns + (t - ticks) * rate >> 32.
+struct Segment {
+  std::uint64_t ticks;
+  std::int64_t ns;
+  std::uint64_t rate;
+};
+
 class CounterClock {
  public:
   CounterClock() {
@@ -83,6 +93,35 @@ class CounterClock {
             second.ticks + ticks_for(kFirstInterval, first, second));
     last_ = second;
     interval_ns_ = kFirstInterval;
+  }
+
+  // The counter itself, for records to convert later (to_ns): a read and a compare, where
+  // now() also reads the anchor under its sequence lock and scales. Past the next
+  // anchoring point it re-anchors, as now() does, so the clock keeps following
+  // steady_clock whichever of the two the process reads.
+  std::uint64_t stamp() noexcept {
+    const std::uint64_t ticks = __rdtsc();
+    if (static_cast<std::int64_t>(ticks - next_anchor_.load(std::memory_order_relaxed)) >= 0)
+        [[unlikely]]
+      reanchor();
+    return ticks;
+  }
+
+  // Every anchor published so far, oldest first: how to_ns() turns a stamp into what now()
+  // read at that moment.
+  std::vector<Segment> segments() {
+    std::lock_guard lock(mutex_);
+    return history_;
+  }
+
+  static std::int64_t to_ns(std::uint64_t ticks, const std::vector<Segment>& history) noexcept {
+    // The last anchor at or before the stamp (the first one for a stamp older than all).
+    auto after = std::upper_bound(history.begin(), history.end(), ticks,
+                                  [](std::uint64_t t, const Segment& segment) {
+                                    return static_cast<std::int64_t>(t - segment.ticks) < 0;
+                                  });
+    const Segment& segment = after == history.begin() ? history.front() : *(after - 1);
+    return segment.ns + scale(ticks - segment.ticks, segment.rate);
   }
 
   std::int64_t now() noexcept {
@@ -151,8 +190,15 @@ class CounterClock {
     return signed_delta < 0 ? -ns : ns;
   }
 
+  // Called with mutex_ held, or from the constructor.
   void publish(std::uint64_t anchor_ticks, std::int64_t anchor_ns, std::uint64_t rate,
                std::uint64_t next) noexcept {
+    try {
+      history_.push_back({anchor_ticks, anchor_ns, rate});
+    } catch (...) {
+      // Out of memory: stamps after this anchor convert by the previous one's rate, which
+      // is off by that interval's drift (ppm), not wrong.
+    }
     const std::uint64_t sequence = sequence_.load(std::memory_order_relaxed);
     sequence_.store(sequence + 1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);
@@ -203,9 +249,11 @@ class CounterClock {
   std::atomic<std::int64_t> anchor_ns_{0};
   std::atomic<std::uint64_t> rate_{0};
   std::atomic<std::uint64_t> next_anchor_{0};
-  std::mutex mutex_;  // one re-anchoring reader at a time; guards last_ and interval_ns_
+  std::mutex mutex_;  // one re-anchoring reader at a time; guards last_, interval_ns_, history_
   Pair last_{0, 0};
   std::int64_t interval_ns_ = kFirstInterval;
+  // One entry per anchor: intervals grow to 1 s, so ~3600 entries (~90 KiB) an hour.
+  std::vector<Segment> history_;
 };
 
 #endif
@@ -249,14 +297,51 @@ ClockSource clock_source() {
   return chosen.source;
 }
 
-std::int64_t now_ns() noexcept {
+namespace {
+
 #if defined(__x86_64__)
+CounterClock* counter_clock() noexcept {
   static CounterClock* const counter =
       choice().source == ClockSource::tsc ? new CounterClock() : nullptr;  // never destroyed:
   // spans may be recorded from other threads during static destruction
-  if (counter != nullptr) return counter->now();
+  return counter;
+}
+#endif
+
+}  // namespace
+
+std::int64_t now_ns() noexcept {
+#if defined(__x86_64__)
+  if (CounterClock* counter = counter_clock()) return counter->now();
 #endif
   return steady_ns();
 }
+
+namespace detail {
+
+std::int64_t now_stamp() noexcept {
+#if defined(__x86_64__)
+  if (CounterClock* counter = counter_clock()) return static_cast<std::int64_t>(counter->stamp());
+#endif
+  return steady_ns();
+}
+
+void stamps_to_ns(std::vector<Record>& records) {
+#if defined(__x86_64__)
+  if (CounterClock* counter = counter_clock()) {
+    const std::vector<Segment> history = counter->segments();
+    for (Record& record : records) {
+      if (record.ns) continue;
+      record.begin_ns = CounterClock::to_ns(static_cast<std::uint64_t>(record.begin_ns), history);
+      record.end_ns = CounterClock::to_ns(static_cast<std::uint64_t>(record.end_ns), history);
+      record.ns = true;
+    }
+    return;
+  }
+#endif
+  for (Record& record : records) record.ns = true;  // steady-clock stamps are ns already
+}
+
+}  // namespace detail
 
 }  // namespace braid::trace

@@ -14,6 +14,7 @@
 
 #include <braid/core/error.hpp>
 #include <braid/trace/recorder.hpp>
+#include <braid/trace/span.hpp>
 
 namespace braid::trace {
 namespace {
@@ -40,6 +41,43 @@ TEST(TraceClock, FollowsSteadyClockAcrossItsReanchoringPoints) {
   // The counter clock resets itself beyond 100 us; on a quiet machine it stays within a
   // few us. The margin is for a preempted reading on a busy 2-core CI machine.
   EXPECT_LT(worst, 300'000) << "source " << (clock_source() == ClockSource::tsc ? "tsc" : "steady");
+}
+
+// Recording sites stamp with the raw counter and snapshot() converts: a span reads, in a
+// snapshot, as now_ns() would have read at its ends, through the clock's re-anchoring
+// points (300 ms crosses four) as between them.
+TEST(TraceClock, SpansStampedWithTheCounterReadInASnapshotAsNowNsDid) {
+  struct Bracket {
+    std::int64_t before;
+    std::int64_t after;
+  };
+  std::vector<Bracket> brackets;
+  clear();
+  set_enabled(true);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  while (std::chrono::steady_clock::now() < until) {
+    const std::int64_t before = now_ns();
+    { Span span(Category::user, "bracketed", {}, brackets.size()); }
+    brackets.push_back({before, now_ns()});
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  set_enabled(false);
+  const Snapshot snap = snapshot();
+  std::size_t checked = 0;
+  for (const Record& record : snap.records) {
+    if (std::string_view(record.name) != "bracketed") continue;
+    ASSERT_LT(record.bytes, brackets.size());
+    const Bracket& bracket = brackets[record.bytes];
+    // Within a few ns: where an anchor falls between a stamp and the anchor now_ns() used,
+    // the two stretches agree at the anchor and part by the rates' difference (ppm).
+    EXPECT_GE(record.begin_ns, bracket.before - 100) << "span " << record.bytes;
+    EXPECT_LE(record.begin_ns, record.end_ns) << "span " << record.bytes;
+    EXPECT_LE(record.end_ns, bracket.after + 100) << "span " << record.bytes;
+    EXPECT_TRUE(record.ns);
+    ++checked;
+  }
+  EXPECT_EQ(checked, brackets.size());
+  clear();
 }
 
 TEST(TraceClock, NeverRunsBackwardsOnAThreadWhileOthersReadIt) {

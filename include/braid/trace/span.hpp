@@ -45,7 +45,7 @@ class OpenSpan {
     record_.name = name.c_str();
     record_.track = resolved;
     record_.bytes = bytes;
-    record_.begin_ns = now_ns();
+    record_.begin_ns = detail::now_stamp();
     active_ = true;
   }
 
@@ -69,7 +69,7 @@ class OpenSpan {
   void end() noexcept {
     if (!active_) return;
     active_ = false;
-    storage_.record.end_ns = now_ns();
+    storage_.record.end_ns = detail::now_stamp();
     append(storage_.record);
   }
 
@@ -138,7 +138,7 @@ inline void instant(Category category, Name name, Track track = {},
   record.name = name.c_str();
   record.track = track.id;
   record.bytes = bytes;
-  record.begin_ns = record.end_ns = now_ns();
+  record.begin_ns = record.end_ns = detail::now_stamp();
   detail::append(record);
 }
 
@@ -153,7 +153,7 @@ inline void counter(Category category, Name name, std::int64_t value, Track trac
   record.track = track.id;
   record.args[0] = Arg{name.c_str(), value};
   record.arg_count = 1;
-  record.begin_ns = record.end_ns = now_ns();
+  record.begin_ns = record.end_ns = detail::now_stamp();
   detail::append(record);
 }
 

@@ -171,11 +171,19 @@ asio::awaitable<void> CollectiveOp::settle(std::string why) {
   }
 }
 
-void combine(const Buffer& dst, const Buffer& a, const Buffer& b, ReduceOp op) {
+namespace {
+
+void enforce_same_shape(const Buffer& dst, const Buffer& a, const Buffer& b) {
   BRAID_ENFORCE(dst.count() == a.count() && a.count() == b.count() && dst.dtype() == a.dtype() &&
                     a.dtype() == b.dtype(),
                 "combine over mismatched buffers ({} / {} / {} elements)", dst.count(), a.count(),
                 b.count());
+}
+
+}  // namespace
+
+void combine(const Buffer& dst, const Buffer& a, const Buffer& b, ReduceOp op) {
+  enforce_same_shape(dst, a, b);
   reduce(dst.data(), a.data(), b.data(), dst.count(), dst.dtype(), op);
 }
 
@@ -191,10 +199,7 @@ void combine_and_finish(const Buffer& dst, const Buffer& a, const Buffer& b, Red
     combine(dst, a, b, op);
     return;
   }
-  BRAID_ENFORCE(dst.count() == a.count() && a.count() == b.count() && dst.dtype() == a.dtype() &&
-                    a.dtype() == b.dtype(),
-                "combine over mismatched buffers ({} / {} / {} elements)", dst.count(), a.count(),
-                b.count());
+  enforce_same_shape(dst, a, b);
   reduce_and_divide(dst.data(), a.data(), b.data(), dst.count(), dst.dtype(), contributions);
 }
 

@@ -19,6 +19,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -409,7 +410,7 @@ struct BaselineKernels {
   }
   template <DType D>
   static void reduce_and_divide(void* dst, const void* a, const void* b,
-                                     std::size_t count, int divisor) {
+                                std::size_t count, int divisor) {
     reduce_and_divide_any<ScalarF16Codec, D>(dst, a, b, count, divisor);
   }
 };
@@ -427,7 +428,7 @@ struct Avx2Kernels {
   }
   template <DType D>
   BRAID_TARGET_AVX2 static void reduce_and_divide(void* dst, const void* a, const void* b,
-                                     std::size_t count, int divisor) {
+                                                  std::size_t count, int divisor) {
     reduce_and_divide_any<Avx2F16Codec, D>(dst, a, b, count, divisor);
   }
 };
@@ -444,7 +445,7 @@ struct Avx512Kernels {
   }
   template <DType D>
   BRAID_TARGET_AVX512 static void reduce_and_divide(void* dst, const void* a, const void* b,
-                                     std::size_t count, int divisor) {
+                                                    std::size_t count, int divisor) {
     reduce_and_divide_any<Avx512F16Codec, D>(dst, a, b, count, divisor);
   }
 };
@@ -522,17 +523,25 @@ bool partially_overlaps(const void* x, const void* y, std::size_t bytes) {
   return first != second && first < second + bytes && second < first + bytes;
 }
 
+// reduce()'s and reduce_and_divide()'s operands: a known dtype (its table index), and dst
+// exactly a, exactly b, or apart from both.
+std::size_t checked_operands(std::string_view what, const void* dst, const void* a, const void* b,
+                             std::size_t count, DType dtype) {
+  const auto dtype_index = static_cast<std::size_t>(dtype);
+  BRAID_ENFORCE(dtype_index < kDTypeCount, "{}: unknown DType {}", what, dtype_index);
+  const std::size_t bytes = count * dtype_size(dtype);
+  BRAID_ENFORCE(!partially_overlaps(dst, a, bytes) && !partially_overlaps(dst, b, bytes),
+                "{}: dst must be a, b, or disjoint from both", what);
+  return dtype_index;
+}
+
 }  // namespace
 
 void reduce(void* dst, const void* a, const void* b, std::size_t count, DType dtype,
             ReduceOp op) {
-  const auto dtype_index = static_cast<std::size_t>(dtype);
   const auto op_index = static_cast<std::size_t>(op);
-  BRAID_ENFORCE(dtype_index < kDTypeCount, "reduce: unknown DType {}", dtype_index);
   BRAID_ENFORCE(op_index < kReduceOpCount, "reduce: unknown ReduceOp {}", op_index);
-  const std::size_t bytes = count * dtype_size(dtype);
-  BRAID_ENFORCE(!partially_overlaps(dst, a, bytes) && !partially_overlaps(dst, b, bytes),
-                "reduce: dst must be a, b, or disjoint from both");
+  const std::size_t dtype_index = checked_operands("reduce", dst, a, b, count, dtype);
   if (count == 0) return;
   kernels().reduce[dtype_index][op_index](dst, a, b, count);
 }
@@ -547,12 +556,8 @@ void divide(void* data, std::size_t count, DType dtype, int divisor) {
 
 void reduce_and_divide(void* dst, const void* a, const void* b, std::size_t count, DType dtype,
                        int divisor) {
-  const auto dtype_index = static_cast<std::size_t>(dtype);
-  BRAID_ENFORCE(dtype_index < kDTypeCount, "reduce_and_divide: unknown DType {}", dtype_index);
+  const std::size_t dtype_index = checked_operands("reduce_and_divide", dst, a, b, count, dtype);
   BRAID_ENFORCE(divisor > 0, "reduce_and_divide: divisor must be positive, got {}", divisor);
-  const std::size_t bytes = count * dtype_size(dtype);
-  BRAID_ENFORCE(!partially_overlaps(dst, a, bytes) && !partially_overlaps(dst, b, bytes),
-                "reduce_and_divide: dst must be a, b, or disjoint from both");
   if (count == 0) return;
   kernels().reduce_and_divide[dtype_index](dst, a, b, count, divisor);
 }

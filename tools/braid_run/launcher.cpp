@@ -296,25 +296,22 @@ void Job::give_verdict() {
   const auto signalled = std::find_if(failures_.begin(), failures_.end(),
                                       [](const Failure& f) { return !WIFEXITED(f.status); });
   const Failure culprit = signalled != failures_.end() ? *signalled : failures_.front();
-  std::string how;
-  if (WIFEXITED(culprit.status)) {
-    exit_status_ = WEXITSTATUS(culprit.status);
-    how = fmt::format("exited with code {}", exit_status_);
-  } else {
-    const int sig = WTERMSIG(culprit.status);
-    exit_status_ = 128 + sig;
-    how = fmt::format("was killed by signal {} ({})", sig, signal_name(sig));
-  }
+  exit_status_ =
+      WIFEXITED(culprit.status) ? WEXITSTATUS(culprit.status) : 128 + WTERMSIG(culprit.status);
+  auto how = [](int status) {
+    return WIFEXITED(status) ? fmt::format("exited with code {}", WEXITSTATUS(status))
+                             : fmt::format("was killed by signal {} ({})", WTERMSIG(status),
+                                           signal_name(WTERMSIG(status)));
+  };
   std::string also;
   for (const Failure& f : failures_) {
     if (f.rank == culprit.rank) continue;
-    also += fmt::format("{}rank {} {}", also.empty() ? "; also " : ", ", f.rank->rank,
-                        WIFEXITED(f.status)
-                            ? fmt::format("exited with code {}", WEXITSTATUS(f.status))
-                            : fmt::format("was killed by signal {}", WTERMSIG(f.status)));
+    also +=
+        fmt::format("{}rank {} {}", also.empty() ? "; also " : ", ", f.rank->rank, how(f.status));
   }
   const int others = running_count();
-  report(fmt::format("rank {} (pid {}) {}{}{}", culprit.rank->rank, culprit.rank->pid, how, also,
+  report(fmt::format("rank {} (pid {}) {}{}{}", culprit.rank->rank, culprit.rank->pid,
+                     how(culprit.status), also,
                      others > 0 ? fmt::format("; stopping the other {} rank(s)", others) : ""));
   stopping_ = true;
   stop(SIGTERM);

@@ -4,7 +4,7 @@
 //
 // Cost. Off: a recording site is one relaxed atomic load (enabled()) and a branch.
 // On: two counter reads per span (detail::now_stamp(), converted to ns by snapshot()) plus a copy
-// of one Record (~96 bytes) into the calling thread's buffer, with no lock and no allocation except
+// of one Record (88 bytes) into the calling thread's buffer, with no lock and no allocation except
 // one chunk of kChunkRecords records when the previous chunk is full. A thread's first record
 // registers its buffer under a mutex, once. Buffers outlive their threads: records from
 // threads that have exited stay until clear().

@@ -17,7 +17,6 @@
 namespace braid::collectives::detail {
 namespace {
 
-constexpr std::size_t kNameBytes = 128;
 // fold_block reads peers' elements in pieces this size, so the reduction reads them from
 // cache (two pieces and the output's piece stay well inside a 2 MiB L2).
 constexpr std::size_t kFoldPieceBytes = std::size_t{256} << 10;
@@ -71,38 +70,43 @@ Buffer bytes_of(MapNotice& notice) {
   return Buffer(reinterpret_cast<std::uint8_t*>(&notice), sizeof notice, DType::u8);
 }
 
-MapNotice failure_notice(const Error& error, int rank) {
-  MapNotice notice;
-  notice.error = error.code().category() == std::generic_category() ? error.code().value() : EIO;
-  notice.rank = rank;
-  const std::string_view what = error.detail();
-  std::memcpy(notice.text.data(), what.data(), std::min(what.size(), notice.text.size() - 1));
-  return notice;
+// Copies `text` into the notice, cut to fit and NUL-terminated.
+void put_text(MapNotice& notice, std::string_view text) {
+  std::memcpy(notice.text.data(), text.data(), std::min(text.size(), notice.text.size() - 1));
 }
 
-// Rank 0 makes the segment: its name, or why not (the whole message in `failure`).
-MapNotice create_segment(SharedMemoryArena& arena, std::string& failure) {
+// `action`'s notice, or, if it throws, `rank`'s failure notice (the whole message in
+// `failure`: the notice carries what fits).
+template <class Action>
+MapNotice attempt(int rank, std::string& failure, Action action) {
   try {
-    MapNotice name;
-    const std::string created = arena.create();
-    std::memcpy(name.text.data(), created.data(), std::min(created.size(), name.text.size() - 1));
-    return name;
+    return action();
   } catch (const Error& error) {
     failure = error.detail();
-    return failure_notice(error, 0);
+    MapNotice notice;
+    notice.error = error.code().category() == std::generic_category() ? error.code().value() : EIO;
+    notice.rank = rank;
+    put_text(notice, failure);
+    return notice;
   }
 }
 
-// Another rank maps it: an empty notice, or why not (the whole message in `failure`).
+// Rank 0 makes the segment: its name, or why not.
+MapNotice create_segment(SharedMemoryArena& arena, std::string& failure) {
+  return attempt(0, failure, [&arena] {
+    MapNotice name;
+    put_text(name, arena.create());
+    return name;
+  });
+}
+
+// Another rank maps it: an empty notice, or why not.
 MapNotice open_segment(SharedMemoryArena& arena, const MapNotice& name, int rank,
                        std::string& failure) {
-  try {
+  return attempt(rank, failure, [&] {
     arena.open(std::string(name.text.data()));
     return MapNotice{};
-  } catch (const Error& error) {
-    failure = error.detail();
-    return failure_notice(error, rank);
-  }
+  });
 }
 
 // What a rank throws when it could not make or map the segment itself.

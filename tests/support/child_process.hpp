@@ -41,8 +41,12 @@ class ChildProcess {
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
       std::string_view entry(*e);
-      // The job's BRAID_* come from braid-run alone (a CI runner might set BRAID_TOKEN).
+      // The job's BRAID_* come from braid-run alone (a CI runner might set BRAID_TOKEN),
+      // and OMP_NUM_THREADS, which braid-run sets, from the test alone.
       if (entry.starts_with("BRAID_") && !entry.starts_with("BRAID_LOG_LEVEL=")) continue;
+      if (entry.starts_with("OMP_NUM_THREADS=")) continue;
+      // What the test passes replaces what it inherits.
+      if (extra_env.contains(std::string(entry.substr(0, entry.find('='))))) continue;
       env.emplace_back(entry);
     }
     for (const auto& [name, value] : extra_env) env.push_back(name + "=" + value);

@@ -106,6 +106,22 @@ TEST(BraidRun, PassesBraidTokenThrough) {
   for (const auto& line : lines) EXPECT_EQ(line.at("token"), "shared-secret");
 }
 
+// As torchrun does: ranks sharing a node would otherwise each start OpenMP and BLAS pools
+// as wide as the machine.
+TEST(BraidRun, SeveralRanksOnANodeGetOneOpenMpThreadUnlessTheUserChoseACount) {
+  auto several = env_lines(run({"-n", "2", probe(), "env"}).out);
+  ASSERT_EQ(several.size(), 2u);
+  for (const auto& line : several) EXPECT_EQ(line.at("omp_threads"), "1");
+
+  auto chosen = env_lines(run({"-n", "2", probe(), "env"}, {{"OMP_NUM_THREADS", "3"}}).out);
+  ASSERT_EQ(chosen.size(), 2u);
+  for (const auto& line : chosen) EXPECT_EQ(line.at("omp_threads"), "3");
+
+  auto alone = env_lines(run({"-n", "1", probe(), "env"}).out);
+  ASSERT_EQ(alone.size(), 1u);
+  EXPECT_EQ(alone[0].at("omp_threads"), "unset");
+}
+
 TEST(BraidRun, MultiNodeFlagsOffsetRanksByNode) {
   auto result = run({"--nnodes", "2", "--node-rank=1", "--master-addr", "10.1.2.3", "--master-port",
                      "29555", "--nproc_per_node=2", probe(), "env"},

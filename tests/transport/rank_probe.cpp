@@ -45,11 +45,11 @@ int main(int argc, char** argv) {
     } else if (command == "env") {
       fmt::print(
           "rank={} world={} local_rank={} local_world={} node={} nodes={} store={} "
-          "token={} source={}\n",
+          "token={} source={} omp_threads={}\n",
           launch.rank, launch.world_size, launch.local_rank, launch.local_world_size,
           launch.node_rank, launch.num_nodes,
           braid::transport::format_host_port(launch.store_host, launch.store_port), launch.token,
-          launch.source);
+          launch.source, std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "unset");
     } else if (command == "out") {
       fmt::print("{}\n", next(i));
     } else if (command == "err") {

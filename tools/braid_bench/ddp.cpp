@@ -171,6 +171,9 @@ int run_ddp(const std::vector<std::string>& args) {
   // inside one process. Two separate runs' step times drift by tens of percent on a
   // shared VM, ten times the figure sought. Rounds interleave the configurations, so a
   // slow spell of the machine hits them alike; figures are means over rounds.
+  // braid-run gives its ranks OMP_NUM_THREADS=1 (one OpenMP and one BLAS thread each);
+  // the PyTorch peer's ranks get the same from here.
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) ::setenv("OMP_NUM_THREADS", "1", 1);
   std::vector<std::string> braid_runs, view_runs, torch_runs;
   for (int round = 0; round < o.rounds; ++round) {
     if (auto r = run_braid(o, "paired")) braid_runs.push_back(*r);

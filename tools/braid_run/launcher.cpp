@@ -4,6 +4,7 @@
 #include <array>
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -448,6 +449,11 @@ int Job::run() {
   shared_env_.push_back(fmt::format("BRAID_NNODES={}", options_.nnodes));
   shared_env_.push_back(fmt::format("BRAID_STORE={}", transport::format_host_port(host, port)));
   if (!token.empty()) shared_env_.push_back(fmt::format("BRAID_TOKEN={}", token));
+  // Several ranks each starting an OpenMP (libtorch) and a BLAS (OpenBLAS) pool as wide
+  // as the machine would run cores x ranks threads: one each unless the user said.
+  if (options_.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    shared_env_.push_back("OMP_NUM_THREADS=1");
+  }
 
   // Signals arrive through the signalfd, in the poll loop, never in a handler.
   sigset_t mask;

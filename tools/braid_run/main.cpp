@@ -46,6 +46,10 @@ options (options end at the program, or at --):
 BRAID_TOKEN: passed through when set (set it to the same secret on every node);
 otherwise a random token is generated for a single-node job.
 
+OMP_NUM_THREADS: set to 1 for the ranks when there are several on this node and it is
+not set already (as torchrun does), so that the ranks' OpenMP and BLAS thread pools do
+not overload the cores; set it yourself to give each rank more threads.
+
 SIGINT and SIGTERM are forwarded to every rank; a second one kills them. Exit status:
 0 when every rank exits with 0; else the first failing rank's code (128 + signal when
 it was killed), 124 after --timeout, 128 + signal when braid-run was stopped, 127/126

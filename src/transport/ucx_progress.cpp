@@ -198,6 +198,27 @@ void UcxWorkerImpl::progress() {
   wait_for_events();
 }
 
+// A receive awaited while its message is on the way (the reply in a ping-pong, a
+// partner's next step) polls the worker right there for a moment before it suspends: a
+// completion found that way resumes nothing (the coroutine never left), so the message
+// skips the trip through the completion queue, the coroutine's resumption by the
+// io_context and, on the next wait, its reactor (an epoll_wait). Other operations that
+// complete meanwhile are queued as in progress()'s drain and delivered by it.
+// Cost: up to kInPlacePoll of the runtime thread per receive whose message is late, during
+// which its other handlers wait; none with BRAID_UCX_SPIN_US=0, which asks for no spinning.
+bool UcxWorkerImpl::poll_in_place(UcxOp* op) {
+  constexpr std::chrono::nanoseconds kInPlacePoll = std::chrono::microseconds(2);
+  if (spin_ == std::chrono::nanoseconds::zero() || closed_) return false;
+  const auto until = Clock::now() + std::min(spin_, kInPlacePoll);
+  for (unsigned round = 1;; ++round) {
+    drain();
+    if (!completed_.empty()) post_poll();  // progress() delivers them
+    if (op->finished) return true;
+    // The clock every few rounds: a read costs about as much as an idle round.
+    if ((round & 7) == 0 && Clock::now() >= until) return false;
+  }
+}
+
 unsigned UcxWorkerImpl::drain() {
   draining_ = true;
   unsigned events = 0;

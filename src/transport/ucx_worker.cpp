@@ -108,6 +108,7 @@ asio::awaitable<std::size_t> UcxWorker::recv(int peer, Buffer buffer, Tag tag, D
   span.arg("peer", peer);
   span.arg("seq", static_cast<std::int64_t>(tag.sequence));
   Transfer transfer = start_recv(peer, buffer, tag, deadline);
+  if (transfer.op_ != nullptr) impl_->poll_in_place(transfer.op_);  // wait() collects it
   const std::size_t received = transfer.op_ == nullptr ? transfer.length_ : co_await wait(transfer);
   span.set_bytes(received);
   co_return received;

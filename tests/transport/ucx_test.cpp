@@ -198,6 +198,46 @@ TEST(UcxP2p, ManyInFlightOperationsMatchByTagWhicheverOrderTheyArePostedIn) {
   }
 }
 
+// A receive whose message is on its way polls the worker in place before it suspends
+// (ucx_progress.cpp): a ping-pong's replies mostly complete that way. Each reply carries
+// the count so far, and a receive suspended the whole time on the same rank, whose message
+// comes in the middle of the exchange (found by one of those in-place polls or by the
+// progress loop), still gets it.
+TEST(UcxP2p, PingPongRepliesAndAReceiveWaitingBesideThemAllArrive) {
+  World world(2);
+  constexpr std::int64_t kRoundTrips = 2000;
+  std::int64_t beside = 0;
+  auto waiting = world.spawn(
+      1, world[1].recv(0, Buffer(&beside, 1, DType::i64), {.sequence = 7}, soon()));
+  auto pinger = [&]() -> asio::awaitable<std::int64_t> {
+    std::int64_t value = 0;
+    for (std::int64_t i = 0; i < kRoundTrips; ++i) {
+      if (i == kRoundTrips / 2) {
+        std::int64_t marker = 42;
+        co_await world[0].send(1, Buffer(&marker, 1, DType::i64), {.sequence = 7}, soon());
+      }
+      co_await world[0].send(1, Buffer(&value, 1, DType::i64), {.sequence = 0}, soon());
+      co_await world[0].recv(1, Buffer(&value, 1, DType::i64), {.sequence = 0}, soon());
+    }
+    co_return value;
+  };
+  auto ponger = [&]() -> asio::awaitable<std::int64_t> {
+    std::int64_t value = 0;
+    for (std::int64_t i = 0; i < kRoundTrips; ++i) {
+      co_await world[1].recv(0, Buffer(&value, 1, DType::i64), {.sequence = 0}, soon());
+      ++value;
+      co_await world[1].send(0, Buffer(&value, 1, DType::i64), {.sequence = 0}, soon());
+    }
+    co_return value;
+  };
+  auto pinged = world.spawn(0, pinger());
+  auto ponged = world.spawn(1, ponger());
+  EXPECT_EQ(pinged.get(), kRoundTrips);
+  EXPECT_EQ(ponged.get(), kRoundTrips);
+  EXPECT_EQ(waiting.get(), sizeof(std::int64_t));
+  EXPECT_EQ(beside, 42);
+}
+
 TEST(UcxP2p, ReceivesMatchTheirSourceRankWhenTagsAreEqual) {
   World world(3);
   std::uint64_t from1 = 0, from2 = 0, one = 111, two = 222;

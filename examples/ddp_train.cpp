@@ -36,6 +36,30 @@
 
 namespace {
 
+constexpr const char* kUsage = R"(usage: braid-run -n N ddp_train [options]
+
+Trains a model with braid's DistributedDataParallel on synthetic data, one rank per
+process, printing the loss per step, and ends with the overlap summary (BRAID_TRACE=dir
+also writes the trace for braid-trace).
+
+options:
+  --model mlp|transformer  the model (default mlp)
+  --hidden N               width (default 512 for the MLP, 256 for the transformer)
+  --layers N               hidden layers or blocks (default 5 MLP, 4 transformer)
+  --batch N                samples per rank per step (default 32)
+  --steps N                training steps (default 100 MLP, 60 transformer)
+  --lr X                   learning rate (default 0.001)
+  --optimizer adam|sgd     (default adam)
+  --threads N              libtorch's intra-op threads per rank (default 1)
+  --bucket-cap-mib X       gradient bucket cap (default 25)
+  --bucket-view            gradients as views of their buckets (no copies)
+  --private-buckets        buckets in private memory instead of memory the ranks share
+  --sync ddp|none|paired   ddp (default); none: no gradient sync; paired: with --bench,
+                           alternate a synchronised and a no_sync() step
+  --bench                  print one JSON line of timings instead of the progress display
+  -h, --help               print this help, and exit
+)";
+
 struct Settings {
   std::string model = "mlp";
   // 0: the model's default. The MLP's (512 wide, 5 layers, 100 steps: 1.44M parameters in
@@ -53,6 +77,7 @@ struct Settings {
   double bucket_cap_mib = 25;
   bool bucket_view = false;
   bool private_buckets = false;
+  bool help = false;
 };
 
 Settings parse(int argc, char** argv) {
@@ -63,6 +88,10 @@ Settings parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
       return argv[++i];
     };
+    if (arg == "-h" || arg == "--help") {
+      s.help = true;
+      return s;
+    }
     if (arg == "--model")
       s.model = value();
     else if (arg == "--steps")
@@ -504,6 +533,10 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
 int main(int argc, char** argv) {
   try {
     const Settings settings = parse(argc, argv);
+    if (settings.help) {
+      std::cout << kUsage;
+      return 0;
+    }
     torch::set_num_threads(settings.threads);
     braid::trace::set_enabled(true);  // for the closing summary; BRAID_TRACE also writes files
     braid::Runtime runtime;
@@ -512,7 +545,7 @@ int main(int argc, char** argv) {
       return train(*world, settings, Mlp(settings.hidden, settings.layers));
     return train(*world, settings, Transformer(settings.hidden, settings.layers));
   } catch (const std::invalid_argument& e) {
-    std::cerr << "ddp_train: " << e.what() << "\n";
+    std::cerr << "ddp_train: " << e.what() << "\nrun 'ddp_train --help' for usage\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "ddp_train: " << e.what() << "\n";

@@ -8,3 +8,11 @@ echo "$output"
 grep -q "(converged)" <<<"$output" || { echo "FAIL: the loss did not fall 3x"; exit 1; }
 grep -q "overlap%" <<<"$output" || { echo "FAIL: no overlap summary"; exit 1; }
 grep -qE "^\[0\] all +" <<<"$output" || { echo "FAIL: no job row in the summary"; exit 1; }
+
+# Its options are listed, and a wrong one is a usage error that points there.
+"$2" --help | grep -q -- "--bucket-view" || { echo "FAIL: --help does not list the options"; exit 1; }
+status=0
+"$2" --no-such-option 2>/tmp/ddp_train_usage.$$ || status=$?
+grep -q "ddp_train --help" /tmp/ddp_train_usage.$$ || { echo "FAIL: no pointer to --help"; exit 1; }
+rm -f /tmp/ddp_train_usage.$$
+[ "$status" -eq 2 ] || { echo "FAIL: an unknown option exited with $status, not 2"; exit 1; }

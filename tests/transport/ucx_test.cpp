@@ -207,8 +207,8 @@ TEST(UcxP2p, PingPongRepliesAndAReceiveWaitingBesideThemAllArrive) {
   World world(2);
   constexpr std::int64_t kRoundTrips = 2000;
   std::int64_t beside = 0;
-  auto waiting = world.spawn(
-      1, world[1].recv(0, Buffer(&beside, 1, DType::i64), {.sequence = 7}, soon()));
+  auto waiting =
+      world.spawn(1, world[1].recv(0, Buffer(&beside, 1, DType::i64), {.sequence = 7}, soon()));
   auto pinger = [&]() -> asio::awaitable<std::int64_t> {
     std::int64_t value = 0;
     for (std::int64_t i = 0; i < kRoundTrips; ++i) {

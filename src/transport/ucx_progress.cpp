@@ -206,17 +206,16 @@ void UcxWorkerImpl::progress() {
 // complete meanwhile are queued as in progress()'s drain and delivered by it.
 // Cost: up to kInPlacePoll of the runtime thread per receive whose message is late, during
 // which its other handlers wait; none with BRAID_UCX_SPIN_US=0, which asks for no spinning.
-bool UcxWorkerImpl::poll_in_place(UcxOp* op) {
+void UcxWorkerImpl::poll_in_place(UcxOp* op) {
   constexpr std::chrono::nanoseconds kInPlacePoll = std::chrono::microseconds(2);
-  if (spin_ == std::chrono::nanoseconds::zero() || closed_) return false;
+  if (spin_ == std::chrono::nanoseconds::zero() || closed_) return;
   const auto until = Clock::now() + std::min(spin_, kInPlacePoll);
-  for (unsigned round = 1;; ++round) {
+  for (unsigned round = 1; !op->finished; ++round) {
     drain();
-    if (!completed_.empty()) post_poll();  // progress() delivers them
-    if (op->finished) return true;
     // The clock every few rounds: a read costs about as much as an idle round.
-    if ((round & 7) == 0 && Clock::now() >= until) return false;
+    if ((round & 7) == 0 && Clock::now() >= until) break;
   }
+  if (!completed_.empty()) post_poll();  // progress() delivers them
 }
 
 unsigned UcxWorkerImpl::drain() {

@@ -111,9 +111,9 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   // Takes a parked result and returns the op to the pool.
   void collect(UcxOp* op, std::exception_ptr& error, std::size_t& length) noexcept;
   // Polls the worker in place, for at most kInPlacePoll, until `op` (started, not yet
-  // awaited) finishes; returns whether it did. Then its result is parked for collect().
-  // See ucx_progress.cpp.
-  bool poll_in_place(UcxOp* op);
+  // awaited) finishes; if it does, its result is parked for collect(). See
+  // ucx_progress.cpp.
+  void poll_in_place(UcxOp* op);
 
   void cancel(UcxOp* op);
   std::uint64_t add_peer_failure_listener(UcxWorker::PeerFailureListener listener);

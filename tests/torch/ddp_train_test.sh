@@ -12,7 +12,6 @@ grep -qE "^\[0\] all +" <<<"$output" || { echo "FAIL: no job row in the summary"
 # Its options are listed, and a wrong one is a usage error that points there.
 "$2" --help | grep -q -- "--bucket-view" || { echo "FAIL: --help does not list the options"; exit 1; }
 status=0
-"$2" --no-such-option 2>/tmp/ddp_train_usage.$$ || status=$?
-grep -q "ddp_train --help" /tmp/ddp_train_usage.$$ || { echo "FAIL: no pointer to --help"; exit 1; }
-rm -f /tmp/ddp_train_usage.$$
+usage=$("$2" --no-such-option 2>&1) || status=$?
+grep -q "ddp_train --help" <<<"$usage" || { echo "FAIL: no pointer to --help"; exit 1; }
 [ "$status" -eq 2 ] || { echo "FAIL: an unknown option exited with $status, not 2"; exit 1; }

@@ -43,13 +43,14 @@ int main(int argc, char** argv) {
         }
       }
     } else if (command == "env") {
+      const char* omp_threads = std::getenv("OMP_NUM_THREADS");
       fmt::print(
           "rank={} world={} local_rank={} local_world={} node={} nodes={} store={} "
           "token={} source={} omp_threads={}\n",
           launch.rank, launch.world_size, launch.local_rank, launch.local_world_size,
           launch.node_rank, launch.num_nodes,
           braid::transport::format_host_port(launch.store_host, launch.store_port), launch.token,
-          launch.source, std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "unset");
+          launch.source, omp_threads != nullptr ? omp_threads : "unset");
     } else if (command == "out") {
       fmt::print("{}\n", next(i));
     } else if (command == "err") {

@@ -89,17 +89,15 @@ void UcxWorkerImpl::check_can_start(int peer, const Buffer& buffer, const Tag& t
   }
 }
 
-UcxOp* UcxWorkerImpl::acquire_op() {
+UcxOp* UcxWorkerImpl::spare_op() {
   if (free_ops_.empty()) {
     all_ops_.push_back(std::make_unique<UcxOp>());
     all_ops_.back()->owner = this;
     // release_op() can then take every op back without allocating.
     free_ops_.reserve(all_ops_.size());
-    return all_ops_.back().get();
+    free_ops_.push_back(all_ops_.back().get());
   }
-  UcxOp* op = free_ops_.back();
-  free_ops_.pop_back();
-  return op;
+  return free_ops_.back();
 }
 
 void UcxWorkerImpl::release_op(UcxOp* op) noexcept {
@@ -130,10 +128,12 @@ void UcxWorkerImpl::cancel(UcxOp* op) {
   }
 }
 
-void UcxWorkerImpl::collect(UcxOp* op, std::exception_ptr& error, std::size_t& length) noexcept {
-  error = std::move(op->error);
-  length = op->length;
+std::size_t UcxWorkerImpl::take_result(UcxOp* op) {
+  const std::exception_ptr error = std::move(op->error);
+  const std::size_t length = op->length;
   release_op(op);
+  if (error) std::rethrow_exception(error);
+  return length;
 }
 
 void UcxWorkerImpl::track(UcxOp* op, OpKind kind, int peer, const Tag& tag, std::size_t capacity,
@@ -144,6 +144,13 @@ void UcxWorkerImpl::track(UcxOp* op, OpKind kind, int peer, const Tag& tag, std:
   op->capacity = capacity;
   op->deadline = deadline == kDefaultDeadline ? default_deadline() : deadline;
   op->request = request;
+  // UCX kept the request: the spare op handed to it as user data leaves the pool. It is
+  // still on top unless a completion ran inside the start call and returned an op.
+  if (free_ops_.back() == op) {
+    free_ops_.pop_back();
+  } else {
+    free_ops_.erase(std::find(free_ops_.begin(), free_ops_.end(), op));
+  }
   pending_.push_back(*op);
   if (op->deadline < watchdog_expiry_) arm_watchdog(op->deadline);
   activity_ = true;
@@ -160,7 +167,7 @@ ucs_memory_type_t memory_type_of(const Buffer& buffer) {
 UcxOp* UcxWorkerImpl::start_send(int peer, const Buffer& buffer, const Tag& tag,
                                  Deadline deadline) {
   check_can_start(peer, buffer, tag, OpKind::send);
-  UcxOp* op = acquire_op();
+  UcxOp* op = spare_op();
   ucp_request_param_t params{};
   params.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
@@ -170,7 +177,6 @@ UcxOp* UcxWorkerImpl::start_send(int peer, const Buffer& buffer, const Tag& tag,
   void* request = ucp_tag_send_nbx(peers_[peer].ep, buffer.data(), buffer.size_bytes(),
                                    encode_tag(tag, static_cast<std::uint32_t>(rank_)), &params);
   if (!UCS_PTR_IS_PTR(request)) {
-    release_op(op);
     activity_ = true;
     if (request == nullptr) return nullptr;
     throw make_error(peer, OpKind::send, tag, buffer.size_bytes(), UCS_PTR_STATUS(request), 0);
@@ -189,7 +195,7 @@ RecvStart UcxWorkerImpl::start_recv(int peer, const Buffer& buffer, const Tag& t
   // receive cannot complete at once and the callback reports the length.
   ucp_tag_recv_info_t info{};
   ucp_tag_probe_nb(worker_, wire_tag, tag_mask_exact, 0, &info);
-  UcxOp* op = acquire_op();
+  UcxOp* op = spare_op();
   ucp_request_param_t params{};
   params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                         UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FIELD_RECV_INFO;
@@ -201,7 +207,6 @@ RecvStart UcxWorkerImpl::start_recv(int peer, const Buffer& buffer, const Tag& t
   void* request = ucp_tag_recv_nbx(worker_, buffer.data(), buffer.size_bytes(), wire_tag,
                                    tag_mask_exact, &params);
   if (!UCS_PTR_IS_PTR(request)) {
-    release_op(op);
     activity_ = true;
     if (request == nullptr) return {.op = nullptr, .received = info.length};
     throw make_error(peer, OpKind::recv, tag, buffer.size_bytes(), UCS_PTR_STATUS(request),

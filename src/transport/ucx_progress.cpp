@@ -206,16 +206,31 @@ void UcxWorkerImpl::progress() {
 // complete meanwhile are queued as in progress()'s drain and delivered by it.
 // Cost: up to kInPlacePoll of the runtime thread per receive whose message is late, during
 // which its other handlers wait; none with BRAID_UCX_SPIN_US=0, which asks for no spinning.
-void UcxWorkerImpl::poll_in_place(UcxOp* op) {
+bool UcxWorkerImpl::poll_in_place(UcxOp* op) {
   constexpr std::chrono::nanoseconds kInPlacePoll = std::chrono::microseconds(2);
-  if (spin_ == std::chrono::nanoseconds::zero() || closed_) return;
-  const auto until = Clock::now() + std::min(spin_, kInPlacePoll);
-  for (unsigned round = 1; !op->finished; ++round) {
-    drain();
-    // The clock every few rounds: a read costs about as much as an idle round.
-    if ((round & 7) == 0 && Clock::now() >= until) break;
+  if (spin_ == std::chrono::nanoseconds::zero() || closed_) return op->finished;
+  // One ucp_worker_progress per round, not a drain: the round that finds our message
+  // returns at once instead of making another (empty) call first.
+  bool events = false;
+  draining_ = true;
+  try {
+    const auto until = Clock::now() + std::min(spin_, kInPlacePoll);
+    for (unsigned round = 1; !op->finished; ++round) {
+      events |= ucp_worker_progress(worker_) != 0;
+      // The clock every few rounds: a read costs about as much as an idle round.
+      if ((round & 7) == 0 && Clock::now() >= until) break;
+    }
+  } catch (...) {
+    // A completion callback ran out of memory building its result: nobody will await
+    // `op` now, so UCX is told to let go of its buffer.
+    draining_ = false;
+    detach(op);
+    throw;
   }
-  if (!completed_.empty()) post_poll();  // progress() delivers them
+  draining_ = false;
+  // progress() delivers what completed meanwhile and takes whatever UCX has left.
+  if (events) post_poll();
+  return op->finished;
 }
 
 unsigned UcxWorkerImpl::drain() {

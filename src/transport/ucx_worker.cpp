@@ -107,27 +107,37 @@ asio::awaitable<std::size_t> UcxWorker::recv(int peer, Buffer buffer, Tag tag, D
   trace::AsyncSpan span(trace::Category::transport, "ucx.recv");
   span.arg("peer", peer);
   span.arg("seq", static_cast<std::int64_t>(tag.sequence));
-  Transfer transfer = start_recv(peer, buffer, tag, deadline);
-  if (transfer.op_ != nullptr) impl_->poll_in_place(transfer.op_);  // wait() collects it
-  const std::size_t received = transfer.op_ == nullptr ? transfer.length_ : co_await wait(transfer);
+  const detail::RecvStart started = impl_->start_recv(peer, buffer, tag, deadline);
+  std::size_t received = started.received;
+  if (started.op != nullptr) {
+    // Found by polling in place (the usual case for a reply), the result is taken here:
+    // no Transfer (whose share of the worker state costs an atomic count each way) and no
+    // frame for wait().
+    if (impl_->poll_in_place(started.op)) {
+      received = impl_->take_result(started.op);
+    } else {
+      Transfer transfer = started_transfer(started.op, 0);
+      received = co_await wait(transfer);
+    }
+  }
   span.set_bytes(received);
   co_return received;
 }
 
 Transfer UcxWorker::start_send(int peer, Buffer buffer, Tag tag, Deadline deadline) {
-  Transfer transfer;
-  transfer.op_ = impl_->start_send(peer, buffer, tag, deadline);
-  if (transfer.op_ != nullptr) transfer.impl_ = impl_;
-  transfer.started_ = true;
-  return transfer;
+  return started_transfer(impl_->start_send(peer, buffer, tag, deadline), 0);
 }
 
 Transfer UcxWorker::start_recv(int peer, Buffer buffer, Tag tag, Deadline deadline) {
+  const detail::RecvStart started = impl_->start_recv(peer, buffer, tag, deadline);
+  return started_transfer(started.op, started.received);
+}
+
+Transfer UcxWorker::started_transfer(detail::UcxOp* op, std::size_t length) {
   Transfer transfer;
-  detail::RecvStart started = impl_->start_recv(peer, buffer, tag, deadline);
-  transfer.op_ = started.op;
-  transfer.length_ = started.received;
-  if (transfer.op_ != nullptr) transfer.impl_ = impl_;
+  transfer.op_ = op;
+  transfer.length_ = length;
+  if (op != nullptr) transfer.impl_ = impl_;
   transfer.started_ = true;
   return transfer;
 }
@@ -142,12 +152,7 @@ asio::awaitable<std::size_t> UcxWorker::wait(Transfer& transfer) {
   std::shared_ptr<detail::UcxWorkerImpl> impl = std::move(transfer.impl_);
   transfer.reset();
   if (op == nullptr) co_return length;
-  if (op->finished) {
-    std::exception_ptr error;
-    impl->collect(op, error, length);
-    if (error) std::rethrow_exception(error);
-    co_return length;
-  }
+  if (op->finished) co_return impl->take_result(op);
   // Only a wait that suspends is a span: the time a coroutine sat waiting on the wire.
   const trace::AsyncSpan waiting(trace::Category::transport, "ucx.wait");
   co_return co_await wait_for(*op);

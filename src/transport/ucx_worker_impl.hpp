@@ -108,12 +108,12 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   RecvStart start_recv(int peer, const Buffer& buffer, const Tag& tag, Deadline deadline);
   // A Transfer lets go of its op: at once when UCX already finished it, else when it does.
   void detach(UcxOp* op) noexcept;
-  // Takes a parked result and returns the op to the pool.
-  void collect(UcxOp* op, std::exception_ptr& error, std::size_t& length) noexcept;
+  // Takes a parked result (rethrowing its error) and returns the op to the pool.
+  std::size_t take_result(UcxOp* op);
   // Polls the worker in place, for at most kInPlacePoll, until `op` (started, not yet
-  // awaited) finishes; if it does, its result is parked for collect(). See
-  // ucx_progress.cpp.
-  void poll_in_place(UcxOp* op);
+  // awaited) finishes; true if it did, its result then parked for take_result(). If
+  // polling throws, `op` is detached first. See ucx_progress.cpp.
+  bool poll_in_place(UcxOp* op);
 
   void cancel(UcxOp* op);
   std::uint64_t add_peer_failure_listener(UcxWorker::PeerFailureListener listener);
@@ -144,7 +144,9 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   static void on_recv_complete(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
                                void* user_data);
   void check_can_start(int peer, const Buffer& buffer, const Tag& tag, OpKind kind) const;
-  UcxOp* acquire_op();
+  // The op a start hands UCX as its user data. It stays in the pool until track() takes
+  // it, which only an operation UCX did not finish inside the call needs (most sends).
+  UcxOp* spare_op();
   void release_op(UcxOp* op) noexcept;
   // Fills in a started operation and adds it to the pending list the watchdog and peer
   // failures walk.

@@ -324,6 +324,40 @@ TEST(UcxP2p, ReceiveBufferSmallerThanTheMessageFailsWithSizeMismatchNamingPeerAn
   }
 }
 
+// A reply usually lands while its receive polls in place: an error found there (here a
+// reply longer than the buffer) is thrown to the receiver just as one found later is.
+TEST(UcxP2p, AnOversizedReplyFoundWhilePollingInPlaceFailsWithSizeMismatch) {
+  World world(2);
+  constexpr int kRounds = 50;
+  auto pinger = [&]() -> asio::awaitable<int> {
+    int mismatches = 0;
+    for (int i = 0; i < kRounds; ++i) {
+      std::uint64_t request = 1, reply = 0;
+      const Tag tag{.sequence = static_cast<std::uint64_t>(i)};
+      co_await world[0].send(1, Buffer(&request, 1, DType::i64), tag, soon());
+      try {
+        co_await world[0].recv(1, Buffer(&reply, 1, DType::i64), tag, soon());
+      } catch (const Error& e) {
+        if (e.code() == Errc::size_mismatch && e.context().peer == 1) ++mismatches;
+      }
+    }
+    co_return mismatches;
+  };
+  auto ponger = [&]() -> asio::awaitable<void> {
+    for (int i = 0; i < kRounds; ++i) {
+      std::uint64_t request = 0;
+      std::vector<std::uint8_t> reply = pattern(64, 5);
+      const Tag tag{.sequence = static_cast<std::uint64_t>(i)};
+      co_await world[1].recv(0, Buffer(&request, 1, DType::i64), tag, soon());
+      co_await world[1].send(0, Buffer(reply), tag, soon());
+    }
+  };
+  auto pinged = world.spawn(0, pinger());
+  auto ponged = world.spawn(1, ponger());
+  ponged.get();
+  EXPECT_EQ(pinged.get(), kRounds);
+}
+
 TEST(UcxP2p, ReceiveWithNoSenderTimesOutNamingPeerAndTag) {
   World world(2);
   std::uint64_t value = 0;

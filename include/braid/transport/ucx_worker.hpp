@@ -177,6 +177,10 @@ class UcxWorker {
   void fail_peer(int peer, std::string reason);
 
  private:
+  // A Transfer for an operation just started: `op` null when UCX finished it inside the
+  // call, with `length` bytes received.
+  Transfer started_transfer(detail::UcxOp* op, std::size_t length);
+
   Runtime& runtime_;
   // Shared with the handlers the worker has queued on the io_context, which may run
   // after the UcxWorker is gone and must find the state they point to.

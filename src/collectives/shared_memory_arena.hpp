@@ -29,6 +29,7 @@
 #include <string>
 
 #include "collective_call.hpp"
+#include "huge_page_advice.hpp"
 #include "shared_buffers.hpp"
 #include "shared_segment.hpp"
 
@@ -153,6 +154,8 @@ class SharedMemoryArena {
   std::uint64_t probe_address() const noexcept {
     return reinterpret_cast<std::uint64_t>(&probe_word_);
   }
+  // Which of this rank's buffers to move onto huge pages for peers' cross-memory access.
+  HugePageAdvice& huge_pages() noexcept { return huge_pages_; }
   // After a failed operation the flags no longer agree across ranks.
   bool broken() const noexcept { return broken_; }
   void mark_broken() noexcept { broken_ = true; }
@@ -171,6 +174,7 @@ class SharedMemoryArena {
   bool single_copy_all_reduce_ = false;
   bool crowded_ = false;
   std::uint64_t probe_word_ = kProbeValue;
+  HugePageAdvice huge_pages_;
 };
 
 }  // namespace braid::collectives::detail

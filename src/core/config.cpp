@@ -47,6 +47,10 @@ constexpr std::array kKnobs{
          "process_vm_readv) instead of copying through a shared segment, where every rank's "
          "kernel allows it. auto: all-reduce only if the node has no more ranks than CPUs "
          "(otherwise it copies through the segment), the others always; 1: always; 0: never"},
+    Knob{"BRAID_HUGE_PAGES", "1",
+         "back buffers of 4 MiB and more that peers reach by cross-memory attach with "
+         "transparent huge pages (madvise MADV_COLLAPSE, Linux 6.1) once a collective sees "
+         "them a second time: peers then pin one 2 MiB page where they pinned 512; 0: never"},
     Knob{"BRAID_STAGING_CHUNK_KIB", "1024",
          "CUDA buffers moved over UCX go through pinned host memory in chunks this size "
          "(KiB), so copies to and from the GPU overlap the network"},

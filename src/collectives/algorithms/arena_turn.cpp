@@ -245,6 +245,15 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   mine.shared_output = out.id;
   mine.shared_output_offset = out.offset;
   mine.call = call;
+  // Peers are about to pin this rank's pages (cross-memory attach), unless the buffers
+  // are in allocate_shared memory, which they map.
+  const bool attached = call.kind == static_cast<std::uint8_t>(CollectiveKind::all_reduce)
+                            ? arena_.single_copy_all_reduce()
+                            : arena_.single_copy();
+  if (attached && in.id == 0) arena_.huge_pages().note(input.data(), input.size_bytes());
+  if (attached && out.id == 0 && output.data() != input.data()) {
+    arena_.huge_pages().note(output.data(), output.size_bytes());
+  }
   // A peer whose count put it on the inline path (shared_memory_inline.cpp) compares
   // fingerprints in the inline slots of this generation: ours must be there too.
   arena_.inline_slot(op_.rank(), static_cast<int>(generation_ & 1)).call = call;

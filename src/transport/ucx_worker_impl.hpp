@@ -145,7 +145,7 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
                                void* user_data);
   void check_can_start(int peer, const Buffer& buffer, const Tag& tag, OpKind kind) const;
   // The op a start hands UCX as its user data. It stays in the pool until track() takes
-  // it, which only an operation UCX did not finish inside the call needs (most sends).
+  // it for an operation UCX did not finish inside the call; most sends never need it.
   UcxOp* spare_op();
   void release_op(UcxOp* op) noexcept;
   // Fills in a started operation and adds it to the pending list the watchdog and peer

@@ -228,8 +228,11 @@ bool UcxWorkerImpl::poll_in_place(UcxOp* op) {
     throw;
   }
   draining_ = false;
-  // progress() delivers what completed meanwhile and takes whatever UCX has left.
-  if (events) post_poll();
+  // progress() delivers what completed meanwhile. Whatever else UCX has left (the rest of
+  // a rendezvous we stopped short of) it finds too: track() posted it when `op` started.
+  // (Posting on every event found here instead measured 0.69-0.97x ucx_perftest's 4 MiB
+  // bandwidth against 0.97-1.13x.)
+  if (!completed_.empty()) post_poll();
   return op->finished;
 }
 

@@ -17,9 +17,21 @@ namespace {
 
 constexpr std::uintptr_t kHugePageBytes = std::uintptr_t{2} << 20;
 
+// Whether this kernel knows MADV_COLLAPSE (Linux 6.1). madvise rejects an advice it does
+// not know with EINVAL before it looks at the range, and succeeds on an empty range for
+// one it knows: so an empty call asks, without collapsing anything. Asked once.
+bool kernel_collapses() noexcept {
+  static const bool collapses = [] {
+    alignas(4096) static char page[4096];
+    return ::madvise(page, 0, MADV_COLLAPSE) == 0;
+  }();
+  return collapses;
+}
+
 }  // namespace
 
-HugePageAdvice::HugePageAdvice() : enabled_(config::bool_value("BRAID_HUGE_PAGES")) {}
+HugePageAdvice::HugePageAdvice()
+    : enabled_(config::bool_value("BRAID_HUGE_PAGES") && kernel_collapses()) {}
 
 bool HugePageAdvice::note(const void* data, std::size_t bytes) noexcept {
   if (!enabled_ || bytes < kSmallestBytes) return false;
@@ -38,11 +50,10 @@ bool HugePageAdvice::note(const void* data, std::size_t bytes) noexcept {
   const std::uintptr_t last = (begin + bytes) & ~(kHugePageBytes - 1);
   if (last <= first) return false;
   if (::madvise(reinterpret_cast<void*>(first), last - first, MADV_COLLAPSE) != 0) {
-    const int error = errno;
-    // EINVAL: a kernel before 6.1 (then no buffer will do) or memory it will not collapse.
-    if (error == EINVAL) enabled_ = false;
+    // Memory the kernel will not collapse (file-backed, locked, no huge page free): this
+    // buffer stays as it is; others may still move.
     log::debug("huge pages: madvise(MADV_COLLAPSE) of {} bytes left the buffer as it was: {}",
-               last - first, std::strerror(error));
+               last - first, std::strerror(errno));
     return false;
   }
   return true;

@@ -13,8 +13,9 @@
 // Measured (braid-bench collectives, 2 ranks, plain buffers, AMD EPYC VM): 4-64 MiB
 // all-reduce 1.8-2.3x faster.
 // Cost: the collapse copies the buffer once (about a memcpy of it, on the runtime
-// thread, at its second use); a buffer seen only once pays nothing. A kernel without
-// MADV_COLLAPSE, or memory it refuses (shared, file-backed, pinned), is left as it is.
+// thread, at its second use); a buffer seen only once pays nothing. On a kernel without
+// MADV_COLLAPSE (asked once per process) the advice is off; memory the kernel refuses
+// (file-backed, locked) is left as it is, and other buffers still move.
 // BRAID_HUGE_PAGES=0 turns it off.
 #pragma once
 
@@ -29,7 +30,7 @@ class HugePageAdvice {
   // Buffers smaller than this are left alone: they span at most one huge page.
   static constexpr std::size_t kSmallestBytes = std::size_t{4} << 20;
 
-  // From BRAID_HUGE_PAGES.
+  // From BRAID_HUGE_PAGES, and off on a kernel without MADV_COLLAPSE.
   HugePageAdvice();
   explicit HugePageAdvice(bool enabled) noexcept : enabled_(enabled) {}
 

@@ -42,6 +42,7 @@ struct alignas(64) RankRecord {
   std::int32_t pid;
   std::uint16_t reads_peers;        // 1: its probe read every peer's memory, and it may
   std::uint16_t all_reduce_direct;  // 1: it wants all-reduce to read peers directly too
+  std::uint16_t huge_pages;         // 1: it moves large reused buffers onto huge pages
   std::uint64_t probe;              // address of a word holding kProbeValue in its process
   // Per operation.
   std::uint64_t input;  // buffer addresses in its process
@@ -80,13 +81,18 @@ enum class Stage : int {
 
 // When to read peers' memory directly (BRAID_SHM_SINGLE_COPY). Measured on a 2-core VM:
 // with 2 ranks, single copy is 1.6-1.9x faster than copying through the segment from
-// 16 KiB to 16 MiB; with 4 ranks on those 2 cores its all-reduce (2(P-1) system calls per
+// 16 KiB to 16 MiB. With 4 ranks on those 2 cores its all-reduce (2(P-1) system calls per
 // operation, made while ranks queue for a core) is no faster than copying through the
-// segment, and slower up to 2 MiB. The other collectives have only messages to fall back
-// on, and their single copy is about 2x faster even on a crowded node.
+// segment on 4 KiB pages, and slower up to 2 MiB; on huge pages (huge_page_advice.hpp),
+// which a buffer of 4 MiB and more reaches at its second use, it is 1.3-1.7x faster from
+// 4 MiB up, because the copy through the segment moves each byte twice more. The other
+// collectives have only messages to fall back on, and their single copy is about 2x
+// faster even on a crowded node.
 enum class SingleCopy {
-  never,             // 0
-  unless_crowded,    // auto: every collective; all-reduce only if members <= usable CPUs
+  never,  // 0
+  // auto: every collective; all-reduce if members <= usable CPUs, or if every member
+  // moves large buffers onto huge pages and this one is large
+  unless_crowded,
   whenever_allowed,  // 1
 };
 // Reads BRAID_SHM_SINGLE_COPY; a malformed value is an Error(invalid_environment).
@@ -141,10 +147,18 @@ class SharedMemoryArena {
   // Whether every member reads every other's memory, and whether all-reduce does too
   // (agreed when mapping).
   bool single_copy() const noexcept { return single_copy_; }
-  bool single_copy_all_reduce() const noexcept { return single_copy_all_reduce_; }
-  void set_single_copy(bool all_can, bool all_reduce_too) noexcept {
+  // Whether an all-reduce of `bytes` (per rank) reads peers directly: the same answer on
+  // every rank, since the records it comes from and the size are agreed.
+  bool single_copy_all_reduce(std::size_t bytes) const noexcept {
+    return single_copy_all_reduce_ ||
+           (single_copy_huge_all_reduce_ && bytes >= HugePageAdvice::kSmallestBytes);
+  }
+  // all_can: every member reads every other's memory; all_reduce_too: every member wants
+  // all-reduce to as well, at any size; huge_too: only at sizes that go onto huge pages.
+  void set_single_copy(bool all_can, bool all_reduce_too, bool huge_too) noexcept {
     single_copy_ = all_can;
     single_copy_all_reduce_ = all_can && all_reduce_too;
+    single_copy_huge_all_reduce_ = all_can && huge_too;
   }
   // The memory allocate_shared handed out on this communicator.
   const std::shared_ptr<SharedBufferRegistry>& shared_buffers() const noexcept {
@@ -172,6 +186,7 @@ class SharedMemoryArena {
   bool broken_ = false;
   bool single_copy_ = false;
   bool single_copy_all_reduce_ = false;
+  bool single_copy_huge_all_reduce_ = false;
   bool crowded_ = false;
   std::uint64_t probe_word_ = kProbeValue;
   HugePageAdvice huge_pages_;

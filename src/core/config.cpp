@@ -45,8 +45,9 @@ constexpr std::array kKnobs{
     Knob{"BRAID_SHM_SINGLE_COPY", "auto",
          "within a node, collectives read peers' buffers directly (cross-memory attach, "
          "process_vm_readv) instead of copying through a shared segment, where every rank's "
-         "kernel allows it. auto: all-reduce only if the node has no more ranks than CPUs "
-         "(otherwise it copies through the segment), the others always; 1: always; 0: never"},
+         "kernel allows it. auto: all-reduce if the node has no more ranks than CPUs, or if "
+         "the vector is 4 MiB or more and goes onto huge pages (BRAID_HUGE_PAGES; otherwise "
+         "it copies through the segment), the others always; 1: always; 0: never"},
     Knob{"BRAID_HUGE_PAGES", "1",
          "back buffers of 4 MiB and more that peers reach by cross-memory attach with "
          "transparent huge pages (madvise MADV_COLLAPSE, Linux 6.1) once a collective sees "

@@ -215,15 +215,18 @@ asio::awaitable<void> ArenaTurn::map() {
                                    (policy == SingleCopy::unless_crowded && world <= usable_cpus())
                                ? 1
                                : 0;
+  mine.huge_pages = policy == SingleCopy::unless_crowded && arena_.huge_pages().enabled() ? 1 : 0;
   raise(Stage::released);
   co_await wait_all(Stage::released, "every rank's cross-memory probe");
   bool all_can = true;
   bool all_reduce_too = true;
+  bool huge_too = true;
   for (int r = 0; r < world; ++r) {
     all_can = all_can && arena_.record(r).reads_peers == 1;
     all_reduce_too = all_reduce_too && arena_.record(r).all_reduce_direct == 1;
+    huge_too = huge_too && arena_.record(r).huge_pages == 1;
   }
-  arena_.set_single_copy(all_can, all_reduce_too);
+  arena_.set_single_copy(all_can, all_reduce_too, huge_too);
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -248,7 +251,7 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   // Peers are about to pin this rank's pages (cross-memory attach), unless the buffers
   // are in allocate_shared memory, which they map.
   const bool attached = call.kind == static_cast<std::uint8_t>(CollectiveKind::all_reduce)
-                            ? arena_.single_copy_all_reduce()
+                            ? arena_.single_copy_all_reduce(input.size_bytes())
                             : arena_.single_copy();
   if (attached && in.id == 0) arena_.huge_pages().note(input.data(), input.size_bytes());
   if (attached && out.id == 0 && output.data() != input.data()) {

@@ -47,7 +47,9 @@ class ArenaTurn {
 
   SharedMemoryArena& arena() noexcept { return arena_; }
   bool single_copy() const noexcept { return arena_.single_copy(); }
-  bool single_copy_all_reduce() const noexcept { return arena_.single_copy_all_reduce(); }
+  bool single_copy_all_reduce(std::size_t bytes) const noexcept {
+    return arena_.single_copy_all_reduce(bytes);
+  }
   // This operation's generation (post() takes it).
   std::uint64_t generation() const noexcept { return generation_; }
   // Copy-through: each chunk raises and waits on flags of a generation of its own.

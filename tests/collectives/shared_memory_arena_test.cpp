@@ -1,0 +1,51 @@
+// When a shared-memory all-reduce reads peers' memory directly (SingleCopy in
+// shared_memory_arena.hpp): the rule every rank applies alike, from what the members
+// agreed when they mapped the arena and the call's size.
+#include "collectives/shared_memory_arena.hpp"
+
+#include <cstddef>
+
+#include <gtest/gtest.h>
+
+#include "collectives/huge_page_advice.hpp"
+
+namespace braid::collectives::detail {
+namespace {
+
+constexpr std::size_t kHugeFrom = HugePageAdvice::kSmallestBytes;
+
+TEST(SharedMemoryArenaSingleCopy, AnUncrowdedNodeReadsPeersAtEverySize) {
+  SharedMemoryArena arena(2, SingleCopy::unless_crowded);
+  arena.set_single_copy(/*all_can=*/true, /*all_reduce_too=*/true, /*huge_too=*/false);
+  EXPECT_TRUE(arena.single_copy_all_reduce(16 * 1024));
+  EXPECT_TRUE(arena.single_copy_all_reduce(kHugeFrom - 1));
+  EXPECT_TRUE(arena.single_copy_all_reduce(kHugeFrom));
+}
+
+TEST(SharedMemoryArenaSingleCopy, ACrowdedNodeWithHugePagesReadsPeersOnlyFromHugePageSizes) {
+  SharedMemoryArena arena(4, SingleCopy::unless_crowded);
+  arena.set_single_copy(/*all_can=*/true, /*all_reduce_too=*/false, /*huge_too=*/true);
+  EXPECT_TRUE(arena.single_copy()) << "the other collectives read peers at every size";
+  EXPECT_FALSE(arena.single_copy_all_reduce(16 * 1024));
+  EXPECT_FALSE(arena.single_copy_all_reduce(kHugeFrom - 1));
+  EXPECT_TRUE(arena.single_copy_all_reduce(kHugeFrom));
+  EXPECT_TRUE(arena.single_copy_all_reduce(64 * kHugeFrom));
+}
+
+TEST(SharedMemoryArenaSingleCopy, ACrowdedNodeWithoutHugePagesCopiesThroughTheSegment) {
+  SharedMemoryArena arena(4, SingleCopy::unless_crowded);
+  arena.set_single_copy(/*all_can=*/true, /*all_reduce_too=*/false, /*huge_too=*/false);
+  EXPECT_FALSE(arena.single_copy_all_reduce(kHugeFrom));
+  EXPECT_FALSE(arena.single_copy_all_reduce(64 * kHugeFrom));
+}
+
+TEST(SharedMemoryArenaSingleCopy, NoSingleCopyAtAllWhereSomeMemberCannotReadPeers) {
+  SharedMemoryArena arena(4, SingleCopy::unless_crowded);
+  arena.set_single_copy(/*all_can=*/false, /*all_reduce_too=*/true, /*huge_too=*/true);
+  EXPECT_FALSE(arena.single_copy());
+  EXPECT_FALSE(arena.single_copy_all_reduce(16 * 1024));
+  EXPECT_FALSE(arena.single_copy_all_reduce(64 * kHugeFrom));
+}
+
+}  // namespace
+}  // namespace braid::collectives::detail

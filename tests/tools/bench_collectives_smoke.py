@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """braid-bench collectives as a user runs it, small: every collective on 3 ranks (uneven
-variable counts, a non-power-of-two world) from 8 B to 8 KiB, without peers. Each row is
-the bench's own element-by-element check of one call, so this proves the table covers
-every collective at every size and that every result was exact.
+variable counts, a non-power-of-two world) from 8 B to 8 KiB, without peers, in two
+rounds. Each row is the bench's own element-by-element check of every round's call, so
+this proves the table covers every collective at every size, once per size however many
+rounds, and that every result was exact.
 
 Path from the environment (meson sets it): BRAID_BENCH.
 """
@@ -12,6 +13,7 @@ import subprocess
 import sys
 
 RANKS = 3
+ROUNDS = 2
 MIN_BYTES, MAX_BYTES = 8, 8192
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter",
        "all_to_all", "all_gather_v", "all_to_all_v", "barrier"]
@@ -36,7 +38,7 @@ def main():
     result = subprocess.run(
         [os.environ["BRAID_BENCH"], "collectives", "--ranks", str(RANKS), "--ops", ",".join(OPS),
          "--min-bytes", str(MIN_BYTES), "--max-bytes", str(MAX_BYTES), "--iters", "3",
-         "--no-peers", "--json"],
+         "--rounds", str(ROUNDS), "--no-peers", "--json"],
         capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, f"braid-bench exited {result.returncode}:\n{result.stderr}"
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
@@ -46,6 +48,7 @@ def main():
         assert sizes == expected_sizes(op), f"{op}: sizes {sizes}, expected {expected_sizes(op)}"
         for row in mine:
             assert row["ranks"] == RANKS, row
+            assert row["rounds"] == ROUNDS, row
             assert row["braid"]["wrong"] == 0, f"{op} at {row['bytes']} B: {row['braid']}"
             assert row["braid"]["time_us"] > 0, row
             assert row["openmpi"] is None and row["gloo"] is None, row

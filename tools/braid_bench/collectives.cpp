@@ -4,16 +4,22 @@
 //   nccl-tests counts it (all_gather, all_gather_v: the output; gather: the root's output;
 //   scatter: the root's input; reduce_scatter, all_to_all, all_to_all_v: the input), f32
 //   elements, rounded down to a multiple of the ranks where the op splits the buffer.
-// - 3 warm-up calls; then `iters` timed calls back to back (adaptive: ~0.2 s, 5 to 1000,
+// - 3 warm-up calls; then `iters` timed calls back to back (adaptive: ~0.2 s, 5 to 100 000,
 //   decided by rank 0 from the warm-up and broadcast). time = the slowest rank's mean.
+//   (A cap of 1000 timed a 1 µs call over 1 ms, where one preemption doubled the row.)
 // - algbw = bytes / time; busbw = algbw x (all_reduce 2(P-1)/P; broadcast, reduce 1; the
 //   others (P-1)/P), so rows compare across world sizes.
 // - after timing, one more call on fresh inputs is checked element by element against the
 //   exact expected result (inputs are small integers, exact in f32): `wrong` counts the
 //   elements that differ, summed over ranks. Every measured size is checked.
+// - with --rounds N, braid and the peers are each run N times, taking turns (braid,
+//   OpenMPI, Gloo, braid, ...), and every row reports the median time of its N rounds:
+//   on a shared or throttled machine, a slow spell then moves one round of each instead
+//   of all of whichever ran during it.
 // braid runs under braid-run, OpenMPI under mpirun with shared memory only (vader, CMA),
 // Gloo as torch 1.13's ProcessGroupGloo over loopback TCP.
 #include "collectives.hpp"
+#include "median.hpp"
 #include "size_argument.hpp"
 
 #include <braid/braid.hpp>
@@ -50,6 +56,7 @@ struct CollectivesOptions {
   std::size_t min_bytes = 8;
   std::size_t max_bytes = 64u << 20;
   int iters = 0;  // 0: adaptive
+  int rounds = 1;
   bool json = false;
   bool peers = true;
   bool worker = false;
@@ -91,6 +98,8 @@ CollectivesOptions parse_options(const std::vector<std::string>& args) {
       options.max_bytes = parse_bytes(value());
     } else if (a == "--iters") {
       options.iters = std::stoi(value());
+    } else if (a == "--rounds") {
+      options.rounds = std::stoi(value());
     } else if (a == "--json") {
       options.json = true;
     } else if (a == "--no-peers") {
@@ -106,6 +115,7 @@ CollectivesOptions parse_options(const std::vector<std::string>& args) {
   if (options.ranks.empty() || options.min_bytes == 0 || options.min_bytes > options.max_bytes) {
     throw std::invalid_argument("need --ranks and 0 < --min-bytes <= --max-bytes");
   }
+  if (options.rounds < 1) throw std::invalid_argument("--rounds must be at least 1");
   return options;
 }
 
@@ -345,7 +355,7 @@ awaitable<Row> measure(Communicator& comm, const std::string& op, std::size_t by
   const double warm = std::chrono::duration<double>(Clock::now() - start).count() / (kWarmup - 1);
   std::vector<std::int64_t> iters{options.iters};
   if (options.iters <= 0) {
-    iters[0] = std::clamp<std::int64_t>(static_cast<std::int64_t>(0.2 / std::max(warm, 1e-7)), 5, 1000);
+    iters[0] = std::clamp<std::int64_t>(static_cast<std::int64_t>(0.2 / std::max(warm, 1e-7)), 5, 100000);
   }
   co_await comm.broadcast(Buffer(iters), 0);
   co_await comm.barrier();
@@ -462,6 +472,30 @@ std::optional<Row> find(const std::vector<Row>& rows, const Row& like) {
   return std::nullopt;
 }
 
+// One runner's rows over its rounds: each row of the first round with the median time of
+// that row in every round that has it, and the wrong elements of all of them.
+std::vector<Row> median_of_rounds(const std::vector<std::vector<Row>>& rounds) {
+  if (rounds.empty()) return {};
+  std::vector<Row> medians;
+  for (const Row& first : rounds.front()) {
+    Row row = first;
+    std::vector<double> times;
+    row.wrong = 0;
+    for (const auto& round : rounds) {
+      if (const auto same = find(round, first)) {
+        times.push_back(same->time_us);
+        row.wrong += same->wrong;
+      }
+    }
+    row.time_us = median(times);
+    const double bus_per_alg = first.algbw_gbps > 0 ? first.busbw_gbps / first.algbw_gbps : 0;
+    row.algbw_gbps = row.time_us > 0 ? static_cast<double>(row.bytes) / row.time_us / 1e3 : 0;
+    row.busbw_gbps = row.algbw_gbps * bus_per_alg;
+    medians.push_back(row);
+  }
+  return medians;
+}
+
 std::string human_bytes(std::size_t bytes) {
   if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) return fmt::format("{} MiB", bytes >> 20);
   if (bytes >= 1024 && bytes % 1024 == 0) return fmt::format("{} KiB", bytes >> 10);
@@ -490,9 +524,16 @@ int run_driver(const CollectivesOptions& options) {
   long long wrong = 0;
   bool any = false;
   for (int ranks : options.ranks) {
-    const std::vector<Row> braid = run_braid(options, ranks);
-    const std::vector<Row> openmpi = options.peers ? run_openmpi(options, ranks) : std::vector<Row>{};
-    const std::vector<Row> gloo = options.peers ? run_gloo(options, ranks) : std::vector<Row>{};
+    std::vector<std::vector<Row>> braid_rounds, openmpi_rounds, gloo_rounds;
+    for (int round = 0; round < options.rounds; ++round) {
+      braid_rounds.push_back(run_braid(options, ranks));
+      if (!options.peers) continue;
+      openmpi_rounds.push_back(run_openmpi(options, ranks));
+      gloo_rounds.push_back(run_gloo(options, ranks));
+    }
+    const std::vector<Row> braid = median_of_rounds(braid_rounds);
+    const std::vector<Row> openmpi = median_of_rounds(openmpi_rounds);
+    const std::vector<Row> gloo = median_of_rounds(gloo_rounds);
     std::string current_op;
     for (const Row& row : braid) {
       any = true;
@@ -501,9 +542,10 @@ int run_driver(const CollectivesOptions& options) {
       wrong += row.wrong + (mpi ? mpi->wrong : 0) + (torch ? torch->wrong : 0);
       if (options.json) {
         std::cout << fmt::format(
-                         R"({{"bench":"collectives","op":"{}","ranks":{},"bytes":{},"braid":{},)"
-                         R"("openmpi":{},"gloo":{},"speedup_openmpi":{},"speedup_gloo":{}}})",
-                         row.op, row.ranks, row.bytes, peer_json(row), peer_json(mpi),
+                         R"({{"bench":"collectives","op":"{}","ranks":{},"bytes":{},"rounds":{},)"
+                         R"("braid":{},"openmpi":{},"gloo":{},"speedup_openmpi":{},)"
+                         R"("speedup_gloo":{}}})",
+                         row.op, row.ranks, row.bytes, options.rounds, peer_json(row), peer_json(mpi),
                          peer_json(torch), optional_number(speedup(row, mpi), "{:.3f}", "null"),
                          optional_number(speedup(row, torch), "{:.3f}", "null"))
                   << "\n";
@@ -512,8 +554,11 @@ int run_driver(const CollectivesOptions& options) {
       if (row.op != current_op) {
         current_op = row.op;
         std::cout << fmt::format(
-            "\n# {} on {} ranks (f32, sum; busbw in GB/s; x = peer time / braid time){}\n", row.op,
-            ranks, options.shared_buffers ? "; braid's buffers from allocate_shared" : "");
+            "\n# {} on {} ranks (f32, sum; busbw in GB/s; x = peer time / braid time){}{}\n",
+            row.op, ranks, options.shared_buffers ? "; braid's buffers from allocate_shared" : "",
+            options.rounds > 1
+                ? fmt::format("; median of {} rounds, braid and peers taking turns", options.rounds)
+                : "");
         std::cout << fmt::format("{:>9} | {:>10} {:>8} {:>8} {:>5} | {:>10} {:>8} {:>7} | {:>10} {:>8} {:>7}\n",
                                  "size", "braid us", "algbw", "busbw", "wrong", "ompi us",
                                  "busbw", "x ompi", "gloo us", "busbw", "x gloo");

@@ -28,6 +28,7 @@ constexpr const char* kUsage =
     "  collectives  every collective from --min-bytes to --max-bytes on --ranks, beside OpenMPI\n"
     "        and torch.distributed Gloo; every size checked for correctness\n"
     "        options: --ranks 2,4 --ops all_reduce,... --min-bytes 8 --max-bytes 64M --iters N\n"
+    "                 --rounds N (braid and peers take turns N times; rows report medians)\n"
     "                 --json --no-peers\n"
     "                 --shared-buffers (braid's buffers from Communicator::allocate_shared)\n"
     "  algorithms   the collective algorithm selection table in force (BRAID_ALGO applied)\n"

@@ -84,10 +84,10 @@ enum class Stage : int {
 // 16 KiB to 16 MiB. With 4 ranks on those 2 cores its all-reduce (2(P-1) system calls per
 // operation, made while ranks queue for a core) is no faster than copying through the
 // segment on 4 KiB pages, and slower up to 2 MiB; on huge pages (huge_page_advice.hpp),
-// which a buffer of 4 MiB and more reaches at its second use, it is 1.3-1.7x faster from
-// 4 MiB up, because the copy through the segment moves each byte twice more. The other
-// collectives have only messages to fall back on, and their single copy is about 2x
-// faster even on a crowded node.
+// which a buffer of 4 MiB and more reaches at its second use, it is faster from 4 MiB up
+// (medians of six alternating runs: 1.04-1.5x), because the copy through the segment
+// moves each byte twice more. The other collectives have only messages to fall back on,
+// and their single copy is about 2x faster even on a crowded node.
 enum class SingleCopy {
   never,  // 0
   // auto: every collective; all-reduce if members <= usable CPUs, or if every member

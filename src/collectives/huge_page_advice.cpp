@@ -56,7 +56,15 @@ bool HugePageAdvice::note(const void* data, std::size_t bytes) noexcept {
                last - first, std::strerror(errno));
     return false;
   }
+  found->collapsed = true;
   return true;
+}
+
+bool HugePageAdvice::on_huge_pages(const void* data, std::size_t bytes) const noexcept {
+  const auto begin = reinterpret_cast<std::uintptr_t>(data);
+  return std::any_of(seen_.begin(), seen_.end(), [&](const Seen& s) {
+    return s.collapsed && s.begin == begin && s.bytes == bytes;
+  });
 }
 
 }  // namespace braid::collectives::detail

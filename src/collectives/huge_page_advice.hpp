@@ -40,12 +40,15 @@ class HugePageAdvice {
   // `bytes` at `data` are about to be read or written by peers through cross-memory
   // attach. Returns true when this call collapsed the buffer onto huge pages.
   bool note(const void* data, std::size_t bytes) noexcept;
+  // Whether note() has moved `bytes` at `data` onto huge pages (at some call).
+  bool on_huge_pages(const void* data, std::size_t bytes) const noexcept;
 
  private:
   struct Seen {
     std::uintptr_t begin = 0;
     std::size_t bytes = 0;
-    bool advised = false;  // collapsed, or tried: never tried again
+    bool advised = false;    // collapsed, or tried: never tried again
+    bool collapsed = false;  // the whole huge pages inside it are huge pages
   };
   bool enabled_;
   // The buffers seen most recently: a gradient bucket set or a benchmark's vectors fit.

@@ -55,6 +55,9 @@ struct alignas(64) RankRecord {
   std::uint64_t shared_output;
   std::uint64_t shared_output_offset;
   Fingerprint call;  // what every rank must agree on before anyone reads another's buffer
+  // 1: its input and output are on huge pages (or in allocate_shared memory), for the
+  // all-reduces that read peers directly only then (SingleCopy below).
+  std::uint32_t huge_buffers;
   // all_to_all_v, where each rank's counts are its own: the address of its send counts
   // (size_t[P], read by each receiver to find its piece), and, after the check, the first
   // sender whose count for it differs from what it expects (-1: none).
@@ -90,8 +93,9 @@ enum class Stage : int {
 // and their single copy is about 2x faster even on a crowded node.
 enum class SingleCopy {
   never,  // 0
-  // auto: every collective; all-reduce if members <= usable CPUs, or if every member
-  // moves large buffers onto huge pages and this one is large
+  // auto: every collective; all-reduce if members <= usable CPUs, or once every member's
+  // buffers (4 MiB or more) are on huge pages: a first use on 4 KiB pages, or a buffer
+  // never reused, copies through the segment
   unless_crowded,
   whenever_allowed,  // 1
 };
@@ -147,11 +151,15 @@ class SharedMemoryArena {
   // Whether every member reads every other's memory, and whether all-reduce does too
   // (agreed when mapping).
   bool single_copy() const noexcept { return single_copy_; }
-  // Whether an all-reduce of `bytes` (per rank) reads peers directly: the same answer on
-  // every rank, since the records it comes from and the size are agreed.
-  bool single_copy_all_reduce(std::size_t bytes) const noexcept {
-    return single_copy_all_reduce_ ||
-           (single_copy_huge_all_reduce_ && bytes >= HugePageAdvice::kSmallestBytes);
+  // Whether an all-reduce of `bytes` (per rank) reads peers directly: always, or only if
+  // every rank's buffers are on huge pages (each rank says so in its record). The same
+  // answer on every rank, since the records it comes from and the size are agreed.
+  enum class AllReduceReads { segment, peers, peers_if_huge };
+  AllReduceReads single_copy_all_reduce(std::size_t bytes) const noexcept {
+    if (single_copy_all_reduce_) return AllReduceReads::peers;
+    return single_copy_huge_all_reduce_ && bytes >= HugePageAdvice::kSmallestBytes
+               ? AllReduceReads::peers_if_huge
+               : AllReduceReads::segment;
   }
   // all_can: every member reads every other's memory; all_reduce_too: every member wants
   // all-reduce to as well, at any size; huge_too: only at sizes that go onto huge pages.

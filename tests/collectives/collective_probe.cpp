@@ -160,6 +160,21 @@ awaitable<std::string> check(Communicator& comm) {
   co_return m.what;
 }
 
+// Three in-place sum all-reduces of one 6 MB vector of ones, then one of a fresh vector of
+// another size: which shared-memory path each took is in the trace (BRAID_TRACE).
+awaitable<std::string> reuse(Communicator& comm) {
+  const auto world = static_cast<float>(comm.size());
+  std::vector<float> reused(1'500'000, 1.0F);
+  for (int i = 0; i < 3; ++i) co_await comm.all_reduce(Buffer(reused), ReduceOp::sum);
+  std::vector<float> fresh(1'500'001, 1.0F);
+  co_await comm.all_reduce(Buffer(fresh), ReduceOp::sum);
+  Mismatch m;
+  for (std::size_t i = 0; i < reused.size(); ++i)
+    m.check(reused, i, world * world * world, "reused");
+  for (std::size_t i = 0; i < fresh.size(); ++i) m.check(fresh, i, world, "fresh");
+  co_return m.what;
+}
+
 // Returns normally only if no all_reduce failed. 4 MiB: shared memory, several chunks.
 // The buffer dies with the coroutine: a failed collective must have ended every transfer
 // into or out of it before the error reaches us.
@@ -197,7 +212,7 @@ awaitable<void> die(Communicator& comm, int doomed, std::string collective) {
 }
 
 int usage() {
-  std::cerr << "usage: collective_probe check | die RANK "
+  std::cerr << "usage: collective_probe check | reuse | die RANK "
                "[all_reduce|broadcast|all_gather|small_all_reduce|barrier|shared_all_reduce]\n";
   return 2;
 }
@@ -206,7 +221,7 @@ int usage() {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode != "check" && !(mode == "die" && argc > 2)) return usage();
+  if (mode != "check" && mode != "reuse" && !(mode == "die" && argc > 2)) return usage();
   const int doomed = mode == "die" ? std::stoi(argv[2]) : -1;
   if (mode == "die") std::signal(SIGTERM, SIG_IGN);
   try {
@@ -217,8 +232,9 @@ int main(int argc, char** argv) {
         braid::transport::World::join(runtime, braid::transport::parse_launch_env(), options);
     auto comm = Communicator::world(*world);
     const int rank = comm->rank();
-    if (mode == "check") {
-      const std::string mismatch = runtime.spawn(check(*comm)).get();
+    if (mode == "check" || mode == "reuse") {
+      const std::string mismatch =
+          runtime.spawn(mode == "check" ? check(*comm) : reuse(*comm)).get();
       if (!mismatch.empty()) {
         std::cerr << "rank " << rank << ": " << mismatch << "\n";
         return 1;

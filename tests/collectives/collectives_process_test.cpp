@@ -4,7 +4,11 @@
 // (collective_probe.cpp).
 #include <array>
 #include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <sched.h>
 #include <sstream>
+#include <sys/mman.h>
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -84,6 +88,52 @@ TEST(CollectivesProcesses, FourRanksAsTwoNodesOfTwoRunEveryCollectiveHierarchica
           << result.err;
     }
   }
+}
+
+// How many times `needle` occurs in the file at `path`.
+int occurrences(const std::filesystem::path& path, const std::string& needle) {
+  std::ifstream file(path);
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  int count = 0;
+  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) {
+    ++count;
+  }
+  return count;
+}
+
+// On a node with more ranks than CPUs, an all-reduce of 4 MiB or more reads peers'
+// memory directly only once every rank's buffers are on huge pages, which they reach at
+// their second use; until then, and for a buffer seen once, it copies through the shared
+// segment (docs/algorithms.md). The trace names the path: one shared_memory.reduce span per
+// direct all-reduce, one shared_memory.chunk span per 2 MiB copied through the segment.
+TEST(CollectivesProcesses, ACrowdedNodeReadsPeersDirectlyOnlyOnceEveryBufferIsOnHugePages) {
+  constexpr int kRanks = 4;
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  ASSERT_EQ(sched_getaffinity(0, sizeof cpus, &cpus), 0);
+  if (CPU_COUNT(&cpus) >= kRanks) GTEST_SKIP() << "needs more ranks than CPUs";
+  alignas(4096) static char page[4096];
+  if (::madvise(page, 0, 25 /* MADV_COLLAPSE */) != 0) {
+    GTEST_SKIP() << "this kernel has no MADV_COLLAPSE (Linux 6.1)";
+  }
+  const std::filesystem::path traces =
+      std::filesystem::temp_directory_path() / fmt::format("braid-crowded-{}", getpid());
+  auto result = ChildProcess({braid_run(), "-n", std::to_string(kRanks), "--timeout", "120",
+                              probe(), "reuse"},
+                             {{"BRAID_SHM_SINGLE_COPY", "auto"},
+                              {"BRAID_HUGE_PAGES", "1"},
+                              {"BRAID_TRACE", traces.string()}},
+                             150s)
+                    .wait();
+  ASSERT_EQ(result.status, 0) << result.out << result.err;
+  for (int r = 0; r < kRanks; ++r) {
+    const auto trace = traces / fmt::format("rank-{}.trace.json", r);
+    // 6 MB in 2 MiB chunks: 3 for the reused vector's first use, 3 for the fresh one.
+    EXPECT_EQ(occurrences(trace, R"("name":"shared_memory.chunk")"), 6) << "rank " << r;
+    EXPECT_EQ(occurrences(trace, R"("name":"shared_memory.reduce")"), 2)
+        << "rank " << r << ": the reused vector's second and third all-reduce read peers";
+  }
+  std::filesystem::remove_all(traces);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, CollectivesProcesses,

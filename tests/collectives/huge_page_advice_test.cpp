@@ -77,10 +77,14 @@ TEST(HugePageAdvice, ABufferSeenASecondTimeMovesItsWholeHugePagesOntoThemWithCon
   HugePageAdvice advice(true);
   EXPECT_FALSE(advice.note(buffer, 8 * kMiB)) << "a buffer seen once may be used once";
   EXPECT_EQ(memory.huge_kib(), 0);
+  EXPECT_FALSE(advice.on_huge_pages(buffer, 8 * kMiB));
   EXPECT_TRUE(advice.note(buffer, 8 * kMiB));
   EXPECT_EQ(memory.huge_kib(), 3 * 2048) << "only huge pages wholly inside the buffer";
   EXPECT_TRUE(memory.pattern_intact());
+  EXPECT_TRUE(advice.on_huge_pages(buffer, 8 * kMiB));
   EXPECT_FALSE(advice.note(buffer, 8 * kMiB)) << "advised once, never again";
+  EXPECT_TRUE(advice.on_huge_pages(buffer, 8 * kMiB)) << "and still on them";
+  EXPECT_FALSE(advice.on_huge_pages(buffer, 6 * kMiB)) << "another size is another buffer";
 }
 
 TEST(HugePageAdvice, SmallBuffersOnesSeenOnceAndEverythingWithTheKnobOffStayAsTheyAre) {
@@ -92,6 +96,8 @@ TEST(HugePageAdvice, SmallBuffersOnesSeenOnceAndEverythingWithTheKnobOffStayAsTh
   EXPECT_FALSE(advice.note(memory.aligned, 8 * kMiB)) << "another size is another buffer";
   HugePageAdvice off(false);
   for (int i = 0; i < 3; ++i) EXPECT_FALSE(off.note(memory.aligned, 8 * kMiB));
+  EXPECT_FALSE(off.on_huge_pages(memory.aligned, 8 * kMiB));
+  EXPECT_FALSE(advice.on_huge_pages(memory.aligned, 8 * kMiB));
   EXPECT_EQ(memory.huge_kib(), 0);
   EXPECT_TRUE(memory.pattern_intact());
 }

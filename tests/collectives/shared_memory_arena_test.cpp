@@ -1,6 +1,8 @@
 // When a shared-memory all-reduce reads peers' memory directly (SingleCopy in
 // shared_memory_arena.hpp): the rule every rank applies alike, from what the members
-// agreed when they mapped the arena and the call's size.
+// agreed when they mapped the arena and the call's size. Where the answer is
+// peers_if_huge, the ranks' records decide per operation (ArenaTurn::post): every rank's
+// buffers must be on huge pages.
 #include "collectives/shared_memory_arena.hpp"
 
 #include <cstddef>
@@ -12,39 +14,40 @@
 namespace braid::collectives::detail {
 namespace {
 
+using Reads = SharedMemoryArena::AllReduceReads;
 constexpr std::size_t kHugeFrom = HugePageAdvice::kSmallestBytes;
 
 TEST(SharedMemoryArenaSingleCopy, AnUncrowdedNodeReadsPeersAtEverySize) {
   SharedMemoryArena arena(2, SingleCopy::unless_crowded);
-  arena.set_single_copy(/*all_can=*/true, /*all_reduce_too=*/true, /*huge_too=*/false);
-  EXPECT_TRUE(arena.single_copy_all_reduce(16 * 1024));
-  EXPECT_TRUE(arena.single_copy_all_reduce(kHugeFrom - 1));
-  EXPECT_TRUE(arena.single_copy_all_reduce(kHugeFrom));
+  arena.set_single_copy(/*all_can=*/true, /*all_reduce_too=*/true, /*huge_too=*/true);
+  EXPECT_EQ(arena.single_copy_all_reduce(16 * 1024), Reads::peers);
+  EXPECT_EQ(arena.single_copy_all_reduce(kHugeFrom - 1), Reads::peers);
+  EXPECT_EQ(arena.single_copy_all_reduce(kHugeFrom), Reads::peers);
 }
 
 TEST(SharedMemoryArenaSingleCopy, ACrowdedNodeWithHugePagesReadsPeersOnlyFromHugePageSizes) {
   SharedMemoryArena arena(4, SingleCopy::unless_crowded);
   arena.set_single_copy(/*all_can=*/true, /*all_reduce_too=*/false, /*huge_too=*/true);
   EXPECT_TRUE(arena.single_copy()) << "the other collectives read peers at every size";
-  EXPECT_FALSE(arena.single_copy_all_reduce(16 * 1024));
-  EXPECT_FALSE(arena.single_copy_all_reduce(kHugeFrom - 1));
-  EXPECT_TRUE(arena.single_copy_all_reduce(kHugeFrom));
-  EXPECT_TRUE(arena.single_copy_all_reduce(64 * kHugeFrom));
+  EXPECT_EQ(arena.single_copy_all_reduce(16 * 1024), Reads::segment);
+  EXPECT_EQ(arena.single_copy_all_reduce(kHugeFrom - 1), Reads::segment);
+  EXPECT_EQ(arena.single_copy_all_reduce(kHugeFrom), Reads::peers_if_huge);
+  EXPECT_EQ(arena.single_copy_all_reduce(64 * kHugeFrom), Reads::peers_if_huge);
 }
 
 TEST(SharedMemoryArenaSingleCopy, ACrowdedNodeWithoutHugePagesCopiesThroughTheSegment) {
   SharedMemoryArena arena(4, SingleCopy::unless_crowded);
   arena.set_single_copy(/*all_can=*/true, /*all_reduce_too=*/false, /*huge_too=*/false);
-  EXPECT_FALSE(arena.single_copy_all_reduce(kHugeFrom));
-  EXPECT_FALSE(arena.single_copy_all_reduce(64 * kHugeFrom));
+  EXPECT_EQ(arena.single_copy_all_reduce(kHugeFrom), Reads::segment);
+  EXPECT_EQ(arena.single_copy_all_reduce(64 * kHugeFrom), Reads::segment);
 }
 
 TEST(SharedMemoryArenaSingleCopy, NoSingleCopyAtAllWhereSomeMemberCannotReadPeers) {
   SharedMemoryArena arena(4, SingleCopy::unless_crowded);
   arena.set_single_copy(/*all_can=*/false, /*all_reduce_too=*/true, /*huge_too=*/true);
   EXPECT_FALSE(arena.single_copy());
-  EXPECT_FALSE(arena.single_copy_all_reduce(16 * 1024));
-  EXPECT_FALSE(arena.single_copy_all_reduce(64 * kHugeFrom));
+  EXPECT_EQ(arena.single_copy_all_reduce(16 * 1024), Reads::segment);
+  EXPECT_EQ(arena.single_copy_all_reduce(64 * kHugeFrom), Reads::segment);
 }
 
 }  // namespace

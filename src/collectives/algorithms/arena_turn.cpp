@@ -249,14 +249,25 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   mine.shared_output_offset = out.offset;
   mine.call = call;
   // Peers are about to pin this rank's pages (cross-memory attach), unless the buffers
-  // are in allocate_shared memory, which they map.
-  const bool attached = call.kind == static_cast<std::uint8_t>(CollectiveKind::all_reduce)
-                            ? arena_.single_copy_all_reduce(input.size_bytes())
-                            : arena_.single_copy();
-  if (attached && in.id == 0) arena_.huge_pages().note(input.data(), input.size_bytes());
-  if (attached && out.id == 0 && output.data() != input.data()) {
-    arena_.huge_pages().note(output.data(), output.size_bytes());
+  // are in allocate_shared memory, which they map. A crowded node's all-reduce reads peers
+  // only once every rank's buffers are on huge pages: note() moves them at their second
+  // use, and the records tell every rank whether all have.
+  using Reads = SharedMemoryArena::AllReduceReads;
+  const bool all_reduce = call.kind == static_cast<std::uint8_t>(CollectiveKind::all_reduce);
+  const Reads reads =
+      all_reduce ? arena_.single_copy_all_reduce(input.size_bytes()) : Reads::segment;
+  const bool attached = all_reduce ? reads != Reads::segment : arena_.single_copy();
+  HugePageAdvice& huge_pages = arena_.huge_pages();
+  const bool separate_output = output.data() != input.data();
+  if (attached && in.id == 0) huge_pages.note(input.data(), input.size_bytes());
+  if (attached && out.id == 0 && separate_output) {
+    huge_pages.note(output.data(), output.size_bytes());
   }
+  mine.huge_buffers = (in.id != 0 || huge_pages.on_huge_pages(input.data(), input.size_bytes())) &&
+                              (out.id != 0 || !separate_output ||
+                               huge_pages.on_huge_pages(output.data(), output.size_bytes()))
+                          ? 1
+                          : 0;
   // A peer whose count put it on the inline path (shared_memory_inline.cpp) compares
   // fingerprints in the inline slots of this generation: ours must be there too.
   arena_.inline_slot(op_.rank(), static_cast<int>(generation_ & 1)).call = call;
@@ -275,6 +286,13 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   if (one_allocation) {
     mapped_input_ = in.view;
     mapped_output_ = out.view;
+  }
+  all_reduce_reads_peers_ = reads == Reads::peers;
+  if (reads == Reads::peers_if_huge) {
+    all_reduce_reads_peers_ = true;
+    for (int r = 0; r < op_.size(); ++r) {
+      all_reduce_reads_peers_ = all_reduce_reads_peers_ && arena_.record(r).huge_buffers == 1;
+    }
   }
 }
 

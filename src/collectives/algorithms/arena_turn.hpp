@@ -47,9 +47,9 @@ class ArenaTurn {
 
   SharedMemoryArena& arena() noexcept { return arena_; }
   bool single_copy() const noexcept { return arena_.single_copy(); }
-  bool single_copy_all_reduce(std::size_t bytes) const noexcept {
-    return arena_.single_copy_all_reduce(bytes);
-  }
+  // After post() of an all-reduce: whether it reads peers' memory directly (the same
+  // answer on every rank).
+  bool all_reduce_reads_peers() const noexcept { return all_reduce_reads_peers_; }
   // This operation's generation (post() takes it).
   std::uint64_t generation() const noexcept { return generation_; }
   // Copy-through: each chunk raises and waits on flags of a generation of its own.
@@ -94,6 +94,7 @@ class ArenaTurn {
   bool served_ = false;
   bool finished_ = false;
   bool all_posted_ = false;
+  bool all_reduce_reads_peers_ = false;
   SharedBufferRegistry::View mapped_input_;
   SharedBufferRegistry::View mapped_output_;
 };

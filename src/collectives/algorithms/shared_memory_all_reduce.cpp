@@ -4,9 +4,9 @@
 // every rank:
 //
 // Single copy (the members read each other's memory, cross_memory.hpp, and the node is
-// not crowded or the vector goes onto huge pages: SingleCopy in shared_memory_arena.hpp;
-// or every rank's buffers lie in one Communicator::allocate_shared allocation, which every
-// rank maps):
+// not crowded or every rank's buffers are on huge pages: SingleCopy in
+// shared_memory_arena.hpp; or every rank's buffers lie in one
+// Communicator::allocate_shared allocation, which every rank maps):
 //   1. each rank reduces its 1/P block of the vector: it reads every peer's block into a
 //      cache-sized scratch, a piece at a time, and folds it in (ranks in order 0..P-1, so
 //      the result does not depend on who reduces), writing each finished piece into its
@@ -114,7 +114,7 @@ asio::awaitable<void> shared_memory_all_reduce(CollectiveOp& op, const Collectiv
     co_return;
   }
   co_await turn.post(fingerprint_of(call), call.input, call.output);
-  if (turn.mapped() || turn.single_copy_all_reduce(call.input.size_bytes())) {
+  if (turn.mapped() || turn.all_reduce_reads_peers()) {
     co_await single_copy(turn, op, call.input, call.output, call.reduce_op);
   } else {
     co_await copy_through_segment(turn, op, call.input, call.output, call.reduce_op);

@@ -146,6 +146,12 @@ double bus_factor(const std::string& op, int ranks) {
   return 1;
 }
 
+// algbw and busbw from the row's bytes and time (GB/s).
+void set_bandwidths(Row& row) {
+  row.algbw_gbps = row.time_us > 0 ? static_cast<double>(row.bytes) / row.time_us / 1e3 : 0;
+  row.busbw_gbps = row.algbw_gbps * bus_factor(row.op, row.ranks);
+}
+
 std::string to_json(const Row& row) {
   return fmt::format(R"({{"peer":"{}","op":"{}","ranks":{},"bytes":{},"count":{},"dtype":"f32",)"
                      R"("iters":{},"time_us":{:.3f},"algbw_gbps":{:.6g},"busbw_gbps":{:.6g},"wrong":{}}})",
@@ -368,8 +374,7 @@ awaitable<Row> measure(Communicator& comm, const std::string& op, std::size_t by
   std::vector<std::int64_t> wrong{c.count_wrong()};
   co_await comm.all_reduce(Buffer(wrong), ReduceOp::sum);
   Row row{"braid", op, comm.size(), bytes, static_cast<int>(iters[0]), time * 1e6, 0, 0, wrong[0]};
-  row.algbw_gbps = time > 0 ? static_cast<double>(bytes) / time / 1e9 : 0;
-  row.busbw_gbps = row.algbw_gbps * bus_factor(op, comm.size());
+  set_bandwidths(row);
   co_return row;
 }
 
@@ -488,9 +493,7 @@ std::vector<Row> median_of_rounds(const std::vector<std::vector<Row>>& rounds) {
       }
     }
     row.time_us = median(times);
-    const double bus_per_alg = first.algbw_gbps > 0 ? first.busbw_gbps / first.algbw_gbps : 0;
-    row.algbw_gbps = row.time_us > 0 ? static_cast<double>(row.bytes) / row.time_us / 1e3 : 0;
-    row.busbw_gbps = row.algbw_gbps * bus_per_alg;
+    set_bandwidths(row);
     medians.push_back(row);
   }
   return medians;

@@ -34,9 +34,6 @@ class HugePageAdvice {
   HugePageAdvice();
   explicit HugePageAdvice(bool enabled) noexcept : enabled_(enabled) {}
 
-  // Whether buffers of kSmallestBytes and more move onto huge pages at their second use.
-  bool enabled() const noexcept { return enabled_; }
-
   // `bytes` at `data` are about to be read or written by peers through cross-memory
   // attach. Returns true when this call collapsed the buffer onto huge pages.
   bool note(const void* data, std::size_t bytes) noexcept;

@@ -42,7 +42,6 @@ struct alignas(64) RankRecord {
   std::int32_t pid;
   std::uint16_t reads_peers;        // 1: its probe read every peer's memory, and it may
   std::uint16_t all_reduce_direct;  // 1: it wants all-reduce to read peers directly too
-  std::uint16_t huge_pages;         // 1: it moves large reused buffers onto huge pages
   std::uint64_t probe;              // address of a word holding kProbeValue in its process
   // Per operation.
   std::uint64_t input;  // buffer addresses in its process
@@ -55,8 +54,8 @@ struct alignas(64) RankRecord {
   std::uint64_t shared_output;
   std::uint64_t shared_output_offset;
   Fingerprint call;  // what every rank must agree on before anyone reads another's buffer
-  // 1: its input and output are on huge pages (or in allocate_shared memory), for the
-  // all-reduces that read peers directly only then (SingleCopy below).
+  // 1: its input and output are on huge pages, for the all-reduces that read peers
+  // directly only then (SingleCopy below).
   std::uint32_t huge_buffers;
   // all_to_all_v, where each rank's counts are its own: the address of its send counts
   // (size_t[P], read by each receiver to find its piece), and, after the check, the first
@@ -157,16 +156,12 @@ class SharedMemoryArena {
   enum class AllReduceReads { segment, peers, peers_if_huge };
   AllReduceReads single_copy_all_reduce(std::size_t bytes) const noexcept {
     if (single_copy_all_reduce_) return AllReduceReads::peers;
-    return single_copy_huge_all_reduce_ && bytes >= HugePageAdvice::kSmallestBytes
-               ? AllReduceReads::peers_if_huge
-               : AllReduceReads::segment;
+    return single_copy_ && bytes >= HugePageAdvice::kSmallestBytes ? AllReduceReads::peers_if_huge
+                                                                   : AllReduceReads::segment;
   }
-  // all_can: every member reads every other's memory; all_reduce_too: every member wants
-  // all-reduce to as well, at any size; huge_too: only at sizes that go onto huge pages.
-  void set_single_copy(bool all_can, bool all_reduce_too, bool huge_too) noexcept {
+  void set_single_copy(bool all_can, bool all_reduce_too) noexcept {
     single_copy_ = all_can;
     single_copy_all_reduce_ = all_can && all_reduce_too;
-    single_copy_huge_all_reduce_ = all_can && huge_too;
   }
   // The memory allocate_shared handed out on this communicator.
   const std::shared_ptr<SharedBufferRegistry>& shared_buffers() const noexcept {
@@ -194,7 +189,6 @@ class SharedMemoryArena {
   bool broken_ = false;
   bool single_copy_ = false;
   bool single_copy_all_reduce_ = false;
-  bool single_copy_huge_all_reduce_ = false;
   bool crowded_ = false;
   std::uint64_t probe_word_ = kProbeValue;
   HugePageAdvice huge_pages_;

@@ -101,39 +101,68 @@ int occurrences(const std::filesystem::path& path, const std::string& needle) {
   return count;
 }
 
+constexpr int kCrowdedRanks = 4;
+
+bool crowded_here() {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  return sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < kCrowdedRanks;
+}
+
+// The shared-memory path each rank's all-reduces took in collective_probe's `reuse` run
+// on kCrowdedRanks ranks, from its trace: one shared_memory.chunk span per 2 MiB copied
+// through the segment, one shared_memory.reduce span per all-reduce that read peers.
+struct Paths {
+  int chunks = 0;
+  int direct = 0;
+};
+std::vector<Paths> crowded_reuse_paths(const char* huge_pages) {
+  const std::filesystem::path traces =
+      std::filesystem::temp_directory_path() / fmt::format("braid-crowded-{}", getpid());
+  auto result = ChildProcess({braid_run(), "-n", std::to_string(kCrowdedRanks), "--timeout", "120",
+                              probe(), "reuse"},
+                             {{"BRAID_SHM_SINGLE_COPY", "auto"},
+                              {"BRAID_HUGE_PAGES", huge_pages},
+                              {"BRAID_TRACE", traces.string()}},
+                             150s)
+                    .wait();
+  EXPECT_EQ(result.status, 0) << result.out << result.err;
+  std::vector<Paths> paths;
+  for (int r = 0; r < kCrowdedRanks; ++r) {
+    const auto trace = traces / fmt::format("rank-{}.trace.json", r);
+    paths.push_back({.chunks = occurrences(trace, R"("name":"shared_memory.chunk")"),
+                     .direct = occurrences(trace, R"("name":"shared_memory.reduce")")});
+  }
+  std::filesystem::remove_all(traces);
+  return paths;
+}
+
 // On a node with more ranks than CPUs, an all-reduce of 4 MiB or more reads peers'
 // memory directly only once every rank's buffers are on huge pages, which they reach at
 // their second use; until then, and for a buffer seen once, it copies through the shared
-// segment (docs/algorithms.md). The trace names the path: one shared_memory.reduce span per
-// direct all-reduce, one shared_memory.chunk span per 2 MiB copied through the segment.
+// segment (docs/algorithms.md).
 TEST(CollectivesProcesses, ACrowdedNodeReadsPeersDirectlyOnlyOnceEveryBufferIsOnHugePages) {
-  constexpr int kRanks = 4;
-  cpu_set_t cpus;
-  CPU_ZERO(&cpus);
-  ASSERT_EQ(sched_getaffinity(0, sizeof cpus, &cpus), 0);
-  if (CPU_COUNT(&cpus) >= kRanks) GTEST_SKIP() << "needs more ranks than CPUs";
+  if (!crowded_here()) GTEST_SKIP() << "needs more ranks than CPUs";
   alignas(4096) static char page[4096];
   if (::madvise(page, 0, 25 /* MADV_COLLAPSE */) != 0) {
     GTEST_SKIP() << "this kernel has no MADV_COLLAPSE (Linux 6.1)";
   }
-  const std::filesystem::path traces =
-      std::filesystem::temp_directory_path() / fmt::format("braid-crowded-{}", getpid());
-  auto result = ChildProcess({braid_run(), "-n", std::to_string(kRanks), "--timeout", "120",
-                              probe(), "reuse"},
-                             {{"BRAID_SHM_SINGLE_COPY", "auto"},
-                              {"BRAID_HUGE_PAGES", "1"},
-                              {"BRAID_TRACE", traces.string()}},
-                             150s)
-                    .wait();
-  ASSERT_EQ(result.status, 0) << result.out << result.err;
-  for (int r = 0; r < kRanks; ++r) {
-    const auto trace = traces / fmt::format("rank-{}.trace.json", r);
+  const std::vector<Paths> paths = crowded_reuse_paths("1");
+  for (int r = 0; r < static_cast<int>(paths.size()); ++r) {
     // 6 MB in 2 MiB chunks: 3 for the reused vector's first use, 3 for the fresh one.
-    EXPECT_EQ(occurrences(trace, R"("name":"shared_memory.chunk")"), 6) << "rank " << r;
-    EXPECT_EQ(occurrences(trace, R"("name":"shared_memory.reduce")"), 2)
-        << "rank " << r << ": the reused vector's second and third all-reduce read peers";
+    EXPECT_EQ(paths[r].chunks, 6) << "rank " << r;
+    EXPECT_EQ(paths[r].direct, 2) << "rank " << r
+                                  << ": the reused vector's second and third all-reduce read peers";
   }
-  std::filesystem::remove_all(traces);
+}
+
+TEST(CollectivesProcesses, ACrowdedNodeWithHugePagesOffCopiesEveryAllReduceThroughTheSegment) {
+  if (!crowded_here()) GTEST_SKIP() << "needs more ranks than CPUs";
+  const std::vector<Paths> paths = crowded_reuse_paths("0");
+  for (int r = 0; r < static_cast<int>(paths.size()); ++r) {
+    EXPECT_EQ(paths[r].chunks, 12) << "rank " << r << ": four all-reduces of 3 chunks";
+    EXPECT_EQ(paths[r].direct, 0) << "rank " << r;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, CollectivesProcesses,

@@ -2,7 +2,8 @@
 // shared_memory_arena.hpp): the rule every rank applies alike, from what the members
 // agreed when they mapped the arena and the call's size. Where the answer is
 // peers_if_huge, the ranks' records decide per operation (ArenaTurn::post): every rank's
-// buffers must be on huge pages.
+// buffers must be on huge pages (collectives_process_test.cpp,
+// ACrowdedNodeReadsPeersDirectlyOnlyOnceEveryBufferIsOnHugePages).
 #include "collectives/shared_memory_arena.hpp"
 
 #include <cstddef>
@@ -19,15 +20,15 @@ constexpr std::size_t kHugeFrom = HugePageAdvice::kSmallestBytes;
 
 TEST(SharedMemoryArenaSingleCopy, AnUncrowdedNodeReadsPeersAtEverySize) {
   SharedMemoryArena arena(2, SingleCopy::unless_crowded);
-  arena.set_single_copy(/*all_can=*/true, /*all_reduce_too=*/true, /*huge_too=*/true);
+  arena.set_single_copy(/*all_can=*/true, /*all_reduce_too=*/true);
   EXPECT_EQ(arena.single_copy_all_reduce(16 * 1024), Reads::peers);
   EXPECT_EQ(arena.single_copy_all_reduce(kHugeFrom - 1), Reads::peers);
   EXPECT_EQ(arena.single_copy_all_reduce(kHugeFrom), Reads::peers);
 }
 
-TEST(SharedMemoryArenaSingleCopy, ACrowdedNodeWithHugePagesReadsPeersOnlyFromHugePageSizes) {
+TEST(SharedMemoryArenaSingleCopy, ACrowdedNodeReadsPeersOnlyFromHugePageSizes) {
   SharedMemoryArena arena(4, SingleCopy::unless_crowded);
-  arena.set_single_copy(/*all_can=*/true, /*all_reduce_too=*/false, /*huge_too=*/true);
+  arena.set_single_copy(/*all_can=*/true, /*all_reduce_too=*/false);
   EXPECT_TRUE(arena.single_copy()) << "the other collectives read peers at every size";
   EXPECT_EQ(arena.single_copy_all_reduce(16 * 1024), Reads::segment);
   EXPECT_EQ(arena.single_copy_all_reduce(kHugeFrom - 1), Reads::segment);
@@ -35,16 +36,9 @@ TEST(SharedMemoryArenaSingleCopy, ACrowdedNodeWithHugePagesReadsPeersOnlyFromHug
   EXPECT_EQ(arena.single_copy_all_reduce(64 * kHugeFrom), Reads::peers_if_huge);
 }
 
-TEST(SharedMemoryArenaSingleCopy, ACrowdedNodeWithoutHugePagesCopiesThroughTheSegment) {
-  SharedMemoryArena arena(4, SingleCopy::unless_crowded);
-  arena.set_single_copy(/*all_can=*/true, /*all_reduce_too=*/false, /*huge_too=*/false);
-  EXPECT_EQ(arena.single_copy_all_reduce(kHugeFrom), Reads::segment);
-  EXPECT_EQ(arena.single_copy_all_reduce(64 * kHugeFrom), Reads::segment);
-}
-
 TEST(SharedMemoryArenaSingleCopy, NoSingleCopyAtAllWhereSomeMemberCannotReadPeers) {
   SharedMemoryArena arena(4, SingleCopy::unless_crowded);
-  arena.set_single_copy(/*all_can=*/false, /*all_reduce_too=*/true, /*huge_too=*/true);
+  arena.set_single_copy(/*all_can=*/false, /*all_reduce_too=*/true);
   EXPECT_FALSE(arena.single_copy());
   EXPECT_EQ(arena.single_copy_all_reduce(16 * 1024), Reads::segment);
   EXPECT_EQ(arena.single_copy_all_reduce(64 * kHugeFrom), Reads::segment);

@@ -215,18 +215,15 @@ asio::awaitable<void> ArenaTurn::map() {
                                    (policy == SingleCopy::unless_crowded && world <= usable_cpus())
                                ? 1
                                : 0;
-  mine.huge_pages = policy == SingleCopy::unless_crowded && arena_.huge_pages().enabled() ? 1 : 0;
   raise(Stage::released);
   co_await wait_all(Stage::released, "every rank's cross-memory probe");
   bool all_can = true;
   bool all_reduce_too = true;
-  bool huge_too = true;
   for (int r = 0; r < world; ++r) {
     all_can = all_can && arena_.record(r).reads_peers == 1;
     all_reduce_too = all_reduce_too && arena_.record(r).all_reduce_direct == 1;
-    huge_too = huge_too && arena_.record(r).huge_pages == 1;
   }
-  arena_.set_single_copy(all_can, all_reduce_too, huge_too);
+  arena_.set_single_copy(all_can, all_reduce_too);
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -263,11 +260,12 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   if (attached && out.id == 0 && separate_output) {
     huge_pages.note(output.data(), output.size_bytes());
   }
-  mine.huge_buffers = (in.id != 0 || huge_pages.on_huge_pages(input.data(), input.size_bytes())) &&
-                              (out.id != 0 || !separate_output ||
-                               huge_pages.on_huge_pages(output.data(), output.size_bytes()))
-                          ? 1
-                          : 0;
+  // Only the crowded rule reads it: the lookups are skipped otherwise.
+  mine.huge_buffers =
+      reads == Reads::peers_if_huge && huge_pages.on_huge_pages(input.data(), input.size_bytes()) &&
+              (!separate_output || huge_pages.on_huge_pages(output.data(), output.size_bytes()))
+          ? 1
+          : 0;
   // A peer whose count put it on the inline path (shared_memory_inline.cpp) compares
   // fingerprints in the inline slots of this generation: ours must be there too.
   arena_.inline_slot(op_.rank(), static_cast<int>(generation_ & 1)).call = call;

@@ -66,12 +66,26 @@ struct alignas(64) RankRecord {
   std::uint64_t disputed_expected;
 };
 
-// A small vector and its call, for all-reduces and barriers that take one flag wait
+// A small vector and its call, for all-reduces and barriers that take one wait
 // (algorithms/shared_memory_inline.cpp); two per rank, used by generation parity.
+//
+// The first cache line holds the whole of a tiny operation: the generation it was posted
+// in (written last), its fingerprint, and a vector of up to kLineBytes. A peer waits on
+// that word and finds the rest in the line it has just fetched: one cache-line transfer
+// per peer where a flag, a fingerprint and a vector on three lines took three, each a
+// miss that waits for the last (8-byte all-reduce, 2 ranks: see shared_memory_inline.cpp).
 struct alignas(64) InlineSlot {
+  static constexpr std::size_t kLineBytes = 64 - sizeof(std::uint64_t) - sizeof(Fingerprint);
+
+  std::uint64_t posted;  // the generation whose call this slot holds (atomic_ref)
   Fingerprint call;
+  std::byte in_line[kLineBytes];
   alignas(64) std::byte data[16 * 1024];
+
+  // Where a vector of `bytes` goes: every rank agrees, as their calls match.
+  std::byte* vector(std::size_t bytes) noexcept { return bytes <= kLineBytes ? in_line : data; }
 };
+static_assert(offsetof(InlineSlot, data) == 64, "a tiny operation fits one cache line");
 
 // Flags: the last generation a rank reached in each stage of an operation.
 enum class Stage : int {

@@ -426,10 +426,12 @@ INSTANTIATE_TEST_SUITE_P(Modes, VariableCounts, ::testing::Bool(), [](const auto
 });
 
 // Small all-reduces and barriers go through two inline slots per rank, chosen by the
-// operation's generation parity, with no wait for readers to finish. Back to back,
-// interleaved with operations that take generations of their own (a single-copy
-// all-gather), and with one rank or another lagging at random, every result stays exact;
-// a count that differs fails on every rank, naming both calls, and the next call works.
+// operation's generation parity, with no wait for readers to finish; up to 16 bytes the
+// vector rides in the slot's first cache line, beside its generation and fingerprint.
+// Back to back, both sizes alternating, interleaved with operations that take generations
+// of their own (a single-copy all-gather), and with one rank or another lagging at random,
+// every result stays exact; a count that differs (one rank's vector in the line, another's
+// past it) fails on every rank, naming both calls, and the next call works.
 TEST(InlineSlots, BackToBackSmallAllReducesWithStragglersStayExactAndMismatchesFailEverywhere) {
   constexpr int kWorld = 3;
   std::atomic<int> mismatches{0};
@@ -444,9 +446,10 @@ TEST(InlineSlots, BackToBackSmallAllReducesWithStragglersStayExactAndMismatchesF
             lag.expires_after(std::chrono::microseconds(random() % 200));
             co_await lag.async_wait(asio::use_awaitable);
           }
-          std::vector<std::int64_t> values(5, me + i);
+          const std::size_t count = i % 2 == 0 ? 2 : 5;  // 16 bytes: in the line; 40: past it
+          std::vector<std::int64_t> values(count, me + i);
           co_await comm->all_reduce(Buffer(values), ReduceOp::sum);
-          EXPECT_EQ(values, std::vector<std::int64_t>(5, 3 * i + 3)) << "round " << i;
+          EXPECT_EQ(values, std::vector<std::int64_t>(count, 3 * i + 3)) << "round " << i;
           if (i % 7 == 0) {
             std::vector<float> block(8192, static_cast<float>(me + i));
             std::vector<float> all(kWorld * block.size());
@@ -455,15 +458,15 @@ TEST(InlineSlots, BackToBackSmallAllReducesWithStragglersStayExactAndMismatchesF
           }
           if (i % 5 == 0) co_await comm->barrier();
         }
-        std::vector<std::int64_t> uneven(me == 2 ? 6 : 5, 1);
+        std::vector<std::int64_t> uneven(me == 2 ? 3 : 2, 1);
         try {
           co_await comm->all_reduce(Buffer(uneven), ReduceOp::sum);
           ADD_FAILURE() << "rank " << me << " completed a mismatched small all-reduce";
         } catch (const Error& e) {
           EXPECT_EQ(e.code(), make_error_code(Errc::size_mismatch)) << e.what();
           EXPECT_THAT(e.what(), HasSubstr("all_reduce[shared_memory]"));
-          EXPECT_THAT(e.what(), HasSubstr("rank 0 calls all_reduce(count 5, i64, sum)"));
-          EXPECT_THAT(e.what(), HasSubstr("rank 2 calls all_reduce(count 6, i64, sum)"));
+          EXPECT_THAT(e.what(), HasSubstr("rank 0 calls all_reduce(count 2, i64, sum)"));
+          EXPECT_THAT(e.what(), HasSubstr("rank 2 calls all_reduce(count 3, i64, sum)"));
           ++mismatches;
         }
         std::vector<std::int64_t> ones(5, 1);

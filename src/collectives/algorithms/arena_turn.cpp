@@ -269,6 +269,7 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   // A peer whose count put it on the inline path (shared_memory_inline.cpp) compares
   // fingerprints in the inline slots of this generation: ours must be there too.
   arena_.inline_slot(op_.rank(), static_cast<int>(generation_ & 1)).call = call;
+  post_inline_slot();
   all_posted_ = false;
   raise(Stage::posted);
   co_await wait_all(Stage::posted, "every rank's shared-memory record");
@@ -334,6 +335,29 @@ asio::awaitable<void> ArenaTurn::wait_all(Stage stage, std::string_view what) {
       [shared, world, stage, generation] {
         for (int r = 0; r < world; ++r) {
           if (shared->flag(r, stage).load(std::memory_order_acquire) < generation) return false;
+        }
+        return true;
+      },
+      what, spin_window());
+}
+
+void ArenaTurn::post_inline_slot() noexcept {
+  InlineSlot& mine = arena_.inline_slot(op_.rank(), static_cast<int>(generation_ & 1));
+  std::atomic_ref<std::uint64_t>(mine.posted).store(generation_, std::memory_order_release);
+}
+
+asio::awaitable<void> ArenaTurn::wait_all_inline_slots(std::string_view what) {
+  SharedMemoryArena* shared = &arena_;
+  const std::uint64_t generation = generation_;
+  const int parity = static_cast<int>(generation & 1);
+  const int world = op_.size();
+  co_await op_.poll_until(
+      [shared, world, parity, generation] {
+        for (int r = 0; r < world; ++r) {
+          std::uint64_t& posted = shared->inline_slot(r, parity).posted;
+          if (std::atomic_ref<std::uint64_t>(posted).load(std::memory_order_acquire) < generation) {
+            return false;
+          }
         }
         return true;
       },

@@ -57,6 +57,11 @@ class ArenaTurn {
   const RankRecord& record(int rank) noexcept { return arena_.record(rank); }
 
   void raise(Stage stage) noexcept;
+  // Marks this rank's inline slot of this generation posted: its call (and, on the inline
+  // path, its vector) is there. post() marks it too, for a peer on the inline path.
+  void post_inline_slot() noexcept;
+  // Waits until every rank's inline slot of this generation is posted.
+  asio::awaitable<void> wait_all_inline_slots(std::string_view what);
   // Waits on every rank's flag. Until every rank has posted, a partner may still be
   // computing, so the waits nap after a short spin; after that, partners are busy with
   // this very operation and the waits spin longer, unless the node has more members than

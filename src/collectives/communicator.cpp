@@ -197,12 +197,8 @@ asio::awaitable<void> exchange_fingerprints(CollectiveOp& op, const CollectiveCa
 // and freed by asio's own matching operators.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call) {
+asio::awaitable<void> run_other_algorithm(CollectiveOp& op, const CollectiveCall& call) {
   using enum CollectiveKind;
-  if (call.kind == barrier && call.algorithm == Algorithm::shared_memory) {
-    co_await detail::shared_memory_barrier(op, call);
-    co_return;
-  }
   if (call.kind != all_reduce && call.algorithm == Algorithm::shared_memory &&
       co_await detail::shared_memory_collective(op, call)) {
     co_return;
@@ -210,9 +206,6 @@ asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call
   switch (call.kind) {
     case all_reduce:
       switch (call.algorithm) {
-        case Algorithm::shared_memory:
-          co_await detail::shared_memory_all_reduce(op, call);
-          co_return;
         case Algorithm::hierarchical:
           co_await detail::hierarchical_all_reduce(op, call.input, call.output, call.reduce_op,
                                                    *call.hierarchy, *call.selection);
@@ -268,6 +261,16 @@ asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call
   }
 }
 #pragma GCC diagnostic pop
+
+// Not a coroutine: a shared-memory all-reduce or barrier (the small, latency-bound calls)
+// starts its algorithm's frame directly, without one more frame around it.
+asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call) {
+  if (call.algorithm == Algorithm::shared_memory) {
+    if (call.kind == CollectiveKind::all_reduce) return detail::shared_memory_all_reduce(op, call);
+    if (call.kind == CollectiveKind::barrier) return detail::shared_memory_barrier(op, call);
+  }
+  return run_other_algorithm(op, call);
+}
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <braid/core/enforce.hpp>
 #include <braid/core/error.hpp>
 
 #include "../cross_memory.hpp"
@@ -40,7 +41,13 @@ asio::awaitable<void> ArenaTurn::wait_turn() {
 }
 
 asio::awaitable<void> ArenaTurn::start() {
-  co_await wait_turn();
+  // Usually the turn has come (the operations before this one are done): then no wait,
+  // and no trace span for one.
+  if (arena_.serving() == ticket_) {
+    served_ = true;
+  } else {
+    co_await wait_turn();
+  }
   if (arena_.broken()) {
     throw Error(Errc::peer_failed,
                 "an earlier shared-memory collective on this communicator failed, so its ranks "
@@ -274,7 +281,7 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   raise(Stage::posted);
   co_await wait_all(Stage::posted, "every rank's shared-memory record");
   all_posted_ = true;
-  co_await agree_on_call(false);
+  if (!calls_agree(false)) co_await fail_on_disagreement(false);
   // Every rank decides alike, from the same records: each rank whose buffers lie in
   // allocation n has it registered, so if all name the same n, all map it.
   bool one_allocation = mine.shared_input != 0 && mine.shared_output != 0;
@@ -295,14 +302,23 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   }
 }
 
-asio::awaitable<void> ArenaTurn::agree_on_call(bool inline_slots) {
-  const int parity = static_cast<int>(generation_ & 1);
-  auto call_of = [&](int r) -> const Fingerprint& {
-    return inline_slots ? arena_.inline_slot(r, parity).call : arena_.record(r).call;
-  };
-  const Fingerprint& first = call_of(0);
+const Fingerprint& ArenaTurn::posted_call(int rank, bool inline_slots) noexcept {
+  return inline_slots ? arena_.inline_slot(rank, static_cast<int>(generation_ & 1)).call
+                      : arena_.record(rank).call;
+}
+
+bool ArenaTurn::calls_agree(bool inline_slots) noexcept {
+  const Fingerprint& first = posted_call(0, inline_slots);
   for (int r = 1; r < op_.size(); ++r) {
-    const Fingerprint& other = call_of(r);
+    if (!(posted_call(r, inline_slots) == first)) return false;
+  }
+  return true;
+}
+
+asio::awaitable<void> ArenaTurn::fail_on_disagreement(bool inline_slots) {
+  const Fingerprint& first = posted_call(0, inline_slots);
+  for (int r = 1; r < op_.size(); ++r) {
+    const Fingerprint& other = posted_call(r, inline_slots);
     if (other == first) continue;
     // Every rank reaches this verdict from the same fingerprints. Word it before releasing
     // them: a rank that fails first may post its next record once everyone has released.
@@ -316,6 +332,7 @@ asio::awaitable<void> ArenaTurn::agree_on_call(bool inline_slots) {
     finish();  // every rank fails at the same point: the arena is still in step
     throw mismatch;
   }
+  BRAID_ENFORCE(false, "fail_on_disagreement called where every rank posted the same call");
 }
 
 asio::awaitable<void> ArenaTurn::release() {
@@ -327,11 +344,12 @@ void ArenaTurn::raise(Stage stage) noexcept {
   arena_.flag(op_.rank(), stage).store(generation_, std::memory_order_release);
 }
 
+// Not coroutines (the waits below): each returns poll_until's, one frame rather than two.
 asio::awaitable<void> ArenaTurn::wait_all(Stage stage, std::string_view what) {
   SharedMemoryArena* shared = &arena_;
   const std::uint64_t generation = generation_;
   const int world = op_.size();
-  co_await op_.poll_until(
+  return op_.poll_until(
       [shared, world, stage, generation] {
         for (int r = 0; r < world; ++r) {
           if (shared->flag(r, stage).load(std::memory_order_acquire) < generation) return false;
@@ -351,7 +369,7 @@ asio::awaitable<void> ArenaTurn::wait_all_inline_slots(std::string_view what) {
   const std::uint64_t generation = generation_;
   const int parity = static_cast<int>(generation & 1);
   const int world = op_.size();
-  co_await op_.poll_until(
+  return op_.poll_until(
       [shared, world, parity, generation] {
         for (int r = 0; r < world; ++r) {
           std::uint64_t& posted = shared->inline_slot(r, parity).posted;

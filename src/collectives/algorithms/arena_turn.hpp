@@ -39,10 +39,13 @@ class ArenaTurn {
   asio::awaitable<void> pass();
   asio::awaitable<void> post(const Fingerprint& call, const Buffer& input, const Buffer& output);
   asio::awaitable<void> release();
-  // Compares every rank's posted fingerprint (in its record, or in its inline slot of this
-  // generation) with rank 0's. On a difference every rank fails alike, naming both calls,
-  // after a release, so no record or slot is rewritten while another rank still reads it.
-  asio::awaitable<void> agree_on_call(bool inline_slots);
+  // Whether every rank's posted fingerprint (in its record, or in its inline slot of this
+  // generation) equals rank 0's. Every rank reaches the same verdict.
+  bool calls_agree(bool inline_slots) noexcept;
+  // Where they do not: every rank fails alike, naming both calls, after a release, so no
+  // record or slot is rewritten while another rank still reads it. Always throws.
+  // Two steps, so that the usual agreement costs no coroutine frame.
+  asio::awaitable<void> fail_on_disagreement(bool inline_slots);
   void finish() noexcept { finished_ = true; }
 
   SharedMemoryArena& arena() noexcept { return arena_; }
@@ -85,6 +88,7 @@ class ArenaTurn {
 
  private:
   asio::awaitable<void> wait_turn();
+  const Fingerprint& posted_call(int rank, bool inline_slots) noexcept;
   asio::awaitable<void> map();
   std::chrono::microseconds spin_window() const noexcept {
     return all_posted_ && !arena_.crowded() ? kPartnersBusySpinWindow : kSpinWindow;

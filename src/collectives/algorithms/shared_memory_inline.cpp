@@ -51,7 +51,7 @@ asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
   co_await turn.wait_all_inline_slots("every rank's small vector");
 
   // A peer on the record path fails the same way, in post().
-  co_await turn.agree_on_call(true);
+  if (!turn.calls_agree(true)) co_await turn.fail_on_disagreement(true);
   if (bytes == 0) co_return;
   const DType dtype = call.input.dtype();
   const std::size_t count = call.input.count();

@@ -36,7 +36,7 @@ asio::awaitable<void> ArenaTurn::wait_turn() {
   const std::uint64_t ticket = ticket_;
   co_await op_.poll_until(
       [shared, ticket] { return shared->serving() == ticket || shared->broken(); },
-      "the communicator's previous shared-memory operation");
+      "the communicator's previous shared-memory operation", kSpinWindow, shared->crowded());
   served_ = true;
 }
 
@@ -356,7 +356,7 @@ asio::awaitable<void> ArenaTurn::wait_all(Stage stage, std::string_view what) {
         }
         return true;
       },
-      what, spin_window());
+      what, spin_window(), arena_.crowded());
 }
 
 void ArenaTurn::post_inline_slot() noexcept {
@@ -379,7 +379,7 @@ asio::awaitable<void> ArenaTurn::wait_all_inline_slots(std::string_view what) {
         }
         return true;
       },
-      what, spin_window());
+      what, spin_window(), arena_.crowded());
 }
 
 const std::byte* ArenaTurn::mapped_input(int rank) noexcept {

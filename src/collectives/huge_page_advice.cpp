@@ -17,6 +17,17 @@ namespace {
 
 constexpr std::uintptr_t kHugePageBytes = std::uintptr_t{2} << 20;
 
+// The whole huge pages inside `bytes` at `begin`: [first, last), empty where last <= first.
+struct WholePages {
+  std::uintptr_t first;
+  std::uintptr_t last;
+  std::size_t bytes() const noexcept { return last > first ? last - first : 0; }
+};
+WholePages whole_pages(std::uintptr_t begin, std::size_t bytes) noexcept {
+  return {.first = (begin + kHugePageBytes - 1) & ~(kHugePageBytes - 1),
+          .last = (begin + bytes) & ~(kHugePageBytes - 1)};
+}
+
 // Whether this kernel knows MADV_COLLAPSE (Linux 6.1). madvise rejects an advice it does
 // not know with EINVAL before it looks at the range, and succeeds on an empty range for
 // one it knows: so an empty call asks, without collapsing anything. Asked once.
@@ -46,25 +57,27 @@ bool HugePageAdvice::note(const void* data, std::size_t bytes) noexcept {
   if (found->advised) return false;
   found->advised = true;
   // Only whole huge pages inside the buffer: the memory around it is someone else's.
-  const std::uintptr_t first = (begin + kHugePageBytes - 1) & ~(kHugePageBytes - 1);
-  const std::uintptr_t last = (begin + bytes) & ~(kHugePageBytes - 1);
-  if (last <= first) return false;
-  if (::madvise(reinterpret_cast<void*>(first), last - first, MADV_COLLAPSE) != 0) {
+  const WholePages inside = whole_pages(begin, bytes);
+  if (inside.bytes() == 0) return false;
+  if (::madvise(reinterpret_cast<void*>(inside.first), inside.bytes(), MADV_COLLAPSE) != 0) {
     // Memory the kernel will not collapse (file-backed, locked, no huge page free): this
     // buffer stays as it is; others may still move.
     log::debug("huge pages: madvise(MADV_COLLAPSE) of {} bytes left the buffer as it was: {}",
-               last - first, std::strerror(errno));
+               inside.bytes(), std::strerror(errno));
     return false;
   }
   found->collapsed = true;
   return true;
 }
 
-bool HugePageAdvice::on_huge_pages(const void* data, std::size_t bytes) const noexcept {
+bool HugePageAdvice::mostly_on_huge_pages(const void* data, std::size_t bytes) const noexcept {
   const auto begin = reinterpret_cast<std::uintptr_t>(data);
-  return std::any_of(seen_.begin(), seen_.end(), [&](const Seen& s) {
+  const bool collapsed = std::any_of(seen_.begin(), seen_.end(), [&](const Seen& s) {
     return s.collapsed && s.begin == begin && s.bytes == bytes;
   });
+  return collapsed &&
+         static_cast<double>(whole_pages(begin, bytes).bytes()) >=
+             kMostlyHuge * static_cast<double>(bytes);
 }
 
 }  // namespace braid::collectives::detail

@@ -46,8 +46,9 @@ constexpr std::array kKnobs{
          "within a node, collectives read peers' buffers directly (cross-memory attach, "
          "process_vm_readv) instead of copying through a shared segment, where every rank's "
          "kernel allows it. auto: all-reduce if the node has no more ranks than CPUs, or once "
-         "every rank's vector (4 MiB or more) is on huge pages (BRAID_HUGE_PAGES; otherwise "
-         "it copies through the segment), the others always; 1: always; 0: never"},
+         "every rank's vector (4 MiB or more) lies at least 15/16 on huge pages "
+         "(BRAID_HUGE_PAGES; otherwise it copies through the segment), the others always; "
+         "1: always; 0: never"},
     Knob{"BRAID_HUGE_PAGES", "1",
          "back buffers of 4 MiB and more that peers reach by cross-memory attach with "
          "transparent huge pages (madvise MADV_COLLAPSE, Linux 6.1) once a collective sees "

@@ -11,8 +11,12 @@
 //              as soon as it reaps rank D, and what is tested is what they see on their
 //              own (braid-run still kills them after --grace).
 // Other errors are printed as "error: <what>" on stderr, with exit code 2.
+#include <algorithm>
 #include <csignal>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <span>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -160,18 +164,34 @@ awaitable<std::string> check(Communicator& comm) {
   co_return m.what;
 }
 
-// Three in-place sum all-reduces of one 6 MB vector of ones, then one of a fresh vector of
-// another size: which shared-memory path each took is in the trace (BRAID_TRACE).
+// In-place sum all-reduces of vectors of ones, about 6 MB each; which shared-memory path
+// each took is in the trace (BRAID_TRACE): three of a 2 MiB-aligned 6 MiB vector (wholly
+// on huge pages from its second use), one of a fresh vector, and three of a vector from
+// malloc (whose 4 KiB-paged ends outweigh 1/16 of it).
 awaitable<std::string> reuse(Communicator& comm) {
   const auto world = static_cast<float>(comm.size());
-  std::vector<float> reused(1'500'000, 1.0F);
-  for (int i = 0; i < 3; ++i) co_await comm.all_reduce(Buffer(reused), ReduceOp::sum);
+  constexpr std::size_t kHugePage = std::size_t{2} << 20;
+  constexpr std::size_t kAlignedCount = 3 * kHugePage / sizeof(float);
+  std::unique_ptr<float, decltype(&std::free)> aligned(
+      static_cast<float*>(std::aligned_alloc(kHugePage, kAlignedCount * sizeof(float))),
+      &std::free);
+  if (aligned == nullptr) co_return std::string("could not allocate 6 MiB on a 2 MiB boundary");
+  const std::span<float> on_huge_pages(aligned.get(), kAlignedCount);
+  std::fill(on_huge_pages.begin(), on_huge_pages.end(), 1.0F);
+  for (int i = 0; i < 3; ++i) co_await comm.all_reduce(Buffer(on_huge_pages), ReduceOp::sum);
   std::vector<float> fresh(1'500'001, 1.0F);
   co_await comm.all_reduce(Buffer(fresh), ReduceOp::sum);
+  std::vector<float> from_malloc(1'500'000, 1.0F);
+  for (int i = 0; i < 3; ++i) co_await comm.all_reduce(Buffer(from_malloc), ReduceOp::sum);
   Mismatch m;
-  for (std::size_t i = 0; i < reused.size(); ++i)
-    m.check(reused, i, world * world * world, "reused");
+  const float thrice = world * world * world;
+  for (std::size_t i = 0; i < on_huge_pages.size(); ++i) {
+    if (m.what.empty() && on_huge_pages[i] != thrice) {
+      m.what = fmt::format("aligned: element {} is {}, expected {}", i, on_huge_pages[i], thrice);
+    }
+  }
   for (std::size_t i = 0; i < fresh.size(); ++i) m.check(fresh, i, world, "fresh");
+  for (std::size_t i = 0; i < from_malloc.size(); ++i) m.check(from_malloc, i, thrice, "malloc");
   co_return m.what;
 }
 

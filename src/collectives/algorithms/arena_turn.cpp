@@ -268,11 +268,13 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
     huge_pages.note(output.data(), output.size_bytes());
   }
   // Only the crowded rule reads it: the lookups are skipped otherwise.
-  mine.huge_buffers =
-      reads == Reads::peers_if_huge && huge_pages.on_huge_pages(input.data(), input.size_bytes()) &&
-              (!separate_output || huge_pages.on_huge_pages(output.data(), output.size_bytes()))
-          ? 1
-          : 0;
+  auto mostly_huge = [&huge_pages](const Buffer& buffer) {
+    return huge_pages.mostly_on_huge_pages(buffer.data(), buffer.size_bytes());
+  };
+  mine.huge_buffers = reads == Reads::peers_if_huge && mostly_huge(input) &&
+                              (!separate_output || mostly_huge(output))
+                          ? 1
+                          : 0;
   // A peer whose count put it on the inline path (shared_memory_inline.cpp) compares
   // fingerprints in the inline slots of this generation: ours must be there too.
   arena_.inline_slot(op_.rank(), static_cast<int>(generation_ & 1)).call = call;

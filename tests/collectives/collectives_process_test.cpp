@@ -153,8 +153,8 @@ TEST(CollectivesProcesses, ACrowdedNodeReadsPeersDirectlyOnlyOnceEveryBufferIsOn
     // About 6 MB in 2 MiB chunks: 3 for the aligned vector's first use, 3 for the fresh
     // one, 9 for the three uses of the one from malloc.
     EXPECT_EQ(paths[r].chunks, 15) << "rank " << r;
-    EXPECT_EQ(paths[r].direct, 2) << "rank " << r
-                                  << ": the aligned vector's second and third all-reduce read peers";
+    EXPECT_EQ(paths[r].direct, 2)
+        << "rank " << r << ": the aligned vector's second and third all-reduce read peers";
   }
 }
 

@@ -4,8 +4,9 @@
 //   nccl-tests counts it (all_gather, all_gather_v: the output; gather: the root's output;
 //   scatter: the root's input; reduce_scatter, all_to_all, all_to_all_v: the input), f32
 //   elements, rounded down to a multiple of the ranks where the op splits the buffer.
-// - 3 warm-up calls; then `iters` timed calls back to back (adaptive: ~0.2 s, 5 to 100 000,
-//   decided by rank 0 from the warm-up and broadcast). time = the slowest rank's mean.
+// - 3 warm-up calls, then `iters` / 10 untimed ones; then `iters` timed calls back to back
+//   (adaptive: ~0.2 s, 5 to 100 000, decided by rank 0 from the warm-up and broadcast).
+//   time = the slowest rank's mean.
 //   (A cap of 1000 timed a 1 µs call over 1 ms, where one preemption doubled the row.)
 // - algbw = bytes / time; busbw = algbw x (all_reduce 2(P-1)/P; broadcast, reduce 1; the
 //   others (P-1)/P), so rows compare across world sizes.
@@ -364,6 +365,10 @@ awaitable<Row> measure(Communicator& comm, const std::string& op, std::size_t by
     iters[0] = std::clamp<std::int64_t>(static_cast<std::int64_t>(0.2 / std::max(warm, 1e-7)), 5, 100000);
   }
   co_await comm.broadcast(Buffer(iters), 0);
+  // A tenth of the loop again, untimed (~20 ms), as the peers do: the first size of a run
+  // starts right after process start-up or another library's run, and its 8-byte row
+  // read 0.7-1.2 us where it reads 0.55 us once the processes have settled.
+  for (std::int64_t i = 0; i < iters[0] / 10; ++i) co_await c.call();
   co_await comm.barrier();
   start = Clock::now();
   for (std::int64_t i = 0; i < iters[0]; ++i) co_await c.call();

@@ -58,7 +58,7 @@ Message CollectiveOp::send_reserved(int peer, Buffer data, std::uint32_t step) {
   message.step = step;
   if (abort_) throw_aborted();
   transfers_.push_back({transport_.start_send(message.world_peer, data,
-                                              tag_of(communicator_, sequence_, step), deadline_),
+                                              tag_of(communicator_, sequence_, step), deadline()),
                          message.world_peer});
   message.transfer = &transfers_.back().transfer;
   return message;
@@ -75,7 +75,7 @@ Message CollectiveOp::recv_reserved(int peer, Buffer data, std::uint32_t step, b
   if (abort_) throw_aborted();
   try {
     transfers_.push_back({transport_.start_recv(message.world_peer, data,
-                                                tag_of(communicator_, sequence_, step), deadline_),
+                                                tag_of(communicator_, sequence_, step), deadline()),
                            message.world_peer});
   } catch (const Error& error) {
     // A larger message that had already arrived: refused at the start, not at the wait.

@@ -397,7 +397,7 @@ std::unique_ptr<CollectiveCall> Communicator::prepare(CollectiveKind kind) {
 asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
                                         std::unique_ptr<CollectiveCall> call) {
   CollectiveOp op(world_.transport(), world_ranks_, rank_, id_, call->sequence, call->deadline,
-                  *scratch_);
+                  timeout_, *scratch_);
   op.set_track(track_);
   trace::AsyncSpan span(trace::Category::comm, span_name(call->kind), track_, call->bytes);
   span.arg("seq", static_cast<std::int64_t>(call->sequence));
@@ -658,7 +658,7 @@ asio::awaitable<void> Communicator::submit(std::unique_ptr<CollectiveCall> call)
   call->hierarchy = &hierarchy_;
   call->selection = selection_.get();
   call->sequence = take_sequence();
-  call->deadline = deadline_for(timeout_);
+  call->deadline = kDefaultDeadline;  // the timeout runs from the op's first wait (CollectiveOp)
   std::shared_ptr<Communicator> self = shared_from_this();
   return run(std::move(self), std::move(call));
 }
@@ -966,7 +966,7 @@ asio::awaitable<void> Communicator::send(Buffer data, int peer) {
   check.host(data, "buffer");
   const std::uint64_t sequence = send_sequence_[static_cast<std::size_t>(peer)].fetch_add(1);
   auto op = std::make_unique<CollectiveOp>(world_.transport(), world_ranks_, rank_, id_, sequence,
-                                           deadline_for(timeout_), *scratch_);
+                                           deadline_for(timeout_), timeout_, *scratch_);
   std::shared_ptr<Communicator> self = shared_from_this();
 #if BRAID_WITH_CUDA
   if (routes_to_nccl(data)) return holding(nccl_, nccl_->send(data, peer));
@@ -985,7 +985,7 @@ asio::awaitable<std::size_t> Communicator::recv(Buffer data, int peer) {
   check.host(data, "buffer");
   const std::uint64_t sequence = recv_sequence_[static_cast<std::size_t>(peer)].fetch_add(1);
   auto op = std::make_unique<CollectiveOp>(world_.transport(), world_ranks_, rank_, id_, sequence,
-                                           deadline_for(timeout_), *scratch_);
+                                           deadline_for(timeout_), timeout_, *scratch_);
   std::shared_ptr<Communicator> self = shared_from_this();
 #if BRAID_WITH_CUDA
   if (routes_to_nccl(data)) return holding(nccl_, nccl_->recv(data, peer));

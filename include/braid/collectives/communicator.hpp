@@ -101,7 +101,9 @@ struct StagingResources;
 }  // namespace detail
 
 struct CommunicatorOptions {
-  // How long one operation may take from the call to completion. nullopt: BRAID_TIMEOUT.
+  // How long one operation may take to complete, counted from the moment it first has to
+  // wait (for a turn, a message or a partner; an operation that never waits reads no
+  // clock). nullopt: BRAID_TIMEOUT.
   std::optional<Clock::duration> timeout;
   // Exchange op fingerprints before every collective (BRAID_DEBUG=detail). nullopt: from
   // the environment.

@@ -18,10 +18,11 @@ constexpr std::size_t MiB = 1024 * KiB;
 std::vector<SelectionRule> built_in_rules() {
   using enum CollectiveKind;
   return {
-      // Members on one node only: one flag wait through the inline slots.
+      // Members on one node only: up to 16 KiB one wait through the inline slots, then
+      // single copy or the segment (select() skips it otherwise).
       {.kind = all_reduce,
        .min_bytes = 0,
-       .max_bytes = 4 * KiB,
+       .max_bytes = kInfinity,
        .algorithm = Algorithm::shared_memory},
       {.kind = all_reduce,
        .min_bytes = 0,
@@ -32,11 +33,6 @@ std::vector<SelectionRule> built_in_rules() {
        .min_bytes = 16 * KiB,
        .max_bytes = kInfinity,
        .algorithm = Algorithm::hierarchical},
-      // Members on one node only (select() skips it otherwise).
-      {.kind = all_reduce,
-       .min_bytes = 16 * KiB,
-       .max_bytes = kInfinity,
-       .algorithm = Algorithm::shared_memory},
       {.kind = all_reduce,
        .min_bytes = 16 * KiB,
        .max_bytes = 1 * MiB,

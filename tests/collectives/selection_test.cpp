@@ -100,11 +100,14 @@ TEST(SelectionTable, HierarchicalAllReduceIsChosenOnlyWhenMembersGroupIntoSevera
 TEST(SelectionTable, SmallAllReducesAndBarriersGoThroughSharedMemoryOnOneNodeOnly) {
   const SelectionTable table = SelectionTable::built_in();
   const MemberPlacement across{.one_node = false};
-  // Up to 4k one flag wait through the inline slots; then recursive doubling to 16k.
+  // On one node, shared memory at every size (up to 16k one wait through the inline
+  // slots); across nodes recursive doubling to 16k.
   EXPECT_EQ(table.select(CollectiveKind::all_reduce, 8, 2), Algorithm::shared_memory);
-  EXPECT_EQ(table.select(CollectiveKind::all_reduce, 4 * KiB - 1, 8), Algorithm::shared_memory);
-  EXPECT_EQ(table.select(CollectiveKind::all_reduce, 4 * KiB, 8), Algorithm::recursive_doubling);
+  EXPECT_EQ(table.select(CollectiveKind::all_reduce, 4 * KiB, 8), Algorithm::shared_memory);
+  EXPECT_EQ(table.select(CollectiveKind::all_reduce, 16 * KiB, 8), Algorithm::shared_memory);
   EXPECT_EQ(table.select(CollectiveKind::all_reduce, 8, 2, across), Algorithm::recursive_doubling);
+  EXPECT_EQ(table.select(CollectiveKind::all_reduce, 8 * KiB, 2, across),
+            Algorithm::recursive_doubling);
   EXPECT_EQ(table.select(CollectiveKind::barrier, 0, 4), Algorithm::shared_memory);
   EXPECT_EQ(table.select(CollectiveKind::barrier, 0, 4, across), Algorithm::dissemination);
 }
@@ -130,19 +133,19 @@ TEST(SelectionTable, SeveralKindsAndSpacesAroundTheParts) {
 
 TEST(SelectionTable, AWorldLimitedRuleAppliesOnlyToWorldsInItsRange) {
   const auto table = SelectionTable::with_overrides("allreduce:0-inf:ring@3-8");
-  // 8k on the built-in table: recursive_doubling.
-  EXPECT_EQ(table.select(CollectiveKind::all_reduce, 8 * KiB, 2), Algorithm::recursive_doubling);
+  // 8k on one node, the built-in table: shared_memory.
+  EXPECT_EQ(table.select(CollectiveKind::all_reduce, 8 * KiB, 2), Algorithm::shared_memory);
   EXPECT_EQ(table.select(CollectiveKind::all_reduce, 8 * KiB, 3), Algorithm::ring);
   EXPECT_EQ(table.select(CollectiveKind::all_reduce, 8 * KiB, 8), Algorithm::ring);
-  EXPECT_EQ(table.select(CollectiveKind::all_reduce, 8 * KiB, 9), Algorithm::recursive_doubling);
+  EXPECT_EQ(table.select(CollectiveKind::all_reduce, 8 * KiB, 9), Algorithm::shared_memory);
 
   const auto single = SelectionTable::with_overrides("allreduce:0-inf:ring@4");
-  EXPECT_EQ(single.select(CollectiveKind::all_reduce, 8 * KiB, 3), Algorithm::recursive_doubling);
+  EXPECT_EQ(single.select(CollectiveKind::all_reduce, 8 * KiB, 3), Algorithm::shared_memory);
   EXPECT_EQ(single.select(CollectiveKind::all_reduce, 8 * KiB, 4), Algorithm::ring);
-  EXPECT_EQ(single.select(CollectiveKind::all_reduce, 8 * KiB, 5), Algorithm::recursive_doubling);
+  EXPECT_EQ(single.select(CollectiveKind::all_reduce, 8 * KiB, 5), Algorithm::shared_memory);
 
   const auto open = SelectionTable::with_overrides("allreduce:0-inf:ring@16-inf");
-  EXPECT_EQ(open.select(CollectiveKind::all_reduce, 8 * KiB, 15), Algorithm::recursive_doubling);
+  EXPECT_EQ(open.select(CollectiveKind::all_reduce, 8 * KiB, 15), Algorithm::shared_memory);
   EXPECT_EQ(open.select(CollectiveKind::all_reduce, 8 * KiB, 64), Algorithm::ring);
 }
 

@@ -42,14 +42,16 @@ std::vector<SelectionRule> built_in_rules() {
        .max_bytes = kInfinity,
        .algorithm = Algorithm::ring},
       // Members on one node: the others read peers' buffers directly (single copy), where
-      // the members agree they can; otherwise they fall back to the rules below.
+      // the members agree they can; otherwise they fall back to the rules below. Up to
+      // 16 KiB (reduce_scatter, all_to_all: of input; all_gather: of output) one wait
+      // through the inline slots instead.
       {.kind = reduce_scatter, .algorithm = Algorithm::shared_memory},
-      {.kind = all_gather, .min_bytes = 16 * KiB, .algorithm = Algorithm::shared_memory},
+      {.kind = all_gather, .algorithm = Algorithm::shared_memory},
       {.kind = broadcast, .min_bytes = 16 * KiB, .algorithm = Algorithm::shared_memory},
       {.kind = reduce, .min_bytes = 16 * KiB, .algorithm = Algorithm::shared_memory},
       {.kind = gather, .min_bytes = 16 * KiB, .algorithm = Algorithm::shared_memory},
       {.kind = scatter, .min_bytes = 16 * KiB, .algorithm = Algorithm::shared_memory},
-      {.kind = all_to_all, .min_bytes = 16 * KiB, .algorithm = Algorithm::shared_memory},
+      {.kind = all_to_all, .algorithm = Algorithm::shared_memory},
       {.kind = reduce_scatter, .algorithm = Algorithm::ring},
       {.kind = all_gather, .algorithm = Algorithm::ring},
       {.kind = broadcast, .algorithm = Algorithm::binomial_tree},

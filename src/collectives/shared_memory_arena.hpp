@@ -66,7 +66,7 @@ struct alignas(64) RankRecord {
   std::uint64_t disputed_expected;
 };
 
-// A small vector and its call, for all-reduces and barriers that take one wait
+// A small input and its call, for the collectives that take one wait when small
 // (algorithms/shared_memory_inline.cpp); two per rank, used by generation parity.
 //
 // The first cache line holds the whole of a tiny operation: the generation it was posted
@@ -80,7 +80,7 @@ struct alignas(64) InlineSlot {
   std::uint64_t posted;  // the generation whose call this slot holds (atomic_ref)
   Fingerprint call;
   std::byte in_line[kLineBytes];
-  alignas(64) std::byte data[16 * 1024];
+  alignas(64) std::byte data[64 * 1024];  // kInlineBytes (see shared_memory_inline.cpp)
 
   // Where a vector of `bytes` goes: every rank agrees, as their calls match.
   std::byte* vector(std::size_t bytes) noexcept { return bytes <= kLineBytes ? in_line : data; }

@@ -382,9 +382,9 @@ TEST_P(VariableCounts, AllGatherVAndAllToAllVMoveUnevenBlocksIncludingEmptyOnes)
   constexpr int kWorld = 3;
   run_ranks(kWorld, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
     const int me = comm->rank();
-    // 12 bytes in all, then 20 KiB: past the 16 KiB rule.
+    // 12 bytes in all (through the inline slots), then 80 KiB: past their 64 KiB.
     for (const std::vector<std::size_t>& counts :
-         {std::vector<std::size_t>{1, 0, 2}, std::vector<std::size_t>{3, 0, 5001}}) {
+         {std::vector<std::size_t>{1, 0, 2}, std::vector<std::size_t>{3, 0, 20001}}) {
       std::vector<std::int32_t> mine(counts[static_cast<std::size_t>(me)]);
       std::iota(mine.begin(), mine.end(), me * 10000);
       std::vector<std::int32_t> all(std::accumulate(counts.begin(), counts.end(), std::size_t{0}),
@@ -425,9 +425,10 @@ INSTANTIATE_TEST_SUITE_P(Modes, VariableCounts, ::testing::Bool(), [](const auto
   return info.param ? std::string("single_copy") : std::string("messages");
 });
 
-// Small all-reduces and barriers go through two inline slots per rank, chosen by the
-// operation's generation parity, with no wait for readers to finish; up to 16 bytes the
-// vector rides in the slot's first cache line, beside its generation and fingerprint.
+// Small all-reduces, barriers, all-gathers, reduce-scatters and all-to-alls go through
+// two inline slots per rank, chosen by the operation's generation parity, with no wait
+// for readers to finish; up to 16 bytes the vector rides in the slot's first cache line,
+// beside its generation and fingerprint.
 // Back to back, both sizes alternating, interleaved with operations that take generations
 // of their own (a single-copy all-gather), and with one rank or another lagging at random,
 // every result stays exact; a count that differs (one rank's vector in the line, another's
@@ -457,6 +458,20 @@ TEST(InlineSlots, BackToBackSmallAllReducesWithStragglersStayExactAndMismatchesF
             EXPECT_EQ(all[2 * block.size()], static_cast<float>(2 + i));
           }
           if (i % 5 == 0) co_await comm->barrier();
+          if (i % 3 == 0) {
+            // The other collectives that take the inline slots when small.
+            std::vector<std::int32_t> mine(2, me * 100 + i), gathered(2 * kWorld);
+            co_await comm->all_gather(Buffer(mine), Buffer(gathered));
+            EXPECT_EQ(gathered[4], 200 + i) << "round " << i;
+            std::vector<std::int32_t> blocks(2 * kWorld), reduced(2);
+            std::iota(blocks.begin(), blocks.end(), me + i);  // block b: me + i + 2b, + 1
+            co_await comm->reduce_scatter(Buffer(blocks), Buffer(reduced), ReduceOp::sum);
+            EXPECT_EQ(reduced[1], 3 * (i + 2 * me + 1) + 3) << "round " << i;
+            std::vector<std::int32_t> sent(kWorld), received(kWorld);
+            for (int to = 0; to < kWorld; ++to) sent[static_cast<std::size_t>(to)] = me * 10 + to;
+            co_await comm->all_to_all(Buffer(sent), Buffer(received));
+            EXPECT_EQ(received, (std::vector<std::int32_t>{me, 10 + me, 20 + me})) << "round " << i;
+          }
         }
         std::vector<std::int64_t> uneven(me == 2 ? 3 : 2, 1);
         try {
@@ -709,15 +724,16 @@ TEST(Mismatch, SingleCopyCollectivesCheckEveryRanksCallBeforeReadingAnyBuffer) {
       3,
       [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
         // Rank 1 brings a smaller block: reading it as a full one would run off its end.
-        std::vector<float> block(comm->rank() == 1 ? 4000 : 4096, 1.0f);
+        // (Outputs of 96 KiB: past the inline slots, whose check the next test covers.)
+        std::vector<float> block(comm->rank() == 1 ? 8000 : 8192, 1.0f);
         std::vector<float> gathered(3 * block.size());
         try {
           co_await comm->all_gather(Buffer(block), Buffer(gathered));
           ADD_FAILURE() << "rank " << comm->rank() << " gathered mismatched blocks";
         } catch (const Error& e) {
           EXPECT_EQ(e.code(), make_error_code(Errc::size_mismatch)) << e.what();
-          EXPECT_THAT(e.what(), HasSubstr("rank 0 calls all_gather(count 4096, f32)"));
-          EXPECT_THAT(e.what(), HasSubstr("rank 1 calls all_gather(count 4000, f32)"));
+          EXPECT_THAT(e.what(), HasSubstr("rank 0 calls all_gather(count 8192, f32)"));
+          EXPECT_THAT(e.what(), HasSubstr("rank 1 calls all_gather(count 8000, f32)"));
           ++mismatches;
         }
         // Roots that differ are caught the same way.
@@ -771,9 +787,10 @@ TEST(Mismatch, SingleCopyAllToAllVChecksEverySendersCountAgainstItsReceiver) {
 }
 
 // Counts on either side of the inline limit put ranks on different shared-memory paths
-// (4096 floats fill an inline slot, 4097 go through the records): each path leaves its
-// fingerprint where the other looks and ends a mismatch with a release, so every rank
-// fails at once naming both calls, and the arena stays in step for the next operation.
+// (16384 floats fill an inline slot, 16385 go through the records; an all-gather's output
+// of 3 x 5461 floats fits, 3 x 5462 does not): each path leaves its fingerprint where the
+// other looks and ends a mismatch with a release, so every rank fails at once naming both
+// calls, and the arena stays in step for the next operation.
 TEST(Mismatch, CountsAcrossTheInlineLimitFailOnEveryRankAndLeaveTheArenaInStep) {
   const braid::testing::ScopedEnv policy("BRAID_SHM_SINGLE_COPY", "1");
   std::atomic<int> mismatches{0};
@@ -781,14 +798,24 @@ TEST(Mismatch, CountsAcrossTheInlineLimitFailOnEveryRankAndLeaveTheArenaInStep) 
   run_ranks(
       3,
       [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
-        std::vector<float> data(comm->rank() == 1 ? 4097 : 4096, 1.0f);
+        std::vector<float> data(comm->rank() == 1 ? 16385 : 16384, 1.0f);
         try {
           co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
           ADD_FAILURE() << "rank " << comm->rank() << " completed a mismatched all-reduce";
         } catch (const Error& e) {
           EXPECT_EQ(e.code(), make_error_code(Errc::size_mismatch)) << e.what();
-          EXPECT_THAT(e.what(), HasSubstr("all_reduce(count 4096, f32, sum)"));
-          EXPECT_THAT(e.what(), HasSubstr("all_reduce(count 4097, f32, sum)"));
+          EXPECT_THAT(e.what(), HasSubstr("all_reduce(count 16384, f32, sum)"));
+          EXPECT_THAT(e.what(), HasSubstr("all_reduce(count 16385, f32, sum)"));
+          ++mismatches;
+        }
+        std::vector<float> block(comm->rank() == 2 ? 5462 : 5461, 1.0f);
+        std::vector<float> gathered(3 * block.size());
+        try {
+          co_await comm->all_gather(Buffer(block), Buffer(gathered));
+          ADD_FAILURE() << "rank " << comm->rank() << " completed a mismatched all-gather";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), make_error_code(Errc::size_mismatch)) << e.what();
+          EXPECT_THAT(e.what(), HasSubstr("rank 2 calls all_gather(count 5462, f32)"));
           ++mismatches;
         }
         for (const std::size_t count : {std::size_t{8}, std::size_t{40000}}) {
@@ -798,7 +825,7 @@ TEST(Mismatch, CountsAcrossTheInlineLimitFailOnEveryRankAndLeaveTheArenaInStep) 
         }
       },
       Communicator::Options{.timeout = std::chrono::seconds(10), .check_fingerprints = false});
-  EXPECT_EQ(mismatches.load(), 3);
+  EXPECT_EQ(mismatches.load(), 6);
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5))
       << "a rank waited for the timeout instead of failing at once";
 }

@@ -120,8 +120,8 @@ TEST(AllocateShared, AllReduceReachesPeersThroughTheMappingAndMatchesTheReferenc
           std::string wrong;
           for (const DType dtype : {DType::f32, DType::f64, DType::bf16, DType::i32}) {
             for (const ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
-              // Above the inline slots' 16 KiB, with a count no world divides.
-              const std::size_t count = 20011;
+              // Above the inline slots' 64 KiB, with a count no world divides.
+              const std::size_t count = 40009;
               if (wrong.empty())
                 wrong = co_await reduce_and_check(*comm, dtype, op, count, input, output);
             }

@@ -108,8 +108,12 @@ class ArenaTurn {
   SharedBufferRegistry::View mapped_output_;
 };
 
-// All-reduce of at most SharedMemoryArena::kInlineBytes, or a barrier (no data), in one
-// flag wait through the ranks' inline slots (shared_memory_inline.cpp).
+// Whether `call` goes through the ranks' inline slots, the same answer on every rank whose
+// call matches: a barrier; an all-reduce, reduce-scatter or all-to-all whose input, or an
+// all-gather (equal or variable counts) whose output, is at most
+// SharedMemoryArena::kInlineBytes.
+bool fits_inline(const CollectiveCall& call) noexcept;
+// Runs such a call in one wait through the inline slots (shared_memory_inline.cpp).
 asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
                                            const CollectiveCall& call);
 

@@ -108,7 +108,7 @@ asio::awaitable<void> shared_memory_all_reduce(CollectiveOp& op, const Collectiv
     turn.finish();
     co_return;
   }
-  if (call.input.size_bytes() <= SharedMemoryArena::kInlineBytes) {
+  if (fits_inline(call)) {
     co_await shared_memory_inline(turn, op, call);
     turn.finish();
     co_return;

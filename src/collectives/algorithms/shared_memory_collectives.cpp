@@ -27,6 +27,11 @@
 // dev VM, where settling the size first and then sending messages took 7.2), and 10-20 us
 // more with 4 ranks on 2 cores.
 //
+// Small all-gathers, reduce-scatters and all-to-alls (equal counts) take the inline slots
+// instead, in one wait (shared_memory_inline.cpp); only where single copy was agreed, so
+// that a rank whose counts differ, and so takes the other path, still meets the others in
+// the arena and the mismatch fails on every rank at once.
+//
 // Where the members cannot read each other's memory (the kernel forbids it, or
 // BRAID_SHM_SINGLE_COPY=0), these return false without touching the arena and the
 // Communicator runs the message algorithm.
@@ -239,6 +244,11 @@ asio::awaitable<bool> shared_memory_collective(CollectiveOp& op, const Collectiv
   if (op.size() == 1 || !turn.single_copy()) {
     turn.finish();
     co_return false;
+  }
+  if (fits_inline(call)) {
+    co_await shared_memory_inline(turn, op, call);
+    turn.finish();
+    co_return true;
   }
   const trace::AsyncSpan moved = op.phase("shared_memory.single_copy", call.bytes);
   if (call.kind == CollectiveKind::all_to_all && call.variable) {

@@ -1,9 +1,12 @@
-// Small all-reduces and barriers through shared memory in one wait (members on one node,
-// shared_memory_arena.hpp). Each rank writes its call's fingerprint and its vector into
-// its own inline slot, marks the slot posted with the generation, and once every rank's
-// slot is posted, checks every fingerprint and folds the P vectors in rank order (0..P-1,
-// so every rank's result is bit-identical) straight into its output. A barrier is the
-// same exchange without data. Up to InlineSlot::kLineBytes (16 B) the generation, the
+// Small collectives through shared memory in one wait (members on one node,
+// shared_memory_arena.hpp): all-reduce, reduce-scatter and all-to-all of at most
+// kInlineBytes (64 KiB) of input, all-gather of at most that much output, and barriers.
+// Each rank writes its call's fingerprint and its whole input into its own inline slot,
+// marks the slot posted with the generation, and once every rank's slot is posted, checks
+// every fingerprint and builds its output from the slots: all-reduce folds the P vectors
+// in rank order (0..P-1, so every rank's result is bit-identical), reduce-scatter folds its
+// block of each, all-gather copies each, all-to-all copies its block of each. A barrier is
+// the same exchange without data. Up to InlineSlot::kLineBytes (16 B) the generation, the
 // fingerprint and the vector share one cache line, so each peer costs one cache-line
 // transfer: 8-byte all-reduce on 2 ranks 1.19 -> 0.85 us (six alternating runs, dev VM)
 // against a flag, a fingerprint and a vector on three lines.
@@ -20,9 +23,17 @@
 // with the `posted` flag raised), and both end a mismatch with a release, so every rank
 // fails at once and the arena stays in step.
 //
-// Cost: one wait, P·n bytes read from the segment and folded, n written: no system call
-// and no message. Recursive doubling over UCX pays log2 P message latencies (~1.5 us
-// each between two processes on the dev VM); OpenMPI's shared-memory FIFO pays one.
+// Cost: one wait, n bytes written into the slot, and what the output needs read from the
+// slots (all-reduce: P·n bytes folded; the others about n): no system call and no message.
+// Recursive doubling over UCX pays log2 P message latencies (~1.5 us each between two
+// processes on the dev VM); OpenMPI's shared-memory FIFO pays one. Against single copy
+// (two waits, a system call per block) and the message algorithms, on the dev VM, in one
+// session: 2 ranks, all-gather 1.15 -> 0.36 us at 8 B, 3.3 -> 1.7 us at 32 KiB;
+// reduce-scatter 2.15 -> 0.37 us and 3.5 -> 1.1 us; all-to-all 1.1 -> 0.36 us and
+// 3.25 -> 1.2 us; all-reduce 6.4 -> 3.2 us at 32 KiB, 8.5 -> 6 us at 64 KiB. 4 ranks on
+// the 2 cores: all-gather 12 -> 4-5 us small, 18 -> 6 us at 32 KiB; reduce-scatter
+// 15 -> 4 us; all-to-all 8-10 -> 4 us. At 128 KiB all-reduce draws with single copy and
+// the others lose to it, hence the limit.
 #include <cstring>
 
 #include "algorithms.hpp"
@@ -30,15 +41,85 @@
 
 namespace braid::collectives::detail {
 
+bool fits_inline(const CollectiveCall& call) noexcept {
+  constexpr std::size_t kLimit = SharedMemoryArena::kInlineBytes;
+  switch (call.kind) {
+    case CollectiveKind::barrier:
+      return true;
+    case CollectiveKind::all_reduce:
+    case CollectiveKind::reduce_scatter:
+      return call.input.size_bytes() <= kLimit;
+    case CollectiveKind::all_to_all:
+      return !call.variable && call.input.size_bytes() <= kLimit;
+    case CollectiveKind::all_gather:
+      return call.output.size_bytes() <= kLimit;  // with variable counts, the same on all
+    default:
+      return false;
+  }
+}
+
+namespace {
+
+// Where each rank's share of the output comes from, once every slot is posted: the P
+// vectors folded in rank order (all-reduce), or the block for this rank of each (reduce-
+// scatter), or each whole (all-gather), or this rank's block of each (all-to-all).
+void assemble(SharedMemoryArena& arena, const CollectiveOp& op, const CollectiveCall& call,
+              int parity) {
+  const int world = op.size();
+  const auto me = static_cast<std::size_t>(op.rank());
+  const DType dtype = call.input.dtype();
+  const std::size_t element = dtype_size(dtype);
+  const std::size_t input_bytes = call.input.size_bytes();  // what each wrote (not all-gather_v)
+  // `count` elements at element `first` of rank r's slot, which holds `bytes`.
+  auto from_slot = [&](int r, std::size_t bytes, std::size_t first, std::size_t count) {
+    return Buffer(arena.inline_slot(r, parity).vector(bytes) + first * element, count, dtype);
+  };
+  switch (call.kind) {
+    case CollectiveKind::all_reduce:
+    case CollectiveKind::reduce_scatter: {
+      const std::size_t count = call.output.count();
+      const std::size_t first = call.kind == CollectiveKind::all_reduce ? 0 : me * count;
+      auto operand = [&](int r) { return from_slot(r, input_bytes, first, count); };
+      // The output may be (part of) the input: every operand is read from the slots.
+      combine(call.output, operand(0), operand(1), call.reduce_op);
+      for (int r = 2; r < world; ++r) combine(call.output, call.output, operand(r), call.reduce_op);
+      finish_average(call.output, call.reduce_op, world);
+      break;
+    }
+    case CollectiveKind::all_gather: {
+      std::size_t at = 0;
+      for (int r = 0; r < world; ++r) {
+        const std::size_t count =
+            call.variable ? call.counts[static_cast<std::size_t>(r)] : call.input.count();
+        if (count != 0) copy(call.output.slice(at, count), from_slot(r, count * element, 0, count));
+        at += count;
+      }
+      break;
+    }
+    case CollectiveKind::all_to_all: {
+      const std::size_t block = call.input.count() / static_cast<std::size_t>(world);
+      for (int r = 0; r < world; ++r) {
+        const auto from = static_cast<std::size_t>(r);
+        copy(call.output.slice(from * block, block), from_slot(r, input_bytes, me * block, block));
+      }
+      break;
+    }
+    default:
+      break;  // a barrier: nothing to move
+  }
+}
+
+}  // namespace
+
 asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
                                            const CollectiveCall& call) {
   SharedMemoryArena& arena = turn.arena();
-  const int world = op.size();
   const int me = op.rank();
+  // Each rank's whole input: every peer needs some part of it (all of it, all-gather).
   const std::size_t bytes = call.kind == CollectiveKind::barrier ? 0 : call.input.size_bytes();
-  BRAID_ENFORCE(bytes <= SharedMemoryArena::kInlineBytes,
-                "an inline shared-memory operation of {} bytes (at most {})", bytes,
-                SharedMemoryArena::kInlineBytes);
+  BRAID_ENFORCE(fits_inline(call) && bytes <= SharedMemoryArena::kInlineBytes,
+                "{} of {} bytes through the inline slots (at most {})", to_string(call.kind),
+                bytes, SharedMemoryArena::kInlineBytes);
   turn.next_chunk();  // a generation of its own
   const int parity = static_cast<int>(turn.generation() & 1);
   InlineSlot& mine = arena.inline_slot(me, parity);
@@ -52,16 +133,7 @@ asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
 
   // A peer on the record path fails the same way, in post().
   if (!turn.calls_agree(true)) co_await turn.fail_on_disagreement(true);
-  if (bytes == 0) co_return;
-  const DType dtype = call.input.dtype();
-  const std::size_t count = call.input.count();
-  auto vector_of = [&](int r) {
-    return Buffer(arena.inline_slot(r, parity).vector(bytes), count, dtype);
-  };
-  // The output may be the input: every operand is read from the slots.
-  combine(call.output, vector_of(0), vector_of(1), call.reduce_op);
-  for (int r = 2; r < world; ++r) combine(call.output, call.output, vector_of(r), call.reduce_op);
-  finish_average(call.output, call.reduce_op, world);
+  assemble(arena, op, call, parity);
 }
 
 asio::awaitable<void> pass_arena_turn(CollectiveOp& op, const CollectiveCall& call) {

@@ -62,6 +62,7 @@ inline constexpr auto kPartnersBusySpinWindow = std::chrono::microseconds(1000);
 // ... and, in the spin, checks this many times between passes through the io_context.
 inline constexpr int kChecksInPlace = 32;
 inline constexpr auto kFirstNap = std::chrono::microseconds(10);
+inline constexpr auto kLongestNap = std::chrono::microseconds(200);
 
 // A spin-wait hint: lets the sibling hyperthread run and saves power while spinning.
 inline void cpu_relax() noexcept {
@@ -71,7 +72,6 @@ inline void cpu_relax() noexcept {
   asm volatile("yield" ::: "memory");
 #endif
 }
-inline constexpr auto kLongestNap = std::chrono::microseconds(200);
 
 struct Message {
   transport::Transfer* transfer = nullptr;  // owned by the CollectiveOp
@@ -219,7 +219,8 @@ class CollectiveOp {
       timer->expires_after(nap);
       co_await timer->async_wait(asio::use_awaitable);
       nap = std::min(nap * 2, kLongestNap);
-      if (Clock::now() > deadline()) throw_timeout(what);
+      const auto now = Clock::now();
+      if (now > deadline_at(now)) throw_timeout(what);
     }
   }
 

@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
@@ -715,6 +716,23 @@ TEST(Mismatch, SharedMemoryAllReduceChecksEveryRanksCountBeforeReadingAnyBuffer)
   }
 }
 
+// An all-gather of `count` floats from this rank where the ranks' counts differ: it must
+// fail with size_mismatch, its message naming each of `calls`. Counts the failures.
+asio::awaitable<void> expect_all_gather_mismatch(Communicator& comm, std::size_t count,
+                                                 std::vector<std::string> calls,
+                                                 std::atomic<int>& mismatches) {
+  std::vector<float> block(count, 1.0f);
+  std::vector<float> gathered(3 * block.size());
+  try {
+    co_await comm.all_gather(Buffer(block), Buffer(gathered));
+    ADD_FAILURE() << "rank " << comm.rank() << " gathered mismatched blocks";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), make_error_code(Errc::size_mismatch)) << e.what();
+    for (const std::string& call : calls) EXPECT_THAT(e.what(), HasSubstr(call));
+    ++mismatches;
+  }
+}
+
 TEST(Mismatch, SingleCopyCollectivesCheckEveryRanksCallBeforeReadingAnyBuffer) {
   const braid::testing::ScopedEnv policy("BRAID_SHM_SINGLE_COPY", "1");
   const Communicator::Options options =
@@ -725,17 +743,10 @@ TEST(Mismatch, SingleCopyCollectivesCheckEveryRanksCallBeforeReadingAnyBuffer) {
       [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
         // Rank 1 brings a smaller block: reading it as a full one would run off its end.
         // (Outputs of 96 KiB: past the inline slots, whose check the next test covers.)
-        std::vector<float> block(comm->rank() == 1 ? 8000 : 8192, 1.0f);
-        std::vector<float> gathered(3 * block.size());
-        try {
-          co_await comm->all_gather(Buffer(block), Buffer(gathered));
-          ADD_FAILURE() << "rank " << comm->rank() << " gathered mismatched blocks";
-        } catch (const Error& e) {
-          EXPECT_EQ(e.code(), make_error_code(Errc::size_mismatch)) << e.what();
-          EXPECT_THAT(e.what(), HasSubstr("rank 0 calls all_gather(count 8192, f32)"));
-          EXPECT_THAT(e.what(), HasSubstr("rank 1 calls all_gather(count 8000, f32)"));
-          ++mismatches;
-        }
+        std::vector<std::string> both{"rank 0 calls all_gather(count 8192, f32)",
+                                      "rank 1 calls all_gather(count 8000, f32)"};
+        co_await expect_all_gather_mismatch(*comm, comm->rank() == 1 ? 8000 : 8192,
+                                            std::move(both), mismatches);
         // Roots that differ are caught the same way.
         std::vector<float> data(4096, static_cast<float>(comm->rank()));
         try {
@@ -808,16 +819,9 @@ TEST(Mismatch, CountsAcrossTheInlineLimitFailOnEveryRankAndLeaveTheArenaInStep) 
           EXPECT_THAT(e.what(), HasSubstr("all_reduce(count 16385, f32, sum)"));
           ++mismatches;
         }
-        std::vector<float> block(comm->rank() == 2 ? 5462 : 5461, 1.0f);
-        std::vector<float> gathered(3 * block.size());
-        try {
-          co_await comm->all_gather(Buffer(block), Buffer(gathered));
-          ADD_FAILURE() << "rank " << comm->rank() << " completed a mismatched all-gather";
-        } catch (const Error& e) {
-          EXPECT_EQ(e.code(), make_error_code(Errc::size_mismatch)) << e.what();
-          EXPECT_THAT(e.what(), HasSubstr("rank 2 calls all_gather(count 5462, f32)"));
-          ++mismatches;
-        }
+        std::vector<std::string> larger{"rank 2 calls all_gather(count 5462, f32)"};
+        co_await expect_all_gather_mismatch(*comm, comm->rank() == 2 ? 5462 : 5461,
+                                            std::move(larger), mismatches);
         for (const std::size_t count : {std::size_t{8}, std::size_t{40000}}) {
           std::vector<float> ones(count, 1.0f);
           co_await comm->all_reduce(Buffer(ones), ReduceOp::sum);

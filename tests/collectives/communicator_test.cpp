@@ -9,6 +9,7 @@
 
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -761,40 +762,45 @@ TEST(Mismatch, SingleCopyCollectivesCheckEveryRanksCallBeforeReadingAnyBuffer) {
   EXPECT_EQ(mismatches.load(), 6);
 }
 
-// all_to_all_v's counts are each rank's own, so no fingerprint covers them: with single
-// copy each receiver checks every sender's count for it, and the ranks agree on the
-// verdict before anyone reads, so every rank fails naming the pair and the communicator
-// stays usable.
-TEST(Mismatch, SingleCopyAllToAllVChecksEverySendersCountAgainstItsReceiver) {
+// all_to_all_v's counts are each rank's own, so no fingerprint covers them: each receiver's
+// counts are checked against every sender's (single copy: each receiver checks its own and
+// the ranks agree on the verdict in one more wait; through the inline slots, where every
+// rank's counts are posted with its input, every rank checks every pair), so every rank
+// fails naming the pair and the communicator stays usable.
+TEST(Mismatch, AllToAllVChecksEverySendersCountAgainstItsReceiver) {
   const braid::testing::ScopedEnv policy("BRAID_SHM_SINGLE_COPY", "1");
   std::atomic<int> mismatches{0};
   run_ranks(
       3,
       [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
         const int me = comm->rank();
-        // 6000 elements to every rank, except that rank 1 expects 4000 from rank 0.
-        const std::vector<std::size_t> send_counts(3, 6000);
-        std::vector<std::size_t> recv_counts(3, 6000);
-        if (me == 1) recv_counts[0] = 4000;
-        std::vector<float> send(18000, 1.0f);
-        std::vector<float> received(
-            std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
-        try {
-          co_await comm->all_to_all_v(Buffer(send), send_counts, Buffer(received), recv_counts);
-          ADD_FAILURE() << "rank " << me << " completed an all_to_all_v with disputed counts";
-        } catch (const Error& e) {
-          EXPECT_EQ(e.code(), make_error_code(Errc::size_mismatch)) << e.what();
-          EXPECT_THAT(e.what(),
-                      HasSubstr("rank 0 sends 6000 elements to rank 1, which expects 4000"));
-          ++mismatches;
+        // n elements to every rank, except that rank 1 expects n - n/3 from rank 0: 72 KB
+        // inputs (single copy), then 720 B ones (the inline slots).
+        for (const std::size_t n : {std::size_t{6000}, std::size_t{60}}) {
+          const std::vector<std::size_t> send_counts(3, n);
+          std::vector<std::size_t> recv_counts(3, n);
+          if (me == 1) recv_counts[0] = n - n / 3;
+          std::vector<float> send(3 * n, 1.0f);
+          std::vector<float> received(
+              std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
+          try {
+            co_await comm->all_to_all_v(Buffer(send), send_counts, Buffer(received), recv_counts);
+            ADD_FAILURE() << "rank " << me << " completed an all_to_all_v with disputed counts";
+          } catch (const Error& e) {
+            EXPECT_EQ(e.code(), make_error_code(Errc::size_mismatch)) << e.what();
+            EXPECT_THAT(e.what(), HasSubstr(fmt::format(
+                                      "rank 0 sends {} elements to rank 1, which expects {}", n,
+                                      n - n / 3)));
+            ++mismatches;
+          }
+          const std::vector<std::size_t> even(3, n);
+          std::vector<float> back(3 * n, -1.0f);
+          co_await comm->all_to_all_v(Buffer(send), even, Buffer(back), even);
+          EXPECT_EQ(back, send);
         }
-        const std::vector<std::size_t> even(3, 6000);
-        std::vector<float> back(18000, -1.0f);
-        co_await comm->all_to_all_v(Buffer(send), even, Buffer(back), even);
-        EXPECT_EQ(back, send);
       },
       Communicator::Options{.timeout = std::chrono::seconds(10)});
-  EXPECT_EQ(mismatches.load(), 3);
+  EXPECT_EQ(mismatches.load(), 6);
 }
 
 // Counts on either side of the inline limit put ranks on different shared-memory paths

@@ -18,6 +18,8 @@
 
 #include <boost/asio/awaitable.hpp>
 
+#include <braid/core/error.hpp>
+
 #include "../collective_call.hpp"
 #include "../collective_op.hpp"
 #include "../shared_memory_arena.hpp"
@@ -107,6 +109,17 @@ class ArenaTurn {
   SharedBufferRegistry::View mapped_input_;
   SharedBufferRegistry::View mapped_output_;
 };
+
+// all_to_all_v: rank `sender` sends `sent` elements to rank `receiver`, which expects
+// `expected` from it. The error every rank throws for the first such disagreement.
+Error all_to_all_v_dispute(const CollectiveOp& op, int sender, int receiver, std::size_t sent,
+                           std::size_t expected);
+
+// all_to_all_v through the inline slots, where every rank's send counts, receive counts
+// and input fit one (shared_memory_inline.cpp): each learns from the slots whether all
+// did. Returns false, having moved nothing, where some rank's did not; every rank alike.
+asio::awaitable<bool> shared_memory_inline_all_to_all_v(ArenaTurn& turn, CollectiveOp& op,
+                                                        const CollectiveCall& call);
 
 // Whether `call` goes through the ranks' inline slots, the same answer on every rank whose
 // call matches: a barrier; an all-reduce, reduce-scatter or all-to-all whose input, or an

@@ -34,7 +34,9 @@
 // the 2 cores: all-gather 12 -> 4-5 us small, 18 -> 6 us at 32 KiB; reduce-scatter
 // 15 -> 4 us; all-to-all 8-10 -> 4 us. At 128 KiB all-reduce draws with single copy and
 // the others lose to it, hence the limit.
+#include <cstdint>
 #include <cstring>
+#include <numeric>
 
 #include "algorithms.hpp"
 #include "arena_turn.hpp"
@@ -111,29 +113,104 @@ void assemble(SharedMemoryArena& arena, const CollectiveOp& op, const Collective
 
 }  // namespace
 
+namespace {
+
+// Every inline operation starts so: a generation of its own, and this rank's fingerprint in
+// its slot of that generation's parity, and in its record, where a peer whose counts put it
+// on the record path (ArenaTurn::post) looks. The caller writes its payload into the slot.
+InlineSlot& begin_post(ArenaTurn& turn, CollectiveOp& op, const CollectiveCall& call) {
+  turn.next_chunk();
+  InlineSlot& mine = turn.arena().inline_slot(op.rank(), static_cast<int>(turn.generation() & 1));
+  mine.call = fingerprint_of(call);
+  turn.arena().record(op.rank()).call = mine.call;
+  return mine;
+}
+
+// ... and ends so: the slot marked posted (and the flag a record-path peer waits for
+// raised), every rank's slot awaited, every call compared. A peer on the record path fails
+// the same way, in post().
+asio::awaitable<void> finish_post(ArenaTurn& turn) {
+  turn.post_inline_slot();
+  turn.raise(Stage::posted);
+  co_await turn.wait_all_inline_slots("every rank's small vector");
+  if (!turn.calls_agree(true)) co_await turn.fail_on_disagreement(true);
+}
+
+}  // namespace
+
 asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
                                            const CollectiveCall& call) {
-  SharedMemoryArena& arena = turn.arena();
-  const int me = op.rank();
   // Each rank's whole input: every peer needs some part of it (all of it, all-gather).
   const std::size_t bytes = call.kind == CollectiveKind::barrier ? 0 : call.input.size_bytes();
   BRAID_ENFORCE(fits_inline(call) && bytes <= SharedMemoryArena::kInlineBytes,
                 "{} of {} bytes through the inline slots (at most {})", to_string(call.kind),
                 bytes, SharedMemoryArena::kInlineBytes);
-  turn.next_chunk();  // a generation of its own
-  const int parity = static_cast<int>(turn.generation() & 1);
-  InlineSlot& mine = arena.inline_slot(me, parity);
-  mine.call = fingerprint_of(call);
-  // A peer whose count put it on the record path (ArenaTurn::post) reads our record.
-  arena.record(me).call = mine.call;
+  InlineSlot& mine = begin_post(turn, op, call);
   if (bytes != 0) std::memcpy(mine.vector(bytes), call.input.data(), bytes);
-  turn.post_inline_slot();
-  turn.raise(Stage::posted);  // what a peer on the record path waits for
-  co_await turn.wait_all_inline_slots("every rank's small vector");
+  co_await finish_post(turn);
+  assemble(turn.arena(), op, call, static_cast<int>(turn.generation() & 1));
+}
 
-  // A peer on the record path fails the same way, in post().
-  if (!turn.calls_agree(true)) co_await turn.fail_on_disagreement(true);
-  assemble(arena, op, call, parity);
+// The slot holds [whether the input follows][send counts][receive counts][the input], all
+// in 8-byte words but the input: every rank reads every rank's counts, so all check every
+// pair alike and need no second wait to agree on a verdict, and all see whether every
+// input fitted. Where one did not, nothing was read from the slots, and the operation
+// goes on by single copy, with a post of its own.
+asio::awaitable<bool> shared_memory_inline_all_to_all_v(ArenaTurn& turn, CollectiveOp& op,
+                                                        const CollectiveCall& call) {
+  const auto world = static_cast<std::size_t>(op.size());
+  const auto me = static_cast<std::size_t>(op.rank());
+  const std::size_t element = dtype_size(call.input.dtype());
+  const std::size_t header = (1 + 2 * world) * sizeof(std::uint64_t);
+  const std::size_t bytes = call.input.size_bytes();
+  const bool fits = header <= SharedMemoryArena::kInlineBytes &&
+                    bytes <= SharedMemoryArena::kInlineBytes - header;
+  InlineSlot& mine = begin_post(turn, op, call);
+  auto* words = reinterpret_cast<std::uint64_t*>(mine.data);
+  if (header <= SharedMemoryArena::kInlineBytes) {
+    words[0] = fits ? 1 : 0;
+    for (std::size_t r = 0; r < world; ++r) {
+      words[1 + r] = call.counts[r];
+      words[1 + world + r] = call.recv_counts[r];
+    }
+    if (fits && bytes != 0) std::memcpy(mine.data + header, call.input.data(), bytes);
+  }
+  co_await finish_post(turn);
+  if (header > SharedMemoryArena::kInlineBytes) co_return false;  // the same on every rank
+  const int parity = static_cast<int>(turn.generation() & 1);
+  auto words_of = [&](std::size_t r) {
+    return reinterpret_cast<const std::uint64_t*>(
+        turn.arena().inline_slot(static_cast<int>(r), parity).data);
+  };
+  for (std::size_t r = 0; r < world; ++r) {
+    if (words_of(r)[0] == 0) co_return false;
+  }
+  // Receiver by receiver, its first sender whose count differs: the same verdict on every
+  // rank, and the same message single copy gives.
+  for (std::size_t receiver = 0; receiver < world; ++receiver) {
+    for (std::size_t sender = 0; sender < world; ++sender) {
+      const std::uint64_t sent = words_of(sender)[1 + receiver];
+      const std::uint64_t expected = words_of(receiver)[1 + world + sender];
+      if (sent == expected) continue;
+      Error mismatch = all_to_all_v_dispute(op, static_cast<int>(sender),
+                                            static_cast<int>(receiver), sent, expected);
+      co_await turn.release();
+      turn.finish();  // every rank fails at the same point: the arena is still in step
+      throw mismatch;
+    }
+  }
+  std::size_t at = 0;
+  for (std::size_t sender = 0; sender < world; ++sender) {
+    const std::uint64_t* counts = words_of(sender) + 1;
+    const std::size_t first = std::accumulate(counts, counts + me, std::size_t{0});
+    const std::size_t count = call.recv_counts[sender];
+    const std::byte* from = turn.arena().inline_slot(static_cast<int>(sender), parity).data +
+                            header + first * element;
+    if (count != 0) std::memcpy(static_cast<std::byte*>(call.output.data()) + at * element, from,
+                                count * element);
+    at += count;
+  }
+  co_return true;
 }
 
 asio::awaitable<void> pass_arena_turn(CollectiveOp& op, const CollectiveCall& call) {

@@ -76,11 +76,16 @@ struct alignas(64) RankRecord {
 // miss that waits for the last (8-byte all-reduce, 2 ranks: see shared_memory_inline.cpp).
 struct alignas(64) InlineSlot {
   static constexpr std::size_t kLineBytes = 64 - sizeof(std::uint64_t) - sizeof(Fingerprint);
+  // A vector of up to this many bytes (SharedMemoryArena::kInlineBytes) ...
+  static constexpr std::size_t kVectorBytes = std::size_t{64} << 10;
+  // ... and room beside it for all_to_all_v's send and receive counts (to 255 ranks), so
+  // that its 64 KiB inputs fit as the other collectives' do.
+  static constexpr std::size_t kCountsBytes = 4096;
 
   std::uint64_t posted;  // the generation whose call this slot holds (atomic_ref)
   Fingerprint call;
   std::byte in_line[kLineBytes];
-  alignas(64) std::byte data[64 * 1024];  // kInlineBytes (see shared_memory_inline.cpp)
+  alignas(64) std::byte data[kVectorBytes + kCountsBytes];
 
   // Where a vector of `bytes` goes: every rank agrees, as their calls match.
   std::byte* vector(std::size_t bytes) noexcept { return bytes <= kLineBytes ? in_line : data; }
@@ -120,7 +125,7 @@ int usable_cpus() noexcept;
 class SharedMemoryArena {
  public:
   static constexpr std::size_t kSlotBytes = std::size_t{2} << 20;
-  static constexpr std::size_t kInlineBytes = sizeof(InlineSlot::data);
+  static constexpr std::size_t kInlineBytes = InlineSlot::kVectorBytes;
   static constexpr std::size_t kFlagStride = 64;
   static constexpr int kStages = 4;
   static constexpr std::uint64_t kProbeValue = 0x627261696450524fULL;  // "braidPRO"

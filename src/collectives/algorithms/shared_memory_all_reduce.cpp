@@ -33,7 +33,7 @@
 //   Cost: 2 n/C flag waits (C the slot size), and per rank n bytes copied in, n read and
 //   n/P written to reduce, n copied out: about 5n bytes of memory traffic.
 //
-// Up to 16 KiB (SharedMemoryArena::kInlineBytes) neither: the vectors go through the
+// Up to 64 KiB (SharedMemoryArena::kInlineBytes) neither: the vectors go through the
 // ranks' inline slots in one flag wait (shared_memory_inline.cpp).
 //
 // Flags carry generations, so they never need resetting, and the waits order every reuse

@@ -163,11 +163,12 @@ asio::awaitable<bool> shared_memory_inline_all_to_all_v(ArenaTurn& turn, Collect
   const std::size_t element = dtype_size(call.input.dtype());
   const std::size_t header = (1 + 2 * world) * sizeof(std::uint64_t);
   const std::size_t bytes = call.input.size_bytes();
-  const bool fits = header <= SharedMemoryArena::kInlineBytes &&
-                    bytes <= SharedMemoryArena::kInlineBytes - header;
+  constexpr std::size_t kRoom = sizeof(InlineSlot::data);
+  const bool fits = header <= kRoom && bytes <= kRoom - header &&
+                    bytes <= SharedMemoryArena::kInlineBytes;
   InlineSlot& mine = begin_post(turn, op, call);
   auto* words = reinterpret_cast<std::uint64_t*>(mine.data);
-  if (header <= SharedMemoryArena::kInlineBytes) {
+  if (header <= kRoom) {
     words[0] = fits ? 1 : 0;
     for (std::size_t r = 0; r < world; ++r) {
       words[1 + r] = call.counts[r];
@@ -176,7 +177,7 @@ asio::awaitable<bool> shared_memory_inline_all_to_all_v(ArenaTurn& turn, Collect
     if (fits && bytes != 0) std::memcpy(mine.data + header, call.input.data(), bytes);
   }
   co_await finish_post(turn);
-  if (header > SharedMemoryArena::kInlineBytes) co_return false;  // the same on every rank
+  if (header > kRoom) co_return false;  // the same on every rank
   const int parity = static_cast<int>(turn.generation() & 1);
   auto words_of = [&](std::size_t r) {
     return reinterpret_cast<const std::uint64_t*>(

@@ -55,17 +55,23 @@ bool HugePageAdvice::note(const void* data, std::size_t bytes) noexcept {
     return false;
   }
   if (found->advised) return false;
-  found->advised = true;
   // Only whole huge pages inside the buffer: the memory around it is someone else's.
   const WholePages inside = whole_pages(begin, bytes);
-  if (inside.bytes() == 0) return false;
-  if (::madvise(reinterpret_cast<void*>(inside.first), inside.bytes(), MADV_COLLAPSE) != 0) {
-    // Memory the kernel will not collapse (file-backed, locked, no huge page free): this
-    // buffer stays as it is; others may still move.
-    log::debug("huge pages: madvise(MADV_COLLAPSE) of {} bytes left the buffer as it was: {}",
-               inside.bytes(), std::strerror(errno));
+  if (inside.bytes() == 0) {
+    found->advised = true;
     return false;
   }
+  if (::madvise(reinterpret_cast<void*>(inside.first), inside.bytes(), MADV_COLLAPSE) != 0) {
+    // Memory the kernel will not collapse (file-backed, locked), or no huge page free now:
+    // this buffer stays as it is (or partly moved); others may still move.
+    const int error = errno;
+    const bool passing = error == EAGAIN || error == ENOMEM;
+    found->advised = !passing || ++found->tries >= kCollapseTries;
+    log::debug("huge pages: madvise(MADV_COLLAPSE) of {} bytes left the buffer as it was: {}{}",
+               inside.bytes(), std::strerror(error), found->advised ? "" : " (will try again)");
+    return false;
+  }
+  found->advised = true;
   found->collapsed = true;
   return true;
 }

@@ -29,6 +29,10 @@ class HugePageAdvice {
  public:
   // Buffers smaller than this are left alone: they span at most one huge page.
   static constexpr std::size_t kSmallestBytes = std::size_t{4} << 20;
+  // A collapse that failed for want of a free huge page (EAGAIN, ENOMEM: fragmented memory,
+  // a passing shortage) is tried again at the buffer's next uses, this many times in all;
+  // any other failure, once. Pages it did move stay moved; a retry skips them.
+  static constexpr int kCollapseTries = 3;
 
   // From BRAID_HUGE_PAGES, and off on a kernel without MADV_COLLAPSE.
   HugePageAdvice();
@@ -53,8 +57,9 @@ class HugePageAdvice {
   struct Seen {
     std::uintptr_t begin = 0;
     std::size_t bytes = 0;
-    bool advised = false;    // collapsed, or tried: never tried again
+    bool advised = false;    // collapsed, or given up on: never tried again
     bool collapsed = false;  // the whole huge pages inside it are huge pages
+    int tries = 0;           // collapses the kernel could not finish for want of a free page
   };
   bool enabled_;
   // The buffers seen most recently: a gradient bucket set or a benchmark's vectors fit.

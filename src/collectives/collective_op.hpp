@@ -61,6 +61,8 @@ inline constexpr auto kSpinWindow = std::chrono::microseconds(50);
 inline constexpr auto kPartnersBusySpinWindow = std::chrono::microseconds(1000);
 // ... and, in the spin, checks this many times between passes through the io_context.
 inline constexpr int kChecksInPlace = 32;
+// ... or, with more ranks than cores, yields the core this many times.
+inline constexpr int kYieldsInPlace = 4;
 inline constexpr auto kFirstNap = std::chrono::microseconds(10);
 inline constexpr auto kLongestNap = std::chrono::microseconds(200);
 
@@ -197,9 +199,15 @@ class CollectiveOp {
         // (a training loop's compute): a yield is a system call, and yielding every round
         // took a 2-rank 16-byte all-reduce from 0.55 to 0.9 us. There, check a few times
         // in place before going back to the io_context, whose every pass may poll epoll
-        // (a system call): the partner's flag is usually a few hundred ns away.
+        // (a system call): the partner's flag is usually a few hundred ns away. Crowded,
+        // yield and check a few times in place likewise: 4 ranks on 2 cores, 16-byte
+        // all-reduce 4.9 -> 4.1 us, barrier 4.5 -> 3.5 us (three alternating runs).
         if (crowded) {
-          sched_yield();
+          bool arrived = false;
+          for (int check = 0; check < kYieldsInPlace && !(arrived = ready()); ++check) {
+            sched_yield();
+          }
+          if (arrived) break;
         } else {
           if ((round & 63) == 63) sched_yield();
           bool arrived = false;

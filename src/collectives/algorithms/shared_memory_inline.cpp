@@ -111,10 +111,6 @@ void assemble(SharedMemoryArena& arena, const CollectiveOp& op, const Collective
   }
 }
 
-}  // namespace
-
-namespace {
-
 // Every inline operation starts so: a generation of its own, and this rank's fingerprint in
 // its slot of that generation's parity, and in its record, where a peer whose counts put it
 // on the record path (ArenaTurn::post) looks. The caller writes its payload into the slot.

@@ -41,7 +41,7 @@ struct alignas(64) RankRecord {
   // Set once, when the arena is mapped.
   std::int32_t pid;
   std::uint16_t reads_peers;        // 1: its probe read every peer's memory, and it may
-  std::uint16_t all_reduce_direct;  // 1: it wants all-reduce to read peers directly too
+  std::uint16_t all_reduce_direct;  // when it wants all-reduce to read peers (AllReduceDirect)
   std::uint64_t probe;              // address of a word holding kProbeValue in its process
   // Per operation.
   std::uint64_t input;  // buffer addresses in its process
@@ -100,20 +100,21 @@ enum class Stage : int {
   released = 3,  // it no longer reads anyone's memory for this operation
 };
 
-// When to read peers' memory directly (BRAID_SHM_SINGLE_COPY). Measured on a 2-core VM:
-// with 2 ranks, single copy is 1.6-1.9x faster than copying through the segment from
-// 16 KiB to 16 MiB. With 4 ranks on those 2 cores its all-reduce (2(P-1) system calls per
-// operation, made while ranks queue for a core) is no faster than copying through the
-// segment on 4 KiB pages, and slower up to 2 MiB; on huge pages (huge_page_advice.hpp),
-// which a buffer of 4 MiB and more reaches at its second use, it is faster from 4 MiB up
-// (medians of six alternating runs: 1.04-1.5x), because the copy through the segment
-// moves each byte twice more. The other collectives have only messages to fall back on,
-// and their single copy is about 2x faster even on a crowded node.
+// When to read peers' memory directly (BRAID_SHM_SINGLE_COPY). All-reduce, measured on
+// the AMD EPYC dev VM (2 cores): on 4 KiB pages, pinning the peers' pages one by one for
+// each system call costs more than copying through the segment, which moves each byte
+// twice more (2 ranks: 128 KiB 13-17 against 7 us, 1 MiB 85-96 against 61 us, 2 MiB 167
+// against 125 us; a 2 MiB buffer cannot hold a huge page). From 4 MiB, where a buffer
+// reaches huge pages at its second use (huge_page_advice.hpp), single copy draws or wins
+// with a core per rank; with 4 ranks on the 2 cores it wins only where the buffers lie
+// almost wholly on huge pages (AllReduceDirect below). The other collectives have only
+// messages to fall back on, and their single copy is about 2x faster even on a crowded
+// node.
 enum class SingleCopy {
   never,  // 0
-  // auto: every collective; all-reduce if members <= usable CPUs, or once every member's
-  // buffers (4 MiB or more) are on huge pages: a first use on 4 KiB pages, or a buffer
-  // never reused, copies through the segment
+  // auto: every collective; all-reduce from 4 MiB, on a crowded node only once every
+  // member's buffers are on huge pages (a first use on 4 KiB pages, or a buffer never
+  // reused, copies through the segment)
   unless_crowded,
   whenever_allowed,  // 1
 };
@@ -174,13 +175,26 @@ class SharedMemoryArena {
   // answer on every rank, since the records it comes from and the size are agreed.
   enum class AllReduceReads { segment, peers, peers_if_huge };
   AllReduceReads single_copy_all_reduce(std::size_t bytes) const noexcept {
-    if (single_copy_all_reduce_) return AllReduceReads::peers;
-    return single_copy_ && bytes >= HugePageAdvice::kSmallestBytes ? AllReduceReads::peers_if_huge
-                                                                   : AllReduceReads::segment;
+    if (!single_copy_) return AllReduceReads::segment;
+    if (all_reduce_direct_ == AllReduceDirect::always) return AllReduceReads::peers;
+    if (bytes < HugePageAdvice::kSmallestBytes) return AllReduceReads::segment;
+    return all_reduce_direct_ == AllReduceDirect::from_huge_sizes ? AllReduceReads::peers
+                                                                  : AllReduceReads::peers_if_huge;
   }
-  void set_single_copy(bool all_can, bool all_reduce_too) noexcept {
+  // When all-reduce reads peers directly, as each rank asks in its record; the members
+  // take the most cautious answer. Below 4 MiB a buffer cannot hold the huge pages that
+  // spare peers pinning it 4 KiB at a time, and copying through the segment won (2 ranks,
+  // dev VM: 128 KiB 7 against 13-17 us, 1 MiB 61 against 85-96 us, 2 MiB 125 against
+  // 167 us); from 4 MiB single copy draws or wins with a core per rank, and on a crowded
+  // node only once the buffers are on huge pages (SingleCopy above).
+  enum class AllReduceDirect : std::uint16_t {
+    if_huge = 0,          // crowded: from 4 MiB, once every rank's buffers are on huge pages
+    from_huge_sizes = 1,  // a core per rank: from 4 MiB
+    always = 2,           // BRAID_SHM_SINGLE_COPY=1
+  };
+  void set_single_copy(bool all_can, AllReduceDirect all_reduce) noexcept {
     single_copy_ = all_can;
-    single_copy_all_reduce_ = all_can && all_reduce_too;
+    all_reduce_direct_ = all_reduce;
   }
   // The memory allocate_shared handed out on this communicator.
   const std::shared_ptr<SharedBufferRegistry>& shared_buffers() const noexcept {
@@ -207,7 +221,7 @@ class SharedMemoryArena {
   std::uint64_t generation_ = 0;
   bool broken_ = false;
   bool single_copy_ = false;
-  bool single_copy_all_reduce_ = false;
+  AllReduceDirect all_reduce_direct_ = AllReduceDirect::if_huge;
   bool crowded_ = false;
   std::uint64_t probe_word_ = kProbeValue;
   HugePageAdvice huge_pages_;

@@ -804,10 +804,10 @@ TEST(Mismatch, AllToAllVChecksEverySendersCountAgainstItsReceiver) {
 }
 
 // Counts on either side of the inline limit put ranks on different shared-memory paths
-// (16384 floats fill an inline slot, 16385 go through the records; an all-gather's output
-// of 3 x 5461 floats fits, 3 x 5462 does not): each path leaves its fingerprint where the
-// other looks and ends a mismatch with a release, so every rank fails at once naming both
-// calls, and the arena stays in step for the next operation.
+// (an all-reduce of 4096 floats takes the inline slots, 4097 the records; an all-gather's
+// output of 3 x 5461 floats fits a slot, 3 x 5462 does not): each path leaves its
+// fingerprint where the other looks and ends a mismatch with a release, so every rank
+// fails at once naming both calls, and the arena stays in step for the next operation.
 TEST(Mismatch, CountsAcrossTheInlineLimitFailOnEveryRankAndLeaveTheArenaInStep) {
   const braid::testing::ScopedEnv policy("BRAID_SHM_SINGLE_COPY", "1");
   std::atomic<int> mismatches{0};
@@ -815,14 +815,14 @@ TEST(Mismatch, CountsAcrossTheInlineLimitFailOnEveryRankAndLeaveTheArenaInStep) 
   run_ranks(
       3,
       [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
-        std::vector<float> data(comm->rank() == 1 ? 16385 : 16384, 1.0f);
+        std::vector<float> data(comm->rank() == 1 ? 4097 : 4096, 1.0f);
         try {
           co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
           ADD_FAILURE() << "rank " << comm->rank() << " completed a mismatched all-reduce";
         } catch (const Error& e) {
           EXPECT_EQ(e.code(), make_error_code(Errc::size_mismatch)) << e.what();
-          EXPECT_THAT(e.what(), HasSubstr("all_reduce(count 16384, f32, sum)"));
-          EXPECT_THAT(e.what(), HasSubstr("all_reduce(count 16385, f32, sum)"));
+          EXPECT_THAT(e.what(), HasSubstr("all_reduce(count 4096, f32, sum)"));
+          EXPECT_THAT(e.what(), HasSubstr("all_reduce(count 4097, f32, sum)"));
           ++mismatches;
         }
         std::vector<std::string> larger{"rank 2 calls all_gather(count 5462, f32)"};

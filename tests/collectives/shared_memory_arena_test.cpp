@@ -18,29 +18,40 @@ namespace {
 using Reads = SharedMemoryArena::AllReduceReads;
 constexpr std::size_t kHugeFrom = HugePageAdvice::kSmallestBytes;
 
-TEST(SharedMemoryArenaSingleCopy, AnUncrowdedNodeReadsPeersAtEverySize) {
+using Direct = SharedMemoryArena::AllReduceDirect;
+
+TEST(SharedMemoryArenaSingleCopy, AnUncrowdedNodeReadsPeersFromHugePageSizes) {
   SharedMemoryArena arena(2, SingleCopy::unless_crowded);
-  arena.set_single_copy(/*all_can=*/true, /*all_reduce_too=*/true);
-  EXPECT_EQ(arena.single_copy_all_reduce(16 * 1024), Reads::peers);
-  EXPECT_EQ(arena.single_copy_all_reduce(kHugeFrom - 1), Reads::peers);
+  arena.set_single_copy(/*all_can=*/true, Direct::from_huge_sizes);
+  EXPECT_TRUE(arena.single_copy()) << "the other collectives read peers at every size";
+  EXPECT_EQ(arena.single_copy_all_reduce(128 * 1024), Reads::segment);
+  EXPECT_EQ(arena.single_copy_all_reduce(kHugeFrom - 1), Reads::segment);
   EXPECT_EQ(arena.single_copy_all_reduce(kHugeFrom), Reads::peers);
+  EXPECT_EQ(arena.single_copy_all_reduce(64 * kHugeFrom), Reads::peers);
 }
 
-TEST(SharedMemoryArenaSingleCopy, ACrowdedNodeReadsPeersOnlyFromHugePageSizes) {
+TEST(SharedMemoryArenaSingleCopy, ACrowdedNodeReadsPeersOnlyOnceBuffersAreOnHugePages) {
   SharedMemoryArena arena(4, SingleCopy::unless_crowded);
-  arena.set_single_copy(/*all_can=*/true, /*all_reduce_too=*/false);
+  arena.set_single_copy(/*all_can=*/true, Direct::if_huge);
   EXPECT_TRUE(arena.single_copy()) << "the other collectives read peers at every size";
-  EXPECT_EQ(arena.single_copy_all_reduce(16 * 1024), Reads::segment);
+  EXPECT_EQ(arena.single_copy_all_reduce(128 * 1024), Reads::segment);
   EXPECT_EQ(arena.single_copy_all_reduce(kHugeFrom - 1), Reads::segment);
   EXPECT_EQ(arena.single_copy_all_reduce(kHugeFrom), Reads::peers_if_huge);
   EXPECT_EQ(arena.single_copy_all_reduce(64 * kHugeFrom), Reads::peers_if_huge);
 }
 
+TEST(SharedMemoryArenaSingleCopy, ForcedSingleCopyReadsPeersAtEverySize) {
+  SharedMemoryArena arena(4, SingleCopy::whenever_allowed);
+  arena.set_single_copy(/*all_can=*/true, Direct::always);
+  EXPECT_EQ(arena.single_copy_all_reduce(128 * 1024), Reads::peers);
+  EXPECT_EQ(arena.single_copy_all_reduce(64 * kHugeFrom), Reads::peers);
+}
+
 TEST(SharedMemoryArenaSingleCopy, NoSingleCopyAtAllWhereSomeMemberCannotReadPeers) {
   SharedMemoryArena arena(4, SingleCopy::unless_crowded);
-  arena.set_single_copy(/*all_can=*/false, /*all_reduce_too=*/true);
+  arena.set_single_copy(/*all_can=*/false, Direct::always);
   EXPECT_FALSE(arena.single_copy());
-  EXPECT_EQ(arena.single_copy_all_reduce(16 * 1024), Reads::segment);
+  EXPECT_EQ(arena.single_copy_all_reduce(128 * 1024), Reads::segment);
   EXPECT_EQ(arena.single_copy_all_reduce(64 * kHugeFrom), Reads::segment);
 }
 

@@ -218,19 +218,20 @@ asio::awaitable<void> ArenaTurn::map() {
                 word == SharedMemoryArena::kProbeValue;
   }
   mine.reads_peers = reads_all ? 1 : 0;
-  mine.all_reduce_direct = policy == SingleCopy::whenever_allowed ||
-                                   (policy == SingleCopy::unless_crowded && world <= usable_cpus())
-                               ? 1
-                               : 0;
+  using Direct = SharedMemoryArena::AllReduceDirect;
+  const Direct wanted = policy == SingleCopy::whenever_allowed ? Direct::always
+                        : world <= usable_cpus()               ? Direct::from_huge_sizes
+                                                               : Direct::if_huge;
+  mine.all_reduce_direct = static_cast<std::uint16_t>(wanted);
   raise(Stage::released);
   co_await wait_all(Stage::released, "every rank's cross-memory probe");
   bool all_can = true;
-  bool all_reduce_too = true;
+  auto agreed = static_cast<std::uint16_t>(Direct::always);
   for (int r = 0; r < world; ++r) {
     all_can = all_can && arena_.record(r).reads_peers == 1;
-    all_reduce_too = all_reduce_too && arena_.record(r).all_reduce_direct == 1;
+    agreed = std::min(agreed, arena_.record(r).all_reduce_direct);
   }
-  arena_.set_single_copy(all_can, all_reduce_too);
+  arena_.set_single_copy(all_can, static_cast<Direct>(agreed));
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop

@@ -3,9 +3,9 @@
 // posted and checked against the others'), then takes one of two paths, the same on
 // every rank:
 //
-// Single copy (the members read each other's memory, cross_memory.hpp, and the node is
-// not crowded or every rank's buffers are on huge pages: SingleCopy in
-// shared_memory_arena.hpp; or every rank's buffers lie in one
+// Single copy (the members read each other's memory, cross_memory.hpp, the vector is
+// 4 MiB or more, and the node is not crowded or every rank's buffers are on huge pages:
+// SingleCopy in shared_memory_arena.hpp; or every rank's buffers lie in one
 // Communicator::allocate_shared allocation, which every rank maps):
 //   1. each rank reduces its 1/P block of the vector: it reads every peer's block into a
 //      cache-sized scratch, a piece at a time, and folds it in (ranks in order 0..P-1, so
@@ -33,7 +33,7 @@
 //   Cost: 2 n/C flag waits (C the slot size), and per rank n bytes copied in, n read and
 //   n/P written to reduce, n copied out: about 5n bytes of memory traffic.
 //
-// Up to 64 KiB (SharedMemoryArena::kInlineBytes) neither: the vectors go through the
+// Up to 16 KiB neither: the vectors go through the
 // ranks' inline slots in one flag wait (shared_memory_inline.cpp).
 //
 // Flags carry generations, so they never need resetting, and the waits order every reuse

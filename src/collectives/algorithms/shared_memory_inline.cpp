@@ -1,6 +1,7 @@
 // Small collectives through shared memory in one wait (members on one node,
-// shared_memory_arena.hpp): all-reduce, reduce-scatter and all-to-all of at most
-// kInlineBytes (64 KiB) of input, all-gather of at most that much output, and barriers.
+// shared_memory_arena.hpp): all-reduce of at most 16 KiB, reduce-scatter and all-to-all of
+// at most kInlineBytes (64 KiB) of input, all-gather of at most that much output, and
+// barriers.
 // Each rank writes its call's fingerprint and its whole input into its own inline slot,
 // marks the slot posted with the generation, and once every rank's slot is posted, checks
 // every fingerprint and builds its output from the slots: all-reduce folds the P vectors
@@ -45,10 +46,15 @@ namespace braid::collectives::detail {
 
 bool fits_inline(const CollectiveCall& call) noexcept {
   constexpr std::size_t kLimit = SharedMemoryArena::kInlineBytes;
+  constexpr std::size_t kAllReduceLimit = std::size_t{16} << 10;
   switch (call.kind) {
     case CollectiveKind::barrier:
       return true;
     case CollectiveKind::all_reduce:
+      // Every rank folds the whole vector here; the segment splits the folding P ways,
+      // and wins from 32 KiB (2 ranks: 2.1 against 3.3 us at 32 KiB, 3.6 against 5.9 us at
+      // 64 KiB; 4 ranks on 2 cores: 12 against 15 us at 64 KiB).
+      return call.input.size_bytes() <= kAllReduceLimit;
     case CollectiveKind::reduce_scatter:
       return call.input.size_bytes() <= kLimit;
     case CollectiveKind::all_to_all:

@@ -15,6 +15,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <span>
 #include <iostream>
@@ -164,11 +165,31 @@ awaitable<std::string> check(Communicator& comm) {
   co_return m.what;
 }
 
+// AnonHugePages, in KiB, of the mapping that holds `address` (/proc/self/smaps).
+long huge_kib_at(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    const std::size_t dash = line.find('-');
+    if (dash != std::string::npos && dash > 0 && line.find(' ') > dash &&
+        line.find_first_not_of("0123456789abcdef") == dash) {
+      const std::uintptr_t from = std::stoull(line.substr(0, dash), nullptr, 16);
+      const std::uintptr_t to = std::stoull(line.substr(dash + 1), nullptr, 16);
+      inside = from <= at && at < to;
+    } else if (inside && line.rfind("AnonHugePages:", 0) == 0) {
+      return std::stol(line.substr(14));
+    }
+  }
+  return -1;
+}
+
 // In-place sum all-reduces of vectors of ones, about 6 MB each; which shared-memory path
 // each took is in the trace (BRAID_TRACE): three of a 2 MiB-aligned 6 MiB vector (wholly
-// on huge pages from its second use), one of a fresh vector, and three of a vector from
-// malloc (whose 4 KiB-paged ends outweigh 1/16 of it).
-awaitable<std::string> reuse(Communicator& comm) {
+// on huge pages from its second use, if the kernel has free huge pages then: `on_huge`
+// says whether it had), one of a fresh vector, and three of a vector from malloc (whose
+// 4 KiB-paged ends outweigh 1/16 of it).
+awaitable<std::string> reuse(Communicator& comm, bool& on_huge) {
   const auto world = static_cast<float>(comm.size());
   constexpr std::size_t kHugePage = std::size_t{2} << 20;
   constexpr std::size_t kAlignedCount = 3 * kHugePage / sizeof(float);
@@ -179,6 +200,7 @@ awaitable<std::string> reuse(Communicator& comm) {
   const std::span<float> on_huge_pages(aligned.get(), kAlignedCount);
   std::fill(on_huge_pages.begin(), on_huge_pages.end(), 1.0F);
   for (int i = 0; i < 3; ++i) co_await comm.all_reduce(Buffer(on_huge_pages), ReduceOp::sum);
+  on_huge = huge_kib_at(aligned.get()) >= static_cast<long>(3 * kHugePage / 1024);
   std::vector<float> fresh(1'500'001, 1.0F);
   co_await comm.all_reduce(Buffer(fresh), ReduceOp::sum);
   std::vector<float> from_malloc(1'500'000, 1.0F);
@@ -253,8 +275,9 @@ int main(int argc, char** argv) {
     auto comm = Communicator::world(*world);
     const int rank = comm->rank();
     if (mode == "check" || mode == "reuse") {
+      bool on_huge = false;
       const std::string mismatch =
-          runtime.spawn(mode == "check" ? check(*comm) : reuse(*comm)).get();
+          runtime.spawn(mode == "check" ? check(*comm) : reuse(*comm, on_huge)).get();
       if (!mismatch.empty()) {
         std::cerr << "rank " << rank << ": " << mismatch << "\n";
         return 1;
@@ -262,7 +285,9 @@ int main(int argc, char** argv) {
       std::cout << "rank " << rank << " ok (all_reduce of 1 MiB: "
                 << to_string(comm->algorithm_for(braid::collectives::CollectiveKind::all_reduce,
                                                  std::size_t{1} << 20))
-                << ")\n";
+                << ")";
+      if (mode == "reuse") std::cout << (on_huge ? " huge pages: yes" : " huge pages: no");
+      std::cout << "\n";
       return 0;
     }
     try {

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sched.h>
 #include <sstream>
 #include <sys/mman.h>
@@ -116,7 +117,11 @@ struct Paths {
   int chunks = 0;
   int direct = 0;
 };
-std::vector<Paths> crowded_reuse_paths(const char* huge_pages) {
+struct CrowdedRun {
+  std::vector<Paths> paths;  // per rank
+  bool huge_everywhere = false;  // every rank's aligned vector ended on huge pages
+};
+CrowdedRun crowded_reuse_paths(const char* huge_pages) {
   const std::filesystem::path traces =
       std::filesystem::temp_directory_path() / fmt::format("braid-crowded-{}", getpid());
   auto result = ChildProcess({braid_run(), "-n", std::to_string(kCrowdedRanks), "--timeout", "120",
@@ -127,43 +132,60 @@ std::vector<Paths> crowded_reuse_paths(const char* huge_pages) {
                              150s)
                     .wait();
   EXPECT_EQ(result.status, 0) << result.out << result.err;
-  std::vector<Paths> paths;
+  CrowdedRun run;
   for (int r = 0; r < kCrowdedRanks; ++r) {
     const auto trace = traces / fmt::format("rank-{}.trace.json", r);
-    paths.push_back({.chunks = occurrences(trace, R"("name":"shared_memory.chunk")"),
-                     .direct = occurrences(trace, R"("name":"shared_memory.reduce")")});
+    run.paths.push_back({.chunks = occurrences(trace, R"("name":"shared_memory.chunk")"),
+                         .direct = occurrences(trace, R"("name":"shared_memory.reduce")")});
   }
+  std::size_t yes = 0;
+  for (std::size_t at = 0; (at = result.out.find("huge pages: yes", at)) != std::string::npos;
+       ++at) {
+    ++yes;
+  }
+  run.huge_everywhere = yes == static_cast<std::size_t>(kCrowdedRanks);
   std::filesystem::remove_all(traces);
-  return paths;
+  return run;
 }
 
 // On a node with more ranks than CPUs, an all-reduce of 4 MiB or more reads peers'
 // memory directly only once every rank's buffers are (at least 15/16) on huge pages, which
 // a 2 MiB-aligned buffer reaches at its second use; until then, for a buffer seen once,
 // and for one from malloc, whose ends stay on 4 KiB pages, it copies through the shared
-// segment (docs/algorithms.md).
+// segment (docs/algorithms.md). Seven all-reduces of about 6 MB, 3 chunks each through the
+// segment or one direct reduction: the aligned vector's second and third read peers where
+// the kernel had free huge pages (a collapse it cannot finish is retried at the next use,
+// so the second may still copy), none where it had not.
 TEST(CollectivesProcesses, ACrowdedNodeReadsPeersDirectlyOnlyOnceEveryBufferIsOnHugePages) {
   if (!crowded_here()) GTEST_SKIP() << "needs more ranks than CPUs";
   alignas(4096) static char page[4096];
   if (::madvise(page, 0, 25 /* MADV_COLLAPSE */) != 0) {
     GTEST_SKIP() << "this kernel has no MADV_COLLAPSE (Linux 6.1)";
   }
-  const std::vector<Paths> paths = crowded_reuse_paths("1");
-  for (int r = 0; r < static_cast<int>(paths.size()); ++r) {
-    // About 6 MB in 2 MiB chunks: 3 for the aligned vector's first use, 3 for the fresh
-    // one, 9 for the three uses of the one from malloc.
-    EXPECT_EQ(paths[r].chunks, 15) << "rank " << r;
-    EXPECT_EQ(paths[r].direct, 2)
-        << "rank " << r << ": the aligned vector's second and third all-reduce read peers";
+  const CrowdedRun run = crowded_reuse_paths("1");
+  for (int r = 0; r < static_cast<int>(run.paths.size()); ++r) {
+    const Paths& paths = run.paths[static_cast<std::size_t>(r)];
+    EXPECT_EQ(paths.chunks + 3 * paths.direct, 21) << "rank " << r;
+    EXPECT_EQ(paths.direct, run.paths.front().direct) << "rank " << r << ": every rank alike";
+    if (run.huge_everywhere) {
+      EXPECT_GE(paths.direct, 1) << "rank " << r << ": the aligned vector's third read peers";
+      EXPECT_LE(paths.direct, 2) << "rank " << r << ": only the aligned vector's reuses";
+    } else {
+      EXPECT_EQ(paths.direct, 0) << "rank " << r << ": a vector stayed on 4 KiB pages";
+    }
+  }
+  if (!run.huge_everywhere) {
+    std::cout << "[   NOTE   ] the kernel had no free huge page for some rank's vector\n";
   }
 }
 
 TEST(CollectivesProcesses, ACrowdedNodeWithHugePagesOffCopiesEveryAllReduceThroughTheSegment) {
   if (!crowded_here()) GTEST_SKIP() << "needs more ranks than CPUs";
-  const std::vector<Paths> paths = crowded_reuse_paths("0");
-  for (int r = 0; r < static_cast<int>(paths.size()); ++r) {
-    EXPECT_EQ(paths[r].chunks, 21) << "rank " << r << ": seven all-reduces of 3 chunks";
-    EXPECT_EQ(paths[r].direct, 0) << "rank " << r;
+  const CrowdedRun run = crowded_reuse_paths("0");
+  for (int r = 0; r < static_cast<int>(run.paths.size()); ++r) {
+    const Paths& paths = run.paths[static_cast<std::size_t>(r)];
+    EXPECT_EQ(paths.chunks, 21) << "rank " << r << ": seven all-reduces of 3 chunks";
+    EXPECT_EQ(paths.direct, 0) << "rank " << r;
   }
 }
 

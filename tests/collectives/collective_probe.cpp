@@ -15,10 +15,9 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
+#include <iostream>
 #include <memory>
 #include <span>
-#include <iostream>
 #include <string>
 #include <vector>
 
@@ -26,6 +25,8 @@
 
 #include <braid/braid.hpp>
 #include <braid/collectives/communicator.hpp>
+
+#include "../support/anon_huge_pages.hpp"
 
 namespace {
 
@@ -165,25 +166,6 @@ awaitable<std::string> check(Communicator& comm) {
   co_return m.what;
 }
 
-// AnonHugePages, in KiB, of the mapping that holds `address` (/proc/self/smaps).
-long huge_kib_at(const void* address) {
-  std::ifstream smaps("/proc/self/smaps");
-  const auto at = reinterpret_cast<std::uintptr_t>(address);
-  bool inside = false;
-  for (std::string line; std::getline(smaps, line);) {
-    const std::size_t dash = line.find('-');
-    if (dash != std::string::npos && dash > 0 && line.find(' ') > dash &&
-        line.find_first_not_of("0123456789abcdef") == dash) {
-      const std::uintptr_t from = std::stoull(line.substr(0, dash), nullptr, 16);
-      const std::uintptr_t to = std::stoull(line.substr(dash + 1), nullptr, 16);
-      inside = from <= at && at < to;
-    } else if (inside && line.rfind("AnonHugePages:", 0) == 0) {
-      return std::stol(line.substr(14));
-    }
-  }
-  return -1;
-}
-
 // In-place sum all-reduces of vectors of ones, about 6 MB each; which shared-memory path
 // each took is in the trace (BRAID_TRACE): three of a 2 MiB-aligned 6 MiB vector (wholly
 // on huge pages from its second use, if the kernel has free huge pages then: `on_huge`
@@ -200,7 +182,8 @@ awaitable<std::string> reuse(Communicator& comm, bool& on_huge) {
   const std::span<float> on_huge_pages(aligned.get(), kAlignedCount);
   std::fill(on_huge_pages.begin(), on_huge_pages.end(), 1.0F);
   for (int i = 0; i < 3; ++i) co_await comm.all_reduce(Buffer(on_huge_pages), ReduceOp::sum);
-  on_huge = huge_kib_at(aligned.get()) >= static_cast<long>(3 * kHugePage / 1024);
+  const long huge_kib = braid::testing::anon_huge_kib_at(aligned.get());
+  on_huge = huge_kib >= static_cast<long>(3 * kHugePage / 1024);
   std::vector<float> fresh(1'500'001, 1.0F);
   co_await comm.all_reduce(Buffer(fresh), ReduceOp::sum);
   std::vector<float> from_malloc(1'500'000, 1.0F);

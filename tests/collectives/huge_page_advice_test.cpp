@@ -5,11 +5,12 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
-#include <fstream>
 #include <string>
 #include <sys/mman.h>
 
 #include <gtest/gtest.h>
+
+#include "../support/anon_huge_pages.hpp"
 
 namespace braid::collectives::detail {
 namespace {
@@ -36,24 +37,8 @@ struct Mapping {
     }
     return true;
   }
-  // AnonHugePages of the mapping that holds `base`, from /proc/self/smaps, in KiB.
-  long huge_kib() const {
-    std::ifstream smaps("/proc/self/smaps");
-    const auto address = reinterpret_cast<std::uintptr_t>(base);
-    bool inside = false;
-    for (std::string line; std::getline(smaps, line);) {
-      const std::size_t dash = line.find('-');
-      if (dash != std::string::npos && dash > 0 && line.find(' ') > dash &&
-          line.find_first_not_of("0123456789abcdef") == dash) {
-        const std::uintptr_t from = std::stoull(line.substr(0, dash), nullptr, 16);
-        const std::uintptr_t to = std::stoull(line.substr(dash + 1), nullptr, 16);
-        inside = from <= address && address < to;
-      } else if (inside && line.rfind("AnonHugePages:", 0) == 0) {
-        return std::stol(line.substr(14));
-      }
-    }
-    return -1;
-  }
+  // AnonHugePages of the mapping that holds `base`, in KiB.
+  long huge_kib() const { return braid::testing::anon_huge_kib_at(base); }
   static constexpr std::size_t kBytes = 16 * kMiB;
   std::byte* base = nullptr;
   std::byte* aligned = nullptr;

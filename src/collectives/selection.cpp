@@ -43,7 +43,7 @@ std::vector<SelectionRule> built_in_rules() {
        .algorithm = Algorithm::ring},
       // Members on one node: the others read peers' buffers directly (single copy), where
       // the members agree they can; otherwise they fall back to the rules below. Up to
-      // 16 KiB (reduce_scatter, all_to_all: of input; all_gather: of output) one wait
+      // 64 KiB (reduce_scatter, all_to_all: of input; all_gather: of output) one wait
       // through the inline slots instead.
       {.kind = reduce_scatter, .algorithm = Algorithm::shared_memory},
       {.kind = all_gather, .algorithm = Algorithm::shared_memory},

@@ -122,8 +122,8 @@ asio::awaitable<bool> shared_memory_inline_all_to_all_v(ArenaTurn& turn, Collect
                                                         const CollectiveCall& call);
 
 // Whether `call` goes through the ranks' inline slots, the same answer on every rank whose
-// call matches: a barrier; an all-reduce, reduce-scatter or all-to-all whose input, or an
-// all-gather (equal or variable counts) whose output, is at most
+// call matches: a barrier; an all-reduce of at most 16 KiB; a reduce-scatter or all-to-all
+// whose input, or an all-gather (equal or variable counts) whose output, is at most
 // SharedMemoryArena::kInlineBytes.
 bool fits_inline(const CollectiveCall& call) noexcept;
 // Runs such a call in one wait through the inline slots (shared_memory_inline.cpp).

@@ -33,8 +33,8 @@
 //   Cost: 2 n/C flag waits (C the slot size), and per rank n bytes copied in, n read and
 //   n/P written to reduce, n copied out: about 5n bytes of memory traffic.
 //
-// Up to 16 KiB neither: the vectors go through the
-// ranks' inline slots in one flag wait (shared_memory_inline.cpp).
+// Up to 16 KiB neither: the vectors go through the ranks' inline slots in one wait
+// (shared_memory_inline.cpp).
 //
 // Flags carry generations, so they never need resetting, and the waits order every reuse
 // of records, slots and the result area.

@@ -31,10 +31,9 @@
 // (two waits, a system call per block) and the message algorithms, on the dev VM, in one
 // session: 2 ranks, all-gather 1.15 -> 0.36 us at 8 B, 3.3 -> 1.7 us at 32 KiB;
 // reduce-scatter 2.15 -> 0.37 us and 3.5 -> 1.1 us; all-to-all 1.1 -> 0.36 us and
-// 3.25 -> 1.2 us; all-reduce 6.4 -> 3.2 us at 32 KiB, 8.5 -> 6 us at 64 KiB. 4 ranks on
-// the 2 cores: all-gather 12 -> 4-5 us small, 18 -> 6 us at 32 KiB; reduce-scatter
-// 15 -> 4 us; all-to-all 8-10 -> 4 us. At 128 KiB all-reduce draws with single copy and
-// the others lose to it, hence the limit.
+// 3.25 -> 1.2 us. 4 ranks on the 2 cores: all-gather 12 -> 4-5 us small, 18 -> 6 us at
+// 32 KiB; reduce-scatter 15 -> 4 us; all-to-all 8-10 -> 4 us. At 128 KiB they lose to
+// single copy, hence 64 KiB; all-reduce stops at 16 KiB (fits_inline).
 #include <cstdint>
 #include <cstring>
 #include <numeric>

@@ -202,20 +202,17 @@ class CollectiveOp {
         // (a system call): the partner's flag is usually a few hundred ns away. Crowded,
         // yield and check a few times in place likewise: 4 ranks on 2 cores, 16-byte
         // all-reduce 4.9 -> 4.1 us, barrier 4.5 -> 3.5 us (three alternating runs).
-        if (crowded) {
-          bool arrived = false;
-          for (int check = 0; check < kYieldsInPlace && !(arrived = ready()); ++check) {
+        if (!crowded && (round & 63) == 63) sched_yield();
+        const int checks = crowded ? kYieldsInPlace : kChecksInPlace;
+        bool arrived = false;
+        for (int check = 0; check < checks && !(arrived = ready()); ++check) {
+          if (crowded) {
             sched_yield();
-          }
-          if (arrived) break;
-        } else {
-          if ((round & 63) == 63) sched_yield();
-          bool arrived = false;
-          for (int check = 0; check < kChecksInPlace && !(arrived = ready()); ++check) {
+          } else {
             cpu_relax();
           }
-          if (arrived) break;
         }
+        if (arrived) break;
         co_await asio::post(executor, asio::use_awaitable);
         continue;
       }

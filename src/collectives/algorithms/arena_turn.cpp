@@ -220,8 +220,8 @@ asio::awaitable<void> ArenaTurn::map() {
   mine.reads_peers = reads_all ? 1 : 0;
   using Direct = SharedMemoryArena::AllReduceDirect;
   const Direct wanted = policy == SingleCopy::whenever_allowed ? Direct::always
-                        : world <= usable_cpus()               ? Direct::from_huge_sizes
-                                                               : Direct::if_huge;
+                        : arena_.crowded()                     ? Direct::if_huge
+                                                               : Direct::from_huge_sizes;
   mine.all_reduce_direct = static_cast<std::uint16_t>(wanted);
   raise(Stage::released);
   co_await wait_all(Stage::released, "every rank's cross-memory probe");

@@ -165,11 +165,12 @@ asio::awaitable<bool> shared_memory_inline_all_to_all_v(ArenaTurn& turn, Collect
   const std::size_t header = (1 + 2 * world) * sizeof(std::uint64_t);
   const std::size_t bytes = call.input.size_bytes();
   constexpr std::size_t kRoom = sizeof(InlineSlot::data);
-  const bool fits = header <= kRoom && bytes <= kRoom - header &&
-                    bytes <= SharedMemoryArena::kInlineBytes;
+  const bool counts_fit = header <= kRoom;  // the same on every rank: up to 4351 ranks
+  const bool fits =
+      counts_fit && bytes <= kRoom - header && bytes <= SharedMemoryArena::kInlineBytes;
   InlineSlot& mine = begin_post(turn, op, call);
   auto* words = reinterpret_cast<std::uint64_t*>(mine.data);
-  if (header <= kRoom) {
+  if (counts_fit) {
     words[0] = fits ? 1 : 0;
     for (std::size_t r = 0; r < world; ++r) {
       words[1 + r] = call.counts[r];
@@ -178,7 +179,7 @@ asio::awaitable<bool> shared_memory_inline_all_to_all_v(ArenaTurn& turn, Collect
     if (fits && bytes != 0) std::memcpy(mine.data + header, call.input.data(), bytes);
   }
   co_await finish_post(turn);
-  if (header > kRoom) co_return false;  // the same on every rank
+  if (!counts_fit) co_return false;
   const int parity = static_cast<int>(turn.generation() & 1);
   auto words_of = [&](std::size_t r) {
     return reinterpret_cast<const std::uint64_t*>(

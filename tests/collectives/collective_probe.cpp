@@ -40,8 +40,9 @@ using namespace std::chrono_literals;
 struct Mismatch {
   std::string what;
 
-  template <class T>
-  void check(const std::vector<T>& got, std::size_t i, T expected, const std::string& where) {
+  template <class Values>  // a std::vector or a std::span
+  void check(const Values& got, std::size_t i, typename Values::value_type expected,
+             const std::string& where) {
     if (what.empty() && got[i] != expected) {
       what = fmt::format("{}: element {} is {}, expected {}", where, i, got[i], expected);
     }
@@ -191,9 +192,7 @@ awaitable<std::string> reuse(Communicator& comm, bool& on_huge) {
   Mismatch m;
   const float thrice = world * world * world;
   for (std::size_t i = 0; i < on_huge_pages.size(); ++i) {
-    if (m.what.empty() && on_huge_pages[i] != thrice) {
-      m.what = fmt::format("aligned: element {} is {}, expected {}", i, on_huge_pages[i], thrice);
-    }
+    m.check(on_huge_pages, i, thrice, "aligned");
   }
   for (std::size_t i = 0; i < fresh.size(); ++i) m.check(fresh, i, world, "fresh");
   for (std::size_t i = 0; i < from_malloc.size(); ++i) m.check(from_malloc, i, thrice, "malloc");

@@ -36,6 +36,7 @@
 #include <optional>
 #include <regex>
 #include <sstream>
+#include <stdexcept>
 
 #include <unistd.h>
 
@@ -342,6 +343,7 @@ class Case {
     return input_value(static_cast<int>(i / block_), rank * block_ + i % block_);
   }
 
+  // In kAllOps's order, which names them (the options accept only those names).
   enum class Kind {
     all_reduce,
     all_gather,
@@ -356,16 +358,9 @@ class Case {
     barrier
   };
   static Kind kind_of(const std::string& op) {
-    static const std::pair<const char*, Kind> kKinds[] = {
-        {"all_reduce", Kind::all_reduce},     {"all_gather", Kind::all_gather},
-        {"reduce_scatter", Kind::reduce_scatter}, {"broadcast", Kind::broadcast},
-        {"reduce", Kind::reduce},             {"gather", Kind::gather},
-        {"scatter", Kind::scatter},           {"all_to_all", Kind::all_to_all},
-        {"all_gather_v", Kind::all_gather_v}, {"all_to_all_v", Kind::all_to_all_v}};
-    for (const auto& [name, kind] : kKinds) {
-      if (op == name) return kind;
-    }
-    return Kind::barrier;
+    const auto at = std::find(kAllOps.begin(), kAllOps.end(), op);
+    if (at == kAllOps.end()) throw std::invalid_argument("unknown collective '" + op + "'");
+    return static_cast<Kind>(at - kAllOps.begin());
   }
 
   Communicator& comm_;

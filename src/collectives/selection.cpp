@@ -43,14 +43,15 @@ std::vector<SelectionRule> built_in_rules() {
        .algorithm = Algorithm::ring},
       // Members on one node: the others read peers' buffers directly (single copy), where
       // the members agree they can; otherwise they fall back to the rules below. Up to
-      // 64 KiB (reduce_scatter, all_to_all: of input; all_gather: of output) one wait
-      // through the inline slots instead.
+      // 64 KiB (reduce_scatter, all_to_all: of input; all_gather, gather: of output;
+      // broadcast, scatter: of the root's data; reduce: 16 KiB) through the inline slots
+      // instead, in one wait; the rooted ones wait only at the receiving end.
       {.kind = reduce_scatter, .algorithm = Algorithm::shared_memory},
       {.kind = all_gather, .algorithm = Algorithm::shared_memory},
-      {.kind = broadcast, .min_bytes = 16 * KiB, .algorithm = Algorithm::shared_memory},
-      {.kind = reduce, .min_bytes = 16 * KiB, .algorithm = Algorithm::shared_memory},
-      {.kind = gather, .min_bytes = 16 * KiB, .algorithm = Algorithm::shared_memory},
-      {.kind = scatter, .min_bytes = 16 * KiB, .algorithm = Algorithm::shared_memory},
+      {.kind = broadcast, .algorithm = Algorithm::shared_memory},
+      {.kind = reduce, .algorithm = Algorithm::shared_memory},
+      {.kind = gather, .algorithm = Algorithm::shared_memory},
+      {.kind = scatter, .algorithm = Algorithm::shared_memory},
       {.kind = all_to_all, .algorithm = Algorithm::shared_memory},
       {.kind = reduce_scatter, .algorithm = Algorithm::ring},
       {.kind = all_gather, .algorithm = Algorithm::ring},

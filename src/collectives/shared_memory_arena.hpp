@@ -22,6 +22,7 @@
 // handed out at the call, like sequence numbers), and only on the runtime thread.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -163,6 +164,13 @@ class SharedMemoryArena {
   // The next generation (1, 2, ...), the same on every rank: one per operation's record,
   // one per chunk copied through the segment.
   std::uint64_t next_generation() noexcept { return ++generation_; }
+  // Every member has reached this generation (posted in it, or got further), so none
+  // still reads an inline slot of an earlier one: what a wait on every rank's flag or slot
+  // teaches each rank that passes it (ArenaTurn::claim_inline_slot).
+  std::uint64_t all_reached() const noexcept { return all_reached_; }
+  void note_all_reached(std::uint64_t generation) noexcept {
+    all_reached_ = std::max(all_reached_, generation);
+  }
   SingleCopy policy() const noexcept { return policy_; }
   // More members than usable CPUs (decided when mapping): waits must not spin long.
   bool crowded() const noexcept { return crowded_; }
@@ -219,6 +227,7 @@ class SharedMemoryArena {
   std::atomic<std::uint64_t> next_ticket_{0};
   std::uint64_t serving_ = 0;
   std::uint64_t generation_ = 0;
+  std::uint64_t all_reached_ = 0;
   bool broken_ = false;
   bool single_copy_ = false;
   AllReduceDirect all_reduce_direct_ = AllReduceDirect::if_huge;

@@ -1,6 +1,7 @@
 // The Communicator's collectives against serial references, on worlds of threads-as-ranks
 // (thread_ranks.hpp): every op, dtype and reduce op, awkward counts, in-place forms,
 // operations in flight together, split communicators, and the errors for bad input.
+#include <array>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -494,6 +495,59 @@ TEST(InlineSlots, BackToBackSmallAllReducesWithStragglersStayExactAndMismatchesF
   EXPECT_EQ(mismatches.load(), kWorld);
 }
 
+// Small rooted collectives: the sending end returns at once and may run ahead of the
+// receiving end, into the slot it wrote two operations before (a run of broadcasts from
+// one root, of gathers and reduces to one). Random stragglers on every side, and every
+// round's values depend on the round, so data read from a reused slot too early shows.
+TEST(InlineSlots, BackToBackRootedCollectivesWithStragglersDeliverEveryRoundsData) {
+  constexpr int kWorld = 3;
+  run_ranks(
+      kWorld,
+      [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        const int me = comm->rank();
+        std::mt19937 random(static_cast<unsigned>(me) + 11);
+        asio::steady_timer lag(co_await asio::this_coro::executor);
+        for (int i = 0; i < 400; ++i) {
+          if (random() % 4 == 0) {
+            lag.expires_after(std::chrono::microseconds(random() % 200));
+            co_await lag.async_wait(asio::use_awaitable);
+          }
+          const int root = (i / 8) % kWorld;  // runs of eight rounds from one root
+          const std::size_t count = i % 2 == 0 ? 2 : 10;  // 8 bytes: in the line; 40: past it
+          const bool at_root = me == root;
+          std::vector<std::int32_t> data(count, at_root ? i : -1);
+          co_await comm->broadcast(Buffer(data), root);
+          EXPECT_EQ(data, std::vector<std::int32_t>(count, i)) << "broadcast, round " << i;
+          std::vector<std::int32_t> mine(count, me * 1000 + i);
+          std::vector<std::int32_t> gathered(at_root ? count * kWorld : 0);
+          co_await comm->gather(Buffer(mine), Buffer(gathered), root);
+          if (at_root) {
+            for (int r = 0; r < kWorld; ++r) {
+              EXPECT_EQ(gathered[static_cast<std::size_t>(r) * count + count - 1], r * 1000 + i)
+                  << "gather, round " << i;
+            }
+          }
+          std::vector<std::int32_t> reduced(count);
+          co_await comm->reduce(Buffer(mine), Buffer(reduced), ReduceOp::sum, root);
+          if (at_root) {
+            EXPECT_EQ(reduced, std::vector<std::int32_t>(count, 3000 + 3 * i)) << "reduce, round " << i;
+          }
+          std::vector<std::int32_t> blocks(at_root ? count * kWorld : 0), block(count);
+          for (std::size_t e = 0; e < blocks.size(); ++e) {
+            blocks[e] = static_cast<std::int32_t>(e / count) * 1000 + i;
+          }
+          co_await comm->scatter(Buffer(blocks), Buffer(block), root);
+          EXPECT_EQ(block, std::vector<std::int32_t>(count, me * 1000 + i)) << "scatter, round " << i;
+          if (i % 16 == 15) {
+            std::vector<std::int32_t> ones(2, 1);
+            co_await comm->all_reduce(Buffer(ones), ReduceOp::sum);
+            EXPECT_EQ(ones, std::vector<std::int32_t>(2, kWorld)) << "round " << i;
+          }
+        }
+      },
+      Communicator::Options{.timeout = std::chrono::seconds(10), .check_fingerprints = false});
+}
+
 TEST(InFlight, ManyCollectivesIssuedTogetherCompleteInAnyOrderWithTheRightResults) {
   constexpr int kWorld = 4;
   constexpr int kBuckets = 24;
@@ -748,13 +802,14 @@ TEST(Mismatch, SingleCopyCollectivesCheckEveryRanksCallBeforeReadingAnyBuffer) {
                                       "rank 1 calls all_gather(count 8000, f32)"};
         co_await expect_all_gather_mismatch(*comm, comm->rank() == 1 ? 8000 : 8192,
                                             std::move(both), mismatches);
-        // Roots that differ are caught the same way.
-        std::vector<float> data(4096, static_cast<float>(comm->rank()));
+        // Roots that differ are caught the same way. (128 KiB: past the inline slots, where
+        // a root does not wait for the others; the next test covers those.)
+        std::vector<float> data(32768, static_cast<float>(comm->rank()));
         try {
           co_await comm->broadcast(Buffer(data), comm->rank() == 2 ? 1 : 0);
           ADD_FAILURE() << "rank " << comm->rank() << " broadcast from a disputed root";
         } catch (const Error& e) {
-          EXPECT_THAT(e.what(), HasSubstr("rank 2 calls broadcast(count 4096, f32, root 1)"));
+          EXPECT_THAT(e.what(), HasSubstr("rank 2 calls broadcast(count 32768, f32, root 1)"));
           ++mismatches;
         }
       },
@@ -801,6 +856,72 @@ TEST(Mismatch, AllToAllVChecksEverySendersCountAgainstItsReceiver) {
       },
       Communicator::Options{.timeout = std::chrono::seconds(10)});
   EXPECT_EQ(mismatches.load(), 6);
+}
+
+// A small broadcast, gather, reduce or scatter moves the root's data one way through the
+// inline slots: the sending end returns without waiting (as with OpenMPI's eager sends),
+// and the receiving end compares the calls it receives from with its own. So a mismatch
+// fails where the data would arrive, naming both calls, and nowhere else; the arena stays
+// in step, and the next collective runs on every rank.
+TEST(Mismatch, SmallRootedCollectivesFailWhereTheDataArrivesAndLeaveTheArenaInStep) {
+  const braid::testing::ScopedEnv policy("BRAID_SHM_SINGLE_COPY", "1");
+  std::array<std::atomic<int>, 3> failures{};
+  const auto started = std::chrono::steady_clock::now();
+  run_ranks(
+      3,
+      [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        const int me = comm->rank();
+        auto expect_failure = [&](const Error& e, std::string_view ours, std::string_view theirs) {
+          EXPECT_EQ(e.code(), make_error_code(Errc::size_mismatch)) << e.what();
+          EXPECT_THAT(e.what(), HasSubstr(std::string(ours)));
+          EXPECT_THAT(e.what(), HasSubstr(std::string(theirs)));
+          ++failures[static_cast<std::size_t>(me)];
+        };
+        // Rank 2 expects 16 floats from root 0, which sends 20: only rank 2 fails.
+        std::vector<float> data(me == 2 ? 16 : 20, static_cast<float>(me));
+        try {
+          co_await comm->broadcast(Buffer(data), 0);
+          EXPECT_NE(me, 2) << "rank 2 received a broadcast of the wrong count";
+          EXPECT_EQ(data, std::vector<float>(20, 0.0f));
+        } catch (const Error& e) {
+          expect_failure(e, "rank 2 calls broadcast(count 16, f32, root 0)",
+                         "rank 0 calls broadcast(count 20, f32, root 0)");
+        }
+        // Rank 1 gathers 3 floats where the others gather 4: the root fails; the senders
+        // have returned.
+        std::vector<float> block(me == 1 ? 3 : 4, 1.0f), gathered(me == 0 ? 12 : 0);
+        try {
+          co_await comm->gather(Buffer(block), Buffer(gathered), 0);
+          EXPECT_NE(me, 0) << "the root gathered blocks of the wrong count";
+        } catch (const Error& e) {
+          expect_failure(e, "rank 0 calls gather(count 4, f32, root 0)",
+                         "rank 1 calls gather(count 3, f32, root 0)");
+        }
+        // Rank 2's count is past the inline limit (64 KiB), so it waits for every rank's
+        // call and finds the difference; ranks 0 and 1 agree with each other.
+        std::vector<float> large(me == 2 ? 20000 : 20, 1.0f);
+        try {
+          co_await comm->broadcast(Buffer(large), 0);
+          EXPECT_NE(me, 2) << "rank 2 received a broadcast of the wrong count";
+        } catch (const Error& e) {
+          expect_failure(e, "rank 2 calls broadcast(count 20000, f32, root 0)",
+                         "calls broadcast(count 20, f32, root 0)");
+        }
+        for (const std::size_t count : {std::size_t{8}, std::size_t{40000}}) {
+          std::vector<float> ones(count, 1.0f);
+          co_await comm->all_reduce(Buffer(ones), ReduceOp::sum);
+          EXPECT_EQ(ones, std::vector<float>(count, 3.0f));
+          std::vector<float> from_root(count, me == 1 ? 7.0f : 0.0f);
+          co_await comm->broadcast(Buffer(from_root), 1);
+          EXPECT_EQ(from_root, std::vector<float>(count, 7.0f));
+        }
+      },
+      Communicator::Options{.timeout = std::chrono::seconds(10), .check_fingerprints = false});
+  EXPECT_EQ(failures[0].load(), 1);  // the gather's root
+  EXPECT_EQ(failures[1].load(), 0);
+  EXPECT_EQ(failures[2].load(), 2);  // both broadcasts
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5))
+      << "a rank waited for the timeout instead of failing at once";
 }
 
 // Counts on either side of the inline limit put ranks on different shared-memory paths

@@ -278,6 +278,7 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
                           : 0;
   // A peer whose count put it on the inline path (shared_memory_inline.cpp) compares
   // fingerprints in the inline slots of this generation: ours must be there too.
+  if (!inline_slot_free()) co_await wait_inline_slot_free();
   arena_.inline_slot(op_.rank(), static_cast<int>(generation_ & 1)).call = call;
   post_inline_slot();
   all_posted_ = false;
@@ -318,19 +319,23 @@ bool ArenaTurn::calls_agree(bool inline_slots) noexcept {
   return true;
 }
 
+Error ArenaTurn::dispute(int a, int b, bool inline_slots) noexcept {
+  const int me = op_.rank();
+  return Error(Errc::size_mismatch,
+               fmt::format("rank {} calls {} but rank {} calls {}: counts or dtypes differ "
+                           "across ranks",
+                           op_.world_rank(a), describe(posted_call(a, inline_slots)),
+                           op_.world_rank(b), describe(posted_call(b, inline_slots))),
+               {.rank = op_.world_rank(me), .peer = op_.world_rank(me == a ? b : a)});
+}
+
 asio::awaitable<void> ArenaTurn::fail_on_disagreement(bool inline_slots) {
   const Fingerprint& first = posted_call(0, inline_slots);
   for (int r = 1; r < op_.size(); ++r) {
-    const Fingerprint& other = posted_call(r, inline_slots);
-    if (other == first) continue;
+    if (posted_call(r, inline_slots) == first) continue;
     // Every rank reaches this verdict from the same fingerprints. Word it before releasing
     // them: a rank that fails first may post its next record once everyone has released.
-    Error mismatch(
-        Errc::size_mismatch,
-        fmt::format("rank {} calls {} but rank {} calls {}: counts or dtypes differ "
-                    "across ranks",
-                    op_.world_rank(0), describe(first), op_.world_rank(r), describe(other)),
-        {.rank = op_.world_rank(op_.rank()), .peer = op_.world_rank(op_.rank() == 0 ? r : 0)});
+    Error mismatch = dispute(0, r, inline_slots);
     co_await release();
     finish();  // every rank fails at the same point: the arena is still in step
     throw mismatch;
@@ -357,9 +362,35 @@ asio::awaitable<void> ArenaTurn::wait_all(Stage stage, std::string_view what) {
         for (int r = 0; r < world; ++r) {
           if (shared->flag(r, stage).load(std::memory_order_acquire) < generation) return false;
         }
+        shared->note_all_reached(generation);
         return true;
       },
       what, spin_window(), arena_.crowded());
+}
+
+asio::awaitable<void> ArenaTurn::wait_inline_slot_free() {
+  SharedMemoryArena* shared = &arena_;
+  const std::uint64_t generation = generation_;  // at least 3 here: map() waited for all in 1
+  const int world = op_.size();
+  const int me = op_.rank();
+  return op_.poll_until(
+      [shared, world, me, generation] {
+        const std::uint64_t previous = generation - 1;
+        for (int r = 0; r < world; ++r) {
+          if (r == me) continue;
+          std::uint64_t& posted = shared->inline_slot(r, static_cast<int>(previous & 1)).posted;
+          const bool past =
+              std::atomic_ref<std::uint64_t>(posted).load(std::memory_order_acquire) >=
+                  previous ||
+              shared->flag(r, Stage::posted).load(std::memory_order_acquire) >= previous ||
+              shared->flag(r, Stage::released).load(std::memory_order_acquire) >= previous - 1;
+          if (!past) return false;
+        }
+        shared->note_all_reached(previous);
+        return true;
+      },
+      "every rank to finish reading this rank's small vector of two operations ago",
+      spin_window(), arena_.crowded());
 }
 
 void ArenaTurn::post_inline_slot() noexcept {
@@ -380,6 +411,24 @@ asio::awaitable<void> ArenaTurn::wait_all_inline_slots(std::string_view what) {
             return false;
           }
         }
+        shared->note_all_reached(generation);
+        return true;
+      },
+      what, spin_window(), arena_.crowded());
+}
+
+asio::awaitable<void> ArenaTurn::wait_inline_slot(int rank, std::string_view what) {
+  SharedMemoryArena* shared = &arena_;
+  const std::uint64_t generation = generation_;
+  std::uint64_t& posted = arena_.inline_slot(rank, static_cast<int>(generation & 1)).posted;
+  // With one peer, the rank we wait for is every rank there is.
+  const bool only_peer = op_.size() == 2;
+  return op_.poll_until(
+      [shared, &posted, generation, only_peer] {
+        if (std::atomic_ref<std::uint64_t>(posted).load(std::memory_order_acquire) < generation) {
+          return false;
+        }
+        if (only_peer) shared->note_all_reached(generation);
         return true;
       },
       what, spin_window(), arena_.crowded());

@@ -62,11 +62,25 @@ class ArenaTurn {
   const RankRecord& record(int rank) noexcept { return arena_.record(rank); }
 
   void raise(Stage stage) noexcept;
+  // Whether this rank may write its inline slot of this generation: every rank is done
+  // reading the slot's previous use, two generations back. A wait on every rank's flags or
+  // slots proves it (SharedMemoryArena::all_reached), so after an operation in which this
+  // rank waited for all, the answer is yes without a look at anyone's memory. Only after
+  // an operation in which it waited for no one, or for the root alone (a small rooted
+  // collective), may it have to wait_inline_slot_free(): until every peer has posted in
+  // the generation after that use, or released it.
+  bool inline_slot_free() const noexcept { return arena_.all_reached() + 1 >= generation_; }
+  asio::awaitable<void> wait_inline_slot_free();
   // Marks this rank's inline slot of this generation posted: its call (and, on the inline
   // path, its vector) is there. post() marks it too, for a peer on the inline path.
   void post_inline_slot() noexcept;
   // Waits until every rank's inline slot of this generation is posted.
   asio::awaitable<void> wait_all_inline_slots(std::string_view what);
+  // Waits until `rank`'s inline slot of this generation is posted.
+  asio::awaitable<void> wait_inline_slot(int rank, std::string_view what);
+  // The error for rank `a`'s call differing from rank `b`'s, as posted in their records or
+  // inline slots of this generation.
+  Error dispute(int a, int b, bool inline_slots) noexcept;
   // Waits on every rank's flag. Until every rank has posted, a partner may still be
   // computing, so the waits nap after a short spin; after that, partners are busy with
   // this very operation and the waits spin longer, unless the node has more members than
@@ -122,12 +136,20 @@ asio::awaitable<bool> shared_memory_inline_all_to_all_v(ArenaTurn& turn, Collect
                                                         const CollectiveCall& call);
 
 // Whether `call` goes through the ranks' inline slots, the same answer on every rank whose
-// call matches: a barrier; an all-reduce of at most 16 KiB; a reduce-scatter or all-to-all
-// whose input, or an all-gather (equal or variable counts) whose output, is at most
-// SharedMemoryArena::kInlineBytes.
+// call matches: a barrier; an all-reduce or reduce of at most 16 KiB; a reduce-scatter or
+// all-to-all whose input, or an all-gather (equal or variable counts) whose output, is at
+// most SharedMemoryArena::kInlineBytes; a broadcast of at most that much, or a gather or
+// scatter whose root's whole output or input is.
 bool fits_inline(const CollectiveCall& call) noexcept;
 // Runs such a call in one wait through the inline slots (shared_memory_inline.cpp).
 asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
+                                           const CollectiveCall& call);
+
+// Broadcast, reduce, gather and scatter start here (shared_memory_inline.cpp): where the
+// call fits the inline slots (fits_inline), the root's data moves one way through them and
+// only the receiving end waits; true once done. Otherwise every rank's call is compared
+// in the slots, and false says to go on by single copy (every rank alike).
+asio::awaitable<bool> shared_memory_rooted(ArenaTurn& turn, CollectiveOp& op,
                                            const CollectiveCall& call);
 
 // Where fold_block's result goes: our own memory, and/or other ranks' outputs at the same

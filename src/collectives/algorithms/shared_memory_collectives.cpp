@@ -31,7 +31,10 @@
 // Small all-gathers, reduce-scatters and all-to-alls (equal counts) take the inline slots
 // instead, in one wait (shared_memory_inline.cpp); only where single copy was agreed, so
 // that a rank whose counts differ, and so takes the other path, still meets the others in
-// the arena and the mismatch fails on every rank at once.
+// the arena and the mismatch fails on every rank at once. Broadcast, reduce, gather and
+// scatter always start in the inline slots (shared_memory_rooted): small, the root's data
+// moves through them one way and only the receiving end waits; larger, every rank's call
+// is compared there first, and single copy follows.
 //
 // Where the members cannot read each other's memory (the kernel forbids it, or
 // BRAID_SHM_SINGLE_COPY=0), these return false without touching the arena and the
@@ -250,8 +253,11 @@ asio::awaitable<bool> shared_memory_collective(CollectiveOp& op, const Collectiv
     turn.finish();
     co_return false;
   }
-  if (fits_inline(call)) {
-    co_await shared_memory_inline(turn, op, call);
+  using enum CollectiveKind;
+  const bool rooted = call.kind == broadcast || call.kind == reduce || call.kind == gather ||
+                      call.kind == scatter;
+  if (rooted ? co_await shared_memory_rooted(turn, op, call) : fits_inline(call)) {
+    if (!rooted) co_await shared_memory_inline(turn, op, call);
     turn.finish();
     co_return true;
   }

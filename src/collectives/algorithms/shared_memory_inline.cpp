@@ -1,7 +1,7 @@
 // Small collectives through shared memory in one wait (members on one node,
-// shared_memory_arena.hpp): all-reduce of at most 16 KiB, reduce-scatter and all-to-all of
-// at most kInlineBytes (64 KiB) of input, all-gather of at most that much output, and
-// barriers.
+// shared_memory_arena.hpp): all-reduce and reduce of at most 16 KiB, reduce-scatter and
+// all-to-all of at most kInlineBytes (64 KiB) of input, all-gather and gather of at most
+// that much output, broadcast and scatter of at most that much from the root, and barriers.
 // Each rank writes its call's fingerprint and its whole input into its own inline slot,
 // marks the slot posted with the generation, and once every rank's slot is posted, checks
 // every fingerprint and builds its output from the slots: all-reduce folds the P vectors
@@ -10,19 +10,22 @@
 // the same exchange without data. Up to InlineSlot::kLineBytes (16 B) the generation, the
 // fingerprint and the vector share one cache line, so each peer costs one cache-line
 // transfer: 8-byte all-reduce on 2 ranks 1.19 -> 0.85 us (six alternating runs, dev VM)
-// against a flag, a fingerprint and a vector on three lines.
+// against a flag, a fingerprint and a vector on three lines. The rooted collectives move
+// data one way instead, and only the receiving end waits (shared_memory_rooted below).
 //
-// No release wait (but on a mismatch): each rank has two inline slots and uses the one of
-// the operation's generation parity. A rank reaches an operation two generations later
-// only through a wait in the operation between, which every rank enters after it has read
-// this one's slots, so a slot is never rewritten while a peer still reads it. Records are
-// not read: the next operation's post() may rewrite them before a slow peer has compared
-// this one's fingerprints, so the fingerprint travels in the slot. Ranks whose counts
-// differ may take different paths (a vector of at most kInlineBytes here, a larger one
-// through ArenaTurn::post): each path also writes its fingerprint where the other looks
-// and signals it there (post() into the inline slot, marked posted; this into the record,
-// with the `posted` flag raised), and both end a mismatch with a release, so every rank
-// fails at once and the arena stays in step.
+// No release wait (but on a mismatch of the exchanging collectives): each rank has two
+// inline slots and uses the one of the operation's generation parity. Before writing one,
+// a rank makes sure that every rank is past the generation that used it last
+// (ArenaTurn::inline_slot_free): after an operation in which it waited for every rank's
+// slot or flag it knows so without looking; after one in which it did not wait for all (a
+// rooted collective), it checks their flags. Records are not read: the next operation's
+// post() may rewrite them before a slow peer has compared this one's fingerprints, so the
+// fingerprint travels in the slot. Ranks whose counts differ may take different paths (a
+// vector of at most kInlineBytes here, a larger one through ArenaTurn::post): each path
+// also writes its fingerprint where the other looks and signals it there (post() into the
+// inline slot, marked posted; this into the record, with the `posted` flag raised), and
+// both end a mismatch with a release, so every rank fails at once and the arena stays in
+// step.
 //
 // Cost: one wait, n bytes written into the slot, and what the output needs read from the
 // slots (all-reduce: P·n bytes folded; the others about n): no system call and no message.
@@ -54,6 +57,12 @@ bool fits_inline(const CollectiveCall& call) noexcept {
       // and wins from 32 KiB (2 ranks: 2.1 against 3.3 us at 32 KiB, 3.6 against 5.9 us at
       // 64 KiB; 4 ranks on 2 cores: 12 against 15 us at 64 KiB).
       return call.input.size_bytes() <= kAllReduceLimit;
+    case CollectiveKind::reduce:
+      return call.bytes <= kAllReduceLimit;  // the root folds the whole vector, as above
+    case CollectiveKind::broadcast:
+    case CollectiveKind::gather:   // call.bytes: the root's whole output
+    case CollectiveKind::scatter:  // and its whole input
+      return call.bytes <= kLimit;
     case CollectiveKind::reduce_scatter:
       return call.input.size_bytes() <= kLimit;
     case CollectiveKind::all_to_all:
@@ -67,14 +76,17 @@ bool fits_inline(const CollectiveCall& call) noexcept {
 
 namespace {
 
-// Where each rank's share of the output comes from, once every slot is posted: the P
-// vectors folded in rank order (all-reduce), or the block for this rank of each (reduce-
-// scatter), or each whole (all-gather), or this rank's block of each (all-to-all).
+// Where each rank's share of the output comes from, once the slots it needs are posted:
+// the P vectors folded in rank order (all-reduce; reduce, at the root), or the block for
+// this rank of each (reduce-scatter), or each whole (all-gather; gather, at the root), or
+// this rank's block of each (all-to-all), or the root's vector (broadcast) or this rank's
+// block of it (scatter).
 void assemble(SharedMemoryArena& arena, const CollectiveOp& op, const CollectiveCall& call,
               int parity) {
   const int world = op.size();
   const auto me = static_cast<std::size_t>(op.rank());
-  const DType dtype = call.input.dtype();
+  // A scatter's non-root passes no input: its output has the type.
+  const DType dtype = (call.kind == CollectiveKind::scatter ? call.output : call.input).dtype();
   const std::size_t element = dtype_size(dtype);
   const std::size_t input_bytes = call.input.size_bytes();  // what each wrote (not all-gather_v)
   // `count` elements at element `first` of rank r's slot, which holds `bytes`.
@@ -83,9 +95,10 @@ void assemble(SharedMemoryArena& arena, const CollectiveOp& op, const Collective
   };
   switch (call.kind) {
     case CollectiveKind::all_reduce:
+    case CollectiveKind::reduce:
     case CollectiveKind::reduce_scatter: {
       const std::size_t count = call.output.count();
-      const std::size_t first = call.kind == CollectiveKind::all_reduce ? 0 : me * count;
+      const std::size_t first = call.kind == CollectiveKind::reduce_scatter ? me * count : 0;
       auto operand = [&](int r) { return from_slot(r, input_bytes, first, count); };
       // The output may be (part of) the input: every operand is read from the slots.
       combine(call.output, operand(0), operand(1), call.reduce_op);
@@ -93,7 +106,8 @@ void assemble(SharedMemoryArena& arena, const CollectiveOp& op, const Collective
       finish_average(call.output, call.reduce_op, world);
       break;
     }
-    case CollectiveKind::all_gather: {
+    case CollectiveKind::all_gather:
+    case CollectiveKind::gather: {
       std::size_t at = 0;
       for (int r = 0; r < world; ++r) {
         const std::size_t count =
@@ -111,16 +125,24 @@ void assemble(SharedMemoryArena& arena, const CollectiveOp& op, const Collective
       }
       break;
     }
+    case CollectiveKind::broadcast:
+      copy(call.output, from_slot(call.root, call.output.size_bytes(), 0, call.output.count()));
+      break;
+    case CollectiveKind::scatter: {
+      const std::size_t block = call.output.count();
+      copy(call.output, from_slot(call.root, call.bytes, me * block, block));
+      break;
+    }
     default:
       break;  // a barrier: nothing to move
   }
 }
 
-// Every inline operation starts so: a generation of its own, and this rank's fingerprint in
-// its slot of that generation's parity, and in its record, where a peer whose counts put it
-// on the record path (ArenaTurn::post) looks. The caller writes its payload into the slot.
+// Every inline operation starts so, once its slot is free (ArenaTurn::inline_slot_free): this rank's
+// fingerprint in its slot of the generation's parity, and in its record, where a peer whose
+// counts put it on the record path (ArenaTurn::post) looks. The caller writes its payload
+// into the slot.
 InlineSlot& begin_post(ArenaTurn& turn, CollectiveOp& op, const CollectiveCall& call) {
-  turn.next_chunk();
   InlineSlot& mine = turn.arena().inline_slot(op.rank(), static_cast<int>(turn.generation() & 1));
   mine.call = fingerprint_of(call);
   turn.arena().record(op.rank()).call = mine.call;
@@ -146,6 +168,8 @@ asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
   BRAID_ENFORCE(fits_inline(call) && bytes <= SharedMemoryArena::kInlineBytes,
                 "{} of {} bytes through the inline slots (at most {})", to_string(call.kind),
                 bytes, SharedMemoryArena::kInlineBytes);
+  turn.next_chunk();
+  if (!turn.inline_slot_free()) co_await turn.wait_inline_slot_free();
   InlineSlot& mine = begin_post(turn, op, call);
   if (bytes != 0) std::memcpy(mine.vector(bytes), call.input.data(), bytes);
   co_await finish_post(turn);
@@ -168,6 +192,8 @@ asio::awaitable<bool> shared_memory_inline_all_to_all_v(ArenaTurn& turn, Collect
   const bool counts_fit = header <= kRoom;  // the same on every rank: up to 4351 ranks
   const bool fits =
       counts_fit && bytes <= kRoom - header && bytes <= SharedMemoryArena::kInlineBytes;
+  turn.next_chunk();
+  if (!turn.inline_slot_free()) co_await turn.wait_inline_slot_free();
   InlineSlot& mine = begin_post(turn, op, call);
   auto* words = reinterpret_cast<std::uint64_t*>(mine.data);
   if (counts_fit) {
@@ -214,6 +240,78 @@ asio::awaitable<bool> shared_memory_inline_all_to_all_v(ArenaTurn& turn, Collect
     at += count;
   }
   co_return true;
+}
+
+// The root's data flows one way: the root of a broadcast or scatter writes its vector into
+// its slot and returns without waiting, and so does each non-root of a gather or reduce
+// with its own; only the ranks at the other end wait, for the root's slot (broadcast,
+// scatter) or every slot (the root of a gather or reduce), and compare the calls posted
+// there with theirs. Every rank posts its call, so that those comparisons always have a
+// partner, and raises `released` once it is done with the slots, which with its posting
+// tells a writer two generations on that the slot it is about to reuse is free.
+//
+// Where the call does not fit the slots, every rank posts only its call and waits for
+// every rank's: then all compare every call before single copy reads anything, and the
+// verdict is the same on every rank that took this path.
+//
+// A mismatch fails the ranks that find it, without a release: writers check that slots
+// are free (ArenaTurn::inline_slot_free), so the arena stays in step for the next
+// operation on every rank. A root that returned at once never learns of it, as with
+// OpenMPI's or UCX's eager sends; the ranks whose calls differ from the root's, or at the
+// root those differing from its own, fail naming both calls.
+asio::awaitable<bool> shared_memory_rooted(ArenaTurn& turn, CollectiveOp& op,
+                                           const CollectiveCall& call) {
+  using enum CollectiveKind;
+  const int me = op.rank();
+  const int root = call.root;
+  const bool fits = fits_inline(call);
+  const bool from_root = call.kind == broadcast || call.kind == scatter;
+  // Who writes a vector into the slot: the root sending, or every rank sending to it (the
+  // root too: its fold or copy then reads every operand from the slots, so an in-place
+  // output never overwrites an operand still to be read).
+  const bool writes = fits && (!from_root || me == root);
+  const bool waits = !fits || (from_root ? me != root : me == root);
+  turn.next_chunk();
+  if (!turn.inline_slot_free()) co_await turn.wait_inline_slot_free();
+  InlineSlot& mine = begin_post(turn, op, call);
+  if (writes) {
+    const std::size_t bytes = from_root ? call.bytes : call.input.size_bytes();
+    if (bytes != 0) std::memcpy(mine.vector(bytes), call.input.data(), bytes);
+  }
+  turn.post_inline_slot();
+  turn.raise(Stage::posted);
+  if (!waits) {
+    if (call.kind == scatter) {
+      const std::size_t block = call.output.count();
+      copy(call.output, call.input.slice(static_cast<std::size_t>(me) * block, block));
+    }
+    turn.raise(Stage::released);
+    co_return true;
+  }
+  if (from_root && fits) {
+    co_await turn.wait_inline_slot(root, "the root's small vector");
+    const InlineSlot& sent = turn.arena().inline_slot(root, static_cast<int>(turn.generation() & 1));
+    if (!(sent.call == mine.call)) {
+      Error mismatch = turn.dispute(root, me, true);
+      turn.raise(Stage::released);
+      turn.finish();
+      throw mismatch;
+    }
+  } else {
+    co_await turn.wait_all_inline_slots(fits ? "every rank's small vector" : "every rank's call");
+    for (int r = 0; r < op.size(); ++r) {
+      if (turn.arena().inline_slot(r, static_cast<int>(turn.generation() & 1)).call == mine.call) {
+        continue;
+      }
+      Error mismatch = turn.dispute(r, me, true);
+      turn.raise(Stage::released);
+      turn.finish();
+      throw mismatch;
+    }
+  }
+  if (fits) assemble(turn.arena(), op, call, static_cast<int>(turn.generation() & 1));
+  turn.raise(Stage::released);
+  co_return fits;
 }
 
 asio::awaitable<void> pass_arena_turn(CollectiveOp& op, const CollectiveCall& call) {

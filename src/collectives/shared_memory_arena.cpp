@@ -23,7 +23,7 @@ int usable_cpus() noexcept {
 std::size_t SharedMemoryArena::segment_bytes() const noexcept {
   const auto ranks = static_cast<std::size_t>(ranks_);
   return kStages * ranks * kFlagStride + ranks * sizeof(RankRecord) + (ranks + 1) * kSlotBytes +
-         2 * ranks * sizeof(InlineSlot);
+         kInlineDepth * ranks * sizeof(InlineSlot);
 }
 
 std::string SharedMemoryArena::create() {
@@ -59,9 +59,11 @@ std::byte* SharedMemoryArena::result() noexcept {
   return slot(ranks_);
 }
 
-InlineSlot& SharedMemoryArena::inline_slot(int rank, int parity) noexcept {
+InlineSlot& SharedMemoryArena::inline_slot(int rank, std::uint64_t generation) noexcept {
   std::byte* slots = slot(ranks_) + kSlotBytes;  // after the result area
-  return reinterpret_cast<InlineSlot*>(slots)[2 * rank + parity];
+  const std::size_t index = static_cast<std::size_t>(kInlineDepth) * static_cast<std::size_t>(rank) +
+                            generation % kInlineDepth;
+  return reinterpret_cast<InlineSlot*>(slots)[index];
 }
 
 }  // namespace braid::collectives::detail

@@ -279,7 +279,7 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   // A peer whose count put it on the inline path (shared_memory_inline.cpp) compares
   // fingerprints in the inline slots of this generation: ours must be there too.
   if (!inline_slot_free()) co_await wait_inline_slot_free();
-  arena_.inline_slot(op_.rank(), static_cast<int>(generation_ & 1)).call = call;
+  arena_.inline_slot(op_.rank(), generation_).call = call;
   post_inline_slot();
   all_posted_ = false;
   raise(Stage::posted);
@@ -307,7 +307,7 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
 }
 
 const Fingerprint& ArenaTurn::posted_call(int rank, bool inline_slots) noexcept {
-  return inline_slots ? arena_.inline_slot(rank, static_cast<int>(generation_ & 1)).call
+  return inline_slots ? arena_.inline_slot(rank, generation_).call
                       : arena_.record(rank).call;
 }
 
@@ -370,43 +370,44 @@ asio::awaitable<void> ArenaTurn::wait_all(Stage stage, std::string_view what) {
 
 asio::awaitable<void> ArenaTurn::wait_inline_slot_free() {
   SharedMemoryArena* shared = &arena_;
-  const std::uint64_t generation = generation_;  // at least 3 here: map() waited for all in 1
+  // The slot's last use, and the generation every rank must have reached since: at least
+  // 1 here, for map() waited for every rank in generation 1.
+  constexpr std::uint64_t kDepth = SharedMemoryArena::kInlineDepth;
+  const std::uint64_t last_use = generation_ - kDepth;
   const int world = op_.size();
   const int me = op_.rank();
   return op_.poll_until(
-      [shared, world, me, generation] {
-        const std::uint64_t previous = generation - 1;
+      [shared, world, me, last_use] {
+        const std::uint64_t next = last_use + 1;
         for (int r = 0; r < world; ++r) {
           if (r == me) continue;
-          std::uint64_t& posted = shared->inline_slot(r, static_cast<int>(previous & 1)).posted;
+          std::uint64_t& posted = shared->inline_slot(r, next).posted;
           const bool past =
-              std::atomic_ref<std::uint64_t>(posted).load(std::memory_order_acquire) >=
-                  previous ||
-              shared->flag(r, Stage::posted).load(std::memory_order_acquire) >= previous ||
-              shared->flag(r, Stage::released).load(std::memory_order_acquire) >= previous - 1;
+              std::atomic_ref<std::uint64_t>(posted).load(std::memory_order_acquire) >= next ||
+              shared->flag(r, Stage::posted).load(std::memory_order_acquire) >= next ||
+              shared->flag(r, Stage::released).load(std::memory_order_acquire) >= last_use;
           if (!past) return false;
         }
-        shared->note_all_reached(previous);
+        shared->note_all_reached(next);
         return true;
       },
-      "every rank to finish reading this rank's small vector of two operations ago",
+      "every rank to finish reading this rank's inline slot's last use",
       spin_window(), arena_.crowded());
 }
 
 void ArenaTurn::post_inline_slot() noexcept {
-  InlineSlot& mine = arena_.inline_slot(op_.rank(), static_cast<int>(generation_ & 1));
+  InlineSlot& mine = arena_.inline_slot(op_.rank(), generation_);
   std::atomic_ref<std::uint64_t>(mine.posted).store(generation_, std::memory_order_release);
 }
 
 asio::awaitable<void> ArenaTurn::wait_all_inline_slots(std::string_view what) {
   SharedMemoryArena* shared = &arena_;
   const std::uint64_t generation = generation_;
-  const int parity = static_cast<int>(generation & 1);
   const int world = op_.size();
   return op_.poll_until(
-      [shared, world, parity, generation] {
+      [shared, world, generation] {
         for (int r = 0; r < world; ++r) {
-          std::uint64_t& posted = shared->inline_slot(r, parity).posted;
+          std::uint64_t& posted = shared->inline_slot(r, generation).posted;
           if (std::atomic_ref<std::uint64_t>(posted).load(std::memory_order_acquire) < generation) {
             return false;
           }
@@ -420,7 +421,7 @@ asio::awaitable<void> ArenaTurn::wait_all_inline_slots(std::string_view what) {
 asio::awaitable<void> ArenaTurn::wait_inline_slot(int rank, std::string_view what) {
   SharedMemoryArena* shared = &arena_;
   const std::uint64_t generation = generation_;
-  std::uint64_t& posted = arena_.inline_slot(rank, static_cast<int>(generation & 1)).posted;
+  std::uint64_t& posted = arena_.inline_slot(rank, generation).posted;
   // With one peer, the rank we wait for is every rank there is.
   const bool only_peer = op_.size() == 2;
   return op_.poll_until(

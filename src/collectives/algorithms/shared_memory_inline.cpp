@@ -13,8 +13,8 @@
 // against a flag, a fingerprint and a vector on three lines. The rooted collectives move
 // data one way instead, and only the receiving end waits (shared_memory_rooted below).
 //
-// No release wait (but on a mismatch of the exchanging collectives): each rank has two
-// inline slots and uses the one of the operation's generation parity. Before writing one,
+// No release wait (but on a mismatch of the exchanging collectives): each rank has
+// kInlineDepth inline slots, used in turn by generation. Before writing one,
 // a rank makes sure that every rank is past the generation that used it last
 // (ArenaTurn::inline_slot_free): after an operation in which it waited for every rank's
 // slot or flag it knows so without looking; after one in which it did not wait for all (a
@@ -82,7 +82,7 @@ namespace {
 // this rank's block of each (all-to-all), or the root's vector (broadcast) or this rank's
 // block of it (scatter).
 void assemble(SharedMemoryArena& arena, const CollectiveOp& op, const CollectiveCall& call,
-              int parity) {
+              std::uint64_t generation) {
   const int world = op.size();
   const auto me = static_cast<std::size_t>(op.rank());
   // A scatter's non-root passes no input: its output has the type.
@@ -91,7 +91,7 @@ void assemble(SharedMemoryArena& arena, const CollectiveOp& op, const Collective
   const std::size_t input_bytes = call.input.size_bytes();  // what each wrote (not all-gather_v)
   // `count` elements at element `first` of rank r's slot, which holds `bytes`.
   auto from_slot = [&](int r, std::size_t bytes, std::size_t first, std::size_t count) {
-    return Buffer(arena.inline_slot(r, parity).vector(bytes) + first * element, count, dtype);
+    return Buffer(arena.inline_slot(r, generation).vector(bytes) + first * element, count, dtype);
   };
   switch (call.kind) {
     case CollectiveKind::all_reduce:
@@ -139,11 +139,11 @@ void assemble(SharedMemoryArena& arena, const CollectiveOp& op, const Collective
 }
 
 // Every inline operation starts so, once its slot is free (ArenaTurn::inline_slot_free): this rank's
-// fingerprint in its slot of the generation's parity, and in its record, where a peer whose
+// fingerprint in its slot of the generation, and in its record, where a peer whose
 // counts put it on the record path (ArenaTurn::post) looks. The caller writes its payload
 // into the slot.
 InlineSlot& begin_post(ArenaTurn& turn, CollectiveOp& op, const CollectiveCall& call) {
-  InlineSlot& mine = turn.arena().inline_slot(op.rank(), static_cast<int>(turn.generation() & 1));
+  InlineSlot& mine = turn.arena().inline_slot(op.rank(), turn.generation());
   mine.call = fingerprint_of(call);
   turn.arena().record(op.rank()).call = mine.call;
   return mine;
@@ -173,7 +173,7 @@ asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
   InlineSlot& mine = begin_post(turn, op, call);
   if (bytes != 0) std::memcpy(mine.vector(bytes), call.input.data(), bytes);
   co_await finish_post(turn);
-  assemble(turn.arena(), op, call, static_cast<int>(turn.generation() & 1));
+  assemble(turn.arena(), op, call, turn.generation());
 }
 
 // The slot holds [whether the input follows][send counts][receive counts][the input], all
@@ -206,10 +206,9 @@ asio::awaitable<bool> shared_memory_inline_all_to_all_v(ArenaTurn& turn, Collect
   }
   co_await finish_post(turn);
   if (!counts_fit) co_return false;
-  const int parity = static_cast<int>(turn.generation() & 1);
   auto words_of = [&](std::size_t r) {
     return reinterpret_cast<const std::uint64_t*>(
-        turn.arena().inline_slot(static_cast<int>(r), parity).data);
+        turn.arena().inline_slot(static_cast<int>(r), turn.generation()).data);
   };
   for (std::size_t r = 0; r < world; ++r) {
     if (words_of(r)[0] == 0) co_return false;
@@ -233,7 +232,7 @@ asio::awaitable<bool> shared_memory_inline_all_to_all_v(ArenaTurn& turn, Collect
     const std::uint64_t* counts = words_of(sender) + 1;
     const std::size_t first = std::accumulate(counts, counts + me, std::size_t{0});
     const std::size_t count = call.recv_counts[sender];
-    const std::byte* from = turn.arena().inline_slot(static_cast<int>(sender), parity).data +
+    const std::byte* from = turn.arena().inline_slot(static_cast<int>(sender), turn.generation()).data +
                             header + first * element;
     if (count != 0) std::memcpy(static_cast<std::byte*>(call.output.data()) + at * element, from,
                                 count * element);
@@ -290,7 +289,7 @@ asio::awaitable<bool> shared_memory_rooted(ArenaTurn& turn, CollectiveOp& op,
   }
   if (from_root && fits) {
     co_await turn.wait_inline_slot(root, "the root's small vector");
-    const InlineSlot& sent = turn.arena().inline_slot(root, static_cast<int>(turn.generation() & 1));
+    const InlineSlot& sent = turn.arena().inline_slot(root, turn.generation());
     if (!(sent.call == mine.call)) {
       Error mismatch = turn.dispute(root, me, true);
       turn.raise(Stage::released);
@@ -300,7 +299,7 @@ asio::awaitable<bool> shared_memory_rooted(ArenaTurn& turn, CollectiveOp& op,
   } else {
     co_await turn.wait_all_inline_slots(fits ? "every rank's small vector" : "every rank's call");
     for (int r = 0; r < op.size(); ++r) {
-      if (turn.arena().inline_slot(r, static_cast<int>(turn.generation() & 1)).call == mine.call) {
+      if (turn.arena().inline_slot(r, turn.generation()).call == mine.call) {
         continue;
       }
       Error mismatch = turn.dispute(r, me, true);
@@ -309,7 +308,7 @@ asio::awaitable<bool> shared_memory_rooted(ArenaTurn& turn, CollectiveOp& op,
       throw mismatch;
     }
   }
-  if (fits) assemble(turn.arena(), op, call, static_cast<int>(turn.generation() & 1));
+  if (fits) assemble(turn.arena(), op, call, turn.generation());
   turn.raise(Stage::released);
   co_return fits;
 }

@@ -44,7 +44,7 @@ std::vector<SelectionRule> built_in_rules() {
       // Members on one node: the others read peers' buffers directly (single copy), where
       // the members agree they can; otherwise they fall back to the rules below. Up to
       // 64 KiB (reduce_scatter, all_to_all: of input; all_gather, gather: of output;
-      // broadcast, scatter: of the root's data; reduce: 16 KiB) through the inline slots
+      // broadcast, scatter: of the root's data; all_reduce: 16 KiB) through the inline slots
       // instead, in one wait; the rooted ones wait only at the receiving end.
       {.kind = reduce_scatter, .algorithm = Algorithm::shared_memory},
       {.kind = all_gather, .algorithm = Algorithm::shared_memory},

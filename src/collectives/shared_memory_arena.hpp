@@ -54,7 +54,6 @@ struct alignas(64) RankRecord {
   std::uint64_t shared_input_offset;
   std::uint64_t shared_output;
   std::uint64_t shared_output_offset;
-  Fingerprint call;  // what every rank must agree on before anyone reads another's buffer
   // 1: its input and output are on huge pages, for the all-reduces that read peers
   // directly only then (SingleCopy below).
   std::uint32_t huge_buffers;
@@ -85,6 +84,8 @@ struct alignas(64) InlineSlot {
   static constexpr std::size_t kCountsBytes = 4096;
 
   std::uint64_t posted;  // the generation whose call this slot holds (atomic_ref)
+  // What every rank must agree on before anyone reads another's buffer: every path posts
+  // it here, so ranks whose counts put them on different paths still compare calls.
   Fingerprint call;
   std::byte in_line[kLineBytes];
   alignas(64) std::byte data[kVectorBytes + kCountsBytes];

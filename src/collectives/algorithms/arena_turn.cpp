@@ -252,7 +252,6 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   mine.shared_input_offset = in.offset;
   mine.shared_output = out.id;
   mine.shared_output_offset = out.offset;
-  mine.call = call;
   // Peers are about to pin this rank's pages (cross-memory attach), unless the buffers
   // are in allocate_shared memory, which they map. A crowded node's all-reduce reads peers
   // only once every rank's buffers are on huge pages: note() moves them at their second
@@ -276,8 +275,10 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
                               (!separate_output || mostly_huge(output))
                           ? 1
                           : 0;
-  // A peer whose count put it on the inline path (shared_memory_inline.cpp) compares
-  // fingerprints in the inline slots of this generation: ours must be there too.
+  // Every rank's fingerprint goes in its inline slot of the generation, whichever path its
+  // counts put it on (shared_memory_inline.cpp), so all compare the same calls; records
+  // would not do, as a rank that returned without waiting (a small rooted collective's
+  // sending end) may rewrite its record in its next operation while we still read it.
   if (!inline_slot_free()) co_await wait_inline_slot_free();
   arena_.inline_slot(op_.rank(), generation_).call = call;
   post_inline_slot();
@@ -285,7 +286,7 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   raise(Stage::posted);
   co_await wait_all(Stage::posted, "every rank's shared-memory record");
   all_posted_ = true;
-  if (!calls_agree(false)) co_await fail_on_disagreement(false);
+  if (!calls_agree()) co_await fail_on_disagreement();
   // Every rank decides alike, from the same records: each rank whose buffers lie in
   // allocation n has it registered, so if all name the same n, all map it.
   bool one_allocation = mine.shared_input != 0 && mine.shared_output != 0;
@@ -306,36 +307,35 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   }
 }
 
-const Fingerprint& ArenaTurn::posted_call(int rank, bool inline_slots) noexcept {
-  return inline_slots ? arena_.inline_slot(rank, generation_).call
-                      : arena_.record(rank).call;
+const Fingerprint& ArenaTurn::posted_call(int rank) noexcept {
+  return arena_.inline_slot(rank, generation_).call;
 }
 
-bool ArenaTurn::calls_agree(bool inline_slots) noexcept {
-  const Fingerprint& first = posted_call(0, inline_slots);
+bool ArenaTurn::calls_agree() noexcept {
+  const Fingerprint& first = posted_call(0);
   for (int r = 1; r < op_.size(); ++r) {
-    if (!(posted_call(r, inline_slots) == first)) return false;
+    if (!(posted_call(r) == first)) return false;
   }
   return true;
 }
 
-Error ArenaTurn::dispute(int a, int b, bool inline_slots) noexcept {
+Error ArenaTurn::dispute(int a, int b) noexcept {
   const int me = op_.rank();
   return Error(Errc::size_mismatch,
                fmt::format("rank {} calls {} but rank {} calls {}: counts or dtypes differ "
                            "across ranks",
-                           op_.world_rank(a), describe(posted_call(a, inline_slots)),
-                           op_.world_rank(b), describe(posted_call(b, inline_slots))),
+                           op_.world_rank(a), describe(posted_call(a)), op_.world_rank(b),
+                           describe(posted_call(b))),
                {.rank = op_.world_rank(me), .peer = op_.world_rank(me == a ? b : a)});
 }
 
-asio::awaitable<void> ArenaTurn::fail_on_disagreement(bool inline_slots) {
-  const Fingerprint& first = posted_call(0, inline_slots);
+asio::awaitable<void> ArenaTurn::fail_on_disagreement() {
+  const Fingerprint& first = posted_call(0);
   for (int r = 1; r < op_.size(); ++r) {
-    if (posted_call(r, inline_slots) == first) continue;
+    if (posted_call(r) == first) continue;
     // Every rank reaches this verdict from the same fingerprints. Word it before releasing
     // them: a rank that fails first may post its next record once everyone has released.
-    Error mismatch = dispute(0, r, inline_slots);
+    Error mismatch = dispute(0, r);
     co_await release();
     finish();  // every rank fails at the same point: the arena is still in step
     throw mismatch;

@@ -41,13 +41,13 @@ class ArenaTurn {
   asio::awaitable<void> pass();
   asio::awaitable<void> post(const Fingerprint& call, const Buffer& input, const Buffer& output);
   asio::awaitable<void> release();
-  // Whether every rank's posted fingerprint (in its record, or in its inline slot of this
-  // generation) equals rank 0's. Every rank reaches the same verdict.
-  bool calls_agree(bool inline_slots) noexcept;
+  // Whether every rank's posted fingerprint (in its inline slot of this generation, on
+  // every path) equals rank 0's. Every rank reaches the same verdict.
+  bool calls_agree() noexcept;
   // Where they do not: every rank fails alike, naming both calls, after a release, so no
   // record or slot is rewritten while another rank still reads it. Always throws.
   // Two steps, so that the usual agreement costs no coroutine frame.
-  asio::awaitable<void> fail_on_disagreement(bool inline_slots);
+  asio::awaitable<void> fail_on_disagreement();
   void finish() noexcept { finished_ = true; }
 
   SharedMemoryArena& arena() noexcept { return arena_; }
@@ -80,9 +80,9 @@ class ArenaTurn {
   asio::awaitable<void> wait_all_inline_slots(std::string_view what);
   // Waits until `rank`'s inline slot of this generation is posted.
   asio::awaitable<void> wait_inline_slot(int rank, std::string_view what);
-  // The error for rank `a`'s call differing from rank `b`'s, as posted in their records or
-  // inline slots of this generation.
-  Error dispute(int a, int b, bool inline_slots) noexcept;
+  // The error for rank `a`'s call differing from rank `b`'s, as posted in their inline
+  // slots of this generation.
+  Error dispute(int a, int b) noexcept;
   // Waits on every rank's flag. Until every rank has posted, a partner may still be
   // computing, so the waits nap after a short spin; after that, partners are busy with
   // this very operation and the waits spin longer, unless the node has more members than
@@ -106,7 +106,7 @@ class ArenaTurn {
 
  private:
   asio::awaitable<void> wait_turn();
-  const Fingerprint& posted_call(int rank, bool inline_slots) noexcept;
+  const Fingerprint& posted_call(int rank) noexcept;
   asio::awaitable<void> map();
   std::chrono::microseconds spin_window() const noexcept {
     return all_posted_ && !arena_.crowded() ? kPartnersBusySpinWindow : kSpinWindow;
@@ -138,7 +138,7 @@ asio::awaitable<bool> shared_memory_inline_all_to_all_v(ArenaTurn& turn, Collect
                                                         const CollectiveCall& call);
 
 // Whether `call` goes through the ranks' inline slots, the same answer on every rank whose
-// call matches: a barrier; an all-reduce or reduce of at most 16 KiB; a reduce-scatter or
+// call matches: a barrier; an all-reduce of at most 16 KiB; a reduce, reduce-scatter or
 // all-to-all whose input, or an all-gather (equal or variable counts) whose output, is at
 // most SharedMemoryArena::kInlineBytes; a broadcast of at most that much, or a gather or
 // scatter whose root's whole output or input is.
@@ -149,8 +149,8 @@ asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
 
 // Broadcast, reduce, gather and scatter start here (shared_memory_inline.cpp): where the
 // call fits the inline slots (fits_inline), the root's data moves one way through them and
-// only the receiving end waits; true once done. Otherwise every rank's call is compared
-// in the slots, and false says to go on by single copy (every rank alike).
+// only the receiving end waits; true once done. Otherwise false, untouched: the operation
+// goes on by single copy.
 asio::awaitable<bool> shared_memory_rooted(ArenaTurn& turn, CollectiveOp& op,
                                            const CollectiveCall& call);
 

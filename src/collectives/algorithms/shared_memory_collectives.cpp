@@ -31,10 +31,9 @@
 // Small all-gathers, reduce-scatters and all-to-alls (equal counts) take the inline slots
 // instead, in one wait (shared_memory_inline.cpp); only where single copy was agreed, so
 // that a rank whose counts differ, and so takes the other path, still meets the others in
-// the arena and the mismatch fails on every rank at once. Broadcast, reduce, gather and
-// scatter always start in the inline slots (shared_memory_rooted): small, the root's data
-// moves through them one way and only the receiving end waits; larger, every rank's call
-// is compared there first, and single copy follows.
+// the arena and the mismatch fails on every rank at once. Small broadcasts, reduces,
+// gathers and scatters go through the inline slots one way (shared_memory_rooted): only
+// the receiving end waits.
 //
 // Where the members cannot read each other's memory (the kernel forbids it, or
 // BRAID_SHM_SINGLE_COPY=0), these return false without touching the arena and the

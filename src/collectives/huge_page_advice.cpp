@@ -72,18 +72,7 @@ bool HugePageAdvice::note(const void* data, std::size_t bytes) noexcept {
     return false;
   }
   found->advised = true;
-  found->collapsed = true;
   return true;
-}
-
-bool HugePageAdvice::mostly_on_huge_pages(const void* data, std::size_t bytes) const noexcept {
-  const auto begin = reinterpret_cast<std::uintptr_t>(data);
-  const bool collapsed = std::any_of(seen_.begin(), seen_.end(), [&](const Seen& s) {
-    return s.collapsed && s.begin == begin && s.bytes == bytes;
-  });
-  return collapsed &&
-         static_cast<double>(whole_pages(begin, bytes).bytes()) >=
-             kMostlyHuge * static_cast<double>(bytes);
 }
 
 }  // namespace braid::collectives::detail

@@ -41,24 +41,12 @@ class HugePageAdvice {
   // `bytes` at `data` are about to be read or written by peers through cross-memory
   // attach. Returns true when this call collapsed the buffer onto huge pages.
   bool note(const void* data, std::size_t bytes) noexcept;
-  // Whether note() has moved `bytes` at `data` onto huge pages (at some call), and whole
-  // huge pages make up at least kMostlyHuge of it. Only the 2 MiB pages wholly inside a
-  // buffer move, so a 4 MiB vector from malloc is half on 4 KiB pages, an 8 MiB one a
-  // quarter, a 32 MiB one 1/16. Peers still pin those 4 KiB pages one by one, and that
-  // decides the crowded all-reduce (shared_memory_arena.hpp): 4 ranks on 2 cores, reading
-  // peers directly against copying through the segment, three alternating runs each,
-  // 0.65 against 0.9 ms at 4 MiB and 1.7 against 3.2 ms at 8 MiB on 2 MiB-aligned vectors
-  // (wholly on huge pages); on malloc's, 1.2 against 0.9 ms at 4 MiB, 2.6 against 2 ms
-  // at 8 MiB, 4.5 against 4.1 at 16 MiB (7/8 huge), level at 32 and 64 MiB.
-  static constexpr double kMostlyHuge = 15.0 / 16.0;
-  bool mostly_on_huge_pages(const void* data, std::size_t bytes) const noexcept;
 
  private:
   struct Seen {
     std::uintptr_t begin = 0;
     std::size_t bytes = 0;
     bool advised = false;    // collapsed, or given up on: never tried again
-    bool collapsed = false;  // the whole huge pages inside it are huge pages
     int tries = 0;           // collapses the kernel could not finish for want of a free page
   };
   bool enabled_;

@@ -8,7 +8,7 @@ namespace braid::collectives::detail {
 
 SingleCopy single_copy_from_environment() {
   const std::string value = config::string_value("BRAID_SHM_SINGLE_COPY");
-  if (value == "auto") return SingleCopy::unless_crowded;
+  if (value == "auto") return SingleCopy::measured;
   return config::parse_bool(value, "BRAID_SHM_SINGLE_COPY") ? SingleCopy::whenever_allowed
                                                              : SingleCopy::never;
 }

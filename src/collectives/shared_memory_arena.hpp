@@ -31,6 +31,7 @@
 
 #include "collective_call.hpp"
 #include "huge_page_advice.hpp"
+#include "path_timings.hpp"
 #include "shared_buffers.hpp"
 #include "shared_segment.hpp"
 
@@ -54,9 +55,9 @@ struct alignas(64) RankRecord {
   std::uint64_t shared_input_offset;
   std::uint64_t shared_output;
   std::uint64_t shared_output_offset;
-  // 1: its input and output are on huge pages, for the all-reduces that read peers
-  // directly only then (SingleCopy below).
-  std::uint32_t huge_buffers;
+  // Rank 0's: the way this all-reduce goes, where the way is measured
+  // (SharedMemoryArena::kThroughSegment or kReadingPeers); every rank follows it.
+  std::uint32_t all_reduce_path;
   // all_to_all_v, where each rank's counts are its own: the address of its send counts
   // (size_t[P], read by each receiver to find its piece), and, after the check, the first
   // sender whose count for it differs from what it expects (-1: none).
@@ -103,23 +104,16 @@ enum class Stage : int {
   released = 3,  // it no longer reads anyone's memory for this operation
 };
 
-// When to read peers' memory directly (BRAID_SHM_SINGLE_COPY). All-reduce, measured on
-// the AMD EPYC dev VM (2 cores): on 4 KiB pages, pinning the peers' pages one by one for
-// each system call costs more than copying through the segment, which moves each byte
-// twice more (2 ranks: 128 KiB 13-17 against 7 us, 1 MiB 85-96 against 61 us, 2 MiB 167
-// against 125 us; a 2 MiB buffer cannot hold a huge page). From 4 MiB, where a buffer
-// reaches huge pages at its second use (huge_page_advice.hpp), single copy draws or wins
-// with a core per rank; with 4 ranks on the 2 cores it wins only where the buffers lie
-// almost wholly on huge pages (AllReduceDirect below). The other collectives have only
-// messages to fall back on, and their single copy is about 2x faster even on a crowded
-// node.
+// When to read peers' memory directly (BRAID_SHM_SINGLE_COPY). The collectives but
+// all-reduce have only messages to fall back on, and their single copy is about 2x faster
+// even on a crowded node: they read peers whenever the kernel lets them. All-reduce can
+// copy through the segment instead, and which of the two wins swings with the phases of
+// the machine (path_timings.hpp): from kMeasuredFrom, by default, each operation takes
+// the way rank 0's timings of recent operations of its size favour.
 enum class SingleCopy {
-  never,  // 0
-  // auto: every collective; all-reduce from 4 MiB, on a crowded node only once every
-  // member's buffers are on huge pages (a first use on 4 KiB pages, or a buffer never
-  // reused, copies through the segment)
-  unless_crowded,
-  whenever_allowed,  // 1
+  never,             // 0
+  measured,          // auto
+  whenever_allowed,  // 1: all-reduce too, at every size past the inline slots
 };
 // Reads BRAID_SHM_SINGLE_COPY; a malformed value is an Error(invalid_environment).
 SingleCopy single_copy_from_environment();
@@ -189,32 +183,32 @@ class SharedMemoryArena {
   // Whether every member reads every other's memory, and whether all-reduce does too
   // (agreed when mapping).
   bool single_copy() const noexcept { return single_copy_; }
-  // Whether an all-reduce of `bytes` (per rank) reads peers directly: always, or only if
-  // every rank's buffers are on huge pages (each rank says so in its record). The same
-  // answer on every rank, since the records it comes from and the size are agreed.
-  enum class AllReduceReads { segment, peers, peers_if_huge };
+  // Whether an all-reduce of `bytes` (per rank) reads peers directly: never, always, or
+  // as measured (rank 0 chooses by its PathTimings and says so in its record). The same
+  // answer on every rank, since what the members agreed and the size are.
+  enum class AllReduceReads { segment, peers, measured };
+  // Below this, always the segment: at 64 KiB it won in every phase measured (2 ranks:
+  // 3.9-10 against 9.3 us), and a wrong guess costs more than a measurement saves.
+  static constexpr std::size_t kMeasuredFrom = std::size_t{64} << 10;
   AllReduceReads single_copy_all_reduce(std::size_t bytes) const noexcept {
     if (!single_copy_) return AllReduceReads::segment;
     if (all_reduce_direct_ == AllReduceDirect::always) return AllReduceReads::peers;
-    if (bytes < HugePageAdvice::kSmallestBytes) return AllReduceReads::segment;
-    return all_reduce_direct_ == AllReduceDirect::from_huge_sizes ? AllReduceReads::peers
-                                                                  : AllReduceReads::peers_if_huge;
+    return bytes < kMeasuredFrom ? AllReduceReads::segment : AllReduceReads::measured;
   }
-  // When all-reduce reads peers directly, as each rank asks in its record; the members
-  // take the most cautious answer. Below 4 MiB a buffer cannot hold the huge pages that
-  // spare peers pinning it 4 KiB at a time, and copying through the segment won (2 ranks,
-  // dev VM: 128 KiB 7 against 13-17 us, 1 MiB 61 against 85-96 us, 2 MiB 125 against
-  // 167 us); from 4 MiB single copy draws or wins with a core per rank, and on a crowded
-  // node only once the buffers are on huge pages (SingleCopy above).
+  // What each rank asks for all-reduce in its record when mapping; the members take the
+  // most cautious answer.
   enum class AllReduceDirect : std::uint16_t {
-    if_huge = 0,          // crowded: from 4 MiB, once every rank's buffers are on huge pages
-    from_huge_sizes = 1,  // a core per rank: from 4 MiB
-    always = 2,           // BRAID_SHM_SINGLE_COPY=1
+    measured = 0,  // auto
+    always = 1,    // BRAID_SHM_SINGLE_COPY=1
   };
   void set_single_copy(bool all_can, AllReduceDirect all_reduce) noexcept {
     single_copy_ = all_can;
     all_reduce_direct_ = all_reduce;
   }
+  // Rank 0's timings of measured all-reduces (the others' go unused), of these two ways.
+  static constexpr PathTimings::Path kThroughSegment = PathTimings::Path::first;
+  static constexpr PathTimings::Path kReadingPeers = PathTimings::Path::second;
+  PathTimings& all_reduce_timings() noexcept { return all_reduce_timings_; }
   // The memory allocate_shared handed out on this communicator.
   const std::shared_ptr<SharedBufferRegistry>& shared_buffers() const noexcept {
     return shared_buffers_;
@@ -241,7 +235,8 @@ class SharedMemoryArena {
   std::uint64_t all_reached_ = 0;
   bool broken_ = false;
   bool single_copy_ = false;
-  AllReduceDirect all_reduce_direct_ = AllReduceDirect::if_huge;
+  AllReduceDirect all_reduce_direct_ = AllReduceDirect::measured;
+  PathTimings all_reduce_timings_;
   bool crowded_ = false;
   std::uint64_t probe_word_ = kProbeValue;
   HugePageAdvice huge_pages_;

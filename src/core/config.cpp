@@ -45,9 +45,8 @@ constexpr std::array kKnobs{
     Knob{"BRAID_SHM_SINGLE_COPY", "auto",
          "within a node, collectives read peers' buffers directly (cross-memory attach, "
          "process_vm_readv) instead of copying through a shared segment, where every rank's "
-         "kernel allows it. auto: all-reduce from 4 MiB if the node has no more ranks than "
-         "CPUs, or once every rank's vector (4 MiB or more) lies at least 15/16 on huge pages "
-         "(BRAID_HUGE_PAGES; otherwise it copies through the segment), the others always; "
+         "kernel allows it. auto: the others always; all-reduce from 64 KiB whichever of the "
+         "two ways rank 0 has timed faster lately for its size (below, through the segment); "
          "1: always; 0: never"},
     Knob{"BRAID_HUGE_PAGES", "1",
          "back buffers of 4 MiB and more that peers reach by cross-memory attach with "

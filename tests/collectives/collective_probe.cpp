@@ -26,7 +26,6 @@
 #include <braid/braid.hpp>
 #include <braid/collectives/communicator.hpp>
 
-#include "../support/anon_huge_pages.hpp"
 
 namespace {
 
@@ -168,11 +167,10 @@ awaitable<std::string> check(Communicator& comm) {
 }
 
 // In-place sum all-reduces of vectors of ones, about 6 MB each; which shared-memory path
-// each took is in the trace (BRAID_TRACE): three of a 2 MiB-aligned 6 MiB vector (wholly
-// on huge pages from its second use, if the kernel has free huge pages then: `on_huge`
-// says whether it had), one of a fresh vector, and three of a vector from malloc (whose
-// 4 KiB-paged ends outweigh 1/16 of it).
-awaitable<std::string> reuse(Communicator& comm, bool& on_huge) {
+// each took is in the trace (BRAID_TRACE): three of a 2 MiB-aligned 6 MiB vector (on huge
+// pages from its second use, where the kernel has free huge pages then), one of a fresh
+// vector, and three of a vector from malloc.
+awaitable<std::string> reuse(Communicator& comm) {
   const auto world = static_cast<float>(comm.size());
   constexpr std::size_t kHugePage = std::size_t{2} << 20;
   constexpr std::size_t kAlignedCount = 3 * kHugePage / sizeof(float);
@@ -183,8 +181,6 @@ awaitable<std::string> reuse(Communicator& comm, bool& on_huge) {
   const std::span<float> on_huge_pages(aligned.get(), kAlignedCount);
   std::fill(on_huge_pages.begin(), on_huge_pages.end(), 1.0F);
   for (int i = 0; i < 3; ++i) co_await comm.all_reduce(Buffer(on_huge_pages), ReduceOp::sum);
-  const long huge_kib = braid::testing::anon_huge_kib_at(aligned.get());
-  on_huge = huge_kib >= static_cast<long>(3 * kHugePage / 1024);
   std::vector<float> fresh(1'500'001, 1.0F);
   co_await comm.all_reduce(Buffer(fresh), ReduceOp::sum);
   std::vector<float> from_malloc(1'500'000, 1.0F);
@@ -257,9 +253,8 @@ int main(int argc, char** argv) {
     auto comm = Communicator::world(*world);
     const int rank = comm->rank();
     if (mode == "check" || mode == "reuse") {
-      bool on_huge = false;
       const std::string mismatch =
-          runtime.spawn(mode == "check" ? check(*comm) : reuse(*comm, on_huge)).get();
+          runtime.spawn(mode == "check" ? check(*comm) : reuse(*comm)).get();
       if (!mismatch.empty()) {
         std::cerr << "rank " << rank << ": " << mismatch << "\n";
         return 1;
@@ -267,9 +262,7 @@ int main(int argc, char** argv) {
       std::cout << "rank " << rank << " ok (all_reduce of 1 MiB: "
                 << to_string(comm->algorithm_for(braid::collectives::CollectiveKind::all_reduce,
                                                  std::size_t{1} << 20))
-                << ")";
-      if (mode == "reuse") std::cout << (on_huge ? " huge pages: yes" : " huge pages: no");
-      std::cout << "\n";
+                << ")\n";
       return 0;
     }
     try {

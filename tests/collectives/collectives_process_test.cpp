@@ -102,90 +102,58 @@ int occurrences(const std::filesystem::path& path, const std::string& needle) {
   return count;
 }
 
-constexpr int kCrowdedRanks = 4;
-
-bool crowded_here() {
-  cpu_set_t cpus;
-  CPU_ZERO(&cpus);
-  return sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < kCrowdedRanks;
-}
+constexpr int kReuseRanks = 4;  // more than this machine's 2 cores: a crowded node
 
 // The shared-memory path each rank's all-reduces took in collective_probe's `reuse` run
-// on kCrowdedRanks ranks, from its trace: one shared_memory.chunk span per 2 MiB copied
+// on kReuseRanks ranks, from its trace: one shared_memory.chunk span per 2 MiB copied
 // through the segment, one shared_memory.reduce span per all-reduce that read peers.
 struct Paths {
   int chunks = 0;
   int direct = 0;
 };
-struct CrowdedRun {
-  std::vector<Paths> paths;  // per rank
-  bool huge_everywhere = false;  // every rank's aligned vector ended on huge pages
-};
-CrowdedRun crowded_reuse_paths(const char* huge_pages) {
+std::vector<Paths> reuse_paths(const char* single_copy) {
   const std::filesystem::path traces =
-      std::filesystem::temp_directory_path() / fmt::format("braid-crowded-{}", getpid());
-  auto result = ChildProcess({braid_run(), "-n", std::to_string(kCrowdedRanks), "--timeout", "120",
+      std::filesystem::temp_directory_path() / fmt::format("braid-reuse-{}", getpid());
+  auto result = ChildProcess({braid_run(), "-n", std::to_string(kReuseRanks), "--timeout", "120",
                               probe(), "reuse"},
-                             {{"BRAID_SHM_SINGLE_COPY", "auto"},
-                              {"BRAID_HUGE_PAGES", huge_pages},
+                             {{"BRAID_SHM_SINGLE_COPY", single_copy},
                               {"BRAID_TRACE", traces.string()}},
                              150s)
                     .wait();
   EXPECT_EQ(result.status, 0) << result.out << result.err;
-  CrowdedRun run;
-  for (int r = 0; r < kCrowdedRanks; ++r) {
+  std::vector<Paths> paths;
+  for (int r = 0; r < kReuseRanks; ++r) {
     const auto trace = traces / fmt::format("rank-{}.trace.json", r);
-    run.paths.push_back({.chunks = occurrences(trace, R"("name":"shared_memory.chunk")"),
-                         .direct = occurrences(trace, R"("name":"shared_memory.reduce")")});
+    paths.push_back({.chunks = occurrences(trace, R"("name":"shared_memory.chunk")"),
+                     .direct = occurrences(trace, R"("name":"shared_memory.reduce")")});
   }
-  std::size_t yes = 0;
-  for (std::size_t at = 0; (at = result.out.find("huge pages: yes", at)) != std::string::npos;
-       ++at) {
-    ++yes;
-  }
-  run.huge_everywhere = yes == static_cast<std::size_t>(kCrowdedRanks);
   std::filesystem::remove_all(traces);
-  return run;
+  return paths;
 }
 
-// On a node with more ranks than CPUs, an all-reduce of 4 MiB or more reads peers'
-// memory directly only once every rank's buffers are (at least 15/16) on huge pages, which
-// a 2 MiB-aligned buffer reaches at its second use; until then, for a buffer seen once,
-// and for one from malloc, whose ends stay on 4 KiB pages, it copies through the shared
-// segment (docs/algorithms.md). Seven all-reduces of about 6 MB, 3 chunks each through the
-// segment or one direct reduction: the aligned vector's second and third read peers where
-// the kernel had free huge pages (a collapse it cannot finish is retried at the next use,
-// so the second may still copy), none where it had not.
-TEST(CollectivesProcesses, ACrowdedNodeReadsPeersDirectlyOnlyOnceEveryBufferIsOnHugePages) {
-  if (!crowded_here()) GTEST_SKIP() << "needs more ranks than CPUs";
-  alignas(4096) static char page[4096];
-  if (::madvise(page, 0, 25 /* MADV_COLLAPSE */) != 0) {
-    GTEST_SKIP() << "this kernel has no MADV_COLLAPSE (Linux 6.1)";
-  }
-  const CrowdedRun run = crowded_reuse_paths("1");
-  for (int r = 0; r < static_cast<int>(run.paths.size()); ++r) {
-    const Paths& paths = run.paths[static_cast<std::size_t>(r)];
-    EXPECT_EQ(paths.chunks + 3 * paths.direct, 21) << "rank " << r;
-    EXPECT_EQ(paths.direct, run.paths.front().direct) << "rank " << r << ": every rank alike";
-    if (run.huge_everywhere) {
-      EXPECT_GE(paths.direct, 1) << "rank " << r << ": the aligned vector's third read peers";
-      EXPECT_LE(paths.direct, 2) << "rank " << r << ": only the aligned vector's reuses";
-    } else {
-      EXPECT_EQ(paths.direct, 0) << "rank " << r << ": a vector stayed on 4 KiB pages";
-    }
-  }
-  if (!run.huge_everywhere) {
-    std::cout << "[   NOTE   ] the kernel had no free huge page for some rank's vector\n";
+// Seven all-reduces of about 6 MB (3 chunks each through the segment, or one direct
+// reduction): by default rank 0 times both ways and every rank takes the way it chose
+// (path_timings.hpp). The first six alternate between the ways, three each, so the
+// seventh's choice decides whether three or four read peers, on every rank alike.
+TEST(CollectivesProcesses, AllReduceTakesTheWayRankZerosTimingsChooseOnEveryRank) {
+  const std::vector<Paths> paths = reuse_paths("auto");
+  for (int r = 0; r < static_cast<int>(paths.size()); ++r) {
+    const Paths& taken = paths[static_cast<std::size_t>(r)];
+    EXPECT_EQ(taken.chunks + 3 * taken.direct, 21) << "rank " << r;
+    EXPECT_EQ(taken.direct, paths.front().direct) << "rank " << r << ": every rank alike";
+    EXPECT_GE(taken.direct, 3) << "rank " << r << ": both ways timed three times";
+    EXPECT_LE(taken.direct, 4) << "rank " << r;
   }
 }
 
-TEST(CollectivesProcesses, ACrowdedNodeWithHugePagesOffCopiesEveryAllReduceThroughTheSegment) {
-  if (!crowded_here()) GTEST_SKIP() << "needs more ranks than CPUs";
-  const CrowdedRun run = crowded_reuse_paths("0");
-  for (int r = 0; r < static_cast<int>(run.paths.size()); ++r) {
-    const Paths& paths = run.paths[static_cast<std::size_t>(r)];
-    EXPECT_EQ(paths.chunks, 21) << "rank " << r << ": seven all-reduces of 3 chunks";
-    EXPECT_EQ(paths.direct, 0) << "rank " << r;
+TEST(CollectivesProcesses, TheSingleCopyKnobPinsTheAllReducesWay) {
+  for (const Paths& taken : reuse_paths("1")) {
+    EXPECT_EQ(taken.direct, 7) << "BRAID_SHM_SINGLE_COPY=1: every all-reduce reads peers";
+    EXPECT_EQ(taken.chunks, 0);
+  }
+  for (const Paths& taken : reuse_paths("0")) {
+    EXPECT_EQ(taken.chunks, 21) << "BRAID_SHM_SINGLE_COPY=0: every one through the segment";
+    EXPECT_EQ(taken.direct, 0);
   }
 }
 

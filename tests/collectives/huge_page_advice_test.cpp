@@ -76,30 +76,20 @@ TEST(HugePageAdvice, ABufferSeenASecondTimeMovesItsWholeHugePagesOntoThemWithCon
   EXPECT_EQ(memory.huge_kib(), 3 * 2048) << "only huge pages wholly inside the buffer";
   EXPECT_TRUE(memory.pattern_intact());
   EXPECT_FALSE(advice.note(buffer, 8 * kMiB)) << "advised once, never again";
-  EXPECT_FALSE(advice.mostly_on_huge_pages(buffer, 8 * kMiB))
-      << "a quarter of it is still on 4 KiB pages";
 }
 
-// The crowded all-reduce reads peers directly only where whole huge pages make up at
-// least 15/16 of every buffer: the rest, on 4 KiB pages, is pinned page by page.
-TEST(HugePageAdvice, OnlyABufferWhollyOrAlmostWhollyOnHugePagesCountsAsMostlyHuge) {
+// A buffer on 2 MiB boundaries moves whole; sizes identify buffers.
+TEST(HugePageAdvice, ABufferOnHugePageBoundariesMovesWholeAndAnotherSizeIsAnotherBuffer) {
   if (!kernel_collapses()) GTEST_SKIP() << "this kernel has no MADV_COLLAPSE (Linux 6.1)";
   Mapping memory;
   ASSERT_NE(memory.base, nullptr);
   HugePageAdvice advice(true);
   std::byte* const whole = memory.aligned + 8 * kMiB;  // 4 MiB on a boundary: 2 huge pages
-  constexpr std::size_t kMostBytes = 4 * kMiB + kMiB / 4;  // 2 huge pages and 256 KiB
-  std::byte* const most = memory.aligned;
-  advice.note(whole, 4 * kMiB);
-  EXPECT_FALSE(advice.mostly_on_huge_pages(whole, 4 * kMiB)) << "seen once: not moved yet";
+  EXPECT_FALSE(advice.note(whole, 4 * kMiB)) << "seen once: not moved yet";
+  EXPECT_EQ(memory.huge_kib(), 0);
   EXPECT_TRUE(collapses(advice, whole, 4 * kMiB));
-  EXPECT_TRUE(advice.mostly_on_huge_pages(whole, 4 * kMiB));
-  EXPECT_TRUE(advice.mostly_on_huge_pages(whole, 4 * kMiB)) << "and still on them";
-  EXPECT_FALSE(advice.mostly_on_huge_pages(whole, 6 * kMiB)) << "another size: another buffer";
-  advice.note(most, kMostBytes);
-  EXPECT_TRUE(collapses(advice, most, kMostBytes));
-  EXPECT_TRUE(advice.mostly_on_huge_pages(most, kMostBytes)) << "1/17 on 4 KiB pages";
-  EXPECT_EQ(memory.huge_kib(), 4 * 2048);
+  EXPECT_EQ(memory.huge_kib(), 2 * 2048);
+  EXPECT_FALSE(advice.note(whole, 6 * kMiB)) << "another size: another buffer, seen once";
   EXPECT_TRUE(memory.pattern_intact());
 }
 
@@ -112,8 +102,6 @@ TEST(HugePageAdvice, SmallBuffersOnesSeenOnceAndEverythingWithTheKnobOffStayAsTh
   EXPECT_FALSE(advice.note(memory.aligned, 8 * kMiB)) << "another size is another buffer";
   HugePageAdvice off(false);
   for (int i = 0; i < 3; ++i) EXPECT_FALSE(off.note(memory.aligned, 8 * kMiB));
-  EXPECT_FALSE(off.mostly_on_huge_pages(memory.aligned, 8 * kMiB));
-  EXPECT_FALSE(advice.mostly_on_huge_pages(memory.aligned, 8 * kMiB));
   EXPECT_EQ(memory.huge_kib(), 0);
   EXPECT_TRUE(memory.pattern_intact());
 }

@@ -219,9 +219,8 @@ asio::awaitable<void> ArenaTurn::map() {
   }
   mine.reads_peers = reads_all ? 1 : 0;
   using Direct = SharedMemoryArena::AllReduceDirect;
-  const Direct wanted = policy == SingleCopy::whenever_allowed ? Direct::always
-                        : arena_.crowded()                     ? Direct::if_huge
-                                                               : Direct::from_huge_sizes;
+  const Direct wanted =
+      policy == SingleCopy::whenever_allowed ? Direct::always : Direct::measured;
   mine.all_reduce_direct = static_cast<std::uint16_t>(wanted);
   raise(Stage::released);
   co_await wait_all(Stage::released, "every rank's cross-memory probe");
@@ -252,11 +251,11 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   mine.shared_input_offset = in.offset;
   mine.shared_output = out.id;
   mine.shared_output_offset = out.offset;
-  // Peers are about to pin this rank's pages (cross-memory attach), unless the buffers
-  // are in allocate_shared memory, which they map. A crowded node's all-reduce reads peers
-  // only once every rank's buffers are on huge pages: note() moves them at their second
-  // use, and the records tell every rank whether all have.
+  // Peers may be about to pin this rank's pages (cross-memory attach), unless the buffers
+  // are in allocate_shared memory, which they map: note() moves them onto huge pages at
+  // their second use, so that pinning takes one page per 2 MiB.
   using Reads = SharedMemoryArena::AllReduceReads;
+  using Path = PathTimings::Path;
   const bool all_reduce = call.kind == static_cast<std::uint8_t>(CollectiveKind::all_reduce);
   const Reads reads =
       all_reduce ? arena_.single_copy_all_reduce(input.size_bytes()) : Reads::segment;
@@ -267,14 +266,11 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   if (attached && out.id == 0 && separate_output) {
     huge_pages.note(output.data(), output.size_bytes());
   }
-  // Only the crowded rule reads it: the lookups are skipped otherwise.
-  auto mostly_huge = [&huge_pages](const Buffer& buffer) {
-    return huge_pages.mostly_on_huge_pages(buffer.data(), buffer.size_bytes());
-  };
-  mine.huge_buffers = reads == Reads::peers_if_huge && mostly_huge(input) &&
-                              (!separate_output || mostly_huge(output))
-                          ? 1
-                          : 0;
+  // Where the way is measured, rank 0 chooses it for all.
+  if (reads == Reads::measured && op_.rank() == 0) {
+    mine.all_reduce_path =
+        static_cast<std::uint32_t>(arena_.all_reduce_timings().choose(input.size_bytes()));
+  }
   // Every rank's fingerprint goes in its inline slot of the generation, whichever path its
   // counts put it on (shared_memory_inline.cpp), so all compare the same calls; records
   // would not do, as a rank that returned without waiting (a small rooted collective's
@@ -299,12 +295,23 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
     mapped_output_ = out.view;
   }
   all_reduce_reads_peers_ = reads == Reads::peers;
-  if (reads == Reads::peers_if_huge) {
-    all_reduce_reads_peers_ = true;
-    for (int r = 0; r < op_.size(); ++r) {
-      all_reduce_reads_peers_ = all_reduce_reads_peers_ && arena_.record(r).huge_buffers == 1;
+  if (reads == Reads::measured) {
+    const auto path = static_cast<Path>(arena_.record(0).all_reduce_path);
+    all_reduce_reads_peers_ = path == SharedMemoryArena::kReadingPeers;
+    // Mapped buffers read peers whatever was chosen: no measurement of either way.
+    if (op_.rank() == 0 && !one_allocation) {
+      timed_ = true;
+      timed_path_ = path;
+      timed_since_ = std::chrono::steady_clock::now();
     }
   }
+}
+
+void ArenaTurn::all_reduce_done(std::size_t bytes) noexcept {
+  if (!timed_) return;
+  const auto took = std::chrono::steady_clock::now() - timed_since_;
+  arena_.all_reduce_timings().record(
+      bytes, timed_path_, std::chrono::duration_cast<std::chrono::nanoseconds>(took));
 }
 
 const Fingerprint& ArenaTurn::posted_call(int rank) noexcept {

@@ -12,6 +12,7 @@
 // error, a dead peer) marks the arena broken: the ranks no longer agree on its flags.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -55,6 +56,9 @@ class ArenaTurn {
   // After post() of an all-reduce: whether it reads peers' memory directly (the same
   // answer on every rank).
   bool all_reduce_reads_peers() const noexcept { return all_reduce_reads_peers_; }
+  // After an all-reduce of `bytes` per rank: where rank 0 chose its way by measurement,
+  // how long it took from the agreement on goes into the arena's PathTimings.
+  void all_reduce_done(std::size_t bytes) noexcept;
   // This operation's generation (post() takes it).
   std::uint64_t generation() const noexcept { return generation_; }
   // Copy-through: each chunk raises and waits on flags of a generation of its own.
@@ -122,6 +126,9 @@ class ArenaTurn {
   bool finished_ = false;
   bool all_posted_ = false;
   bool all_reduce_reads_peers_ = false;
+  bool timed_ = false;
+  PathTimings::Path timed_path_ = PathTimings::Path::first;
+  std::chrono::steady_clock::time_point timed_since_;
   SharedBufferRegistry::View mapped_input_;
   SharedBufferRegistry::View mapped_output_;
 };

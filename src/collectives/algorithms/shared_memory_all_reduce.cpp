@@ -4,8 +4,8 @@
 // every rank:
 //
 // Single copy (the members read each other's memory, cross_memory.hpp, the vector is
-// 4 MiB or more, and the node is not crowded or every rank's buffers are on huge pages:
-// SingleCopy in shared_memory_arena.hpp; or every rank's buffers lie in one
+// 64 KiB or more, and rank 0's timings favour it for the size: SingleCopy in
+// shared_memory_arena.hpp, path_timings.hpp; or every rank's buffers lie in one
 // Communicator::allocate_shared allocation, which every rank maps):
 //   1. each rank reduces its 1/P block of the vector: it reads every peer's block into a
 //      cache-sized scratch, a piece at a time, and folds it in (ranks in order 0..P-1, so
@@ -119,6 +119,7 @@ asio::awaitable<void> shared_memory_all_reduce(CollectiveOp& op, const Collectiv
   } else {
     co_await copy_through_segment(turn, op, call.input, call.output, call.reduce_op);
   }
+  turn.all_reduce_done(call.input.size_bytes());
   turn.finish();
 }
 

@@ -32,7 +32,7 @@ namespace braid::collectives::detail {
 class PathTimings {
  public:
   enum class Path : std::uint32_t { first = 0, second = 1 };
-  static constexpr std::uint32_t kFirstSamples = 3;
+  static constexpr std::uint32_t kFirstSamples = 4;
   static constexpr std::uint32_t kExploreEvery = 32;
   static constexpr double kWeight = 4.0;
   static constexpr double kOutlier = 4.0;

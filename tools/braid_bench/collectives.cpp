@@ -4,7 +4,7 @@
 //   nccl-tests counts it (all_gather, all_gather_v: the output; gather: the root's output;
 //   scatter: the root's input; reduce_scatter, all_to_all, all_to_all_v: the input), f32
 //   elements, rounded down to a multiple of the ranks where the op splits the buffer.
-// - 3 warm-up calls, then `iters` / 10 untimed ones; then `iters` timed calls back to back
+// - 3 warm-up calls, then max(`iters` / 10, 10) untimed ones; then `iters` timed calls back to back
 //   (adaptive: ~0.2 s, 5 to 100 000, decided by rank 0 from the warm-up and broadcast).
 //   time = the slowest rank's mean.
 //   (A cap of 1000 timed a 1 µs call over 1 ms, where one preemption doubled the row.)
@@ -404,8 +404,10 @@ awaitable<Row> measure(Communicator& comm, const std::string& op, std::size_t by
   co_await comm.broadcast(Buffer(iters), 0);
   // A tenth of the loop again, untimed (~20 ms), as the peers do: the first size of a run
   // starts right after process start-up or another library's run, and its 8-byte row
-  // read 0.7-1.2 us where it reads 0.55 us once the processes have settled.
-  for (std::int64_t i = 0; i < iters[0] / 10; ++i) co_await c.call();
+  // read 0.7-1.2 us where it reads 0.55 us once the processes have settled. At least 10:
+  // an all-reduce from 64 KiB first times both its shared-memory ways, four calls each
+  // (path_timings.hpp), as NCCL's tests warm up 5 calls.
+  for (std::int64_t i = 0; i < std::max<std::int64_t>(iters[0] / 10, 10); ++i) co_await c.call();
   co_await comm.barrier();
   start = Clock::now();
   for (std::int64_t i = 0; i < iters[0]; ++i) co_await c.call();

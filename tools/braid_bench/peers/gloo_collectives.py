@@ -265,7 +265,7 @@ def measure(op, form, nbytes, rank, ranks, fixed_iters):
     case = Case(op, form, nbytes, rank, ranks)
     iters = warm_up(case, fixed_iters, rank)
     # A tenth of the loop again, untimed (~20 ms), as braid does: the processes settle.
-    for _ in range(iters // 10):
+    for _ in range(max(iters // 10, 10)):
         case.run()
     dist.barrier()
     start = time.perf_counter()

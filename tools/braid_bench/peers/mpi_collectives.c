@@ -371,7 +371,7 @@ static void measure(int op, size_t bytes, int rank, int ranks, const Options *op
 
   const int iters = warm_up(op, &b, options, rank);
   /* A tenth of the loop again, untimed (~20 ms), as braid does: the processes settle. */
-  for (int i = 0; i < iters / 10; ++i) run_once(op, &b);
+  for (int i = 0; i < (iters / 10 > 10 ? iters / 10 : 10); ++i) run_once(op, &b);
   MPI_Barrier(MPI_COMM_WORLD);
   const double start = MPI_Wtime();
   for (int i = 0; i < iters; ++i) run_once(op, &b);

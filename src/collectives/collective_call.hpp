@@ -57,6 +57,11 @@ struct Fingerprint {
 };
 
 Fingerprint fingerprint_of(const CollectiveCall& call);
+// Broadcast, reduce, gather and scatter: the collectives with a root.
+inline bool is_rooted(CollectiveKind kind) noexcept {
+  return kind == CollectiveKind::broadcast || kind == CollectiveKind::reduce ||
+         kind == CollectiveKind::gather || kind == CollectiveKind::scatter;
+}
 // "all_reduce(count 1024, f32, sum)".
 std::string describe(const Fingerprint& fingerprint);
 

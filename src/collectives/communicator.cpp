@@ -156,11 +156,6 @@ bool is_reduction(CollectiveKind kind) {
          kind == CollectiveKind::reduce;
 }
 
-bool is_rooted(CollectiveKind kind) {
-  return kind == CollectiveKind::broadcast || kind == CollectiveKind::reduce ||
-         kind == CollectiveKind::gather || kind == CollectiveKind::scatter;
-}
-
 asio::awaitable<void> exchange_fingerprints(CollectiveOp& op, const CollectiveCall& call,
                                             std::uint32_t communicator) {
   const detail::Fingerprint mine = detail::fingerprint_of(call);

@@ -12,8 +12,9 @@
 // in the other; timing both is right in each.
 //
 // How: each size class first tries the two ways alternately, kFirstSamples times each (the
-// first call of each not counted: it pays for first touches), then takes the faster, and every kExploreEvery-th call the slower, so a change of phase
-// shows within a few dozen calls. Each way's time is a moving average (weight 1/kWeight
+// first call of each not counted: it pays for first touches), then takes the faster, and
+// every kExploreEvery-th call the slower, so a change of phase shows within a few dozen
+// calls. Each way's time is a moving average (weight 1/kWeight
 // for the newest), and a sample more than kOutlier times the average counts as that
 // much: a page fault or a huge-page collapse in one call does not condemn a way.
 // Cost: one clock read per measured call (~44 ns on the dev VM, against calls of 5 us

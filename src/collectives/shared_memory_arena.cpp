@@ -61,8 +61,8 @@ std::byte* SharedMemoryArena::result() noexcept {
 
 InlineSlot& SharedMemoryArena::inline_slot(int rank, std::uint64_t generation) noexcept {
   std::byte* slots = slot(ranks_) + kSlotBytes;  // after the result area
-  const std::size_t index = static_cast<std::size_t>(kInlineDepth) * static_cast<std::size_t>(rank) +
-                            generation % kInlineDepth;
+  constexpr auto kDepth = static_cast<std::size_t>(kInlineDepth);
+  const std::size_t index = kDepth * static_cast<std::size_t>(rank) + generation % kDepth;
   return reinterpret_cast<InlineSlot*>(slots)[index];
 }
 

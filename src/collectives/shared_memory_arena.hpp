@@ -171,7 +171,7 @@ class SharedMemoryArena {
   std::uint64_t next_generation() noexcept { return ++generation_; }
   // Every member has reached this generation (posted in it, or got further), so none
   // still reads an inline slot of an earlier one: what a wait on every rank's flag or slot
-  // teaches each rank that passes it (ArenaTurn::claim_inline_slot).
+  // teaches each rank that passes it (ArenaTurn::inline_slot_free).
   std::uint64_t all_reached() const noexcept { return all_reached_; }
   void note_all_reached(std::uint64_t generation) noexcept {
     all_reached_ = std::max(all_reached_, generation);

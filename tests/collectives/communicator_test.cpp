@@ -428,9 +428,27 @@ INSTANTIATE_TEST_SUITE_P(Modes, VariableCounts, ::testing::Bool(), [](const auto
   return info.param ? std::string("single_copy") : std::string("messages");
 });
 
+// A rank that lags behind the others now and then: before one call in `one_in`, by up to
+// 200 us, drawn from a generator seeded per rank.
+class Straggler {
+ public:
+  Straggler(asio::any_io_executor executor, unsigned seed, unsigned one_in)
+      : random_(seed), lag_(std::move(executor)), one_in_(one_in) {}
+  asio::awaitable<void> maybe_lag() {
+    if (random_() % one_in_ != 0) co_return;
+    lag_.expires_after(std::chrono::microseconds(random_() % 200));
+    co_await lag_.async_wait(asio::use_awaitable);
+  }
+
+ private:
+  std::mt19937 random_;
+  asio::steady_timer lag_;
+  unsigned one_in_;
+};
+
 // Small all-reduces, barriers, all-gathers, reduce-scatters and all-to-alls go through
-// two inline slots per rank, chosen by the operation's generation parity, with no wait
-// for readers to finish; up to 16 bytes the vector rides in the slot's first cache line,
+// eight inline slots per rank, used in turn by generation, with no wait for readers to
+// finish; up to 16 bytes the vector rides in the slot's first cache line,
 // beside its generation and fingerprint.
 // Back to back, both sizes alternating, interleaved with operations that take generations
 // of their own (a single-copy all-gather), and with one rank or another lagging at random,
@@ -443,13 +461,9 @@ TEST(InlineSlots, BackToBackSmallAllReducesWithStragglersStayExactAndMismatchesF
       kWorld,
       [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
         const int me = comm->rank();
-        std::mt19937 random(static_cast<unsigned>(me) + 7);
-        asio::steady_timer lag(co_await asio::this_coro::executor);
+        Straggler straggler(co_await asio::this_coro::executor, me + 7U, 5);
         for (int i = 0; i < 300; ++i) {
-          if (random() % 5 == 0) {
-            lag.expires_after(std::chrono::microseconds(random() % 200));
-            co_await lag.async_wait(asio::use_awaitable);
-          }
+          co_await straggler.maybe_lag();
           const std::size_t count = i % 2 == 0 ? 2 : 5;  // 16 bytes: in the line; 40: past it
           std::vector<std::int64_t> values(count, me + i);
           co_await comm->all_reduce(Buffer(values), ReduceOp::sum);
@@ -496,49 +510,53 @@ TEST(InlineSlots, BackToBackSmallAllReducesWithStragglersStayExactAndMismatchesF
 }
 
 // Small rooted collectives: the sending end returns at once and may run ahead of the
-// receiving end, into the slot it wrote two operations before (a run of broadcasts from
-// one root, of gathers and reduces to one). Random stragglers on every side, and every
-// round's values depend on the round, so data read from a reused slot too early shows.
+// receiving end, into the slot it wrote kInlineDepth (eight) operations before. Runs of 24
+// calls of one kind in one direction (broadcasts from one root, gathers or reduces to it,
+// scatters from it) let it get that far ahead, with random stragglers on every side; every
+// call's values depend on its round, so data read from a slot reused too early shows.
 TEST(InlineSlots, BackToBackRootedCollectivesWithStragglersDeliverEveryRoundsData) {
   constexpr int kWorld = 3;
+  constexpr int kRun = 24;
   run_ranks(
       kWorld,
       [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
         const int me = comm->rank();
-        std::mt19937 random(static_cast<unsigned>(me) + 11);
-        asio::steady_timer lag(co_await asio::this_coro::executor);
-        for (int i = 0; i < 400; ++i) {
-          if (random() % 4 == 0) {
-            lag.expires_after(std::chrono::microseconds(random() % 200));
-            co_await lag.async_wait(asio::use_awaitable);
-          }
-          const int root = (i / 8) % kWorld;  // runs of eight rounds from one root
+        Straggler straggler(co_await asio::this_coro::executor, me + 11U, 4);
+        for (int i = 0; i < 4 * kWorld * kRun * 2; ++i) {
+          co_await straggler.maybe_lag();
+          const int kind = (i / kRun) % 4;
+          const int root = (i / (4 * kRun)) % kWorld;
           const std::size_t count = i % 2 == 0 ? 2 : 10;  // 8 bytes: in the line; 40: past it
           const bool at_root = me == root;
-          std::vector<std::int32_t> data(count, at_root ? i : -1);
-          co_await comm->broadcast(Buffer(data), root);
-          EXPECT_EQ(data, std::vector<std::int32_t>(count, i)) << "broadcast, round " << i;
           std::vector<std::int32_t> mine(count, me * 1000 + i);
-          std::vector<std::int32_t> gathered(at_root ? count * kWorld : 0);
-          co_await comm->gather(Buffer(mine), Buffer(gathered), root);
-          if (at_root) {
-            for (int r = 0; r < kWorld; ++r) {
-              EXPECT_EQ(gathered[static_cast<std::size_t>(r) * count + count - 1], r * 1000 + i)
+          if (kind == 0) {
+            std::vector<std::int32_t> data(count, at_root ? i : -1);
+            co_await comm->broadcast(Buffer(data), root);
+            EXPECT_EQ(data, std::vector<std::int32_t>(count, i)) << "broadcast, round " << i;
+          } else if (kind == 1) {
+            std::vector<std::int32_t> gathered(at_root ? count * kWorld : 0);
+            co_await comm->gather(Buffer(mine), Buffer(gathered), root);
+            for (std::size_t r = 0; r < gathered.size() / count; ++r) {
+              EXPECT_EQ(gathered[r * count + count - 1], static_cast<int>(r) * 1000 + i)
                   << "gather, round " << i;
             }
+          } else if (kind == 2) {
+            std::vector<std::int32_t> reduced(count);
+            co_await comm->reduce(Buffer(mine), Buffer(reduced), ReduceOp::sum, root);
+            if (at_root) {
+              EXPECT_EQ(reduced, std::vector<std::int32_t>(count, 3000 + 3 * i))
+                  << "reduce, round " << i;
+            }
+          } else {
+            std::vector<std::int32_t> blocks(at_root ? count * kWorld : 0), block(count);
+            for (std::size_t e = 0; e < blocks.size(); ++e) {
+              blocks[e] = static_cast<std::int32_t>(e / count) * 1000 + i;
+            }
+            co_await comm->scatter(Buffer(blocks), Buffer(block), root);
+            EXPECT_EQ(block, std::vector<std::int32_t>(count, me * 1000 + i))
+                << "scatter, round " << i;
           }
-          std::vector<std::int32_t> reduced(count);
-          co_await comm->reduce(Buffer(mine), Buffer(reduced), ReduceOp::sum, root);
-          if (at_root) {
-            EXPECT_EQ(reduced, std::vector<std::int32_t>(count, 3000 + 3 * i)) << "reduce, round " << i;
-          }
-          std::vector<std::int32_t> blocks(at_root ? count * kWorld : 0), block(count);
-          for (std::size_t e = 0; e < blocks.size(); ++e) {
-            blocks[e] = static_cast<std::int32_t>(e / count) * 1000 + i;
-          }
-          co_await comm->scatter(Buffer(blocks), Buffer(block), root);
-          EXPECT_EQ(block, std::vector<std::int32_t>(count, me * 1000 + i)) << "scatter, round " << i;
-          if (i % 16 == 15) {
+          if (i % 64 == 63) {
             std::vector<std::int32_t> ones(2, 1);
             co_await comm->all_reduce(Buffer(ones), ReduceOp::sum);
             EXPECT_EQ(ones, std::vector<std::int32_t>(2, kWorld)) << "round " << i;

@@ -67,12 +67,12 @@ class ArenaTurn {
 
   void raise(Stage stage) noexcept;
   // Whether this rank may write its inline slot of this generation: every rank is done
-  // reading the slot's previous use, SharedMemoryArena::kInlineDepth generations back. A wait on every rank's flags or
-  // slots proves it (SharedMemoryArena::all_reached), so after an operation in which this
-  // rank waited for all, the answer is yes without a look at anyone's memory. Only after
-  // an operation in which it waited for no one, or for the root alone (a small rooted
-  // collective), may it have to wait_inline_slot_free(): until every peer has posted in
-  // the generation after that use, or released it.
+  // reading the slot's previous use, SharedMemoryArena::kInlineDepth generations back. A
+  // wait on every rank's flags or slots proves it (SharedMemoryArena::all_reached), so
+  // after an operation in which this rank waited for all, the answer is yes without a
+  // look at anyone's memory. Only after an operation in which it waited for no one, or for
+  // the root alone (a small rooted collective), may it have to wait_inline_slot_free():
+  // until every peer has posted in the generation after that use, or released it.
   bool inline_slot_free() const noexcept {
     return arena_.all_reached() + (SharedMemoryArena::kInlineDepth - 1) >= generation_;
   }

@@ -252,11 +252,13 @@ asio::awaitable<bool> shared_memory_collective(CollectiveOp& op, const Collectiv
     turn.finish();
     co_return false;
   }
-  using enum CollectiveKind;
-  const bool rooted = call.kind == broadcast || call.kind == reduce || call.kind == gather ||
-                      call.kind == scatter;
-  if (rooted ? co_await shared_memory_rooted(turn, op, call) : fits_inline(call)) {
-    if (!rooted) co_await shared_memory_inline(turn, op, call);
+  if (is_rooted(call.kind)) {
+    if (co_await shared_memory_rooted(turn, op, call)) {
+      turn.finish();
+      co_return true;
+    }
+  } else if (fits_inline(call)) {
+    co_await shared_memory_inline(turn, op, call);
     turn.finish();
     co_return true;
   }

@@ -187,17 +187,18 @@ asio::awaitable<void> exchange_fingerprints(CollectiveOp& op, const CollectiveCa
   }
 }
 
+}  // namespace
+
+namespace detail {
+
 // GCC 12 misreports asio's coroutine frame allocator as a mismatched new/delete once this
 // switch grows past a size it inlines differently (GCC bug 109224); the frame is allocated
 // and freed by asio's own matching operators.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-asio::awaitable<void> run_other_algorithm(CollectiveOp& op, const CollectiveCall& call) {
+
+asio::awaitable<void> run_message_algorithm(CollectiveOp& op, const CollectiveCall& call) {
   using enum CollectiveKind;
-  if (call.kind != all_reduce && call.algorithm == Algorithm::shared_memory &&
-      co_await detail::shared_memory_collective(op, call)) {
-    co_return;
-  }
   switch (call.kind) {
     case all_reduce:
       switch (call.algorithm) {
@@ -257,14 +258,26 @@ asio::awaitable<void> run_other_algorithm(CollectiveOp& op, const CollectiveCall
 }
 #pragma GCC diagnostic pop
 
-// Not a coroutine: a shared-memory all-reduce or barrier (the small, latency-bound calls)
-// starts its algorithm's frame directly, without one more frame around it.
+}  // namespace detail
+
+namespace {
+
+// Single copy where the members read each other's memory, else the message algorithm.
+asio::awaitable<void> run_single_copy_or_messages(CollectiveOp& op, const CollectiveCall& call) {
+  // Not `if (co_await ...)`: GCC 12 resumed this frame at an invalid point (SIGILL) with
+  // the co_await in the condition here.
+  const bool done = co_await detail::shared_memory_collective(op, call);
+  if (!done) co_await detail::run_message_algorithm(op, call);
+}
+
+// Not a coroutine: each call starts its algorithm's frame directly, without one more frame
+// around it; the small shared-memory calls (latency-bound: an 8-byte all-reduce takes a
+// third of a microsecond) run in that one frame.
 asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call) {
-  if (call.algorithm == Algorithm::shared_memory) {
-    if (call.kind == CollectiveKind::all_reduce) return detail::shared_memory_all_reduce(op, call);
-    if (call.kind == CollectiveKind::barrier) return detail::shared_memory_barrier(op, call);
-  }
-  return run_other_algorithm(op, call);
+  if (call.algorithm != Algorithm::shared_memory) return detail::run_message_algorithm(op, call);
+  if (detail::fits_inline(call)) return detail::shared_memory_small(op, call);
+  if (call.kind == CollectiveKind::all_reduce) return detail::shared_memory_all_reduce(op, call);
+  return run_single_copy_or_messages(op, call);
 }
 
 }  // namespace

@@ -60,14 +60,27 @@ asio::awaitable<void> hierarchical_all_reduce(CollectiveOp& op, Buffer input, Bu
                                               const SelectionTable& selection);
 
 // Through the communicator's shared-memory arena (call.arena), when call.arena_ticket
-// comes up in its issue order. all_reduce always runs there; the other collectives only
-// where the members read each other's memory, and otherwise return false at once for the
-// Communicator to run the message algorithm instead.
+// comes up in its issue order. Calls that fit the inline slots (fits_inline below:
+// barriers, all-reduces up to 16 KiB, the others up to 64 KiB) run in
+// shared_memory_small, larger all-reduces in shared_memory_all_reduce, the other larger
+// collectives in shared_memory_collective. All-reduce and barrier always run in the arena;
+// the other collectives only where the members read each other's memory: otherwise
+// shared_memory_small runs the message algorithm itself, and shared_memory_collective
+// returns false at once for the Communicator to run it.
+asio::awaitable<void> shared_memory_small(CollectiveOp& op, const CollectiveCall& call);
+// Whether `call` goes through the ranks' inline slots, the same answer on every rank whose
+// call matches: a barrier; an all-reduce of at most 16 KiB; a reduce, reduce-scatter or
+// all-to-all (equal counts) whose input, or an all-gather (equal or variable counts) whose
+// output, is at most SharedMemoryArena::kInlineBytes; a broadcast of at most that much, or
+// a gather or scatter whose root's whole output or input is.
+bool fits_inline(const CollectiveCall& call) noexcept;
 asio::awaitable<void> shared_memory_all_reduce(CollectiveOp& op, const CollectiveCall& call);
 asio::awaitable<bool> shared_memory_collective(CollectiveOp& op, const CollectiveCall& call);
 // Gives up the arena turn of a call whose algorithm never ran (arena_turn.hpp, pass()).
 asio::awaitable<void> pass_arena_turn(CollectiveOp& op, const CollectiveCall& call);
-// A barrier through shared memory (one flag wait; shared_memory_inline.cpp).
-asio::awaitable<void> shared_memory_barrier(CollectiveOp& op, const CollectiveCall& call);
+
+// The collective's message algorithm (over the transport), for any call but an all-reduce
+// selected for shared memory (communicator.cpp).
+asio::awaitable<void> run_message_algorithm(CollectiveOp& op, const CollectiveCall& call);
 
 }  // namespace braid::collectives::detail

@@ -375,31 +375,32 @@ asio::awaitable<void> ArenaTurn::wait_all(Stage stage, std::string_view what) {
       what, spin_window(), arena_.crowded());
 }
 
-asio::awaitable<void> ArenaTurn::wait_inline_slot_free() {
-  SharedMemoryArena* shared = &arena_;
+bool ArenaTurn::peers_past_slot_use() noexcept {
   // The slot's last use, and the generation every rank must have reached since: at least
   // 1 here, for map() waited for every rank in generation 1.
   constexpr std::uint64_t kDepth = SharedMemoryArena::kInlineDepth;
   const std::uint64_t last_use = generation_ - kDepth;
-  const int world = op_.size();
+  const std::uint64_t next = last_use + 1;
   const int me = op_.rank();
-  return op_.poll_until(
-      [shared, world, me, last_use] {
-        const std::uint64_t next = last_use + 1;
-        for (int r = 0; r < world; ++r) {
-          if (r == me) continue;
-          std::uint64_t& posted = shared->inline_slot(r, next).posted;
-          const bool past =
-              std::atomic_ref<std::uint64_t>(posted).load(std::memory_order_acquire) >= next ||
-              shared->flag(r, Stage::posted).load(std::memory_order_acquire) >= next ||
-              shared->flag(r, Stage::released).load(std::memory_order_acquire) >= last_use;
-          if (!past) return false;
-        }
-        shared->note_all_reached(next);
-        return true;
-      },
-      "every rank to finish reading this rank's inline slot's last use",
-      spin_window(), arena_.crowded());
+  for (int r = 0; r < op_.size(); ++r) {
+    if (r == me) continue;
+    std::uint64_t& posted = arena_.inline_slot(r, next).posted;
+    const bool past =
+        std::atomic_ref<std::uint64_t>(posted).load(std::memory_order_acquire) >= next ||
+        arena_.flag(r, Stage::posted).load(std::memory_order_acquire) >= next ||
+        arena_.flag(r, Stage::released).load(std::memory_order_acquire) >= last_use;
+    if (!past) return false;
+  }
+  arena_.note_all_reached(next);
+  return true;
+}
+
+// The turn outlives its waits (its operation's frame holds both): the predicates below
+// may keep `this`.
+asio::awaitable<void> ArenaTurn::wait_inline_slot_free() {
+  return op_.poll_until([this] { return peers_past_slot_use(); },
+                        "every rank to finish reading this rank's inline slot's last use",
+                        spin_window(), arena_.crowded());
 }
 
 void ArenaTurn::post_inline_slot() noexcept {
@@ -407,39 +408,35 @@ void ArenaTurn::post_inline_slot() noexcept {
   std::atomic_ref<std::uint64_t>(mine.posted).store(generation_, std::memory_order_release);
 }
 
+bool ArenaTurn::all_inline_slots_posted() noexcept {
+  for (int r = 0; r < op_.size(); ++r) {
+    std::uint64_t& posted = arena_.inline_slot(r, generation_).posted;
+    if (std::atomic_ref<std::uint64_t>(posted).load(std::memory_order_acquire) < generation_) {
+      return false;
+    }
+  }
+  arena_.note_all_reached(generation_);
+  return true;
+}
+
 asio::awaitable<void> ArenaTurn::wait_all_inline_slots(std::string_view what) {
-  SharedMemoryArena* shared = &arena_;
-  const std::uint64_t generation = generation_;
-  const int world = op_.size();
-  return op_.poll_until(
-      [shared, world, generation] {
-        for (int r = 0; r < world; ++r) {
-          std::uint64_t& posted = shared->inline_slot(r, generation).posted;
-          if (std::atomic_ref<std::uint64_t>(posted).load(std::memory_order_acquire) < generation) {
-            return false;
-          }
-        }
-        shared->note_all_reached(generation);
-        return true;
-      },
-      what, spin_window(), arena_.crowded());
+  return op_.poll_until([this] { return all_inline_slots_posted(); }, what, spin_window(),
+                        arena_.crowded());
+}
+
+bool ArenaTurn::inline_slot_posted(int rank) noexcept {
+  std::uint64_t& posted = arena_.inline_slot(rank, generation_).posted;
+  if (std::atomic_ref<std::uint64_t>(posted).load(std::memory_order_acquire) < generation_) {
+    return false;
+  }
+  // With one peer, the rank we waited for is every rank there is.
+  if (op_.size() == 2) arena_.note_all_reached(generation_);
+  return true;
 }
 
 asio::awaitable<void> ArenaTurn::wait_inline_slot(int rank, std::string_view what) {
-  SharedMemoryArena* shared = &arena_;
-  const std::uint64_t generation = generation_;
-  std::uint64_t& posted = arena_.inline_slot(rank, generation).posted;
-  // With one peer, the rank we wait for is every rank there is.
-  const bool only_peer = op_.size() == 2;
-  return op_.poll_until(
-      [shared, &posted, generation, only_peer] {
-        if (std::atomic_ref<std::uint64_t>(posted).load(std::memory_order_acquire) < generation) {
-          return false;
-        }
-        if (only_peer) shared->note_all_reached(generation);
-        return true;
-      },
-      what, spin_window(), arena_.crowded());
+  return op_.poll_until([this, rank] { return inline_slot_posted(rank); }, what, spin_window(),
+                        arena_.crowded());
 }
 
 const std::byte* ArenaTurn::mapped_input(int rank) noexcept {

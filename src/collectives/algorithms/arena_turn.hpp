@@ -36,6 +36,14 @@ class ArenaTurn {
   ArenaTurn& operator=(const ArenaTurn&) = delete;
 
   asio::awaitable<void> start();
+  // start() without a coroutine frame, where it has nothing to wait for or do: the
+  // operations before this one have left the arena, which is mapped and whole. False
+  // where start() is needed.
+  bool try_start() noexcept {
+    if (arena_.serving() != ticket_ || !arena_.mapped() || arena_.broken()) return false;
+    served_ = true;
+    return true;
+  }
   // For an operation that failed before its algorithm ran (a desync caught by the
   // fingerprint exchange, which fails on every rank alike): waits for its turn and gives
   // it up untouched, so the operations after it still get theirs.
@@ -73,16 +81,20 @@ class ArenaTurn {
   // look at anyone's memory. Only after an operation in which it waited for no one, or for
   // the root alone (a small rooted collective), may it have to wait_inline_slot_free():
   // until every peer has posted in the generation after that use, or released it.
-  bool inline_slot_free() const noexcept {
-    return arena_.all_reached() + (SharedMemoryArena::kInlineDepth - 1) >= generation_;
+  bool inline_slot_free() noexcept {
+    return arena_.all_reached() + (SharedMemoryArena::kInlineDepth - 1) >= generation_ ||
+           peers_past_slot_use();
   }
   asio::awaitable<void> wait_inline_slot_free();
   // Marks this rank's inline slot of this generation posted: its call (and, on the inline
   // path, its vector) is there. post() marks it too, for a peer on the inline path.
   void post_inline_slot() noexcept;
-  // Waits until every rank's inline slot of this generation is posted.
+  // Whether every rank's inline slot of this generation is posted, and a wait until it is.
+  // Callers ask first and wait only where the answer is no: a wait is a coroutine frame.
+  bool all_inline_slots_posted() noexcept;
   asio::awaitable<void> wait_all_inline_slots(std::string_view what);
-  // Waits until `rank`'s inline slot of this generation is posted.
+  // The same for `rank`'s slot alone.
+  bool inline_slot_posted(int rank) noexcept;
   asio::awaitable<void> wait_inline_slot(int rank, std::string_view what);
   // The error for rank `a`'s call differing from rank `b`'s, as posted in their inline
   // slots of this generation.
@@ -110,6 +122,8 @@ class ArenaTurn {
 
  private:
   asio::awaitable<void> wait_turn();
+  // Whether every peer is past this rank's inline slot's last use (inline_slot_free).
+  bool peers_past_slot_use() noexcept;
   const Fingerprint& posted_call(int rank) noexcept;
   asio::awaitable<void> map();
   std::chrono::microseconds spin_window() const noexcept {
@@ -143,23 +157,6 @@ Error all_to_all_v_dispute(const CollectiveOp& op, int sender, int receiver, std
 // did. Returns false, having moved nothing, where some rank's did not; every rank alike.
 asio::awaitable<bool> shared_memory_inline_all_to_all_v(ArenaTurn& turn, CollectiveOp& op,
                                                         const CollectiveCall& call);
-
-// Whether `call` goes through the ranks' inline slots, the same answer on every rank whose
-// call matches: a barrier; an all-reduce of at most 16 KiB; a reduce, reduce-scatter or
-// all-to-all whose input, or an all-gather (equal or variable counts) whose output, is at
-// most SharedMemoryArena::kInlineBytes; a broadcast of at most that much, or a gather or
-// scatter whose root's whole output or input is.
-bool fits_inline(const CollectiveCall& call) noexcept;
-// Runs such a call in one wait through the inline slots (shared_memory_inline.cpp).
-asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
-                                           const CollectiveCall& call);
-
-// Broadcast, reduce, gather and scatter start here (shared_memory_inline.cpp): where the
-// call fits the inline slots (fits_inline), the root's data moves one way through them and
-// only the receiving end waits; true once done. Otherwise false, untouched: the operation
-// goes on by single copy.
-asio::awaitable<bool> shared_memory_rooted(ArenaTurn& turn, CollectiveOp& op,
-                                           const CollectiveCall& call);
 
 // Where fold_block's result goes: our own memory, and/or other ranks' outputs at the same
 // element (written with process_vm_writev while the piece is still in cache).

@@ -34,7 +34,7 @@
 //   n/P written to reduce, n copied out: about 5n bytes of memory traffic.
 //
 // Up to 16 KiB neither: the vectors go through the ranks' inline slots in one wait
-// (shared_memory_inline.cpp).
+// (shared_memory_small, shared_memory_inline.cpp), and never come here.
 //
 // Flags carry generations, so they never need resetting, and the waits order every reuse
 // of records, slots and the result area.
@@ -105,11 +105,6 @@ asio::awaitable<void> shared_memory_all_reduce(CollectiveOp& op, const Collectiv
   co_await turn.start();
   if (op.size() == 1) {
     copy(call.output, call.input);
-    turn.finish();
-    co_return;
-  }
-  if (fits_inline(call)) {
-    co_await shared_memory_inline(turn, op, call);
     turn.finish();
     co_return;
   }

@@ -29,11 +29,11 @@
 // single copy.
 //
 // Small all-gathers, reduce-scatters and all-to-alls (equal counts) take the inline slots
-// instead, in one wait (shared_memory_inline.cpp); only where single copy was agreed, so
-// that a rank whose counts differ, and so takes the other path, still meets the others in
-// the arena and the mismatch fails on every rank at once. Small broadcasts, reduces,
-// gathers and scatters go through the inline slots one way (shared_memory_rooted): only
-// the receiving end waits.
+// instead, in one wait, and never come here (shared_memory_small, shared_memory_inline.cpp);
+// only where single copy was agreed, so that a rank whose counts differ, and so takes this
+// path, still meets the others in the arena and the mismatch fails on every rank at once.
+// Small broadcasts, reduces, gathers and scatters go through the inline slots one way
+// there: only the receiving end waits.
 //
 // Where the members cannot read each other's memory (the kernel forbids it, or
 // BRAID_SHM_SINGLE_COPY=0), these return false without touching the arena and the
@@ -251,16 +251,6 @@ asio::awaitable<bool> shared_memory_collective(CollectiveOp& op, const Collectiv
   if (op.size() == 1 || !turn.single_copy()) {
     turn.finish();
     co_return false;
-  }
-  if (is_rooted(call.kind)) {
-    if (co_await shared_memory_rooted(turn, op, call)) {
-      turn.finish();
-      co_return true;
-    }
-  } else if (fits_inline(call)) {
-    co_await shared_memory_inline(turn, op, call);
-    turn.finish();
-    co_return true;
   }
   if (call.kind == CollectiveKind::all_to_all && call.variable &&
       co_await shared_memory_inline_all_to_all_v(turn, op, call)) {

@@ -147,32 +147,14 @@ InlineSlot& begin_post(ArenaTurn& turn, CollectiveOp& op, const CollectiveCall& 
   return mine;
 }
 
-// ... and ends so: the slot marked posted (and the flag a record-path peer waits for
-// raised), every rank's slot awaited, every call compared. A peer on the record path fails
-// the same way, in post().
-asio::awaitable<void> finish_post(ArenaTurn& turn) {
+// ... and is marked posted (and the flag a record-path peer waits for raised), once the
+// payload is in.
+void end_post(ArenaTurn& turn) noexcept {
   turn.post_inline_slot();
   turn.raise(Stage::posted);
-  co_await turn.wait_all_inline_slots("every rank's small vector");
-  if (!turn.calls_agree()) co_await turn.fail_on_disagreement();
 }
 
 }  // namespace
-
-asio::awaitable<void> shared_memory_inline(ArenaTurn& turn, CollectiveOp& op,
-                                           const CollectiveCall& call) {
-  // Each rank's whole input: every peer needs some part of it (all of it, all-gather).
-  const std::size_t bytes = call.kind == CollectiveKind::barrier ? 0 : call.input.size_bytes();
-  BRAID_ENFORCE(fits_inline(call) && bytes <= SharedMemoryArena::kInlineBytes,
-                "{} of {} bytes through the inline slots (at most {})", to_string(call.kind),
-                bytes, SharedMemoryArena::kInlineBytes);
-  turn.next_chunk();
-  if (!turn.inline_slot_free()) co_await turn.wait_inline_slot_free();
-  InlineSlot& mine = begin_post(turn, op, call);
-  if (bytes != 0) std::memcpy(mine.vector(bytes), call.input.data(), bytes);
-  co_await finish_post(turn);
-  assemble(turn.arena(), op, call, turn.generation());
-}
 
 // The slot holds [whether the input follows][send counts][receive counts][the input], all
 // in 8-byte words but the input: every rank reads every rank's counts, so all check every
@@ -202,7 +184,9 @@ asio::awaitable<bool> shared_memory_inline_all_to_all_v(ArenaTurn& turn, Collect
     }
     if (fits && bytes != 0) std::memcpy(mine.data + header, call.input.data(), bytes);
   }
-  co_await finish_post(turn);
+  end_post(turn);
+  if (!turn.all_inline_slots_posted()) co_await turn.wait_all_inline_slots("every rank's counts");
+  if (!turn.calls_agree()) co_await turn.fail_on_disagreement();
   if (!counts_fit) co_return false;
   auto words_of = [&](std::size_t r) {
     return reinterpret_cast<const std::uint64_t*>(
@@ -240,85 +224,104 @@ asio::awaitable<bool> shared_memory_inline_all_to_all_v(ArenaTurn& turn, Collect
   co_return true;
 }
 
-// The root's data flows one way: the root of a broadcast or scatter writes its vector into
-// its slot and returns without waiting, and so does each non-root of a gather or reduce
-// with its own; only the ranks at the other end wait, for the root's slot (broadcast,
-// scatter) or every slot (the root of a gather or reduce), and compare the calls posted
-// there with theirs. Every rank posts its call, so that those comparisons always have a
-// partner, and raises `released` once it is done with the slots, which with its posting
-// tells a writer kInlineDepth generations on that the slot it is about to reuse is free.
+// Every call that fits the slots runs here, in one coroutine frame: a wait is a frame of
+// its own only where it has to wait, and the turn is taken without one where it has come
+// (ArenaTurn::try_start). The exchanging collectives (all-reduce, reduce-scatter,
+// all-gather, all-to-all, barrier) write their input, wait for every slot, compare every
+// call and assemble their output.
 //
-// Where the call does not fit the slots, this returns false at once, and the operation goes
-// on by single copy, whose post() compares every rank's call in the slots before anything
-// is read (a rank here whose count differs finds that call in the slot it waits on, and
-// raises `released` as it fails, for post()'s release to see).
+// The rooted ones move data one way: the root of a broadcast or scatter writes its vector
+// into its slot and returns without waiting, and so does each non-root of a gather or
+// reduce with its own; only the ranks at the other end wait, for the root's slot
+// (broadcast, scatter) or every slot (the root of a gather or reduce), and compare the
+// calls posted there with theirs. Every rank posts its call, so that those comparisons
+// always have a partner, and raises `released` once it is done with the slots, which with
+// its posting tells a writer kInlineDepth generations on that the slot it is about to
+// reuse is free.
 //
-// A mismatch fails the ranks that find it, without a release: writers check that slots
-// are free (ArenaTurn::inline_slot_free), so the arena stays in step for the next
-// operation on every rank. A root that returned at once never learns of it, as with
-// OpenMPI's or UCX's eager sends; the ranks whose calls differ from the root's, or at the
-// root those differing from its own, fail naming both calls.
-asio::awaitable<bool> shared_memory_rooted(ArenaTurn& turn, CollectiveOp& op,
-                                           const CollectiveCall& call) {
+// A rank whose count differs and does not fit takes the single-copy path
+// (shared_memory_collective), whose post() compares every rank's call in the slots before
+// anything is read: it finds this call where it looks, and this rank finds its call in the
+// slot it waits on. Exchanging ranks end a mismatch with a release, so every rank fails at
+// once. A rooted mismatch fails the ranks that find it, without a release (writers check
+// that slots are free), so the arena stays in step for the next operation on every rank; a
+// root that returned at once never learns of it, as with OpenMPI's or UCX's eager sends.
+asio::awaitable<void> shared_memory_small(CollectiveOp& op, const CollectiveCall& call) {
   using enum CollectiveKind;
   const int me = op.rank();
-  const int root = call.root;
-  if (!fits_inline(call)) co_return false;
-  const bool from_root = call.kind == broadcast || call.kind == scatter;
-  // Who writes a vector into the slot: the root sending, or every rank sending to it (the
-  // root too: its fold or copy then reads every operand from the slots, so an in-place
-  // output never overwrites an operand still to be read).
-  const bool writes = !from_root || me == root;
-  const bool waits = from_root ? me != root : me == root;
-  turn.next_chunk();
-  if (!turn.inline_slot_free()) co_await turn.wait_inline_slot_free();
-  InlineSlot& mine = begin_post(turn, op, call);
-  if (writes) {
-    const std::size_t bytes = from_root ? call.bytes : call.input.size_bytes();
-    if (bytes != 0) std::memcpy(mine.vector(bytes), call.input.data(), bytes);
-  }
-  turn.post_inline_slot();
-  turn.raise(Stage::posted);
-  if (!waits) {
-    if (call.kind == scatter) {
-      const std::size_t block = call.output.count();
-      copy(call.output, call.input.slice(static_cast<std::size_t>(me) * block, block));
+  {
+    ArenaTurn turn(op, *call.arena, call.arena_ticket);
+    if (!turn.try_start()) co_await turn.start();
+    // Every rank reaches the same answer: single copy was agreed by all or by none (map()).
+    const bool through_slots =
+        op.size() > 1 && (call.kind == all_reduce || call.kind == barrier || turn.single_copy());
+    if (through_slots) {
+      const bool rooted = is_rooted(call.kind);
+      const bool from_root = call.kind == broadcast || call.kind == scatter;
+      // Who writes a vector into the slot: every rank exchanging; the root sending; or
+      // every rank sending to it (the root too: its fold or copy then reads every operand
+      // from the slots, so an in-place output never overwrites an operand still to be read).
+      const bool writes = !from_root || me == call.root;
+      const bool waits = !rooted || (from_root ? me != call.root : me == call.root);
+      std::size_t bytes = 0;  // the payload: the input, or the root's whole input
+      if (call.kind != barrier && writes) bytes = from_root ? call.bytes : call.input.size_bytes();
+      BRAID_ENFORCE(bytes <= SharedMemoryArena::kInlineBytes,
+                    "{} of {} bytes through the inline slots (at most {})", to_string(call.kind),
+                    bytes, SharedMemoryArena::kInlineBytes);
+      turn.next_chunk();
+      if (!turn.inline_slot_free()) co_await turn.wait_inline_slot_free();
+      InlineSlot& mine = begin_post(turn, op, call);
+      if (bytes != 0) std::memcpy(mine.vector(bytes), call.input.data(), bytes);
+      end_post(turn);
+      if (!waits) {
+        if (call.kind == scatter) {
+          const std::size_t block = call.output.count();
+          copy(call.output, call.input.slice(static_cast<std::size_t>(me) * block, block));
+        }
+        turn.raise(Stage::released);
+        turn.finish();
+        co_return;
+      }
+      if (from_root) {
+        if (!turn.inline_slot_posted(call.root)) {
+          co_await turn.wait_inline_slot(call.root, "the root's small vector");
+        }
+      } else if (!turn.all_inline_slots_posted()) {
+        co_await turn.wait_all_inline_slots("every rank's small vector");
+      }
+      if (rooted) {
+        // The ranks whose calls this one receives from: the root, or every rank.
+        const int first = from_root ? call.root : 0;
+        const int end = from_root ? call.root + 1 : op.size();
+        for (int r = first; r < end; ++r) {
+          if (turn.arena().inline_slot(r, turn.generation()).call == mine.call) continue;
+          Error mismatch = turn.dispute(r, me);
+          turn.raise(Stage::released);
+          turn.finish();
+          throw mismatch;
+        }
+      } else if (!turn.calls_agree()) {
+        co_await turn.fail_on_disagreement();
+      }
+      assemble(turn.arena(), op, call, turn.generation());
+      if (rooted) turn.raise(Stage::released);
+      turn.finish();
+      co_return;
     }
-    turn.raise(Stage::released);
-    co_return true;
-  }
-  // The ranks whose calls this one receives from: the root, or every rank.
-  int first = root;
-  int end = root + 1;
-  if (from_root) {
-    co_await turn.wait_inline_slot(root, "the root's small vector");
-  } else {
-    co_await turn.wait_all_inline_slots("every rank's small vector");
-    first = 0;
-    end = op.size();
-  }
-  for (int r = first; r < end; ++r) {
-    if (turn.arena().inline_slot(r, turn.generation()).call == mine.call) continue;
-    Error mismatch = turn.dispute(r, me);
-    turn.raise(Stage::released);
     turn.finish();
-    throw mismatch;
   }
-  assemble(turn.arena(), op, call, turn.generation());
-  turn.raise(Stage::released);
-  co_return true;
+  // One rank, or members that cannot read each other's memory (not an all-reduce or a
+  // barrier, which always take the slots with several ranks).
+  if (call.kind == all_reduce) {
+    copy(call.output, call.input);
+  } else if (call.kind != barrier) {
+    co_await run_message_algorithm(op, call);
+  }
 }
 
 asio::awaitable<void> pass_arena_turn(CollectiveOp& op, const CollectiveCall& call) {
   ArenaTurn turn(op, *call.arena, call.arena_ticket);
   co_await turn.pass();
-}
-
-asio::awaitable<void> shared_memory_barrier(CollectiveOp& op, const CollectiveCall& call) {
-  ArenaTurn turn(op, *call.arena, call.arena_ticket);
-  co_await turn.start();
-  if (op.size() > 1) co_await shared_memory_inline(turn, op, call);
-  turn.finish();
 }
 
 }  // namespace braid::collectives::detail

@@ -396,20 +396,20 @@ Algorithm Communicator::algorithm_for(CollectiveKind kind, std::size_t bytes) co
       kind, bytes, size(), {.one_node = arena_ != nullptr, .grouped_nodes = hierarchy_.worth_it()});
 }
 
-std::unique_ptr<CollectiveCall> Communicator::prepare(CollectiveKind kind) {
-  auto call = std::make_unique<CollectiveCall>();
-  call->kind = kind;
+CollectiveCall Communicator::prepare(CollectiveKind kind) {
+  CollectiveCall call;
+  call.kind = kind;
   return call;
 }
 
 asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
-                                        std::unique_ptr<CollectiveCall> call) {
-  CollectiveOp op(world_.transport(), world_ranks_, rank_, id_, call->sequence, call->deadline,
+                                        CollectiveCall call) {
+  CollectiveOp op(world_.transport(), world_ranks_, rank_, id_, call.sequence, call.deadline,
                   timeout_, *scratch_);
   op.set_track(track_);
-  trace::AsyncSpan span(trace::Category::comm, span_name(call->kind), track_, call->bytes);
-  span.arg("seq", static_cast<std::int64_t>(call->sequence));
-  span.text("algorithm", span_name(call->algorithm));
+  trace::AsyncSpan span(trace::Category::comm, span_name(call.kind), track_, call.bytes);
+  span.arg("seq", static_cast<std::int64_t>(call.sequence));
+  span.text("algorithm", span_name(call.algorithm));
   // While in flight, a member's death aborts the op (see on_member_failed()).
   in_flight_.push_back(&op);
   std::exception_ptr failure;
@@ -423,19 +423,19 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
         op.abort(world_rank(r), *why);
       }
     }
-    if (check_fingerprints_ && size() > 1) co_await exchange_fingerprints(op, *call, id_);
-    const bool nothing_to_move = call->bytes == 0 && call->kind != CollectiveKind::barrier &&
-                                 !(call->kind == CollectiveKind::all_to_all && call->variable);
+    if (check_fingerprints_ && size() > 1) co_await exchange_fingerprints(op, call, id_);
+    const bool nothing_to_move = call.bytes == 0 && call.kind != CollectiveKind::barrier &&
+                                 !(call.kind == CollectiveKind::all_to_all && call.variable);
     algorithm_started = true;
-    if (!nothing_to_move) co_await run_algorithm(op, *call);
+    if (!nothing_to_move) co_await run_algorithm(op, call);
   } catch (const Error& error) {
-    std::string where = fmt::format("{}{}[{}]", to_string(call->kind), call->variable ? "_v" : "",
-                                    to_string(call->algorithm));
+    std::string where = fmt::format("{}{}[{}]", to_string(call.kind), call.variable ? "_v" : "",
+                                    to_string(call.algorithm));
     if (id_ != kWorldCommunicatorId) where += fmt::format(" on communicator {}", id_);
     ErrorContext context{.rank = world_rank(rank_),
                          .peer = error.context().peer,
                          .operation = std::move(where),
-                         .sequence = call->sequence};
+                         .sequence = call.sequence};
     std::string detail = error.detail();
     if (error.code() == Errc::timeout && !check_fingerprints_) {
       // Without fingerprints, a partner that never made this call, or made it with other
@@ -451,13 +451,13 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
     settle = true;
   }
   if (settle) {
-    std::string why = to_string(call->kind).data();
+    std::string why = to_string(call.kind).data();
     co_await op.settle(std::move(why));
     // Its arena ticket was taken at the call: unserved, it would hold up every later
     // shared-memory operation.
-    if (!algorithm_started && call->arena != nullptr) {
+    if (!algorithm_started && call.arena != nullptr) {
       try {
-        co_await detail::pass_arena_turn(op, *call);
+        co_await detail::pass_arena_turn(op, call);
       } catch (const Error&) {
         // The turn never came (an earlier operation still holds it, and fails on its own).
       }
@@ -558,38 +558,38 @@ detail::StagingResources& Communicator::staging_for(int device) {
 }
 
 asio::awaitable<void> Communicator::run_staged(std::shared_ptr<Communicator> self,
-                                               std::unique_ptr<CollectiveCall> call) {
+                                               CollectiveCall call) {
   // Locals, not the parameters, are what the lambdas below capture (GCC 12 may bind a
   // coroutine lambda's reference capture of a parameter to the caller's copy).
   const std::shared_ptr<Communicator> owner = self;
-  const CollectiveCall* const original = call.get();
+  const CollectiveCall* const original = &call;
   const Buffer& on_device =
       original->input.memory() == MemoryKind::cuda ? original->input : original->output;
   detail::StagingResources& staging = staging_for(on_device.device());
   const MemberPlacement placement{.one_node = false, .grouped_nodes = hierarchy_.worth_it()};
   // The same call (kind, sequence, root, counts) on host views of its buffers.
   const auto on_host = [this, original, placement](Buffer input, Buffer output, std::size_t bytes) {
-    auto host_call = std::make_unique<CollectiveCall>(*original);
-    host_call->input = input;
-    host_call->output = output;
-    host_call->bytes = bytes;
-    host_call->staged = true;
-    host_call->algorithm = selection_->select(original->kind, bytes, size(), placement);
+    CollectiveCall host_call = *original;
+    host_call.input = input;
+    host_call.output = output;
+    host_call.bytes = bytes;
+    host_call.staged = true;
+    host_call.algorithm = selection_->select(original->kind, bytes, size(), placement);
     return host_call;
   };
   const bool root = rank_ == original->root;
-  switch (call->kind) {
+  switch (call.kind) {
     case CollectiveKind::all_reduce:
     case CollectiveKind::broadcast:
     case CollectiveKind::reduce: {
       // Chunk k of the result needs chunk k of every input only: pipeline the chunks. They
       // run one after another under the call's sequence number; a chunk's messages match
       // their receives in order (tag.hpp), so chunks never mix.
-      const bool reduce_elsewhere = call->kind == CollectiveKind::reduce && !root;
+      const bool reduce_elsewhere = call.kind == CollectiveKind::reduce && !root;
       const detail::ElementwiseStaging layout{
-          .input = call->input,
-          .output = reduce_elsewhere ? call->input : call->output,
-          .copy_in = call->kind != CollectiveKind::broadcast || root,
+          .input = call.input,
+          .output = reduce_elsewhere ? call.input : call.output,
+          .copy_in = call.kind != CollectiveKind::broadcast || root,
           .copy_out = !reduce_elsewhere,
           .chunk_bytes = detail::staging_chunk_bytes()};
       detail::ChunkRunner run_chunk = [this, &owner, &on_host,
@@ -598,7 +598,7 @@ asio::awaitable<void> Communicator::run_staged(std::shared_ptr<Communicator> sel
                      on_host(chunk, reduce_elsewhere ? Buffer{} : chunk, chunk.size_bytes()));
       };
       co_await detail::run_elementwise_staged(*staging.engine, *staging.pool, layout,
-                                              std::move(run_chunk), call->deadline);
+                                              std::move(run_chunk), call.deadline);
       co_return;
     }
     default: {
@@ -608,8 +608,8 @@ asio::awaitable<void> Communicator::run_staged(std::shared_ptr<Communicator> sel
         co_await run(owner, on_host(input, output, original->bytes));
         co_return output.size_bytes();
       };
-      co_await detail::run_whole_staged(*staging.engine, *staging.pool, call->input, call->output,
-                                        std::move(run_whole), call->deadline);
+      co_await detail::run_whole_staged(*staging.engine, *staging.pool, call.input, call.output,
+                                        std::move(run_whole), call.deadline);
       co_return;
     }
   }
@@ -629,44 +629,44 @@ Deadline deadline_for(Clock::duration timeout) {
 
 }  // namespace
 
-asio::awaitable<void> Communicator::submit(std::unique_ptr<CollectiveCall> call) {
+asio::awaitable<void> Communicator::submit(CollectiveCall call) {
   const bool on_cuda =
-      call->input.memory() == MemoryKind::cuda || call->output.memory() == MemoryKind::cuda;
-  const Buffer& placed = call->input.memory() == MemoryKind::cuda ? call->input : call->output;
+      call.input.memory() == MemoryKind::cuda || call.output.memory() == MemoryKind::cuda;
+  const Buffer& placed = call.input.memory() == MemoryKind::cuda ? call.input : call.output;
   if (on_cuda && routes_to_nccl(placed)) {
     // NCCL keeps its own order, the same on every rank: no sequence number is taken here.
-    return start_on_nccl(*call);
+    return start_on_nccl(call);
   }
   if (on_cuda) {
     // Staged: run() sees host copies, and picks their algorithms; none takes an arena turn.
-    call->algorithm =
-        selection_->select(call->kind, call->bytes, size(),
+    call.algorithm =
+        selection_->select(call.kind, call.bytes, size(),
                            {.one_node = false, .grouped_nodes = hierarchy_.worth_it()});
-    call->hierarchy = &hierarchy_;
-    call->selection = selection_.get();
-    call->sequence = take_sequence();
-    call->deadline = deadline_for(timeout_);
+    call.hierarchy = &hierarchy_;
+    call.selection = selection_.get();
+    call.sequence = take_sequence();
+    call.deadline = deadline_for(timeout_);
     std::shared_ptr<Communicator> self = shared_from_this();
     return run_staged(std::move(self), std::move(call));
   }
   // all_to_all_v: each rank's sizes are its own, yet every rank must take the same path
   // (and the same arena turns), so the table is asked for the largest size: on one node,
   // single copy whatever the sizes (shared_memory_collectives.cpp); elsewhere pairwise.
-  const bool sizes_differ = call->kind == CollectiveKind::all_to_all && call->variable;
+  const bool sizes_differ = call.kind == CollectiveKind::all_to_all && call.variable;
   const std::size_t selected_bytes =
-      sizes_differ ? std::numeric_limits<std::size_t>::max() - 1 : call->bytes;
-  call->algorithm = algorithm_for(call->kind, selected_bytes);
+      sizes_differ ? std::numeric_limits<std::size_t>::max() - 1 : call.bytes;
+  call.algorithm = algorithm_for(call.kind, selected_bytes);
   // An empty call moves nothing (run() skips it), so it takes no turn in the arena; a
   // barrier moves nothing but is all turn.
-  if (call->algorithm == Algorithm::shared_memory &&
-      (selected_bytes != 0 || call->kind == CollectiveKind::barrier)) {
-    call->arena = arena_.get();
-    call->arena_ticket = arena_->take_ticket();
+  if (call.algorithm == Algorithm::shared_memory &&
+      (selected_bytes != 0 || call.kind == CollectiveKind::barrier)) {
+    call.arena = arena_.get();
+    call.arena_ticket = arena_->take_ticket();
   }
-  call->hierarchy = &hierarchy_;
-  call->selection = selection_.get();
-  call->sequence = take_sequence();
-  call->deadline = kDefaultDeadline;  // the timeout runs from the op's first wait (CollectiveOp)
+  call.hierarchy = &hierarchy_;
+  call.selection = selection_.get();
+  call.sequence = take_sequence();
+  call.deadline = kDefaultDeadline;  // the timeout runs from the op's first wait (CollectiveOp)
   std::shared_ptr<Communicator> self = shared_from_this();
   return run(std::move(self), std::move(call));
 }
@@ -680,10 +680,10 @@ asio::awaitable<void> Communicator::all_reduce(Buffer input, Buffer output, Redu
              output.count());
   check.same_or_disjoint(input, output);
   auto call = prepare(CollectiveKind::all_reduce);
-  call->input = input;
-  call->output = output;
-  call->reduce_op = op;
-  call->bytes = input.size_bytes();
+  call.input = input;
+  call.output = output;
+  call.reduce_op = op;
+  call.bytes = input.size_bytes();
   return submit(std::move(call));
 }
 
@@ -701,10 +701,10 @@ asio::awaitable<void> Communicator::reduce_scatter(Buffer input, Buffer output, 
              size(), output.count());
   check.block_or_disjoint(output, input, static_cast<std::size_t>(rank_) * output.count());
   auto call = prepare(CollectiveKind::reduce_scatter);
-  call->input = input;
-  call->output = output;
-  call->reduce_op = op;
-  call->bytes = input.size_bytes();
+  call.input = input;
+  call.output = output;
+  call.reduce_op = op;
+  call.bytes = input.size_bytes();
   return submit(std::move(call));
 }
 
@@ -729,11 +729,11 @@ asio::awaitable<void> Communicator::reduce(Buffer input, Buffer output, ReduceOp
     check.same_or_disjoint(input, output);
   }
   auto call = prepare(CollectiveKind::reduce);
-  call->input = input;
-  call->output = rank_ == root ? output : Buffer{};
-  call->reduce_op = op;
-  call->root = root;
-  call->bytes = input.size_bytes();
+  call.input = input;
+  call.output = rank_ == root ? output : Buffer{};
+  call.reduce_op = op;
+  call.root = root;
+  call.bytes = input.size_bytes();
   return submit(std::move(call));
 }
 
@@ -751,9 +751,9 @@ asio::awaitable<void> Communicator::all_gather(Buffer input, Buffer output) {
              size(), input.count());
   check.block_or_disjoint(input, output, static_cast<std::size_t>(rank_) * input.count());
   auto call = prepare(CollectiveKind::all_gather);
-  call->input = input;
-  call->output = output;
-  call->bytes = output.size_bytes();
+  call.input = input;
+  call.output = output;
+  call.bytes = output.size_bytes();
   return submit(std::move(call));
 }
 
@@ -784,11 +784,11 @@ asio::awaitable<void> Communicator::all_gather_v(Buffer input, Buffer output,
       std::accumulate(counts.begin(), counts.begin() + rank_, std::size_t{0});
   check.block_or_disjoint(input, output, offset);
   auto call = prepare(CollectiveKind::all_gather);
-  call->input = input;
-  call->output = output;
-  call->counts = counts;
-  call->variable = true;
-  call->bytes = output.size_bytes();
+  call.input = input;
+  call.output = output;
+  call.counts = counts;
+  call.variable = true;
+  call.bytes = output.size_bytes();
   return submit(std::move(call));
 }
 
@@ -797,10 +797,10 @@ asio::awaitable<void> Communicator::broadcast(Buffer data, int root) {
   check.rank(root, "root");
   check.host(data, "buffer");
   auto call = prepare(CollectiveKind::broadcast);
-  call->input = data;
-  call->output = data;
-  call->root = root;
-  call->bytes = data.size_bytes();
+  call.input = data;
+  call.output = data;
+  call.root = root;
+  call.bytes = data.size_bytes();
   return submit(std::move(call));
 }
 
@@ -817,10 +817,10 @@ asio::awaitable<void> Communicator::gather(Buffer input, Buffer output, int root
     check.block_or_disjoint(input, output, static_cast<std::size_t>(rank_) * input.count());
   }
   auto call = prepare(CollectiveKind::gather);
-  call->input = input;
-  call->output = rank_ == root ? output : Buffer{};
-  call->root = root;
-  call->bytes = input.size_bytes() * static_cast<std::size_t>(size());
+  call.input = input;
+  call.output = rank_ == root ? output : Buffer{};
+  call.root = root;
+  call.bytes = input.size_bytes() * static_cast<std::size_t>(size());
   return submit(std::move(call));
 }
 
@@ -837,10 +837,10 @@ asio::awaitable<void> Communicator::scatter(Buffer input, Buffer output, int roo
     check.block_or_disjoint(output, input, static_cast<std::size_t>(rank_) * output.count());
   }
   auto call = prepare(CollectiveKind::scatter);
-  call->input = rank_ == root ? input : Buffer{};
-  call->output = output;
-  call->root = root;
-  call->bytes = output.size_bytes() * static_cast<std::size_t>(size());
+  call.input = rank_ == root ? input : Buffer{};
+  call.output = output;
+  call.root = root;
+  call.bytes = output.size_bytes() * static_cast<std::size_t>(size());
   return submit(std::move(call));
 }
 
@@ -855,9 +855,9 @@ asio::awaitable<void> Communicator::all_to_all(Buffer input, Buffer output) {
              "the buffers' {} elements must split into {} equal blocks", input.count(), size());
   check.same_or_disjoint(input, output);
   auto call = prepare(CollectiveKind::all_to_all);
-  call->input = input;
-  call->output = output;
-  call->bytes = input.size_bytes();
+  call.input = input;
+  call.output = output;
+  call.bytes = input.size_bytes();
   return submit(std::move(call));
 }
 
@@ -887,12 +887,12 @@ asio::awaitable<void> Communicator::all_to_all_v(Buffer input,
              "all_to_all_v cannot run in place");
   check.same_or_disjoint(input, output);
   auto call = prepare(CollectiveKind::all_to_all);
-  call->input = input;
-  call->output = output;
-  call->counts = send_counts;
-  call->recv_counts = recv_counts;
-  call->variable = true;
-  call->bytes = input.size_bytes();
+  call.input = input;
+  call.output = output;
+  call.counts = send_counts;
+  call.recv_counts = recv_counts;
+  call.variable = true;
+  call.bytes = input.size_bytes();
   return submit(std::move(call));
 }
 
@@ -1020,14 +1020,14 @@ asio::awaitable<void> Communicator::run_step(std::shared_ptr<Communicator> self,
   BRAID_ENFORCE(kind == CollectiveKind::all_gather || kind == CollectiveKind::broadcast,
                 "run_step runs all_gather and broadcast only");
   auto call = prepare(kind);
-  call->input = input;
-  call->output = output;
-  call->root = 0;
-  call->bytes = output.size_bytes();
-  call->algorithm =
+  call.input = input;
+  call.output = output;
+  call.root = 0;
+  call.bytes = output.size_bytes();
+  call.algorithm =
       kind == CollectiveKind::all_gather ? Algorithm::ring : Algorithm::binomial_tree;
-  call->sequence = sequence;
-  call->deadline = deadline;
+  call.sequence = sequence;
+  call.deadline = deadline;
   co_await run(std::move(self), std::move(call));
 }
 

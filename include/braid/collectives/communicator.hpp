@@ -240,10 +240,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
   // Checks done: picks the algorithm, takes the call's place in the order (sequence
   // number, shared-memory turn) now, and returns run().
-  asio::awaitable<void> submit(std::unique_ptr<detail::CollectiveCall> call);
+  asio::awaitable<void> submit(detail::CollectiveCall call);
   // Runs the call (fingerprints, algorithm, error context, settling after a failure).
   asio::awaitable<void> run(std::shared_ptr<Communicator> self,
-                            std::unique_ptr<detail::CollectiveCall> call);
+                            detail::CollectiveCall call);
   // Whether a call on `buffer` goes to the NCCL communicator (route_cuda_to()).
   bool routes_to_nccl(const Buffer& buffer) const;
   // Hands a checked call to the NCCL communicator, which takes its place in NCCL's order
@@ -251,7 +251,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   asio::awaitable<void> start_on_nccl(const detail::CollectiveCall& call);
   // A call on CUDA buffers: run() on host staging copies of them (docs/gpu.md).
   asio::awaitable<void> run_staged(std::shared_ptr<Communicator> self,
-                                   std::unique_ptr<detail::CollectiveCall> call);
+                                   detail::CollectiveCall call);
   detail::StagingResources& staging_for(int device);
   // send and recv of CUDA memory that UCX cannot take directly.
   asio::awaitable<std::size_t> staged_point_to_point(std::shared_ptr<Communicator> self,
@@ -269,7 +269,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   asio::awaitable<void> run_step(std::shared_ptr<Communicator> self, CollectiveKind kind,
                                  Buffer input, Buffer output, std::uint64_t sequence,
                                  Deadline deadline);
-  std::unique_ptr<detail::CollectiveCall> prepare(CollectiveKind kind);
+  detail::CollectiveCall prepare(CollectiveKind kind);
   void on_member_failed(int world_peer, const std::string& why);
   std::uint64_t take_sequence() noexcept { return next_sequence_.fetch_add(1); }
 

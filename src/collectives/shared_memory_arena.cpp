@@ -37,33 +37,4 @@ void SharedMemoryArena::open(const std::string& name) {
   base_ = segment_.data();
 }
 
-std::atomic_ref<std::uint64_t> SharedMemoryArena::flag(int rank, Stage stage) noexcept {
-  std::byte* at =
-      base_ + (static_cast<std::size_t>(stage) * static_cast<std::size_t>(ranks_) +
-               static_cast<std::size_t>(rank)) * kFlagStride;
-  return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(at));
-}
-
-RankRecord& SharedMemoryArena::record(int rank) noexcept {
-  std::byte* records = base_ + kStages * static_cast<std::size_t>(ranks_) * kFlagStride;
-  return reinterpret_cast<RankRecord*>(records)[rank];
-}
-
-std::byte* SharedMemoryArena::slot(int rank) noexcept {
-  return base_ + kStages * static_cast<std::size_t>(ranks_) * kFlagStride +
-         static_cast<std::size_t>(ranks_) * sizeof(RankRecord) +
-         static_cast<std::size_t>(rank) * kSlotBytes;
-}
-
-std::byte* SharedMemoryArena::result() noexcept {
-  return slot(ranks_);
-}
-
-InlineSlot& SharedMemoryArena::inline_slot(int rank, std::uint64_t generation) noexcept {
-  std::byte* slots = slot(ranks_) + kSlotBytes;  // after the result area
-  constexpr auto kDepth = static_cast<std::size_t>(kInlineDepth);
-  const std::size_t index = kDepth * static_cast<std::size_t>(rank) + generation % kDepth;
-  return reinterpret_cast<InlineSlot*>(slots)[index];
-}
-
 }  // namespace braid::collectives::detail

@@ -155,12 +155,30 @@ class SharedMemoryArena {
     base_ = nullptr;
   }
 
-  std::atomic_ref<std::uint64_t> flag(int rank, Stage stage) noexcept;
-  RankRecord& record(int rank) noexcept;
-  std::byte* slot(int rank) noexcept;
-  std::byte* result() noexcept;
+  // Defined here, not out of line: the waits call them in their spin loops.
+  std::atomic_ref<std::uint64_t> flag(int rank, Stage stage) noexcept {
+    std::byte* at = base_ + (static_cast<std::size_t>(stage) * static_cast<std::size_t>(ranks_) +
+                             static_cast<std::size_t>(rank)) *
+                                kFlagStride;
+    return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(at));
+  }
+  RankRecord& record(int rank) noexcept {
+    std::byte* records = base_ + kStages * static_cast<std::size_t>(ranks_) * kFlagStride;
+    return reinterpret_cast<RankRecord*>(records)[rank];
+  }
+  std::byte* slot(int rank) noexcept {
+    return base_ + kStages * static_cast<std::size_t>(ranks_) * kFlagStride +
+           static_cast<std::size_t>(ranks_) * sizeof(RankRecord) +
+           static_cast<std::size_t>(rank) * kSlotBytes;
+  }
+  std::byte* result() noexcept { return slot(ranks_); }
   // Rank's inline slot for `generation`.
-  InlineSlot& inline_slot(int rank, std::uint64_t generation) noexcept;
+  InlineSlot& inline_slot(int rank, std::uint64_t generation) noexcept {
+    std::byte* slots = slot(ranks_) + kSlotBytes;  // after the result area
+    constexpr auto kDepth = static_cast<std::size_t>(kInlineDepth);
+    const std::size_t index = kDepth * static_cast<std::size_t>(rank) + generation % kDepth;
+    return reinterpret_cast<InlineSlot*>(slots)[index];
+  }
 
   // Issue order: a ticket at the call, served in order.
   std::uint64_t take_ticket() noexcept { return next_ticket_.fetch_add(1); }

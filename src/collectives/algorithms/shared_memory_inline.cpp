@@ -11,7 +11,7 @@
 // fingerprint and the vector share one cache line, so each peer costs one cache-line
 // transfer: 8-byte all-reduce on 2 ranks 1.19 -> 0.85 us (six alternating runs, dev VM)
 // against a flag, a fingerprint and a vector on three lines. The rooted collectives move
-// data one way instead, and only the receiving end waits (shared_memory_rooted below).
+// data one way instead, and only the receiving end waits (shared_memory_small below).
 //
 // No release wait (but on a mismatch of the exchanging collectives): each rank has
 // kInlineDepth inline slots, used in turn by generation. Before writing one,

@@ -262,14 +262,6 @@ asio::awaitable<void> run_message_algorithm(CollectiveOp& op, const CollectiveCa
 
 namespace {
 
-// Single copy where the members read each other's memory, else the message algorithm.
-asio::awaitable<void> run_single_copy_or_messages(CollectiveOp& op, const CollectiveCall& call) {
-  // Not `if (co_await ...)`: GCC 12 resumed this frame at an invalid point (SIGILL) with
-  // the co_await in the condition here.
-  const bool done = co_await detail::shared_memory_collective(op, call);
-  if (!done) co_await detail::run_message_algorithm(op, call);
-}
-
 // Not a coroutine: each call starts its algorithm's frame directly, without one more frame
 // around it; the small shared-memory calls (latency-bound: an 8-byte all-reduce takes a
 // third of a microsecond) run in that one frame.
@@ -277,7 +269,7 @@ asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call
   if (call.algorithm != Algorithm::shared_memory) return detail::run_message_algorithm(op, call);
   if (detail::fits_inline(call)) return detail::shared_memory_small(op, call);
   if (call.kind == CollectiveKind::all_reduce) return detail::shared_memory_all_reduce(op, call);
-  return run_single_copy_or_messages(op, call);
+  return detail::shared_memory_collective(op, call);
 }
 
 }  // namespace

@@ -65,8 +65,8 @@ asio::awaitable<void> hierarchical_all_reduce(CollectiveOp& op, Buffer input, Bu
 // shared_memory_small, larger all-reduces in shared_memory_all_reduce, the other larger
 // collectives in shared_memory_collective. All-reduce and barrier always run in the arena;
 // the other collectives only where the members read each other's memory: otherwise
-// shared_memory_small runs the message algorithm itself, and shared_memory_collective
-// returns false at once for the Communicator to run it.
+// shared_memory_small and shared_memory_collective give up their turn at once and run the
+// message algorithm.
 asio::awaitable<void> shared_memory_small(CollectiveOp& op, const CollectiveCall& call);
 // Whether `call` goes through the ranks' inline slots, the same answer on every rank whose
 // call matches: a barrier; an all-reduce of at most 16 KiB; a reduce, reduce-scatter or
@@ -75,7 +75,7 @@ asio::awaitable<void> shared_memory_small(CollectiveOp& op, const CollectiveCall
 // a gather or scatter whose root's whole output or input is.
 bool fits_inline(const CollectiveCall& call) noexcept;
 asio::awaitable<void> shared_memory_all_reduce(CollectiveOp& op, const CollectiveCall& call);
-asio::awaitable<bool> shared_memory_collective(CollectiveOp& op, const CollectiveCall& call);
+asio::awaitable<void> shared_memory_collective(CollectiveOp& op, const CollectiveCall& call);
 // Gives up the arena turn of a call whose algorithm never ran (arena_turn.hpp, pass()).
 asio::awaitable<void> pass_arena_turn(CollectiveOp& op, const CollectiveCall& call);
 

@@ -36,8 +36,8 @@
 // there: only the receiving end waits.
 //
 // Where the members cannot read each other's memory (the kernel forbids it, or
-// BRAID_SHM_SINGLE_COPY=0), these return false without touching the arena and the
-// Communicator runs the message algorithm.
+// BRAID_SHM_SINGLE_COPY=0), they give up their turn without touching the arena and run
+// the message algorithm, as shared_memory_small does.
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -244,28 +244,32 @@ Error all_to_all_v_dispute(const CollectiveOp& op, int sender, int receiver, std
                {.rank = op.world_rank(op.rank()), .peer = op.world_rank(sender)});
 }
 
-asio::awaitable<bool> shared_memory_collective(CollectiveOp& op, const CollectiveCall& call) {
-  ArenaTurn turn(op, *call.arena, call.arena_ticket);
-  co_await turn.start();
-  // Every rank reaches the same answer: single copy was agreed by all.
-  if (op.size() == 1 || !turn.single_copy()) {
+asio::awaitable<void> shared_memory_collective(CollectiveOp& op, const CollectiveCall& call) {
+  {
+    ArenaTurn turn(op, *call.arena, call.arena_ticket);
+    co_await turn.start();
+    // Every rank reaches the same answer: single copy was agreed by all or by none.
+    if (op.size() > 1 && turn.single_copy()) {
+      const bool variable_all_to_all = call.kind == CollectiveKind::all_to_all && call.variable;
+      if (variable_all_to_all) {
+        const bool done = co_await shared_memory_inline_all_to_all_v(turn, op, call);
+        if (done) {
+          turn.finish();
+          co_return;
+        }
+        turn.arena().record(op.rank()).send_counts =
+            reinterpret_cast<std::uint64_t>(call.counts.data());
+      }
+      const trace::AsyncSpan moved = op.phase("shared_memory.single_copy", call.bytes);
+      co_await turn.post(fingerprint_of(call), call.input, call.output);
+      co_await run_single_copy(turn, op, call);
+      turn.finish();
+      co_return;
+    }
     turn.finish();
-    co_return false;
   }
-  if (call.kind == CollectiveKind::all_to_all && call.variable &&
-      co_await shared_memory_inline_all_to_all_v(turn, op, call)) {
-    turn.finish();
-    co_return true;
-  }
-  const trace::AsyncSpan moved = op.phase("shared_memory.single_copy", call.bytes);
-  if (call.kind == CollectiveKind::all_to_all && call.variable) {
-    turn.arena().record(op.rank()).send_counts =
-        reinterpret_cast<std::uint64_t>(call.counts.data());
-  }
-  co_await turn.post(fingerprint_of(call), call.input, call.output);
-  co_await run_single_copy(turn, op, call);
-  turn.finish();
-  co_return true;
+  // The turn is given up (left the block) before the messages go, as in shared_memory_small.
+  co_await run_message_algorithm(op, call);
 }
 
 }  // namespace braid::collectives::detail

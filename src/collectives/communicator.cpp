@@ -18,6 +18,7 @@
 #include "algorithms/algorithms.hpp"
 #include "collective_call.hpp"
 #include "collective_op.hpp"
+#include "communicator_ids.hpp"
 #include "scratch_pool.hpp"
 #include "shared_memory_arena.hpp"
 #include "staging.hpp"
@@ -45,11 +46,6 @@ std::size_t sum_of_counts(std::span<const std::size_t> counts) {
   }
   return sum;
 }
-
-constexpr std::uint32_t kWorldCommunicatorId = 1;
-// Ids 2.. are handed out by the store counter below, across the whole job.
-constexpr std::uint32_t kFirstSplitId = 2;
-constexpr std::string_view kCommunicatorCounterKey = "braid/collectives/next_communicator";
 
 // Span names are the kinds' own names, interned once (intern() locks; a span must not).
 trace::Name span_name(CollectiveKind kind) {
@@ -330,16 +326,21 @@ std::string describe(const Fingerprint& f) {
 std::shared_ptr<Communicator> Communicator::world(transport::World& world, Options options) {
   std::vector<int> ranks(static_cast<std::size_t>(world.size()));
   std::iota(ranks.begin(), ranks.end(), 0);
-  return std::make_shared<Communicator>(Private{}, world, std::move(ranks), kWorldCommunicatorId,
+  Name name{.id = detail::kWorldCommunicatorId,
+            .serial = detail::kWorldCommunicatorId,
+            .ids = std::make_shared<detail::CommunicatorIds>()};
+  return std::make_shared<Communicator>(Private{}, world, std::move(ranks), std::move(name),
                                         std::move(options));
 }
 
 Communicator::Communicator(Private, transport::World& world, std::vector<int> world_ranks,
-                           std::uint32_t id, Options options)
+                           Name name, Options options)
     : world_(world),
       runtime_(world.runtime()),
       world_ranks_(std::move(world_ranks)),
-      id_(id),
+      id_(name.id),
+      serial_(name.serial),
+      ids_(std::move(name.ids)),
       timeout_(options.timeout.value_or(default_timeout())),
       check_fingerprints_(options.check_fingerprints.value_or(fingerprints_from_environment())),
       selection_(options.selection),
@@ -348,7 +349,7 @@ Communicator::Communicator(Private, transport::World& world, std::vector<int> wo
       scratch_(std::make_unique<detail::ScratchPool>()),
       staging_engine_(std::move(options.staging_engine)),
       cuda_stream_(options.cuda_stream),
-      track_(trace::track(fmt::format("communicator {}", id))) {
+      track_(trace::track(fmt::format("communicator {}", name.id))) {
   // Every member on this node (the whole job is): collectives may go through shared memory.
   if (world.launch().num_nodes == 1 && world_ranks_.size() > 1) {
     arena_ =
@@ -360,14 +361,17 @@ Communicator::Communicator(Private, transport::World& world, std::vector<int> wo
   }
   const auto me = std::find(world_ranks_.begin(), world_ranks_.end(), world.rank());
   BRAID_ENFORCE(me != world_ranks_.end(), "world rank {} is not a member of communicator {}",
-                world.rank(), id);
+                world.rank(), id_);
   rank_ = static_cast<int>(me - world_ranks_.begin());
   std::vector<int> nodes;
   for (int world_rank : world_ranks_) nodes.push_back(world.node_of(world_rank));
   hierarchy_ = HierarchyPlan::from_nodes(nodes, rank_);
+  // On a reused id, above every sequence number its last users may have left a message
+  // with (communicator_ids.hpp).
+  next_sequence_.store(name.first_sequence, std::memory_order_relaxed);
   for (std::size_t i = 0; i < world_ranks_.size(); ++i) {
-    send_sequence_[i].store(0, std::memory_order_relaxed);
-    recv_sequence_[i].store(0, std::memory_order_relaxed);
+    send_sequence_[i].store(name.first_sequence, std::memory_order_relaxed);
+    recv_sequence_[i].store(name.first_sequence, std::memory_order_relaxed);
   }
   // `this` outlives the listener: the destructor removes it on the runtime thread, where
   // it runs.
@@ -381,6 +385,15 @@ Communicator::Communicator(Private, transport::World& world, std::vector<int> wo
 
 Communicator::~Communicator() {
   world_.transport().remove_peer_failure_listener(failure_listener_);
+  if (id_ == detail::kWorldCommunicatorId) return;
+  // No operation is in flight (each holds the communicator): every sequence number this
+  // rank will ever have used is below the counters.
+  std::uint64_t unused = next_sequence_.load(std::memory_order_relaxed);
+  for (std::size_t i = 0; i < world_ranks_.size(); ++i) {
+    unused = std::max({unused, send_sequence_[i].load(std::memory_order_relaxed),
+                       recv_sequence_[i].load(std::memory_order_relaxed)});
+  }
+  ids_->released({.serial = serial_, .id = id_, .members = size(), .unused_sequence = unused});
 }
 
 Algorithm Communicator::algorithm_for(CollectiveKind kind, std::size_t bytes) const {
@@ -423,7 +436,7 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
   } catch (const Error& error) {
     std::string where = fmt::format("{}{}[{}]", to_string(call.kind), call.variable ? "_v" : "",
                                     to_string(call.algorithm));
-    if (id_ != kWorldCommunicatorId) where += fmt::format(" on communicator {}", id_);
+    if (id_ != detail::kWorldCommunicatorId) where += fmt::format(" on communicator {}", id_);
     ErrorContext context{.rank = world_rank(rank_),
                          .peer = error.context().peer,
                          .operation = std::move(where),
@@ -1026,6 +1039,9 @@ asio::awaitable<void> Communicator::run_step(std::shared_ptr<Communicator> self,
 asio::awaitable<std::shared_ptr<Communicator>> Communicator::run_split(
     std::shared_ptr<Communicator> self, std::uint64_t sequence, int color, int key,
     Deadline deadline) {
+  // Ids that communicators destroyed here gave back: counted before the all-gather, so
+  // rank 0 below sees those of every rank taking part.
+  co_await detail::publish_releases(world_.store(), ids_->take_released(), world_.rank());
   const auto world_size = static_cast<std::size_t>(size());
   std::vector<std::int32_t> mine{color, key};
   std::vector<std::int32_t> everyone(2 * world_size);
@@ -1038,24 +1054,30 @@ asio::awaitable<std::shared_ptr<Communicator>> Communicator::run_split(
   std::sort(colors.begin(), colors.end());
   colors.erase(std::unique(colors.begin(), colors.end()), colors.end());
 
-  std::vector<std::int64_t> first_id{0};
-  if (rank_ == 0 && !colors.empty()) {
-    const std::int64_t delta = static_cast<std::int64_t>(colors.size());
-    std::string counter_key(kCommunicatorCounterKey);
-    const std::int64_t after = co_await world_.store().add(std::move(counter_key), delta);
-    first_id[0] = kFirstSplitId + after - delta;
+  // Per color (serial, id, first sequence), and one word so that it is never empty.
+  std::vector<std::int64_t> names(3 * colors.size() + 1);
+  if (rank_ == 0) {
+    const std::vector<detail::CommunicatorName> made =
+        co_await detail::allocate_names(world_.store(), colors.size(), world_.rank());
+    for (std::size_t i = 0; i < made.size(); ++i) {
+      names[3 * i] = made[i].serial;
+      names[3 * i + 1] = made[i].id;
+      names[3 * i + 2] = static_cast<std::int64_t>(made[i].first_sequence);
+    }
   }
-  co_await run_step(self, CollectiveKind::broadcast, Buffer(first_id), Buffer(first_id),
-                    sequence + 1, deadline);
+  co_await run_step(self, CollectiveKind::broadcast, Buffer(names), Buffer(names), sequence + 1,
+                    deadline);
   if (color < 0) co_return nullptr;
 
-  const auto color_index = std::lower_bound(colors.begin(), colors.end(), color) - colors.begin();
-  const std::int64_t id = first_id[0] + color_index;
+  const auto color_index = static_cast<std::size_t>(
+      std::lower_bound(colors.begin(), colors.end(), color) - colors.begin());
+  const std::int64_t id = names[3 * color_index + 1];
   if (id >= static_cast<std::int64_t>(transport::max_communicators)) {
     throw Error(Errc::invalid_argument,
-                fmt::format("the job has created {} communicators, the most the message tag can "
-                            "tell apart is {}",
-                            id, transport::max_communicators - 1),
+                fmt::format("{} communicators split off are alive in the job, the most the "
+                            "message tag can tell apart (an id comes back once every member "
+                            "has destroyed its communicator and split again)",
+                            transport::max_communicators - detail::kFirstSplitId),
                 {.rank = world_rank(rank_), .operation = "split"});
   }
   std::vector<std::pair<int, int>> members;  // (key, rank here)
@@ -1070,8 +1092,12 @@ asio::awaitable<std::shared_ptr<Communicator>> Communicator::run_split(
                   .selection = selection_,
                   .cuda_stream = cuda_stream_,
                   .staging_engine = staging_engine_};
-  co_return std::make_shared<Communicator>(Private{}, world_, std::move(ranks),
-                                           static_cast<std::uint32_t>(id), std::move(options));
+  Name name{.id = static_cast<std::uint32_t>(id),
+            .serial = names[3 * color_index],
+            .first_sequence = static_cast<std::uint64_t>(names[3 * color_index + 2]),
+            .ids = ids_};
+  co_return std::make_shared<Communicator>(Private{}, world_, std::move(ranks), std::move(name),
+                                           std::move(options));
 }
 
 }  // namespace braid::collectives

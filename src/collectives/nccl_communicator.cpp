@@ -81,13 +81,14 @@ std::byte* at(const Buffer& buffer, std::size_t elements) {
   return static_cast<std::byte*>(buffer.data()) + elements * dtype_size(buffer.dtype());
 }
 
-// How many NccCommunicators each bootstrap communicator has made on this process: members
-// create them in the same order, so (id, count) names the same one on every rank.
-std::uint64_t next_generation(std::uint32_t bootstrap_id) {
+// How many NcclCommunicators each bootstrap communicator has made on this process: members
+// create them in the same order, so (serial, count) names the same one on every rank. The
+// serial, not the id: ids are reused, by other members who counted other communicators.
+std::uint64_t next_generation(std::int64_t bootstrap_serial) {
   static std::mutex mutex;
-  static std::map<std::uint32_t, std::uint64_t> made;
+  static std::map<std::int64_t, std::uint64_t> made;
   std::lock_guard lock(mutex);
-  return made[bootstrap_id]++;
+  return made[bootstrap_serial]++;
 }
 
 // Argument checks for the NCCL entry points, with the error naming the call.
@@ -161,8 +162,8 @@ asio::awaitable<std::shared_ptr<NcclCommunicator>> NcclCommunicator::create(Comm
   const Clock::duration timeout = options.timeout.value_or(default_timeout());
   const Deadline deadline = deadline_after(timeout);
   transport::World& world = bootstrap.world();
-  const std::string key =
-      fmt::format("braid/nccl/{}/{}/unique_id", bootstrap.id(), next_generation(bootstrap.id()));
+  const std::string key = fmt::format("braid/nccl/{}/{}/unique_id", bootstrap.serial(),
+                                      next_generation(bootstrap.serial()));
   ncclUniqueId id{};
   if (bootstrap.rank() == 0) {
     BRAID_NCCL_CHECK(ncclGetUniqueId(&id));

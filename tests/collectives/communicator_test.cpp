@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 
 #include <boost/asio/steady_timer.hpp>
@@ -622,6 +623,51 @@ TEST(Split, CommunicatorsSplitByColorRunConcurrentlyWithTheirParent) {
     world_sum.get();
     EXPECT_EQ(in_pair[0], me % 2 == 0 ? 0 + 2 : 1 + 3);
     EXPECT_EQ(in_world[0], 6);
+  });
+}
+
+TEST(Split, IdsComeBackOnceEveryMemberDestroyedItsCommunicatorSoSplittingNeverRunsOut) {
+  // More splits than the message tag has ids for, each used and then dropped.
+  constexpr int kSplits = 4200;
+  static_assert(kSplits > static_cast<int>(transport::max_communicators));
+  run_ranks(2, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    const int me = comm->rank();
+    std::set<std::uint32_t> ids;
+    for (int i = 0; i < kSplits; ++i) {
+      std::shared_ptr<Communicator> group = co_await comm->split(0, me);
+      ids.insert(group->id());
+      if (i % 500 == 0) {  // used, not only made
+        std::vector<std::int32_t> value{me + i};
+        co_await group->all_reduce(Buffer(value), ReduceOp::sum);
+        EXPECT_EQ(value[0], 1 + 2 * i);
+      }
+    }
+    // One alive at a time: the split after a destruction takes its id back.
+    EXPECT_LE(ids.size(), 2u);
+    EXPECT_EQ(comm->id(), 1u);
+  });
+}
+
+TEST(Split, AReusedIdNeverDeliversAMessageItsLastCommunicatorLeftUnreceived) {
+  run_ranks(2, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    const int me = comm->rank();
+    std::shared_ptr<Communicator> first = co_await comm->split(0, me);
+    const std::uint32_t first_id = first->id();
+    const std::int64_t first_serial = first->serial();
+    std::vector<float> stale{1.0f};
+    if (me == 0) co_await first->send(Buffer(stale), 1);  // rank 1 never receives it
+    first.reset();
+    std::shared_ptr<Communicator> second = co_await comm->split(0, me);
+    EXPECT_EQ(second->id(), first_id);          // the id came back...
+    EXPECT_NE(second->serial(), first_serial);  // ...the serial never does
+    std::vector<float> fresh{me == 0 ? 2.0f : 0.0f};
+    if (me == 0) {
+      co_await second->send(Buffer(fresh), 1);
+    } else {
+      const std::size_t got = co_await second->recv(Buffer(fresh), 0);
+      EXPECT_EQ(got, 1u);
+      EXPECT_EQ(fresh[0], 2.0f);  // not the first communicator's 1.0
+    }
   });
 }
 

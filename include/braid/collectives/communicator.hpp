@@ -94,6 +94,7 @@ namespace braid::collectives {
 namespace detail {
 struct CollectiveCall;
 class CollectiveOp;
+class CommunicatorIds;
 class CopyEngine;
 class ScratchPool;
 class SharedMemoryArena;
@@ -138,8 +139,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   int size() const noexcept { return static_cast<int>(world_ranks_.size()); }
   // The world rank of this communicator's rank `rank`.
   int world_rank(int rank) const { return world_ranks_.at(static_cast<std::size_t>(rank)); }
-  // Unique among the job's live communicators; the world's is 1.
+  // Unique among the job's live communicators; the world's is 1. An id comes back into use
+  // once every member has destroyed its communicator (and split again since).
   std::uint32_t id() const noexcept { return id_; }
+  // Unique in the job and never reused (the world's is 1): what names this communicator's
+  // records in the store.
+  std::int64_t serial() const noexcept { return serial_; }
   Runtime& runtime() noexcept { return runtime_; }
   transport::World& world() noexcept { return world_; }
 
@@ -232,7 +237,15 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   struct Private {};
 
  public:
-  Communicator(Private, transport::World& world, std::vector<int> world_ranks, std::uint32_t id,
+  // A split communicator's name: its id, its serial, the sequence its numbering starts
+  // from (communicator_ids.hpp), and the pool its id returns to.
+  struct Name {
+    std::uint32_t id = 0;
+    std::int64_t serial = 0;
+    std::uint64_t first_sequence = 0;
+    std::shared_ptr<detail::CommunicatorIds> ids;
+  };
+  Communicator(Private, transport::World& world, std::vector<int> world_ranks, Name name,
                Options options);
 
  private:
@@ -278,6 +291,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::vector<int> world_ranks_;  // this communicator's rank r is world rank world_ranks_[r]
   int rank_ = -1;
   std::uint32_t id_ = 0;
+  std::int64_t serial_ = 0;
+  std::shared_ptr<detail::CommunicatorIds> ids_;  // shared with every communicator split off
   Clock::duration timeout_;
   bool check_fingerprints_ = false;
   std::shared_ptr<const SelectionTable> selection_;

@@ -648,6 +648,27 @@ TEST(Split, IdsComeBackOnceEveryMemberDestroyedItsCommunicatorSoSplittingNeverRu
   });
 }
 
+TEST(Split, GroupsSplittingAtOnceNeverTakeTheSameFreedId) {
+  // Two pairs split and drop in a loop, concurrently: their rank 0s take freed ids from
+  // the one pool at the same moments, and must never both take the same.
+  constexpr int kRounds = 200;
+  run_ranks(4, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    const int me = comm->rank();
+    std::shared_ptr<Communicator> pair = co_await comm->split(me % 2, me);
+    std::set<std::uint32_t> ids;
+    for (int round = 0; round < kRounds; ++round) {
+      std::shared_ptr<Communicator> child = co_await pair->split(0, me);
+      std::vector<std::int64_t> mine{child->id()}, everyone(4);
+      co_await comm->all_gather(Buffer(mine), Buffer(everyone));
+      EXPECT_EQ(everyone[0], everyone[2]);
+      EXPECT_EQ(everyone[1], everyone[3]);
+      EXPECT_NE(everyone[0], everyone[1]) << "round " << round;
+      ids.insert(child->id());
+    }
+    EXPECT_LE(ids.size(), 4u);  // reused, not drawn afresh each round
+  });
+}
+
 TEST(Split, AReusedIdNeverDeliversAMessageItsLastCommunicatorLeftUnreceived) {
   run_ranks(2, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
     const int me = comm->rank();

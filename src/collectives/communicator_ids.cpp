@@ -108,6 +108,7 @@ asio::awaitable<std::vector<CommunicatorName>> allocate_names(transport::StoreCl
   std::size_t reused = 0;
   co_await update(store, std::string(kFreePool), world_rank, [&](const Words& pool) {
     reused = std::min(count, pool.size() / 2);
+    for (CommunicatorName& name : names) name.first_sequence = 0;  // from an earlier try
     for (std::size_t i = 0; i < reused; ++i) {
       names[i].id = static_cast<std::int64_t>(pool[2 * i]);
       names[i].first_sequence = pool[2 * i + 1];

@@ -179,6 +179,10 @@ class SharedMemoryArena {
     const std::size_t index = kDepth * static_cast<std::size_t>(rank) + generation % kDepth;
     return reinterpret_cast<InlineSlot*>(slots)[index];
   }
+  // The generation rank's inline slot for `generation` was last marked posted in.
+  std::atomic_ref<std::uint64_t> inline_posted(int rank, std::uint64_t generation) noexcept {
+    return std::atomic_ref<std::uint64_t>(inline_slot(rank, generation).posted);
+  }
 
   // Issue order: a ticket at the call, served in order.
   std::uint64_t take_ticket() noexcept { return next_ticket_.fetch_add(1); }

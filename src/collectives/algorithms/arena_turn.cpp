@@ -384,11 +384,9 @@ bool ArenaTurn::peers_past_slot_use() noexcept {
   const int me = op_.rank();
   for (int r = 0; r < op_.size(); ++r) {
     if (r == me) continue;
-    std::uint64_t& posted = arena_.inline_slot(r, next).posted;
-    const bool past =
-        std::atomic_ref<std::uint64_t>(posted).load(std::memory_order_acquire) >= next ||
-        arena_.flag(r, Stage::posted).load(std::memory_order_acquire) >= next ||
-        arena_.flag(r, Stage::released).load(std::memory_order_acquire) >= last_use;
+    const bool past = arena_.inline_posted(r, next).load(std::memory_order_acquire) >= next ||
+                      arena_.flag(r, Stage::posted).load(std::memory_order_acquire) >= next ||
+                      arena_.flag(r, Stage::released).load(std::memory_order_acquire) >= last_use;
     if (!past) return false;
   }
   arena_.note_all_reached(next);
@@ -404,14 +402,12 @@ asio::awaitable<void> ArenaTurn::wait_inline_slot_free() {
 }
 
 void ArenaTurn::post_inline_slot() noexcept {
-  InlineSlot& mine = arena_.inline_slot(op_.rank(), generation_);
-  std::atomic_ref<std::uint64_t>(mine.posted).store(generation_, std::memory_order_release);
+  arena_.inline_posted(op_.rank(), generation_).store(generation_, std::memory_order_release);
 }
 
 bool ArenaTurn::all_inline_slots_posted() noexcept {
   for (int r = 0; r < op_.size(); ++r) {
-    std::uint64_t& posted = arena_.inline_slot(r, generation_).posted;
-    if (std::atomic_ref<std::uint64_t>(posted).load(std::memory_order_acquire) < generation_) {
+    if (arena_.inline_posted(r, generation_).load(std::memory_order_acquire) < generation_) {
       return false;
     }
   }
@@ -425,8 +421,7 @@ asio::awaitable<void> ArenaTurn::wait_all_inline_slots(std::string_view what) {
 }
 
 bool ArenaTurn::inline_slot_posted(int rank) noexcept {
-  std::uint64_t& posted = arena_.inline_slot(rank, generation_).posted;
-  if (std::atomic_ref<std::uint64_t>(posted).load(std::memory_order_acquire) < generation_) {
+  if (arena_.inline_posted(rank, generation_).load(std::memory_order_acquire) < generation_) {
     return false;
   }
   // With one peer, the rank we waited for is every rank there is.

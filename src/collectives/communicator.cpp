@@ -1074,9 +1074,9 @@ asio::awaitable<std::shared_ptr<Communicator>> Communicator::run_split(
   const std::int64_t id = names[3 * color_index + 1];
   if (id >= static_cast<std::int64_t>(transport::max_communicators)) {
     throw Error(Errc::invalid_argument,
-                fmt::format("{} communicators split off are alive in the job, the most the "
-                            "message tag can tell apart (an id comes back once every member "
-                            "has destroyed its communicator and split again)",
+                fmt::format("all {} ids the message tag has for split communicators are "
+                            "taken (an id comes back once every member has destroyed its "
+                            "communicator and split again)",
                             transport::max_communicators - detail::kFirstSplitId),
                 {.rank = world_rank(rank_), .operation = "split"});
   }

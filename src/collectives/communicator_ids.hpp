@@ -24,8 +24,11 @@
 // Serials, unlike ids, are never reused: they name what belongs to one communicator in the
 // store (its release record, its NCCL unique id).
 //
-// Cost: per split, one store round trip per communicator released on this rank since its
-// last split, plus, on rank 0, two or three (serials, the pool, fresh ids when it is empty).
+// Cost, in store round trips per split: one or two (a compare-and-set that finds the record
+// written since it last looked tries again) per communicator released on this rank since
+// its last split, plus two or three more for the member that frees the id (one or two for
+// the pool, one to erase the record); on rank 0, a serial counter, one or two for the
+// pool, and a fresh-id counter when the pool runs short.
 #pragma once
 
 #include <cstdint>

@@ -143,10 +143,23 @@ class CollectiveOp {
   // Fixes the deadline now if it waits for the first wait.
   Deadline deadline() noexcept { return deadline_at(Clock::now()); }
 
-  // The communicator's timeline row; phase() spans nest under the collective's span there.
-  void set_track(trace::Track track) noexcept { track_ = track; }
+  // The communicator's timeline row; phase() and waiting() spans nest under the
+  // collective's span there. `record_steps`: whether phase() records (an op below
+  // BRAID_TRACE_STEPS_KIB records its own span alone: a step span costs ~20 ns, a share
+  // of a small op worth more than the detail).
+  void set_track(trace::Track track, bool record_steps) noexcept {
+    track_ = track;
+    record_steps_ = record_steps;
+  }
+  // A step of the algorithm (a ring phase, a chunk), where steps are recorded.
   trace::AsyncSpan phase(trace::Name name, std::size_t bytes = 0) const noexcept {
+    if (!record_steps_) return {};
     return trace::AsyncSpan(trace::Category::step, name, track_, bytes);
+  }
+  // A wait for something outside the op (its turn behind an earlier op): always recorded,
+  // since it happens only when the op stalls.
+  trace::AsyncSpan waiting(trace::Name name) const noexcept {
+    return trace::AsyncSpan(trace::Category::step, name, track_);
   }
 
   Message send(int peer, Buffer data, std::uint32_t step);
@@ -264,6 +277,7 @@ class CollectiveOp {
   int group_rank_ = -1;
   std::uint32_t step_base_ = 0;  // added to algorithm steps inside a Subgroup
   trace::Track track_;
+  bool record_steps_ = true;
 };
 
 // ---- element-wise work shared by the algorithms

@@ -64,6 +64,10 @@ constexpr std::array kKnobs{
     Knob{"BRAID_TRACE_BUFFER_MB", "256",
          "the most memory (MiB) trace records may hold in a process; past it each thread "
          "overwrites its own oldest records, and the trace file says how many were lost"},
+    Knob{"BRAID_TRACE_STEPS_KIB", "256",
+         "collectives moving at least this many KiB also record their steps (ring phases, "
+         "shared-memory chunks and reductions) as spans inside the op's; smaller ones record "
+         "the op alone, where a second span would cost ~1% of its time; 0: every op"},
     Knob{"BRAID_TRACE_CLOCK", "auto",
          "the clock trace timestamps read: tsc (the CPU's time-stamp counter, kept in step "
          "with steady_clock; about half its cost), steady (steady_clock), or auto: tsc where "

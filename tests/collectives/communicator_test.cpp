@@ -17,6 +17,7 @@
 
 #include <braid/collectives/communicator.hpp>
 #include <braid/core/error.hpp>
+#include <braid/trace/recorder.hpp>
 
 #include "../support/expect_error.hpp"
 #include "../support/scoped_env.hpp"
@@ -690,6 +691,53 @@ TEST(Split, AReusedIdNeverDeliversAMessageItsLastCommunicatorLeftUnreceived) {
       EXPECT_EQ(fresh[0], 2.0f);  // not the first communicator's 1.0
     }
   });
+}
+
+// The sizes of the ring reduce-scatter step spans recorded while both ranks all-reduce
+// 8 KiB and then 128 KiB over the ring, BRAID_TRACE_STEPS_KIB=`steps_kib`.
+std::multiset<std::uint64_t> ring_steps_recorded(const char* steps_kib) {
+  const braid::testing::ScopedEnv threshold("BRAID_TRACE_STEPS_KIB", steps_kib);
+  trace::clear();
+  trace::set_enabled(true);
+  run_ranks(2,
+            [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+              for (const std::size_t count : {std::size_t{2} << 10, std::size_t{32} << 10}) {
+                std::vector<float> data(count, 1.0f);
+                co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
+                EXPECT_EQ(data.front(), 2.0f);
+              }
+            },
+            {.selection = forcing("allreduce:0-inf:ring")});
+  trace::set_enabled(false);
+  std::multiset<std::uint64_t> steps;
+  int ops = 0;
+  for (const trace::Record& record : trace::snapshot().records) {
+    if (std::string_view(record.name) == "ring.reduce_scatter") steps.insert(record.bytes);
+    if (std::string_view(record.name) == "all_reduce") ++ops;
+  }
+  EXPECT_EQ(ops, 4) << "every op records its own span, whatever its size";
+  return steps;
+}
+
+TEST(Tracing, OpsBelowTheStepThresholdRecordTheirOwnSpanAloneAndLargerOnesTheirStepsToo) {
+  const std::uint64_t small = 8 << 10, large = 128 << 10;
+  EXPECT_EQ(ring_steps_recorded("64"), (std::multiset<std::uint64_t>{large, large}));
+  EXPECT_EQ(ring_steps_recorded("0"), (std::multiset<std::uint64_t>{small, small, large, large}));
+  EXPECT_EQ(ring_steps_recorded("1024"), std::multiset<std::uint64_t>{});
+}
+
+TEST(Tracing, ANegativeStepThresholdIsAnEnvironmentErrorNamingTheKnob) {
+  const braid::testing::ScopedEnv threshold("BRAID_TRACE_STEPS_KIB", "-1");
+  for (const std::exception_ptr& failure :
+       testing::run_ranks_collecting(1, [](auto) -> asio::awaitable<void> { co_return; })) {
+    ASSERT_TRUE(failure);
+    try {
+      std::rethrow_exception(failure);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_environment) << e.what();
+      EXPECT_THAT(e.what(), HasSubstr("BRAID_TRACE_STEPS_KIB=-1"));
+    }
+  }
 }
 
 TEST(PointToPoint, SendAndRecvMatchPerPairInCallOrder) {

@@ -97,6 +97,7 @@ TEST(Reducer, AveragesEveryBucketAcrossRanks) {
 // where private buckets copy every chunk through the arena ("shared_memory.chunk").
 TEST(Reducer, KeepsItsBucketsInMemoryTheRanksShareUnlessToldNot) {
   const braid::testing::ScopedEnv no_cross_memory("BRAID_SHM_SINGLE_COPY", "0");
+  const braid::testing::ScopedEnv every_step("BRAID_TRACE_STEPS_KIB", "0");
   // Buckets above the arena's 16 KiB inline slots.
   const std::vector<ParameterSpec> large = {
       ParameterSpec{.name = "w", .count = 20000, .shape = {20000}},

@@ -23,7 +23,7 @@ using Clock = std::chrono::steady_clock;
 struct TraceCostOptions {
   int ranks = 2;
   std::vector<std::size_t> sizes{8, 64 << 10, 1 << 20};
-  int rounds = 11;  // odd: the median is a measured round
+  int rounds = 11;  // pairs of rounds (off and on); odd: the median is a measured pair
   int iters = 0;    // per round; 0: about 50 ms of the loop
   bool worker = false;
 };
@@ -61,9 +61,18 @@ awaitable<void> measure_size(Communicator& comm, std::size_t bytes,
   std::vector<float> data(std::max<std::size_t>(bytes / sizeof(float), 1), 1.0f);
   const Buffer buffer(data);
   for (int i = 0; i < 5; ++i) co_await comm.all_reduce(buffer, ReduceOp::max);
+  // The time per op over at least 5 ms of them (batches of 20 until rank 0 has seen 5 ms):
+  // five ops alone, one of them held up for tens of microseconds, made an 8-byte round a
+  // tenth of a millisecond.
   const auto warm_start = Clock::now();
-  for (int i = 0; i < 5; ++i) co_await comm.all_reduce(buffer, ReduceOp::max);
-  const double warm = std::chrono::duration<double>(Clock::now() - warm_start).count() / 5;
+  int warm_ops = 0;
+  for (std::vector<double> seconds{0}; seconds[0] < 5e-3;) {
+    for (int i = 0; i < 20; ++i) co_await comm.all_reduce(buffer, ReduceOp::max);
+    warm_ops += 20;
+    seconds[0] = std::chrono::duration<double>(Clock::now() - warm_start).count();
+    co_await comm.broadcast(Buffer(seconds), 0);
+  }
+  const double warm = std::chrono::duration<double>(Clock::now() - warm_start).count() / warm_ops;
   std::vector<std::int64_t> iters{
       options.iters > 0 ? options.iters
                         : std::clamp<std::int64_t>(
@@ -71,19 +80,29 @@ awaitable<void> measure_size(Communicator& comm, std::size_t bytes,
   co_await comm.broadcast(Buffer(iters), 0);
   std::vector<double> off;
   std::vector<double> on;
+  std::vector<double> overhead;  // per pair of rounds, percent
   std::size_t spans = 0;
-  for (int round = 0; round < 2 * options.rounds; ++round) {
-    const bool tracing = round % 2 == 1;
-    trace::clear();
-    trace::set_enabled(tracing);
-    co_await comm.barrier();
-    const auto start = Clock::now();
-    for (std::int64_t i = 0; i < iters[0]; ++i) co_await comm.all_reduce(buffer, ReduceOp::max);
-    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    trace::set_enabled(false);
-    if (tracing) spans = trace::snapshot().records.size();
-    const double per_iter = co_await slowest(comm, elapsed) / static_cast<double>(iters[0]);
-    (tracing ? on : off).push_back(per_iter * 1e6);
+  // Rounds in pairs, off then on and on then off in turn: the VM's speed drifts over
+  // seconds, and each pair's own ratio cancels the drift that medians of all off rounds
+  // and all on rounds keep (their difference moved by ±1.5% between runs here).
+  for (int pair = 0; pair < options.rounds; ++pair) {
+    double pair_us[2] = {0, 0};  // off, on
+    for (int half = 0; half < 2; ++half) {
+      const bool tracing = (half == 1) != (pair % 2 == 1);
+      trace::clear();
+      trace::set_enabled(tracing);
+      co_await comm.barrier();
+      const auto start = Clock::now();
+      for (std::int64_t i = 0; i < iters[0]; ++i) co_await comm.all_reduce(buffer, ReduceOp::max);
+      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      trace::set_enabled(false);
+      if (tracing) spans = trace::snapshot().records.size();
+      const double per_iter = co_await slowest(comm, elapsed) / static_cast<double>(iters[0]);
+      pair_us[tracing ? 1 : 0] = per_iter * 1e6;
+    }
+    off.push_back(pair_us[0]);
+    on.push_back(pair_us[1]);
+    overhead.push_back(100.0 * (pair_us[1] - pair_us[0]) / pair_us[0]);
   }
   trace::clear();
   if (comm.rank() == 0) {
@@ -91,10 +110,15 @@ awaitable<void> measure_size(Communicator& comm, std::size_t bytes,
     const double on_us = median(on);
     // The barrier before the loop is traced too; it is a handful of spans per round.
     const double spans_per_iter = static_cast<double>(spans) / static_cast<double>(iters[0]);
+    std::sort(overhead.begin(), overhead.end());
+    const double quartile_spread =
+        (overhead[overhead.size() * 3 / 4] - overhead[overhead.size() / 4]) / 2;
     std::cout << fmt::format(
                      "{{\"bytes\":{},\"iters\":{},\"off_us\":{:.3f},\"on_us\":{:.3f},"
+                     "\"overhead_percent\":{:.3f},\"overhead_spread\":{:.3f},"
                      "\"spans_per_iter\":{:.2f}}}",
-                     bytes, iters[0], off_us, on_us, spans_per_iter)
+                     bytes, iters[0], off_us, on_us, median(overhead), quartile_spread,
+                     spans_per_iter)
               << std::endl;
   }
 }
@@ -143,10 +167,10 @@ int run_driver(const TraceCostOptions& options) {
     return 1;
   }
   std::cout << fmt::format(
-      "all_reduce loop on {} ranks, rounds alternating tracing off and on, median of {} each "
-      "(slowest rank):\n",
+      "all_reduce loop on {} ranks, {} pairs of rounds with tracing off and on (slowest rank); "
+      "overhead: the median pair's, ± half its interquartile range:\n",
       options.ranks, options.rounds);
-  std::cout << fmt::format("{:>10} {:>7} {:>12} {:>12} {:>9} {:>11} {:>13}\n", "bytes", "iters",
+  std::cout << fmt::format("{:>10} {:>7} {:>12} {:>12} {:>16} {:>11} {:>13}\n", "bytes", "iters",
                            "off us/iter", "on us/iter", "overhead", "spans/iter", "ns/span(loop)");
   std::stringstream lines(result.output);
   for (std::string line; std::getline(lines, line);) {
@@ -156,11 +180,14 @@ int run_driver(const TraceCostOptions& options) {
     const double off_us = number_after(line, "off_us");
     const double on_us = number_after(line, "on_us");
     const double spans = number_after(line, "spans_per_iter");
-    std::cout << fmt::format("{:>10} {:>7} {:>12.2f} {:>12.2f} {:>8.2f}% {:>11.1f} {:>13.1f}\n",
-                             static_cast<std::size_t>(number_after(line, "bytes")),
-                             static_cast<int>(number_after(line, "iters")), off_us, on_us,
-                             100.0 * (on_us - off_us) / off_us, spans,
-                             spans > 0 ? (on_us - off_us) * 1e3 / spans : 0.0);
+    const double overhead = number_after(line, "overhead_percent");
+    std::cout << fmt::format(
+        "{:>10} {:>7} {:>12.2f} {:>12.2f} {:>7.2f}% ± {:>4.2f}% {:>11.1f} "
+        "{:>13.1f}\n",
+        static_cast<std::size_t>(number_after(line, "bytes")),
+        static_cast<int>(number_after(line, "iters")), off_us, on_us, overhead,
+        number_after(line, "overhead_spread"), spans,
+        spans > 0 ? overhead / 100 * off_us * 1e3 / spans : 0.0);
   }
   return 0;
 }

@@ -29,6 +29,7 @@ namespace detail {
 // load and a byte store.
 class OpenSpan {
  public:
+  OpenSpan() noexcept {}  // inactive: records nothing
   OpenSpan(RecordKind kind, Category category, Name name, Track track,
            std::uint64_t bytes) noexcept {
     if (!enabled()) return;
@@ -103,6 +104,7 @@ class Span : private detail::OpenSpan {
 // destructor (so an exception does not lose it). Ending twice records once.
 class AsyncSpan : private detail::OpenSpan {
  public:
+  AsyncSpan() noexcept = default;  // records nothing (a site that chose not to trace)
   AsyncSpan(Category category, Name name, Track track = {}, std::uint64_t bytes = 0) noexcept
       : OpenSpan(RecordKind::async_span, category, name, track, bytes) {}
   AsyncSpan(AsyncSpan&& other) noexcept : OpenSpan(other) { other.active_ = false; }

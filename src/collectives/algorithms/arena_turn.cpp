@@ -31,7 +31,7 @@ ArenaTurn::~ArenaTurn() {
 }
 
 asio::awaitable<void> ArenaTurn::wait_turn() {
-  const trace::AsyncSpan turn = op_.phase("shared_memory.wait_turn");
+  const trace::AsyncSpan turn = op_.waiting("shared_memory.wait_turn");
   SharedMemoryArena* shared = &arena_;
   const std::uint64_t ticket = ticket_;
   co_await op_.poll_until(

@@ -176,8 +176,12 @@ int run_ddp(const std::vector<std::string>& args) {
   if (std::getenv("OMP_NUM_THREADS") == nullptr) ::setenv("OMP_NUM_THREADS", "1", 1);
   std::vector<std::string> braid_runs, view_runs, torch_runs;
   for (int round = 0; round < o.rounds; ++round) {
+    // Each run starts on a quiet machine (wait_until_quiet), whatever the last one left.
+    wait_until_quiet();
     if (auto r = run_braid(o, "paired")) braid_runs.push_back(*r);
+    wait_until_quiet();
     if (auto r = run_braid(o, "paired", {"--bucket-view"})) view_runs.push_back(*r);
+    wait_until_quiet();
     if (auto r = run_pytorch(o)) torch_runs.push_back(*r);
   }
   if (braid_runs.empty()) return 1;

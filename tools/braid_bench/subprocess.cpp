@@ -2,15 +2,16 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <filesystem>
+#include <fstream>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sstream>
+#include <stdexcept>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <unistd.h>
-
-#include <filesystem>
-#include <stdexcept>
 #include <thread>
+#include <unistd.h>
 
 namespace braid::bench {
 namespace {
@@ -105,6 +106,46 @@ int BackgroundProcess::wait(std::chrono::seconds timeout) {
   const int code = wait_with_timeout(pid_, timeout);
   if (code >= 0) pid_ = -1;
   return code;
+}
+
+namespace {
+
+// The aggregate `cpu` line of /proc/stat: jiffies idle (idle + iowait) and in all.
+struct CpuTimes {
+  unsigned long long idle = 0;
+  unsigned long long total = 0;
+};
+
+std::optional<CpuTimes> cpu_times() {
+  std::ifstream stat("/proc/stat");
+  std::string line;
+  if (!std::getline(stat, line) || line.rfind("cpu ", 0) != 0) return std::nullopt;
+  std::istringstream fields(line.substr(4));
+  CpuTimes times;
+  unsigned long long value = 0;
+  for (int field = 0; fields >> value; ++field) {
+    times.total += value;
+    if (field == 3 || field == 4) times.idle += value;  // idle, iowait
+  }
+  return times;
+}
+
+}  // namespace
+
+bool wait_until_quiet(std::chrono::milliseconds limit) {
+  constexpr auto kWindow = std::chrono::milliseconds(200);
+  const auto give_up = std::chrono::steady_clock::now() + limit;
+  std::optional<CpuTimes> before = cpu_times();
+  if (!before) return true;  // no /proc/stat: nothing to wait for
+  while (std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(kWindow);
+    const std::optional<CpuTimes> after = cpu_times();
+    if (!after) return true;
+    const unsigned long long total = after->total - before->total;
+    if (total > 0 && 10 * (after->idle - before->idle) >= 9 * total) return true;
+    before = after;
+  }
+  return false;
 }
 
 std::string sibling_program(const std::string& name) {

@@ -16,7 +16,8 @@
 // - with --rounds N, braid and the peers are each run N times, taking turns (braid,
 //   OpenMPI, Gloo, braid, ...), and every row reports the median time of its N rounds:
 //   on a shared or throttled machine, a slow spell then moves one round of each instead
-//   of all of whichever ran during it.
+//   of all of whichever ran during it. Each run starts once the CPUs have been 90% idle
+//   for 200 ms (at most 10 s of waiting).
 // braid runs under braid-run, OpenMPI under mpirun with shared memory only (vader, CMA),
 // Gloo as torch 1.13's ProcessGroupGloo over loopback TCP.
 #include "collectives.hpp"

@@ -75,17 +75,6 @@ bool fingerprints_from_environment() {
               {.operation = "collectives"});
 }
 
-// BRAID_TRACE_STEPS_KIB, in bytes.
-std::uint64_t trace_steps_from_environment() {
-  const std::int64_t kib = config::int_value("BRAID_TRACE_STEPS_KIB");
-  if (kib < 0) {
-    throw Error(Errc::invalid_environment,
-                fmt::format("BRAID_TRACE_STEPS_KIB={}: expected 0 or more KiB", kib),
-                {.operation = "collectives"});
-  }
-  return static_cast<std::uint64_t>(kib) << 10;
-}
-
 // The checks every entry point makes, with the error naming the call.
 class ArgumentCheck {
  public:
@@ -354,7 +343,7 @@ Communicator::Communicator(Private, transport::World& world, std::vector<int> wo
       ids_(std::move(name.ids)),
       timeout_(options.timeout.value_or(default_timeout())),
       check_fingerprints_(options.check_fingerprints.value_or(fingerprints_from_environment())),
-      trace_steps_from_(trace_steps_from_environment()),
+      trace_steps_from_(config::kib_value("BRAID_TRACE_STEPS_KIB", 0, std::int64_t{1} << 30)),
       selection_(options.selection),
       send_sequence_(new std::atomic<std::uint64_t>[world_ranks_.size()]),
       recv_sequence_(new std::atomic<std::uint64_t>[world_ranks_.size()]),

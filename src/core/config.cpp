@@ -181,6 +181,15 @@ std::vector<int> parse_cpu_list(std::string_view text, std::string_view what) {
 std::int64_t int_value(std::string_view name, const EnvLookup& env) {
   return parse_int(string_value(name, env), name);
 }
+std::size_t kib_value(std::string_view name, std::int64_t min_kib, std::int64_t max_kib,
+                      const EnvLookup& env) {
+  const std::int64_t kib = int_value(name, env);
+  if (kib < min_kib || kib > max_kib) {
+    throw Error(Errc::invalid_environment,
+                fmt::format("{}={} is outside {}..{} KiB", name, kib, min_kib, max_kib));
+  }
+  return static_cast<std::size_t>(kib) << 10;
+}
 bool bool_value(std::string_view name, const EnvLookup& env) {
   return parse_bool(string_value(name, env), name);
 }

@@ -1,12 +1,14 @@
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <braid/core/config.hpp>
 #include <braid/core/enforce.hpp>
 #include <braid/core/error.hpp>
 #include <braid/core/log.hpp>
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
-#include <map>
-#include <set>
 
 using ::testing::HasSubstr;
 
@@ -59,6 +61,22 @@ TEST(Config, MalformedValuesAreErrorsNamingTheVariable) {
   EXPECT_THROW(parse_bool("maybe", "BRAID_X"), Error);
   for (const char* list : {"", "1,", "3-1", "a", "1-", "-1", "100000"}) {
     EXPECT_THROW(parse_cpu_list(list, "BRAID_RUNTIME_CPUS"), Error) << list;
+  }
+}
+
+TEST(Config, SizesInKibAreBytesWithinTheirRangeAndErrorsNamingItOutside) {
+  EXPECT_EQ(kib_value("BRAID_RING_PIECE_KIB", 1, 1024, env_of({})), std::size_t{256} << 10);
+  EXPECT_EQ(kib_value("BRAID_RING_PIECE_KIB", 1, 1024, env_of({{"BRAID_RING_PIECE_KIB", "1"}})),
+            std::size_t{1024});
+  for (const char* outside : {"0", "1025", "-3"}) {
+    try {
+      kib_value("BRAID_RING_PIECE_KIB", 1, 1024, env_of({{"BRAID_RING_PIECE_KIB", outside}}));
+      FAIL() << "no error for " << outside;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_environment);
+      EXPECT_THAT(e.what(), HasSubstr(fmt::format("BRAID_RING_PIECE_KIB={} is outside 1..1024 KiB",
+                                                  outside)));
+    }
   }
 }
 

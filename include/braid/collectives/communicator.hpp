@@ -295,7 +295,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::shared_ptr<detail::CommunicatorIds> ids_;  // shared with every communicator split off
   Clock::duration timeout_;
   bool check_fingerprints_ = false;
-  std::uint64_t trace_steps_from_ = 0;  // BRAID_TRACE_STEPS_KIB, in bytes
+  std::size_t trace_steps_from_ = 0;  // BRAID_TRACE_STEPS_KIB, in bytes
   std::shared_ptr<const SelectionTable> selection_;
   std::atomic<std::uint64_t> next_sequence_{0};
   std::atomic<std::uint64_t> shared_allocations_{0};  // allocate_shared calls so far

@@ -40,6 +40,10 @@ std::optional<std::string> raw(std::string_view name, const EnvLookup& env = pro
 std::string string_value(std::string_view name, const EnvLookup& env = process_env());
 std::int64_t int_value(std::string_view name, const EnvLookup& env = process_env());
 bool bool_value(std::string_view name, const EnvLookup& env = process_env());
+// A size given in KiB, in bytes; a value outside min_kib..max_kib is an
+// Error(invalid_environment) naming the variable and the range.
+std::size_t kib_value(std::string_view name, std::int64_t min_kib, std::int64_t max_kib,
+                      const EnvLookup& env = process_env());
 // Seconds, fractional allowed ("2.5").
 std::chrono::nanoseconds seconds_value(std::string_view name,
                                        const EnvLookup& env = process_env());

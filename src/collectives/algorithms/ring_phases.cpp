@@ -2,22 +2,12 @@
 
 #include <algorithm>
 
-#include <fmt/format.h>
-
 #include <braid/core/config.hpp>
-#include <braid/core/error.hpp>
 
 namespace braid::collectives::detail {
 
 std::size_t ring_piece_bytes() {
-  static const std::size_t bytes = [] {
-    const std::int64_t kib = config::int_value("BRAID_RING_PIECE_KIB");
-    if (kib < 1 || kib > (1 << 20)) {
-      throw Error(Errc::invalid_environment,
-                  fmt::format("BRAID_RING_PIECE_KIB={} is outside 1..1048576", kib));
-    }
-    return static_cast<std::size_t>(kib) * 1024;
-  }();
+  static const std::size_t bytes = config::kib_value("BRAID_RING_PIECE_KIB", 1, 1 << 20);
   return bytes;
 }
 

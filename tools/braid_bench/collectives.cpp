@@ -565,17 +565,14 @@ int run_driver(const CollectivesOptions& options) {
     std::vector<std::vector<Row>> braid_rounds, openmpi_rounds, gloo_rounds;
     // Each runner starts on a quiet machine (wait_until_quiet): what one leaves behind
     // (Gloo's processes freeing gigabytes) is not charged to the next.
-    auto settled = [](auto run) {
-      if (!wait_until_quiet()) {
-        std::cerr << "braid-bench collectives: the CPUs stayed busy for 10 s; measuring anyway\n";
-      }
-      return run();
-    };
     for (int round = 0; round < options.rounds; ++round) {
-      braid_rounds.push_back(settled([&] { return run_braid(options, ranks); }));
+      wait_until_quiet();
+      braid_rounds.push_back(run_braid(options, ranks));
       if (!options.peers) continue;
-      openmpi_rounds.push_back(settled([&] { return run_openmpi(options, ranks); }));
-      gloo_rounds.push_back(settled([&] { return run_gloo(options, ranks); }));
+      wait_until_quiet();
+      openmpi_rounds.push_back(run_openmpi(options, ranks));
+      wait_until_quiet();
+      gloo_rounds.push_back(run_gloo(options, ranks));
     }
     const std::vector<Row> braid = median_of_rounds(braid_rounds);
     const std::vector<Row> openmpi = median_of_rounds(openmpi_rounds);

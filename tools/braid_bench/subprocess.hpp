@@ -31,10 +31,10 @@ class BackgroundProcess {
 };
 
 // Waits until the machine's CPUs have been at least 90% idle over a 200 ms window, for at
-// most `limit`; returns whether they were. Runners measured in turn start on a quiet
-// machine: small all-reduces timed right after Gloo's Python processes exit (freeing
+// most 10 s, and says on stderr when they never were. Runners measured in turn start on a
+// quiet machine: small all-reduces timed right after Gloo's Python processes exit (freeing
 // gigabytes) ran 2x slower than the same sizes a few minutes later.
-bool wait_until_quiet(std::chrono::milliseconds limit = std::chrono::seconds(10));
+void wait_until_quiet();
 
 // The path of a program installed beside this one (build/tools/, or the install bindir).
 std::string sibling_program(const std::string& name);

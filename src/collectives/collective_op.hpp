@@ -41,6 +41,7 @@
 #include <braid/trace/span.hpp>
 #include <braid/transport/ucx_worker.hpp>
 
+#include "doorbell.hpp"
 #include "scratch_pool.hpp"
 
 namespace braid::collectives::detail {
@@ -65,6 +66,9 @@ inline constexpr int kChecksInPlace = 32;
 inline constexpr int kYieldsInPlace = 4;
 inline constexpr auto kFirstNap = std::chrono::microseconds(10);
 inline constexpr auto kLongestNap = std::chrono::microseconds(200);
+// With a doorbell (doorbell.hpp) a wait sleeps until a partner rings, and wakes on its own
+// only this often, to check the deadline and aborts: a ring that never comes costs this.
+inline constexpr auto kDoorbellFallback = std::chrono::microseconds(1000);
 
 // A spin-wait hint: lets the sibling hyperthread run and saves power while spinning.
 inline void cpu_relax() noexcept {
@@ -183,10 +187,14 @@ class CollectiveOp {
   // between checks the coroutine goes back to the io_context, so UCX progress, timers
   // and failure notices still run; every few rounds it also yields the core, which a
   // peer on an oversubscribed node needs. Fails on abort() and at the deadline.
-  // `crowded`: more ranks on the node than cores (see the spin below).
+  // `crowded`: more ranks on the node than cores (see the spin below). `doorbell`: where
+  // the partners ring one when they raise a flag, past the spin the wait sleeps on it
+  // instead of napping (null: naps); `wake`, what wakes it.
+  enum class Wake { ring, turn };
   template <class Ready>
   asio::awaitable<void> poll_until(Ready ready, std::string_view what,
-                                   std::chrono::microseconds spin_window, bool crowded) {
+                                   std::chrono::microseconds spin_window, bool crowded,
+                                   Doorbell* doorbell, Wake wake = Wake::ring) {
     // Often ready at once (the partners arrived first): then no clock read and no timer,
     // whose construction takes the io_context's service-registry lock.
     if (ready()) co_return;
@@ -230,9 +238,20 @@ class CollectiveOp {
         continue;
       }
       // Past the spin window the partner is busy elsewhere (still computing the gradients
-      // it will bring): sleep in growing naps, so this thread stops taking CPU from the
-      // compute threads it is meant to overlap with. Costs up to kLongestNap of latency
-      // on waits that last that long anyway.
+      // it will bring): sleep, so this thread stops taking CPU from the compute threads it
+      // is meant to overlap with. On the doorbell, until the partner raises its flag;
+      // without one, in growing naps, which cost up to kLongestNap of latency on waits
+      // that last that long anyway, and a wake-up each.
+      if (doorbell != nullptr) {
+        if (wake == Wake::turn) {
+          co_await doorbell->wait_for_turn(kDoorbellFallback);
+        } else {
+          co_await doorbell->sleep_unless(ready, kDoorbellFallback);
+        }
+        const auto now = Clock::now();
+        if (now > deadline_at(now)) throw_timeout(what);
+        continue;
+      }
       if (!timer) timer.emplace(executor);
       timer->expires_after(nap);
       co_await timer->async_wait(asio::use_awaitable);

@@ -13,6 +13,10 @@ SingleCopy single_copy_from_environment() {
                                                              : SingleCopy::never;
 }
 
+bool doorbells_from_environment() {
+  return config::bool_value("BRAID_SHM_DOORBELL");
+}
+
 int usable_cpus() noexcept {
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
@@ -22,7 +26,7 @@ int usable_cpus() noexcept {
 
 std::size_t SharedMemoryArena::segment_bytes() const noexcept {
   const auto ranks = static_cast<std::size_t>(ranks_);
-  return kStages * ranks * kFlagStride + ranks * sizeof(RankRecord) + (ranks + 1) * kSlotBytes +
+  return kFlagRows * ranks * kFlagStride + ranks * sizeof(RankRecord) + (ranks + 1) * kSlotBytes +
          kInlineDepth * ranks * sizeof(InlineSlot);
 }
 

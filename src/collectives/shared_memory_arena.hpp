@@ -12,8 +12,9 @@
 // and process) and the flags, and ranks read each other's buffers directly: the reduction
 // reads peers' blocks once, and the result is copied once into each rank's buffer.
 //
-// Layout: a header of per-rank flags (each on its own cache line), per-rank records (one
-// cache line each), then one staging slot of kSlotBytes per rank, then a result area of
+// Layout: a header of per-rank flags (each on its own cache line), a line per rank where
+// it counts its waiters asleep on its doorbell (doorbell.hpp), per-rank records (two
+// cache lines each), then one staging slot of kSlotBytes per rank, then a result area of
 // kSlotBytes. The segment is created by the first operation that needs it (rank 0 creates
 // and names it, the others map it and say so, rank 0 unlinks the name), so a crash never
 // leaves it behind in /dev/shm.
@@ -30,6 +31,7 @@
 #include <string>
 
 #include "collective_call.hpp"
+#include "doorbell.hpp"
 #include "huge_page_advice.hpp"
 #include "path_timings.hpp"
 #include "shared_buffers.hpp"
@@ -45,6 +47,8 @@ struct alignas(64) RankRecord {
   std::uint16_t reads_peers;        // 1: its probe read every peer's memory, and it may
   std::uint16_t all_reduce_direct;  // when it wants all-reduce to read peers (AllReduceDirect)
   std::uint64_t probe;              // address of a word holding kProbeValue in its process
+  std::int32_t doorbell;            // its eventfd's number in its process (-1: none)
+  std::int32_t rings_peers;         // 1: it took a descriptor of every peer's doorbell
   // Per operation.
   std::uint64_t input;  // buffer addresses in its process
   std::uint64_t output;
@@ -117,6 +121,9 @@ enum class SingleCopy {
 };
 // Reads BRAID_SHM_SINGLE_COPY; a malformed value is an Error(invalid_environment).
 SingleCopy single_copy_from_environment();
+// Reads BRAID_SHM_DOORBELL: whether shared-memory waits may sleep on doorbells
+// (doorbell.hpp) rather than nap; a malformed value is an Error(invalid_environment).
+bool doorbells_from_environment();
 // CPUs this process may run on (its affinity mask).
 int usable_cpus() noexcept;
 
@@ -126,6 +133,8 @@ class SharedMemoryArena {
   static constexpr std::size_t kInlineBytes = InlineSlot::kVectorBytes;
   static constexpr std::size_t kFlagStride = 64;
   static constexpr int kStages = 4;
+  // The flags' rows, and one of asleep counts.
+  static constexpr int kFlagRows = kStages + 1;
   static constexpr std::uint64_t kProbeValue = 0x627261696450524fULL;  // "braidPRO"
   // Inline slots per rank. A rank may write one only once every rank is done with its
   // previous use, this many generations back: after a small rooted collective, which does
@@ -162,12 +171,19 @@ class SharedMemoryArena {
                                 kFlagStride;
     return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(at));
   }
+  // How many of rank's waiters sleep on its doorbell.
+  std::uint32_t* asleep(int rank) noexcept {
+    std::byte* at = base_ + (static_cast<std::size_t>(kStages) * static_cast<std::size_t>(ranks_) +
+                             static_cast<std::size_t>(rank)) *
+                                kFlagStride;
+    return reinterpret_cast<std::uint32_t*>(at);
+  }
   RankRecord& record(int rank) noexcept {
-    std::byte* records = base_ + kStages * static_cast<std::size_t>(ranks_) * kFlagStride;
+    std::byte* records = base_ + kFlagRows * static_cast<std::size_t>(ranks_) * kFlagStride;
     return reinterpret_cast<RankRecord*>(records)[rank];
   }
   std::byte* slot(int rank) noexcept {
-    return base_ + kStages * static_cast<std::size_t>(ranks_) * kFlagStride +
+    return base_ + kFlagRows * static_cast<std::size_t>(ranks_) * kFlagStride +
            static_cast<std::size_t>(ranks_) * sizeof(RankRecord) +
            static_cast<std::size_t>(rank) * kSlotBytes;
   }
@@ -187,7 +203,14 @@ class SharedMemoryArena {
   // Issue order: a ticket at the call, served in order.
   std::uint64_t take_ticket() noexcept { return next_ticket_.fetch_add(1); }
   std::uint64_t serving() const noexcept { return serving_; }
-  void done_serving() noexcept { ++serving_; }
+  void done_serving() noexcept {
+    ++serving_;
+    if (doorbell_.armed()) doorbell_.turn_passed();  // operations may sleep awaiting it
+  }
+  // Where every rank took a descriptor of every other's doorbell (agreed when mapping),
+  // waits sleep on it past their spin, and raising a flag rings the peers asleep.
+  Doorbell& doorbell() noexcept { return doorbell_; }
+  Doorbell* armed_doorbell() noexcept { return doorbell_.armed() ? &doorbell_ : nullptr; }
   // The next generation (1, 2, ...), the same on every rank: one per operation's record,
   // one per chunk copied through the segment.
   std::uint64_t next_generation() noexcept { return ++generation_; }
@@ -262,6 +285,7 @@ class SharedMemoryArena {
   bool crowded_ = false;
   std::uint64_t probe_word_ = kProbeValue;
   HugePageAdvice huge_pages_;
+  Doorbell doorbell_;
 };
 
 }  // namespace braid::collectives::detail

@@ -48,6 +48,11 @@ constexpr std::array kKnobs{
          "kernel allows it. auto: the others always; all-reduce from 64 KiB whichever of the "
          "two ways rank 0 has timed faster lately for its size (below, through the segment); "
          "1: always; 0: never"},
+    Knob{"BRAID_SHM_DOORBELL", "1",
+         "within a node, a collective that has waited past its short spin for a peer sleeps "
+         "until the peer rings it (an eventfd each rank takes from the other with "
+         "pidfd_getfd, where the kernel allows it, as for cross-memory attach); 0: it naps "
+         "in growing sleeps (10-200 us) and polls"},
     Knob{"BRAID_HUGE_PAGES", "1",
          "back buffers of 4 MiB and more that peers reach by cross-memory attach with "
          "transparent huge pages (madvise MADV_COLLAPSE, Linux 6.1) once a collective sees "

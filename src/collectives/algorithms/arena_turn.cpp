@@ -36,7 +36,8 @@ asio::awaitable<void> ArenaTurn::wait_turn() {
   const std::uint64_t ticket = ticket_;
   co_await op_.poll_until(
       [shared, ticket] { return shared->serving() == ticket || shared->broken(); },
-      "the communicator's previous shared-memory operation", kSpinWindow, shared->crowded());
+      "the communicator's previous shared-memory operation", kSpinWindow, shared->crowded(),
+      shared->armed_doorbell(), CollectiveOp::Wake::turn);
   served_ = true;
 }
 
@@ -206,6 +207,8 @@ asio::awaitable<void> ArenaTurn::map() {
   RankRecord& mine = arena_.record(op_.rank());
   mine.pid = static_cast<std::int32_t>(getpid());
   mine.probe = arena_.probe_address();
+  Doorbell& doorbell = arena_.doorbell();
+  mine.doorbell = doorbells_from_environment() ? doorbell.open() : -1;
   raise(Stage::posted);
   co_await wait_all(Stage::posted, "every rank's shared-memory record");
   arena_.set_crowded(world > usable_cpus());
@@ -218,6 +221,13 @@ asio::awaitable<void> ArenaTurn::map() {
                 word == SharedMemoryArena::kProbeValue;
   }
   mine.reads_peers = reads_all ? 1 : 0;
+  bool rings_all = mine.doorbell >= 0;
+  for (int r = 0; r < world && rings_all; ++r) {
+    const RankRecord& peer = arena_.record(r);
+    rings_all =
+        r == me || (peer.doorbell >= 0 && doorbell.connect(r, peer.pid, peer.doorbell) == 0);
+  }
+  mine.rings_peers = rings_all ? 1 : 0;
   using Direct = SharedMemoryArena::AllReduceDirect;
   const Direct wanted =
       policy == SingleCopy::whenever_allowed ? Direct::always : Direct::measured;
@@ -225,12 +235,20 @@ asio::awaitable<void> ArenaTurn::map() {
   raise(Stage::released);
   co_await wait_all(Stage::released, "every rank's cross-memory probe");
   bool all_can = true;
+  bool all_ring = true;
   auto agreed = static_cast<std::uint16_t>(Direct::always);
   for (int r = 0; r < world; ++r) {
     all_can = all_can && arena_.record(r).reads_peers == 1;
+    all_ring = all_ring && arena_.record(r).rings_peers == 1;
     agreed = std::min(agreed, arena_.record(r).all_reduce_direct);
   }
   arena_.set_single_copy(all_can, static_cast<Direct>(agreed));
+  // A rank sleeps on its doorbell only where every peer can ring it.
+  if (all_ring) {
+    std::vector<std::uint32_t*> asleep;
+    for (int r = 0; r < world; ++r) asleep.push_back(arena_.asleep(r));
+    doorbell.arm(me, std::move(asleep));
+  }
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -357,6 +375,7 @@ asio::awaitable<void> ArenaTurn::release() {
 
 void ArenaTurn::raise(Stage stage) noexcept {
   arena_.flag(op_.rank(), stage).store(generation_, std::memory_order_release);
+  if (Doorbell* doorbell = arena_.armed_doorbell()) doorbell->ring_sleepers();
 }
 
 // Not coroutines (the waits below): each returns poll_until's, one frame rather than two.
@@ -372,7 +391,7 @@ asio::awaitable<void> ArenaTurn::wait_all(Stage stage, std::string_view what) {
         shared->note_all_reached(generation);
         return true;
       },
-      what, spin_window(), arena_.crowded());
+      what, spin_window(), arena_.crowded(), arena_.armed_doorbell());
 }
 
 bool ArenaTurn::peers_past_slot_use() noexcept {
@@ -398,11 +417,12 @@ bool ArenaTurn::peers_past_slot_use() noexcept {
 asio::awaitable<void> ArenaTurn::wait_inline_slot_free() {
   return op_.poll_until([this] { return peers_past_slot_use(); },
                         "every rank to finish reading this rank's inline slot's last use",
-                        spin_window(), arena_.crowded());
+                        spin_window(), arena_.crowded(), arena_.armed_doorbell());
 }
 
 void ArenaTurn::post_inline_slot() noexcept {
   arena_.inline_posted(op_.rank(), generation_).store(generation_, std::memory_order_release);
+  if (Doorbell* doorbell = arena_.armed_doorbell()) doorbell->ring_sleepers();
 }
 
 bool ArenaTurn::all_inline_slots_posted() noexcept {
@@ -417,7 +437,7 @@ bool ArenaTurn::all_inline_slots_posted() noexcept {
 
 asio::awaitable<void> ArenaTurn::wait_all_inline_slots(std::string_view what) {
   return op_.poll_until([this] { return all_inline_slots_posted(); }, what, spin_window(),
-                        arena_.crowded());
+                        arena_.crowded(), arena_.armed_doorbell());
 }
 
 bool ArenaTurn::inline_slot_posted(int rank) noexcept {
@@ -431,7 +451,7 @@ bool ArenaTurn::inline_slot_posted(int rank) noexcept {
 
 asio::awaitable<void> ArenaTurn::wait_inline_slot(int rank, std::string_view what) {
   return op_.poll_until([this, rank] { return inline_slot_posted(rank); }, what, spin_window(),
-                        arena_.crowded());
+                        arena_.crowded(), arena_.armed_doorbell());
 }
 
 const std::byte* ArenaTurn::mapped_input(int rank) noexcept {

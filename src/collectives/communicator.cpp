@@ -353,8 +353,8 @@ Communicator::Communicator(Private, transport::World& world, std::vector<int> wo
       track_(trace::track(fmt::format("communicator {}", name.id))) {
   // Every member on this node (the whole job is): collectives may go through shared memory.
   if (world.launch().num_nodes == 1 && world_ranks_.size() > 1) {
-    arena_ =
-        std::make_unique<detail::SharedMemoryArena>(size(), detail::single_copy_from_environment());
+    arena_ = std::make_unique<detail::SharedMemoryArena>(
+        size(), detail::single_copy_from_environment(), detail::doorbells_from_environment());
   }
   if (selection_ == nullptr) {
     selection_ = std::shared_ptr<const SelectionTable>(&SelectionTable::from_environment(),

@@ -145,7 +145,10 @@ class SharedMemoryArena {
   // an operation writes are ever touched: tiny operations use one line of each.
   static constexpr int kInlineDepth = 8;
 
-  SharedMemoryArena(int ranks, SingleCopy policy) : ranks_(ranks), policy_(policy) {}
+  // `doorbells`: whether waits may sleep on doorbells (BRAID_SHM_DOORBELL), where every
+  // rank can ring every other.
+  SharedMemoryArena(int ranks, SingleCopy policy, bool doorbells = true)
+      : ranks_(ranks), policy_(policy), doorbells_wanted_(doorbells) {}
   SharedMemoryArena(const SharedMemoryArena&) = delete;
   SharedMemoryArena& operator=(const SharedMemoryArena&) = delete;
 
@@ -210,6 +213,7 @@ class SharedMemoryArena {
   // Where every rank took a descriptor of every other's doorbell (agreed when mapping),
   // waits sleep on it past their spin, and raising a flag rings the peers asleep.
   Doorbell& doorbell() noexcept { return doorbell_; }
+  bool doorbells_wanted() const noexcept { return doorbells_wanted_; }
   Doorbell* armed_doorbell() noexcept { return doorbell_.armed() ? &doorbell_ : nullptr; }
   // The next generation (1, 2, ...), the same on every rank: one per operation's record,
   // one per chunk copied through the segment.
@@ -285,6 +289,7 @@ class SharedMemoryArena {
   bool crowded_ = false;
   std::uint64_t probe_word_ = kProbeValue;
   HugePageAdvice huge_pages_;
+  bool doorbells_wanted_;
   Doorbell doorbell_;
 };
 

@@ -45,20 +45,22 @@ std::vector<std::string> lines_with(const std::string& text, const std::string& 
   return found;
 }
 
-// A world size, and whether shared-memory collectives read peers' buffers directly
-// (BRAID_SHM_SINGLE_COPY: auto, 1, 0).
+// A world size, whether shared-memory collectives read peers' buffers directly
+// (BRAID_SHM_SINGLE_COPY: auto, 1, 0), and whether their waits sleep on doorbells or nap
+// (BRAID_SHM_DOORBELL).
 struct Ranks {
   int size;
   const char* single_copy;
+  const char* doorbell = "1";
 };
 
 class CollectivesProcesses : public ::testing::TestWithParam<Ranks> {};
 
 TEST_P(CollectivesProcesses, EveryCollectiveGivesTheExactResultOnEveryRank) {
-  const auto [size, single_copy] = GetParam();
+  const auto [size, single_copy, doorbell] = GetParam();
   auto result =
       ChildProcess({braid_run(), "-n", std::to_string(size), "--timeout", "120", probe(), "check"},
-                   {{"BRAID_SHM_SINGLE_COPY", single_copy}}, 150s)
+                   {{"BRAID_SHM_SINGLE_COPY", single_copy}, {"BRAID_SHM_DOORBELL", doorbell}}, 150s)
           .wait();
   ASSERT_EQ(result.status, 0) << result.out << result.err;
   for (int r = 0; r < size; ++r) {
@@ -158,10 +160,10 @@ TEST(CollectivesProcesses, TheSingleCopyKnobPinsTheAllReducesWay) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, CollectivesProcesses,
                          ::testing::Values(Ranks{1, "auto"}, Ranks{2, "auto"}, Ranks{3, "1"},
-                                           Ranks{4, "0"}, Ranks{8, "auto"}),
+                                           Ranks{4, "0"}, Ranks{8, "auto"}, Ranks{3, "auto", "0"}),
                          [](const auto& info) {
-                           return fmt::format("ranks{}_single_copy_{}", info.param.size,
-                                              info.param.single_copy);
+                           return fmt::format("ranks{}_single_copy_{}_doorbell_{}", info.param.size,
+                                              info.param.single_copy, info.param.doorbell);
                          });
 
 struct Death {

@@ -740,6 +740,21 @@ TEST(Tracing, ANegativeStepThresholdIsAnEnvironmentErrorNamingTheKnob) {
   }
 }
 
+TEST(SharedMemory, AMalformedDoorbellSettingIsAnEnvironmentErrorNamingTheKnob) {
+  const braid::testing::ScopedEnv doorbell("BRAID_SHM_DOORBELL", "sometimes");
+  const auto failures =
+      testing::run_ranks_collecting(2, [](auto) -> asio::awaitable<void> { co_return; });
+  for (const std::exception_ptr& failure : failures) {
+    ASSERT_TRUE(failure) << "the communicator was made";
+    try {
+      std::rethrow_exception(failure);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_environment) << e.what();
+      EXPECT_THAT(e.what(), HasSubstr("BRAID_SHM_DOORBELL"));
+    }
+  }
+}
+
 TEST(PointToPoint, SendAndRecvMatchPerPairInCallOrder) {
   run_ranks(3, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
     const int me = comm->rank();

@@ -208,7 +208,7 @@ asio::awaitable<void> ArenaTurn::map() {
   mine.pid = static_cast<std::int32_t>(getpid());
   mine.probe = arena_.probe_address();
   Doorbell& doorbell = arena_.doorbell();
-  mine.doorbell = doorbells_from_environment() ? doorbell.open() : -1;
+  mine.doorbell = arena_.doorbells_wanted() ? doorbell.open() : -1;
   raise(Stage::posted);
   co_await wait_all(Stage::posted, "every rank's shared-memory record");
   arena_.set_crowded(world > usable_cpus());

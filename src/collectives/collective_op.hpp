@@ -242,20 +242,16 @@ class CollectiveOp {
       // is meant to overlap with. On the doorbell, until the partner raises its flag;
       // without one, in growing naps, which cost up to kLongestNap of latency on waits
       // that last that long anyway, and a wake-up each.
-      if (doorbell != nullptr) {
-        if (wake == Wake::turn) {
-          co_await doorbell->wait_for_turn(kDoorbellFallback);
-        } else {
-          co_await doorbell->sleep_unless(ready, kDoorbellFallback);
-        }
-        const auto now = Clock::now();
-        if (now > deadline_at(now)) throw_timeout(what);
-        continue;
+      if (doorbell == nullptr) {
+        if (!timer) timer.emplace(executor);
+        timer->expires_after(nap);
+        co_await timer->async_wait(asio::use_awaitable);
+        nap = std::min(nap * 2, kLongestNap);
+      } else if (wake == Wake::turn) {
+        co_await doorbell->wait_for_turn(kDoorbellFallback);
+      } else {
+        co_await doorbell->sleep_unless(ready, kDoorbellFallback);
       }
-      if (!timer) timer.emplace(executor);
-      timer->expires_after(nap);
-      co_await timer->async_wait(asio::use_awaitable);
-      nap = std::min(nap * 2, kLongestNap);
       const auto now = Clock::now();
       if (now > deadline_at(now)) throw_timeout(what);
     }

@@ -116,11 +116,19 @@ asio::awaitable<void> Doorbell::wait_for_ring(std::chrono::microseconds longest)
 asio::awaitable<void> Doorbell::wait_for_turn(std::chrono::microseconds longest) {
   const auto executor = co_await asio::this_coro::executor;
   asio::steady_timer nap(executor, longest);
+  // Listed while it waits, and unlisted however the wait ends, a frame destroyed
+  // suspended included (the io_context shutting down): turn_passed() then never reaches a
+  // timer that is gone.
+  struct Listed {
+    std::vector<asio::steady_timer*>& sleepers;
+    asio::steady_timer* nap;
+    ~Listed() { std::erase(sleepers, nap); }
+  };
   turn_sleepers_.push_back(&nap);
+  const Listed listed{turn_sleepers_, &nap};
   // Cancelled by turn_passed(), or expired: either way, the caller looks again.
   boost::system::error_code woken;
   co_await nap.async_wait(asio::redirect_error(asio::use_awaitable, woken));
-  std::erase(turn_sleepers_, &nap);
 }
 
 void Doorbell::turn_passed() noexcept {

@@ -169,25 +169,16 @@ class SharedMemoryArena {
 
   // Defined here, not out of line: the waits call them in their spin loops.
   std::atomic_ref<std::uint64_t> flag(int rank, Stage stage) noexcept {
-    std::byte* at = base_ + (static_cast<std::size_t>(stage) * static_cast<std::size_t>(ranks_) +
-                             static_cast<std::size_t>(rank)) *
-                                kFlagStride;
+    std::byte* at = line(static_cast<int>(stage), rank);
     return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(at));
   }
   // How many of rank's waiters sleep on its doorbell.
   std::uint32_t* asleep(int rank) noexcept {
-    std::byte* at = base_ + (static_cast<std::size_t>(kStages) * static_cast<std::size_t>(ranks_) +
-                             static_cast<std::size_t>(rank)) *
-                                kFlagStride;
-    return reinterpret_cast<std::uint32_t*>(at);
+    return reinterpret_cast<std::uint32_t*>(line(kStages, rank));
   }
-  RankRecord& record(int rank) noexcept {
-    std::byte* records = base_ + kFlagRows * static_cast<std::size_t>(ranks_) * kFlagStride;
-    return reinterpret_cast<RankRecord*>(records)[rank];
-  }
+  RankRecord& record(int rank) noexcept { return reinterpret_cast<RankRecord*>(records())[rank]; }
   std::byte* slot(int rank) noexcept {
-    return base_ + kFlagRows * static_cast<std::size_t>(ranks_) * kFlagStride +
-           static_cast<std::size_t>(ranks_) * sizeof(RankRecord) +
+    return records() + static_cast<std::size_t>(ranks_) * sizeof(RankRecord) +
            static_cast<std::size_t>(rank) * kSlotBytes;
   }
   std::byte* result() noexcept { return slot(ranks_); }
@@ -291,6 +282,15 @@ class SharedMemoryArena {
   HugePageAdvice huge_pages_;
   bool doorbells_wanted_;
   Doorbell doorbell_;
+
+  // Rank's cache line in row `row` of the header: the flags' rows (one per Stage), then
+  // the asleep counts'.
+  std::byte* line(int row, int rank) noexcept {
+    return base_ + (static_cast<std::size_t>(row) * static_cast<std::size_t>(ranks_) +
+                    static_cast<std::size_t>(rank)) *
+                       kFlagStride;
+  }
+  std::byte* records() noexcept { return line(kFlagRows, 0); }  // after the header's rows
 };
 
 }  // namespace braid::collectives::detail

@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
@@ -726,33 +727,30 @@ TEST(Tracing, OpsBelowTheStepThresholdRecordTheirOwnSpanAloneAndLargerOnesTheirS
   EXPECT_EQ(ring_steps_recorded("1024"), std::multiset<std::uint64_t>{});
 }
 
-TEST(Tracing, ANegativeStepThresholdIsAnEnvironmentErrorNamingTheKnob) {
-  const braid::testing::ScopedEnv threshold("BRAID_TRACE_STEPS_KIB", "-1");
-  for (const std::exception_ptr& failure :
-       testing::run_ranks_collecting(1, [](auto) -> asio::awaitable<void> { co_return; })) {
-    ASSERT_TRUE(failure);
-    try {
-      std::rethrow_exception(failure);
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), Errc::invalid_environment) << e.what();
-      EXPECT_THAT(e.what(), HasSubstr("BRAID_TRACE_STEPS_KIB=-1"));
-    }
-  }
-}
-
-TEST(SharedMemory, AMalformedDoorbellSettingIsAnEnvironmentErrorNamingTheKnob) {
-  const braid::testing::ScopedEnv doorbell("BRAID_SHM_DOORBELL", "sometimes");
+// Making the communicators on `ranks` ranks fails on every rank with invalid_environment,
+// in a message that contains `naming`.
+void expect_environment_error_on_every_rank(int ranks, std::string_view naming) {
   const auto failures =
-      testing::run_ranks_collecting(2, [](auto) -> asio::awaitable<void> { co_return; });
+      run_ranks_collecting(ranks, [](auto) -> asio::awaitable<void> { co_return; });
   for (const std::exception_ptr& failure : failures) {
     ASSERT_TRUE(failure) << "the communicator was made";
     try {
       std::rethrow_exception(failure);
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), Errc::invalid_environment) << e.what();
-      EXPECT_THAT(e.what(), HasSubstr("BRAID_SHM_DOORBELL"));
+      EXPECT_THAT(e.what(), HasSubstr(std::string(naming)));
     }
   }
+}
+
+TEST(Tracing, ANegativeStepThresholdIsAnEnvironmentErrorNamingTheKnob) {
+  const braid::testing::ScopedEnv threshold("BRAID_TRACE_STEPS_KIB", "-1");
+  expect_environment_error_on_every_rank(1, "BRAID_TRACE_STEPS_KIB=-1");
+}
+
+TEST(SharedMemory, AMalformedDoorbellSettingIsAnEnvironmentErrorNamingTheKnob) {
+  const braid::testing::ScopedEnv doorbell("BRAID_SHM_DOORBELL", "sometimes");
+  expect_environment_error_on_every_rank(2, "BRAID_SHM_DOORBELL");
 }
 
 TEST(PointToPoint, SendAndRecvMatchPerPairInCallOrder) {

@@ -17,6 +17,7 @@
 #include <braid/transport/world.hpp>
 
 #include "clock_alignment.hpp"
+#include "ptrace_permission.hpp"
 
 namespace braid::transport {
 namespace {
@@ -134,6 +135,8 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   // Shared memory for small messages is safe now: the watcher (watch_peers) notices a
   // killed peer that UCX's shared-memory keepalive misses.
   world->options_.ucx.shared_memory_peer_errors = true;
+  // Before UCX opens its cma transport and before any arena probes cross-memory attach.
+  detail::let_siblings_attach();
   world->ucx_ = std::make_unique<UcxWorker>(runtime, world->options_.ucx);
   // Each rank publishes its node with its address, so the job learns where every rank
   // runs (hierarchical collectives need it) without another round of store traffic.

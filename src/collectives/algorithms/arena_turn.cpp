@@ -12,6 +12,7 @@
 
 #include <braid/core/enforce.hpp>
 #include <braid/core/error.hpp>
+#include <braid/core/log.hpp>
 
 #include "../cross_memory.hpp"
 
@@ -64,6 +65,21 @@ asio::awaitable<void> ArenaTurn::pass() {
 }
 
 namespace {
+
+// Why this rank's shared-memory waits will poll instead of sleeping on a doorbell. Out of
+// descriptors is worth a warning: each communicator's arena holds one per local peer plus
+// its own, and a job that splits many communicators can reach the limit (ulimit -n).
+void explain_no_doorbell(int error, const char* call) {
+  if (error == EMFILE || error == ENFILE) {
+    log::warn(
+        "shared-memory doorbells: {} failed ({}): this communicator's waits poll "
+        "instead of sleeping; raise the descriptor limit (ulimit -n)",
+        call, std::strerror(error));
+  } else {
+    log::debug("shared-memory doorbells: {} failed ({}): this communicator's waits poll", call,
+               std::strerror(error));
+  }
+}
 
 // map()'s messages: rank 0's segment name (or why it could not make the segment), each
 // rank's acknowledgement, and rank 0's verdict. `error` is an errno, 0 for success.
@@ -209,6 +225,7 @@ asio::awaitable<void> ArenaTurn::map() {
   mine.probe = arena_.probe_address();
   Doorbell& doorbell = arena_.doorbell();
   mine.doorbell = arena_.doorbells_wanted() ? doorbell.open() : -1;
+  if (arena_.doorbells_wanted() && mine.doorbell < 0) explain_no_doorbell(errno, "eventfd");
   raise(Stage::posted);
   co_await wait_all(Stage::posted, "every rank's shared-memory record");
   arena_.set_crowded(world > usable_cpus());
@@ -224,8 +241,10 @@ asio::awaitable<void> ArenaTurn::map() {
   bool rings_all = mine.doorbell >= 0;
   for (int r = 0; r < world && rings_all; ++r) {
     const RankRecord& peer = arena_.record(r);
-    rings_all =
-        r == me || (peer.doorbell >= 0 && doorbell.connect(r, peer.pid, peer.doorbell) == 0);
+    if (r == me) continue;
+    const int refused = peer.doorbell >= 0 ? doorbell.connect(r, peer.pid, peer.doorbell) : 0;
+    rings_all = peer.doorbell >= 0 && refused == 0;
+    if (refused != 0) explain_no_doorbell(refused, "pidfd_getfd");
   }
   mine.rings_peers = rings_all ? 1 : 0;
   using Direct = SharedMemoryArena::AllReduceDirect;

@@ -234,8 +234,14 @@ asio::awaitable<void> ArenaTurn::map() {
   for (int r = 0; r < world && reads_all; ++r) {
     std::uint64_t word = 0;
     const RankRecord& peer = arena_.record(r);
-    reads_all = read_process_memory(peer.pid, peer.probe, &word, sizeof word) == 0 &&
-                word == SharedMemoryArena::kProbeValue;
+    const int refused = read_process_memory(peer.pid, peer.probe, &word, sizeof word);
+    reads_all = refused == 0 && word == SharedMemoryArena::kProbeValue;
+    if (refused != 0) {
+      log::debug(
+          "cross-memory attach to rank {} refused ({}): collectives on this "
+          "communicator copy through shared memory or send messages",
+          op_.world_rank(r), std::strerror(refused));
+    }
   }
   mine.reads_peers = reads_all ? 1 : 0;
   bool rings_all = mine.doorbell >= 0;

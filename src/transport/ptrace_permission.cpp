@@ -1,9 +1,9 @@
 #include "ptrace_permission.hpp"
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -14,18 +14,16 @@ namespace braid::transport::detail {
 
 std::optional<pid_t> ptracer_to_declare(std::optional<std::string_view> yama_scope, pid_t parent) {
   if (!yama_scope || parent <= 1) return std::nullopt;  // no Yama; orphaned (init adopted us)
-  std::string_view scope = *yama_scope;
-  while (!scope.empty() && (scope.back() == '\n' || scope.back() == ' ')) scope.remove_suffix(1);
-  if (scope != "1") return std::nullopt;
+  int scope = -1;                                       // the file holds the number and a newline
+  std::from_chars(yama_scope->data(), yama_scope->data() + yama_scope->size(), scope);
+  if (scope != 1) return std::nullopt;
   return parent;
 }
 
 std::optional<pid_t> let_siblings_attach() {
   std::optional<std::string> scope;
   if (std::ifstream file("/proc/sys/kernel/yama/ptrace_scope"); file) {
-    std::ostringstream text;
-    text << file.rdbuf();
-    scope = text.str();
+    std::getline(file, scope.emplace());
   }
   const std::optional<pid_t> ptracer = ptracer_to_declare(scope, getppid());
   if (!ptracer) return std::nullopt;

@@ -224,8 +224,11 @@ asio::awaitable<void> ArenaTurn::map() {
   mine.pid = static_cast<std::int32_t>(getpid());
   mine.probe = arena_.probe_address();
   Doorbell& doorbell = arena_.doorbell();
-  mine.doorbell = arena_.doorbells_wanted() ? doorbell.open() : -1;
-  if (arena_.doorbells_wanted() && mine.doorbell < 0) explain_no_doorbell(errno, "eventfd");
+  mine.doorbell = -1;
+  if (arena_.doorbells_wanted()) {
+    mine.doorbell = doorbell.open();
+    if (mine.doorbell < 0) explain_no_doorbell(errno, "eventfd");
+  }
   raise(Stage::posted);
   co_await wait_all(Stage::posted, "every rank's shared-memory record");
   arena_.set_crowded(world > usable_cpus());
@@ -246,11 +249,14 @@ asio::awaitable<void> ArenaTurn::map() {
   mine.reads_peers = reads_all ? 1 : 0;
   bool rings_all = mine.doorbell >= 0;
   for (int r = 0; r < world && rings_all; ++r) {
-    const RankRecord& peer = arena_.record(r);
     if (r == me) continue;
-    const int refused = peer.doorbell >= 0 ? doorbell.connect(r, peer.pid, peer.doorbell) : 0;
-    rings_all = peer.doorbell >= 0 && refused == 0;
-    if (refused != 0) explain_no_doorbell(refused, "pidfd_getfd");
+    const RankRecord& peer = arena_.record(r);
+    if (peer.doorbell < 0) {  // that rank has said why
+      rings_all = false;
+    } else if (const int refused = doorbell.connect(r, peer.pid, peer.doorbell); refused != 0) {
+      explain_no_doorbell(refused, "taking a peer's doorbell (pidfd_open, pidfd_getfd)");
+      rings_all = false;
+    }
   }
   mine.rings_peers = rings_all ? 1 : 0;
   using Direct = SharedMemoryArena::AllReduceDirect;

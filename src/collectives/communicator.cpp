@@ -344,6 +344,7 @@ Communicator::Communicator(Private, transport::World& world, std::vector<int> wo
       timeout_(options.timeout.value_or(default_timeout())),
       check_fingerprints_(options.check_fingerprints.value_or(fingerprints_from_environment())),
       trace_steps_from_(config::kib_value("BRAID_TRACE_STEPS_KIB", 0, std::int64_t{1} << 30)),
+      trace_sampling_(trace::SmallOpSampling::from_environment()),
       selection_(options.selection),
       send_sequence_(new std::atomic<std::uint64_t>[world_ranks_.size()]),
       recv_sequence_(new std::atomic<std::uint64_t>[world_ranks_.size()]),
@@ -412,9 +413,17 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
                                         CollectiveCall call) {
   CollectiveOp op(world_.transport(), world_ranks_, rank_, id_, call.sequence, call.deadline,
                   timeout_, *scratch_);
-  op.set_track(track_, call.bytes >= trace_steps_from_);
-  trace::AsyncSpan span(trace::Category::comm, span_name(call.kind), track_, call.bytes);
+  // A small call left out of the trace leaves its steps out too (they nest in its span).
+  const std::uint32_t trace_weight =
+      trace::enabled() ? trace_sampling_.weight(call.bytes, call.sequence, id_) : 0;
+  op.set_track(track_, trace_weight != 0 && call.bytes >= trace_steps_from_);
+  // Built in place (a prvalue either way): moving a span copies its 88-byte record.
+  trace::AsyncSpan span =
+      trace_weight != 0
+          ? trace::AsyncSpan(trace::Category::comm, span_name(call.kind), track_, call.bytes)
+          : trace::AsyncSpan();
   span.arg("seq", static_cast<std::int64_t>(call.sequence));
+  if (trace_weight > 1) span.arg("sampled", trace_weight);
   span.text("algorithm", span_name(call.algorithm));
   // While in flight, a member's death aborts the op (see on_member_failed()).
   in_flight_.push_back(&op);

@@ -73,6 +73,13 @@ constexpr std::array kKnobs{
          "collectives moving at least this many KiB also record their steps (ring phases, "
          "shared-memory chunks and reductions) as spans inside the op's; smaller ones record "
          "the op alone, where a second span would cost ~1% of its time; 0: every op"},
+    Knob{"BRAID_TRACE_SAMPLE_KIB", "16",
+         "collectives moving fewer than this many KiB are recorded one in "
+         "BRAID_TRACE_SAMPLE_EVERY (the same calls on every rank), where a span for each "
+         "would cost 1-8% of their time; the summary counts each recorded one that many "
+         "times; 0: every collective recorded"},
+    Knob{"BRAID_TRACE_SAMPLE_EVERY", "64",
+         "one in this many collectives below BRAID_TRACE_SAMPLE_KIB is recorded; 1: all"},
     Knob{"BRAID_TRACE_CLOCK", "auto",
          "the clock trace timestamps read: tsc (the CPU's time-stamp counter, kept in step "
          "with steady_clock; about half its cost), steady (steady_clock), or auto: tsc where "

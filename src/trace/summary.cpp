@@ -20,28 +20,6 @@ std::int64_t percentile(const std::vector<std::int64_t>& sorted, double p) {
   return sorted[std::min(index, sorted.size() - 1)];
 }
 
-struct Samples {
-  std::vector<std::int64_t> durations;
-  std::uint64_t bytes = 0;
-
-  void add(const TimelineEvent& event) {
-    durations.push_back(event.duration_ns());
-    bytes += event.bytes;
-  }
-  LatencyStats stats() {
-    std::sort(durations.begin(), durations.end());
-    LatencyStats out;
-    out.count = durations.size();
-    out.bytes = bytes;
-    for (const std::int64_t d : durations) out.total_ns += d;
-    out.p50_ns = percentile(durations, 50);
-    out.p90_ns = percentile(durations, 90);
-    out.p99_ns = percentile(durations, 99);
-    out.max_ns = durations.empty() ? 0 : durations.back();
-    return out;
-  }
-};
-
 std::optional<std::int64_t> integer_arg(const TimelineEvent& event, std::string_view key) {
   const auto text = event.arg(key);
   if (!text) return std::nullopt;
@@ -51,6 +29,52 @@ std::optional<std::int64_t> integer_arg(const TimelineEvent& event, std::string_
   return value;
 }
 
+// How many calls a span stands for: its "sampled" argument, else 1.
+std::int64_t weight_of(const TimelineEvent& event) {
+  return std::max<std::int64_t>(1, integer_arg(event, "sampled").value_or(1));
+}
+
+struct Samples {
+  std::vector<std::int64_t> durations;
+  std::size_t count = 0;
+  std::uint64_t bytes = 0;
+  std::int64_t total_ns = 0;
+
+  void add(const TimelineEvent& event) {
+    const std::int64_t weight = weight_of(event);
+    durations.push_back(event.duration_ns());
+    count += static_cast<std::size_t>(weight);
+    bytes += static_cast<std::uint64_t>(weight) * event.bytes;
+    total_ns += weight * event.duration_ns();
+  }
+  LatencyStats stats() {
+    std::sort(durations.begin(), durations.end());
+    LatencyStats out;
+    out.count = count;
+    out.recorded = durations.size();
+    out.bytes = bytes;
+    out.total_ns = total_ns;
+    out.p50_ns = percentile(durations, 50);
+    out.p90_ns = percentile(durations, 90);
+    out.p99_ns = percentile(durations, 99);
+    out.max_ns = durations.empty() ? 0 : durations.back();
+    return out;
+  }
+};
+
+// How much of [begin, end) the sorted, disjoint `merged` covers: a binary search and a
+// walk over the intervals that meet it, so a trace of many sampled spans stays linear-ish.
+std::int64_t covered_length(const std::vector<Interval>& merged, std::int64_t begin,
+                            std::int64_t end) {
+  auto it = std::upper_bound(merged.begin(), merged.end(), begin,
+                             [](std::int64_t t, const Interval& i) { return t < i.end; });
+  std::int64_t covered = 0;
+  for (; it != merged.end() && it->begin < end; ++it) {
+    covered += std::max<std::int64_t>(0, std::min(end, it->end) - std::max(begin, it->begin));
+  }
+  return covered;
+}
+
 OverlapFigures figures_of(const RankTimeline& rank) {
   OverlapFigures figures;
   const auto compute = intervals_of(rank, "compute");
@@ -58,6 +82,14 @@ OverlapFigures figures_of(const RankTimeline& rank) {
   figures.compute_ns = total_length(compute);
   figures.communication_ns = total_length(communication);
   figures.overlap_ns = total_length(intersection_of(compute, communication));
+  // The calls sampled spans stand for and the trace left out (summary.hpp).
+  for (const TimelineEvent& event : rank.events) {
+    if (event.instant || event.category != "comm") continue;
+    const std::int64_t unrecorded = weight_of(event) - 1;
+    if (unrecorded == 0) continue;
+    figures.communication_ns += unrecorded * event.duration_ns();
+    figures.overlap_ns += unrecorded * covered_length(compute, event.begin_ns, event.end_ns);
+  }
   figures.exposed_ns = figures.communication_ns - figures.overlap_ns;
   if (!rank.events.empty()) {
     std::int64_t first = rank.events.front().begin_ns;
@@ -112,9 +144,9 @@ std::string percent_text(std::optional<double> percent) {
 
 void append_stats_json(std::string& out, const LatencyStats& s) {
   fmt::format_to(std::back_inserter(out),
-                 R"({{"count":{},"bytes":{},"total_ns":{},"p50_ns":{},"p90_ns":{},"p99_ns":{},)"
-                 R"("max_ns":{}}})",
-                 s.count, s.bytes, s.total_ns, s.p50_ns, s.p90_ns, s.p99_ns, s.max_ns);
+                 R"({{"count":{},"recorded":{},"bytes":{},"total_ns":{},"p50_ns":{},"p90_ns":{},)"
+                 R"("p99_ns":{},"max_ns":{}}})",
+                 s.count, s.recorded, s.bytes, s.total_ns, s.p50_ns, s.p90_ns, s.p99_ns, s.max_ns);
 }
 
 void append_rank_json(std::string& out, const RankSummary& rank) {
@@ -161,10 +193,19 @@ void append_stats_table(std::string& out, std::string_view what,
                         const std::map<std::string, LatencyStats>& rows) {
   fmt::format_to(std::back_inserter(out), "  {:<22} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
                  what, "count", "bytes", "p50", "p90", "p99", "max");
+  bool sampled = false;
   for (const auto& [name, s] : rows) {
+    // "~": an estimate from sampled spans (summary.hpp).
+    const std::string count = fmt::format("{}{}", s.recorded < s.count ? "~" : "", s.count);
+    sampled = sampled || s.recorded < s.count;
     fmt::format_to(std::back_inserter(out), "  {:<22} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
-                   name, s.count, bytes_text(s.bytes), duration_text(s.p50_ns),
+                   name, count, bytes_text(s.bytes), duration_text(s.p50_ns),
                    duration_text(s.p90_ns), duration_text(s.p99_ns), duration_text(s.max_ns));
+  }
+  if (sampled) {
+    out +=
+        "  ~: small calls were recorded one in BRAID_TRACE_SAMPLE_EVERY; count and bytes "
+        "are estimates, percentiles come from the recorded calls\n";
   }
 }
 

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <random>
 #include <set>
@@ -698,6 +699,7 @@ TEST(Split, AReusedIdNeverDeliversAMessageItsLastCommunicatorLeftUnreceived) {
 // 8 KiB and then 128 KiB over the ring, BRAID_TRACE_STEPS_KIB=`steps_kib`.
 std::multiset<std::uint64_t> ring_steps_recorded(const char* steps_kib) {
   const braid::testing::ScopedEnv threshold("BRAID_TRACE_STEPS_KIB", steps_kib);
+  const braid::testing::ScopedEnv every_op("BRAID_TRACE_SAMPLE_KIB", "0");
   trace::clear();
   trace::set_enabled(true);
   run_ranks(2,
@@ -725,6 +727,56 @@ TEST(Tracing, OpsBelowTheStepThresholdRecordTheirOwnSpanAloneAndLargerOnesTheirS
   EXPECT_EQ(ring_steps_recorded("64"), (std::multiset<std::uint64_t>{large, large}));
   EXPECT_EQ(ring_steps_recorded("0"), (std::multiset<std::uint64_t>{small, small, large, large}));
   EXPECT_EQ(ring_steps_recorded("1024"), std::multiset<std::uint64_t>{});
+}
+
+std::optional<std::int64_t> arg_of(const trace::Record& record, std::string_view key) {
+  for (std::uint8_t i = 0; i < record.arg_count; ++i) {
+    if (key == record.args[i].key) return record.args[i].value;
+  }
+  return std::nullopt;
+}
+
+// Below BRAID_TRACE_SAMPLE_KIB a trace records one call in BRAID_TRACE_SAMPLE_EVERY: the
+// same calls on every rank, each marked with what it stands for, and none of their steps.
+TEST(Tracing, SmallOpsAreSampledAlikeOnEveryRankAndLargerOnesAllRecorded) {
+  const braid::testing::ScopedEnv small("BRAID_TRACE_SAMPLE_KIB", "16");
+  const braid::testing::ScopedEnv every("BRAID_TRACE_SAMPLE_EVERY", "8");
+  const braid::testing::ScopedEnv steps("BRAID_TRACE_STEPS_KIB", "0");
+  constexpr int kSmall = 400;
+  constexpr int kLarge = 3;
+  trace::clear();
+  trace::set_enabled(true);
+  run_ranks(2, [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    std::vector<float> small(2, 1.0f);
+    std::vector<float> large(8 << 10, 1.0f);  // 32 KiB
+    for (int i = 0; i < kSmall; ++i) {
+      small.assign(2, 1.0f);
+      co_await comm->all_reduce(Buffer(small), ReduceOp::sum);
+      EXPECT_EQ(small[1], 2.0f);
+    }
+    for (int i = 0; i < kLarge; ++i) co_await comm->all_reduce(Buffer(large), ReduceOp::max);
+  });
+  trace::set_enabled(false);
+  std::map<std::int64_t, int> small_seqs;  // sequence -> ranks that recorded it
+  int large = 0;
+  std::size_t steps_of_small = 0;
+  for (const trace::Record& record : trace::snapshot().records) {
+    if (record.category == trace::Category::step && record.bytes < (16 << 10)) ++steps_of_small;
+    if (std::string_view(record.name) != "all_reduce") continue;
+    if (record.bytes >= (16 << 10)) {
+      ++large;
+      EXPECT_FALSE(arg_of(record, "sampled")) << "a large op stands for itself";
+    } else {
+      EXPECT_EQ(arg_of(record, "sampled"), 8);
+      ++small_seqs[*arg_of(record, "seq")];
+    }
+  }
+  EXPECT_EQ(large, 2 * kLarge);
+  // 50 expected of 400; a binomial's deviation is ~6.6.
+  EXPECT_GT(small_seqs.size(), 20u);
+  EXPECT_LT(small_seqs.size(), 90u);
+  for (const auto& [seq, ranks] : small_seqs) EXPECT_EQ(ranks, 2) << "sequence " << seq;
+  EXPECT_EQ(steps_of_small, 0u) << "a call left out leaves its steps out too";
 }
 
 // Making the communicators on `ranks` ranks fails on every rank with invalid_environment,

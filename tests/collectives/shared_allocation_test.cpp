@@ -46,6 +46,7 @@ std::set<std::string> phases_recorded(int world, const testing::RankBody& body,
                                       std::vector<int> node_of_rank = {}) {
   // Every op's steps, however small the op.
   const braid::testing::ScopedEnv every_step("BRAID_TRACE_STEPS_KIB", "0");
+  const braid::testing::ScopedEnv every_op("BRAID_TRACE_SAMPLE_KIB", "0");
   trace::clear();
   trace::set_enabled(true);
   run_ranks(world, body, std::move(options), std::move(node_of_rank));

@@ -132,6 +132,32 @@ TEST(Latency, CollectivesGetCountBytesAndNearestRankPercentiles) {
   EXPECT_EQ(s.job.collectives.at("barrier").count, 1u);
 }
 
+// A small collective recorded one in n (sampling.hpp) carries "sampled" = n and stands
+// for n calls; the n - 1 left out add its length and its overlap n - 1 more times.
+TEST(Latency, ASampledSpanStandsForTheCallsItWasChosenFrom) {
+  TimelineEvent sampled = event("comm", 90, 110, "all_reduce");  // half under compute
+  sampled.bytes = 8;
+  sampled.args.emplace_back("sampled", "64");
+  TimelineEvent whole = event("comm", 200, 230, "all_reduce");  // recorded alone
+  whole.bytes = 8;
+  const Summary s = summarize(one_rank({event("compute", 0, 100), sampled, whole}));
+  const LatencyStats& all_reduce = s.job.collectives.at("all_reduce");
+  EXPECT_EQ(all_reduce.count, 65u);
+  EXPECT_EQ(all_reduce.recorded, 2u);
+  EXPECT_EQ(all_reduce.bytes, 65u * 8);
+  EXPECT_EQ(all_reduce.total_ns, 64 * 20 + 30);
+  EXPECT_EQ(all_reduce.max_ns, 30) << "percentiles come from the recorded spans";
+  EXPECT_EQ(rank0(s).communication_ns, 64 * 20 + 30);
+  EXPECT_EQ(rank0(s).overlap_ns, 64 * 10);
+  EXPECT_EQ(rank0(s).exposed_ns, 64 * 10 + 30);
+  const std::string text = format_text(s);
+  EXPECT_NE(text.find("~65"), std::string::npos) << text;
+  EXPECT_NE(text.find("BRAID_TRACE_SAMPLE_EVERY"), std::string::npos) << text;
+  const auto json = nlohmann::json::parse(format_json(s));
+  EXPECT_EQ(json["job"]["collectives"]["all_reduce"]["count"], 65);
+  EXPECT_EQ(json["job"]["collectives"]["all_reduce"]["recorded"], 2);
+}
+
 TEST(Latency, BucketsAreKeyedByTheirIndexArgument) {
   TimelineEvent b0 = event("bucket", 0, 300, "bucket");
   b0.args.emplace_back("bucket", "0");

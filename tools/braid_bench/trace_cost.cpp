@@ -116,7 +116,7 @@ awaitable<void> measure_size(Communicator& comm, std::size_t bytes,
     std::cout << fmt::format(
                      "{{\"bytes\":{},\"iters\":{},\"off_us\":{:.3f},\"on_us\":{:.3f},"
                      "\"overhead_percent\":{:.3f},\"overhead_spread\":{:.3f},"
-                     "\"spans_per_iter\":{:.2f}}}",
+                     "\"spans_per_iter\":{:.4f}}}",
                      bytes, iters[0], off_us, on_us, median(overhead), quartile_spread,
                      spans_per_iter)
               << std::endl;
@@ -148,46 +148,52 @@ int run_driver(const TraceCostOptions& options) {
   std::cout << fmt::format(
       "trace::Span in process (clock: {}): {:.2f} ns off, {:.2f} ns on (goal: 50 ns)\n",
       trace::clock_source() == trace::ClockSource::tsc ? "tsc" : "steady", off_ns, on_ns);
-  std::vector<std::string> argv{sibling_program("braid-run"),
-                                "-n",
-                                std::to_string(options.ranks),
-                                sibling_program("braid-bench"),
-                                "trace-cost",
-                                "--worker",
-                                "--rounds",
-                                std::to_string(options.rounds)};
-  std::string sizes;
-  for (const std::size_t s : options.sizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(s);
-  argv.insert(argv.end(), {"--sizes", sizes});
-  if (options.iters > 0) argv.insert(argv.end(), {"--iters", std::to_string(options.iters)});
-  const CommandResult result = run_command(argv, std::chrono::seconds(600));
-  if (result.exit_code != 0) {
-    std::cerr << "braid-bench trace-cost: braid-run exited with " << result.exit_code << ":\n"
-              << result.output;
-    return 1;
-  }
-  std::cout << fmt::format(
-      "all_reduce loop on {} ranks, {} pairs of rounds with tracing off and on (slowest rank); "
-      "overhead: the median pair's, ± half its interquartile range:\n",
-      options.ranks, options.rounds);
-  std::cout << fmt::format("{:>10} {:>7} {:>12} {:>12} {:>16} {:>11} {:>13}\n", "bytes", "iters",
-                           "off us/iter", "on us/iter", "overhead", "spans/iter", "ns/span(loop)");
-  std::stringstream lines(result.output);
-  for (std::string line; std::getline(lines, line);) {
-    const auto brace = line.find('{');
-    if (brace == std::string::npos) continue;
-    line = line.substr(brace);
-    const double off_us = number_after(line, "off_us");
-    const double on_us = number_after(line, "on_us");
-    const double spans = number_after(line, "spans_per_iter");
-    const double overhead = number_after(line, "overhead_percent");
+  // Twice: as a trace records by default (calls below BRAID_TRACE_SAMPLE_KIB sampled),
+  // and with every call recorded, which is what a span per call costs.
+  const std::pair<const char*, const char*> settings[] = {
+      {"default recording (small calls sampled, sampling.hpp)", nullptr},
+      {"every call recorded (BRAID_TRACE_SAMPLE_KIB=0)", "BRAID_TRACE_SAMPLE_KIB=0"}};
+  for (const auto& [label, setting] : settings) {
+    std::vector<std::string> argv;
+    if (setting != nullptr) argv = {"/usr/bin/env", setting};
+    argv.insert(argv.end(), {sibling_program("braid-run"), "-n", std::to_string(options.ranks),
+                             sibling_program("braid-bench"), "trace-cost", "--worker", "--rounds",
+                             std::to_string(options.rounds)});
+    std::string sizes;
+    for (const std::size_t s : options.sizes) {
+      sizes += (sizes.empty() ? "" : ",") + std::to_string(s);
+    }
+    argv.insert(argv.end(), {"--sizes", sizes});
+    if (options.iters > 0) argv.insert(argv.end(), {"--iters", std::to_string(options.iters)});
+    const CommandResult result = run_command(argv, std::chrono::seconds(600));
+    if (result.exit_code != 0) {
+      std::cerr << "braid-bench trace-cost: braid-run exited with " << result.exit_code << ":\n"
+                << result.output;
+      return 1;
+    }
     std::cout << fmt::format(
-        "{:>10} {:>7} {:>12.2f} {:>12.2f} {:>7.2f}% ± {:>4.2f}% {:>11.1f} "
-        "{:>13.1f}\n",
-        static_cast<std::size_t>(number_after(line, "bytes")),
-        static_cast<int>(number_after(line, "iters")), off_us, on_us, overhead,
-        number_after(line, "overhead_spread"), spans,
-        spans > 0 ? overhead / 100 * off_us * 1e3 / spans : 0.0);
+        "\nall_reduce loop on {} ranks, {}; {} pairs of rounds with tracing off and on "
+        "(slowest rank); overhead: the median pair's, ± half its interquartile range:\n",
+        options.ranks, label, options.rounds);
+    std::cout << fmt::format("{:>10} {:>7} {:>12} {:>12} {:>16} {:>11} {:>13}\n", "bytes", "iters",
+                             "off us/iter", "on us/iter", "overhead", "spans/iter",
+                             "ns/span(loop)");
+    std::stringstream lines(result.output);
+    for (std::string line; std::getline(lines, line);) {
+      const auto brace = line.find('{');
+      if (brace == std::string::npos) continue;
+      line = line.substr(brace);
+      const double off_us = number_after(line, "off_us");
+      const double on_us = number_after(line, "on_us");
+      const double spans = number_after(line, "spans_per_iter");
+      const double overhead = number_after(line, "overhead_percent");
+      std::cout << fmt::format(
+          "{:>10} {:>7} {:>12.2f} {:>12.2f} {:>7.2f}% ± {:>4.2f}% {:>11.3f} {:>13.1f}\n",
+          static_cast<std::size_t>(number_after(line, "bytes")),
+          static_cast<int>(number_after(line, "iters")), off_us, on_us, overhead,
+          number_after(line, "overhead_spread"), spans,
+          spans > 0 ? overhead / 100 * off_us * 1e3 / spans : 0.0);
+    }
   }
   return 0;
 }

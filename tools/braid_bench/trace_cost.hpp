@@ -1,7 +1,8 @@
 // braid-bench trace-cost: what tracing costs. In process: ns per span with tracing off
 // and on. Under braid-run: an all-reduce loop timed in rounds that alternate tracing off
 // and on (so drift in the machine's load hits both alike), reported as the median round's
-// time per iteration, the overhead in percent, and spans recorded per iteration.
+// time per iteration, the overhead in percent, and spans recorded per iteration; once as
+// a trace records by default (small calls sampled) and once with every call recorded.
 #pragma once
 
 #include <string>

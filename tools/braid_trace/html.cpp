@@ -65,9 +65,9 @@ std::string summary_tables(const trace::Summary& summary) {
       out += fmt::format(
           "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.1f}</td><td>{:.1f}</td><td>{:.1f}</td>"
           "<td>{:.1f}</td></tr>\n",
-          escape_html(name), s.count, s.bytes, static_cast<double>(s.p50_ns) / 1e3,
-          static_cast<double>(s.p90_ns) / 1e3, static_cast<double>(s.p99_ns) / 1e3,
-          static_cast<double>(s.max_ns) / 1e3);
+          escape_html(name), fmt::format("{}{}", s.recorded < s.count ? "~" : "", s.count), s.bytes,
+          static_cast<double>(s.p50_ns) / 1e3, static_cast<double>(s.p90_ns) / 1e3,
+          static_cast<double>(s.p99_ns) / 1e3, static_cast<double>(s.max_ns) / 1e3);
     }
     out += "</table>\n";
   }

@@ -82,6 +82,7 @@
 #include <braid/core/reduce_op.hpp>
 #include <braid/core/runtime.hpp>
 #include <braid/trace/recorder.hpp>
+#include <braid/trace/sampling.hpp>
 
 namespace braid::transport {
 class World;
@@ -296,6 +297,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Clock::duration timeout_;
   bool check_fingerprints_ = false;
   std::size_t trace_steps_from_ = 0;  // BRAID_TRACE_STEPS_KIB, in bytes
+  trace::SmallOpSampling trace_sampling_;  // BRAID_TRACE_SAMPLE_KIB and _EVERY
   std::shared_ptr<const SelectionTable> selection_;
   std::atomic<std::uint64_t> next_sequence_{0};
   std::atomic<std::uint64_t> shared_allocations_{0};  // allocate_shared calls so far

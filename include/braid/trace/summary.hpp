@@ -9,10 +9,14 @@
 //                  what a step pays for it
 //
 // The job's figures add the ranks' times up, so its overlap % weighs ranks by their
-// communication time. Per collective (a comm span's name): count, bytes, latency
-// percentiles. Per bucket (bucket spans with a "bucket" argument): ready-to-reduced
-// latency. Per rank with pipeline spans: bubble % = idle time between its first and last
-// pipeline span / that window.
+// communication time. A sampled comm span (argument "sampled" = n, sampling.hpp) stands
+// for n calls: it counts n times in count, bytes and total time, and the n - 1 calls not
+// recorded add its length, and its overlap with compute, n - 1 more times to the
+// communication and overlap figures (when they ran is unknown, so they are not united
+// with the others). Percentiles come from the recorded calls. Per collective (a comm span's name):
+// count, bytes, latency percentiles. Per bucket (bucket spans with a "bucket" argument):
+// ready-to-reduced latency. Per rank with pipeline spans: bubble % = idle time between its first
+// and last pipeline span / that window.
 #pragma once
 
 #include <cstdint>
@@ -26,8 +30,9 @@
 namespace braid::trace {
 
 struct LatencyStats {
-  std::size_t count = 0;
-  std::uint64_t bytes = 0;  // all occurrences together
+  std::size_t count = 0;     // calls, counting each sampled span as the calls it stands for
+  std::size_t recorded = 0;  // spans in the trace; below count where calls were sampled
+  std::uint64_t bytes = 0;   // all occurrences together
   std::int64_t total_ns = 0;
   std::int64_t p50_ns = 0;
   std::int64_t p90_ns = 0;

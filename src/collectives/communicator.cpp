@@ -371,6 +371,7 @@ Communicator::Communicator(Private, transport::World& world, std::vector<int> wo
   // On a reused id, above every sequence number its last users may have left a message
   // with (communicator_ids.hpp).
   next_sequence_.store(name.first_sequence, std::memory_order_relaxed);
+  trace_sampling_.record_whole_until(name.first_sequence + trace_sampling_.every());
   for (std::size_t i = 0; i < world_ranks_.size(); ++i) {
     send_sequence_[i].store(name.first_sequence, std::memory_order_relaxed);
     recv_sequence_[i].store(name.first_sequence, std::memory_order_relaxed);

@@ -75,7 +75,8 @@ constexpr std::array kKnobs{
          "the op alone, where a second span would cost ~1% of its time; 0: every op"},
     Knob{"BRAID_TRACE_SAMPLE_KIB", "16",
          "collectives moving fewer than this many KiB are recorded one in "
-         "BRAID_TRACE_SAMPLE_EVERY (the same calls on every rank), where a span for each "
+         "BRAID_TRACE_SAMPLE_EVERY after a communicator's first BRAID_TRACE_SAMPLE_EVERY "
+         "calls (the same calls on every rank), where a span for each "
          "would cost 1-8% of their time; the summary counts each recorded one that many "
          "times; 0: every collective recorded"},
     Knob{"BRAID_TRACE_SAMPLE_EVERY", "64",

@@ -736,8 +736,9 @@ std::optional<std::int64_t> arg_of(const trace::Record& record, std::string_view
   return std::nullopt;
 }
 
-// Below BRAID_TRACE_SAMPLE_KIB a trace records one call in BRAID_TRACE_SAMPLE_EVERY: the
-// same calls on every rank, each marked with what it stands for, and none of their steps.
+// Below BRAID_TRACE_SAMPLE_KIB a trace records one call in BRAID_TRACE_SAMPLE_EVERY after
+// the communicator's first BRAID_TRACE_SAMPLE_EVERY: the same calls on every rank, each
+// marked with what it stands for, and none of the left-out calls' steps.
 TEST(Tracing, SmallOpsAreSampledAlikeOnEveryRankAndLargerOnesAllRecorded) {
   const braid::testing::ScopedEnv small("BRAID_TRACE_SAMPLE_KIB", "16");
   const braid::testing::ScopedEnv every("BRAID_TRACE_SAMPLE_EVERY", "8");
@@ -759,6 +760,7 @@ TEST(Tracing, SmallOpsAreSampledAlikeOnEveryRankAndLargerOnesAllRecorded) {
   trace::set_enabled(false);
   std::map<std::int64_t, int> small_seqs;  // sequence -> ranks that recorded it
   int large = 0;
+  int whole = 0;  // small ops recorded as themselves
   std::size_t steps_of_small = 0;
   for (const trace::Record& record : trace::snapshot().records) {
     if (record.category == trace::Category::step && record.bytes < (16 << 10)) ++steps_of_small;
@@ -766,16 +768,22 @@ TEST(Tracing, SmallOpsAreSampledAlikeOnEveryRankAndLargerOnesAllRecorded) {
     if (record.bytes >= (16 << 10)) {
       ++large;
       EXPECT_FALSE(arg_of(record, "sampled")) << "a large op stands for itself";
+    } else if (!arg_of(record, "sampled")) {
+      ++whole;
+      EXPECT_LT(*arg_of(record, "seq"), 8);
     } else {
       EXPECT_EQ(arg_of(record, "sampled"), 8);
+      EXPECT_GE(*arg_of(record, "seq"), 8);
       ++small_seqs[*arg_of(record, "seq")];
     }
   }
   EXPECT_EQ(large, 2 * kLarge);
-  // 50 expected of 400; a binomial's deviation is ~6.6.
+  // 49 expected of the 392 after the first 8; a binomial's deviation is ~6.5.
   EXPECT_GT(small_seqs.size(), 20u);
   EXPECT_LT(small_seqs.size(), 90u);
   for (const auto& [seq, ranks] : small_seqs) EXPECT_EQ(ranks, 2) << "sequence " << seq;
+  EXPECT_EQ(whole, 2 * 8) << "a communicator's first BRAID_TRACE_SAMPLE_EVERY calls are all "
+                             "recorded, on every rank";
   EXPECT_EQ(steps_of_small, 0u) << "a call left out leaves its steps out too";
 }
 

@@ -66,6 +66,22 @@ TEST(SmallOpSampling, CommunicatorsRunningInStepChooseDifferentCalls) {
   EXPECT_NE(first, second);
 }
 
+TEST(SmallOpSampling, ACommunicatorsFirstCallsAreAllRecordedSoShortRunsCountExactly) {
+  SmallOpSampling sampling(16 << 10, 64);
+  sampling.record_whole_until(100 + 64);  // a communicator whose first sequence is 100
+  for (std::uint64_t sequence = 100; sequence < 164; ++sequence) {
+    EXPECT_EQ(sampling.weight(8, sequence), 1u);
+  }
+  int sampled = 0;
+  for (std::uint64_t sequence = 164; sequence < 164 + 64 * 100; ++sequence) {
+    const std::uint32_t weight = sampling.weight(8, sequence);
+    ASSERT_NE(weight, 1u);
+    sampled += weight == 64;
+  }
+  EXPECT_GT(sampled, 50);
+  EXPECT_LT(sampled, 150);
+}
+
 TEST(SmallOpSampling, EveryOneOrNoSizeRecordsEveryCall) {
   for (const SmallOpSampling sampling :
        {SmallOpSampling(), SmallOpSampling(16 << 10, 1), SmallOpSampling(0, 64)}) {

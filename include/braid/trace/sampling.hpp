@@ -5,6 +5,10 @@
 // the summary counts it that many times (count, bytes, communication and overlap time) and
 // takes latency percentiles from the recorded ones, a uniform sample.
 //
+// A communicator's first BRAID_TRACE_SAMPLE_EVERY calls are all recorded (see
+// record_whole_until), so a short run with a few small calls (a loss all-reduced each
+// step) gets exact counts, and a tight loop of them pays for a span one call in n.
+//
 // The choice is a hash of the call's sequence number, which every member of a
 // communicator shares: all ranks record the same calls (the merged timeline lines them
 // up), no state is kept per call, and a periodic pattern of calls (8 B, 4 KiB, 8 B, ...)
@@ -34,12 +38,16 @@ class SmallOpSampling {
   // Error(invalid_environment) naming the variable.
   static SmallOpSampling from_environment();
 
+  // Calls numbered below `sequence` are all recorded: a communicator passes its first
+  // sequence number + every(), the same on every member.
+  void record_whole_until(std::uint64_t sequence) noexcept { whole_until_ = sequence; }
+
   // 0: leave this call out. 1: record it, it stands for itself. n > 1: record it, it
   // stands for n calls of its kind. `salt` keeps communicators that run in step (the same
   // sequence numbers) from all choosing the same calls.
   std::uint32_t weight(std::uint64_t bytes, std::uint64_t sequence,
                        std::uint64_t salt = 0) const noexcept {
-    if (bytes >= below_bytes_) return 1;
+    if (bytes >= below_bytes_ || sequence < whole_until_) return 1;
     return mix(sequence ^ (salt * 0x9e3779b97f4a7c15ULL)) <= threshold_ ? every_ : 0;
   }
 
@@ -60,6 +68,7 @@ class SmallOpSampling {
 
   std::uint64_t below_bytes_ = 0;
   std::uint32_t every_ = 1;
+  std::uint64_t whole_until_ = 0;
   std::uint64_t threshold_ = std::numeric_limits<std::uint64_t>::max();
 };
 

@@ -2,7 +2,8 @@
 """End to end, as a user does it: run examples/overlap on two ranks under braid-run with
 BRAID_TRACE, then read the directory with braid-trace.
 
-  trace_end_to_end.py summary   the rank files, their clock blocks, and the summary's figures
+  trace_end_to_end.py summary   the rank files, their clock blocks, and the summary's figures;
+                                then small all-reduces, sampled, and how the summary counts them
   trace_end_to_end.py html      the HTML timeline rendered in headless Chromium: the
                                 screenshot shows the compute, exposed and hidden colours
 
@@ -22,11 +23,15 @@ STEPS = 8
 SUMMARY_KIB = 1024
 # The render needs exposed communication wide enough to see: 4 MiB all-reduces.
 HTML_KIB = 4096
+# Sampled: 4 KiB all-reduces, below BRAID_TRACE_SAMPLE_KIB, recorded one in 4.
+SAMPLED_STEPS = 200
+SAMPLED_KIB = 4
+SAMPLE_EVERY = 4
 
 
-def run_job(directory, kib):
-    env = dict(os.environ, BRAID_TRACE=directory)
-    subprocess.run([os.environ["BRAID_RUN"], "-n", "2", os.environ["OVERLAP"], str(STEPS), str(kib)],
+def run_job(directory, kib, steps=STEPS, **extra_env):
+    env = dict(os.environ, BRAID_TRACE=directory, **extra_env)
+    subprocess.run([os.environ["BRAID_RUN"], "-n", "2", os.environ["OVERLAP"], str(steps), str(kib)],
                    env=env, check=True, timeout=120)
 
 
@@ -62,6 +67,38 @@ def check_summary(directory):
     assert job["exposed_communication_ns"] == job["communication_ns"] - job["overlap_ns"]
     text = braid_trace("summary", directory)
     assert "overlap%" in text and "all_reduce" in text, text
+    print(text)
+
+
+def check_sampled(directory):
+    """Small all-reduces (4 KiB, one in SAMPLE_EVERY after each communicator's first
+    SAMPLE_EVERY): every rank records the same calls, and the summary counts each sampled
+    span as the calls it stands for."""
+    sampled_seqs, whole = [], 0
+    for rank in (0, 1):
+        trace = json.load(open(os.path.join(directory, f"rank-{rank}.trace.json")))
+        ops = [e for e in trace["traceEvents"] if e.get("name") == "all_reduce" and e["ph"] != "e"]
+        seqs = set()
+        for e in ops:
+            args = e.get("args", {})
+            if "sampled" in args:
+                assert args["sampled"] == SAMPLE_EVERY, e
+                assert args["seq"] >= SAMPLE_EVERY, e
+                seqs.add(args["seq"])
+            else:
+                assert args["seq"] < SAMPLE_EVERY, e
+                whole += 1
+        sampled_seqs.append(seqs)
+    assert sampled_seqs[0] == sampled_seqs[1], "ranks recorded different calls"
+    assert whole == 2 * SAMPLE_EVERY, whole
+    assert 0 < len(sampled_seqs[0]) < SAMPLED_STEPS - SAMPLE_EVERY, sampled_seqs
+    all_reduce = json.loads(braid_trace("summary", "--json", directory))["job"]["collectives"]["all_reduce"]
+    recorded = whole + 2 * len(sampled_seqs[0])
+    assert all_reduce["recorded"] == recorded, all_reduce
+    assert all_reduce["count"] == whole + 2 * SAMPLE_EVERY * len(sampled_seqs[0]), all_reduce
+    assert all_reduce["bytes"] == all_reduce["count"] * SAMPLED_KIB * 1024, all_reduce
+    text = braid_trace("summary", directory)
+    assert f"~{all_reduce['count']}" in text, text
     print(text)
 
 
@@ -144,10 +181,14 @@ def main():
     scratch = tempfile.mkdtemp(prefix="braid-trace-e2e-")
     try:
         directory = os.path.join(scratch, "traces")
-        run_job(directory, SUMMARY_KIB if part == "summary" else HTML_KIB)
         if part == "summary":
+            run_job(directory, SUMMARY_KIB)
             check_summary(directory)
+            sampled = os.path.join(scratch, "sampled")
+            run_job(sampled, SAMPLED_KIB, SAMPLED_STEPS, BRAID_TRACE_SAMPLE_EVERY=str(SAMPLE_EVERY))
+            check_sampled(sampled)
         else:
+            run_job(directory, HTML_KIB)
             check_html(directory, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

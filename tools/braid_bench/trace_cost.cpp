@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <iostream>
 #include <sstream>
 #include <stdexcept>
@@ -23,7 +24,7 @@ using Clock = std::chrono::steady_clock;
 struct TraceCostOptions {
   int ranks = 2;
   std::vector<std::size_t> sizes{8, 64 << 10, 1 << 20};
-  int rounds = 11;  // pairs of rounds (off and on); odd: the median is a measured pair
+  int rounds = 101;  // groups of four batches (off, on, on, off or on, off, off, on)
   int iters = 0;    // per round; 0: about 50 ms of the loop
   bool worker = false;
 };
@@ -49,76 +50,76 @@ double ns_per_span(bool on, int batches) {
   return median(per_span);
 }
 
-awaitable<double> slowest(Communicator& comm, double seconds) {
-  std::vector<double> value{seconds};
-  co_await comm.all_reduce(Buffer(value), ReduceOp::max);
-  co_return value[0];
-}
-
 // One size: rounds alternating off and on; prints one line (rank 0).
 awaitable<void> measure_size(Communicator& comm, std::size_t bytes,
                              const TraceCostOptions& options) {
   std::vector<float> data(std::max<std::size_t>(bytes / sizeof(float), 1), 1.0f);
   const Buffer buffer(data);
   for (int i = 0; i < 5; ++i) co_await comm.all_reduce(buffer, ReduceOp::max);
-  // The time per op over at least 5 ms of them (batches of 20 until rank 0 has seen 5 ms):
-  // five ops alone, one of them held up for tens of microseconds, made an 8-byte round a
-  // tenth of a millisecond.
+  // The time per op: the fastest of batches of 20 over at least 5 ms (until rank 0 has
+  // seen 5 ms). The first batches of a fresh process can take 100 us an op while a
+  // partner is still starting up, which made batches of 20 iterations of an 8-byte op.
   const auto warm_start = Clock::now();
-  int warm_ops = 0;
+  double warm = 1.0;
   for (std::vector<double> seconds{0}; seconds[0] < 5e-3;) {
+    const auto batch_start = Clock::now();
     for (int i = 0; i < 20; ++i) co_await comm.all_reduce(buffer, ReduceOp::max);
-    warm_ops += 20;
+    warm = std::min(warm, std::chrono::duration<double>(Clock::now() - batch_start).count() / 20);
     seconds[0] = std::chrono::duration<double>(Clock::now() - warm_start).count();
     co_await comm.broadcast(Buffer(seconds), 0);
   }
-  const double warm = std::chrono::duration<double>(Clock::now() - warm_start).count() / warm_ops;
+  // Batches of about 2 ms, in fours: off, on, on, off, then on, off, off, on. The VM's
+  // speed drifts over seconds and jumps between phases: rounds of 50 ms in pairs left
+  // ±3% between the two halves of a pair, as much as the effect measured; batches this
+  // short see the same phase in all four.
   std::vector<std::int64_t> iters{
       options.iters > 0 ? options.iters
                         : std::clamp<std::int64_t>(
-                              static_cast<std::int64_t>(0.05 / std::max(warm, 1e-7)), 10, 20000)};
+                              static_cast<std::int64_t>(0.002 / std::max(warm, 1e-7)), 5, 20000)};
   co_await comm.broadcast(Buffer(iters), 0);
-  std::vector<double> off;
-  std::vector<double> on;
-  std::vector<double> overhead;  // per pair of rounds, percent
+  const auto quads = static_cast<std::size_t>(options.rounds);
+  std::vector<double> seconds(2 * quads, 0.0);  // [q]: off, [quads + q]: on
   std::size_t spans = 0;
-  // Rounds in pairs, off then on and on then off in turn: the VM's speed drifts over
-  // seconds, and each pair's own ratio cancels the drift that medians of all off rounds
-  // and all on rounds keep (their difference moved by ±1.5% between runs here).
-  for (int pair = 0; pair < options.rounds; ++pair) {
-    double pair_us[2] = {0, 0};  // off, on
-    for (int half = 0; half < 2; ++half) {
-      const bool tracing = (half == 1) != (pair % 2 == 1);
-      trace::clear();
+  for (std::size_t quad = 0; quad < quads; ++quad) {
+    for (int batch = 0; batch < 4; ++batch) {
+      const bool tracing = ((batch == 1 || batch == 2) != (quad % 2 == 1));
       trace::set_enabled(tracing);
-      co_await comm.barrier();
       const auto start = Clock::now();
       for (std::int64_t i = 0; i < iters[0]; ++i) co_await comm.all_reduce(buffer, ReduceOp::max);
-      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      seconds[(tracing ? quads : 0) + quad] +=
+          std::chrono::duration<double>(Clock::now() - start).count();
       trace::set_enabled(false);
-      if (tracing) spans = trace::snapshot().records.size();
-      const double per_iter = co_await slowest(comm, elapsed) / static_cast<double>(iters[0]);
-      pair_us[tracing ? 1 : 0] = per_iter * 1e6;
+      // Every batch starts after a clear (on or off alike, so none pays for the others'
+      // records); the first two groups' records are counted, a copy later ones skip.
+      if (tracing && quad < 2) spans += trace::snapshot().records.size();
+      trace::clear();
     }
-    off.push_back(pair_us[0]);
-    on.push_back(pair_us[1]);
-    overhead.push_back(100.0 * (pair_us[1] - pair_us[0]) / pair_us[0]);
   }
-  trace::clear();
+  // The slowest rank's, batch by batch.
+  co_await comm.all_reduce(Buffer(seconds), ReduceOp::max);
   if (comm.rank() == 0) {
-    const double off_us = median(off);
-    const double on_us = median(on);
-    // The barrier before the loop is traced too; it is a handful of spans per round.
-    const double spans_per_iter = static_cast<double>(spans) / static_cast<double>(iters[0]);
-    std::sort(overhead.begin(), overhead.end());
-    const double quartile_spread =
-        (overhead[overhead.size() * 3 / 4] - overhead[overhead.size() / 4]) / 2;
+    double off_total = 0;
+    double on_total = 0;
+    std::vector<double> overhead;  // per quad, percent
+    for (std::size_t q = 0; q < quads; ++q) {
+      off_total += seconds[q];
+      on_total += seconds[quads + q];
+      overhead.push_back(100.0 * (seconds[quads + q] - seconds[q]) / seconds[q]);
+    }
+    double mean = 0;
+    for (const double o : overhead) mean += o / static_cast<double>(quads);
+    double variance = 0;
+    for (const double o : overhead) variance += (o - mean) * (o - mean);
+    variance /= static_cast<double>(std::max<std::size_t>(quads - 1, 1));
+    const double standard_error = std::sqrt(variance / static_cast<double>(quads));
+    const double loop_iters = 2.0 * static_cast<double>(quads * iters[0]);  // per setting
     std::cout << fmt::format(
-                     "{{\"bytes\":{},\"iters\":{},\"off_us\":{:.3f},\"on_us\":{:.3f},"
+                     "{{\"bytes\":{},\"iters\":{},\"off_us\":{:.4f},\"on_us\":{:.4f},"
                      "\"overhead_percent\":{:.3f},\"overhead_spread\":{:.3f},"
                      "\"spans_per_iter\":{:.4f}}}",
-                     bytes, iters[0], off_us, on_us, median(overhead), quartile_spread,
-                     spans_per_iter)
+                     bytes, iters[0], off_total / loop_iters * 1e6, on_total / loop_iters * 1e6,
+                     100.0 * (on_total - off_total) / off_total, standard_error,
+                     static_cast<double>(spans) / (4.0 * static_cast<double>(iters[0])))
               << std::endl;
   }
 }
@@ -172,8 +173,9 @@ int run_driver(const TraceCostOptions& options) {
       return 1;
     }
     std::cout << fmt::format(
-        "\nall_reduce loop on {} ranks, {}; {} pairs of rounds with tracing off and on "
-        "(slowest rank); overhead: the median pair's, ± half its interquartile range:\n",
+        "\nall_reduce loop on {} ranks, {}; {} groups of four ~2 ms batches, tracing off and "
+        "on in turn (slowest rank); overhead: total on / total off, ± the standard error "
+        "of the groups' own:\n",
         options.ranks, label, options.rounds);
     std::cout << fmt::format("{:>10} {:>7} {:>12} {:>12} {:>16} {:>11} {:>13}\n", "bytes", "iters",
                              "off us/iter", "on us/iter", "overhead", "spans/iter",
@@ -227,7 +229,7 @@ int run_trace_cost(const std::vector<std::string>& args) {
     } else if (args[i] == "--sizes") {
       options.sizes = parse_sizes(value());
     } else if (args[i] == "--rounds") {
-      options.rounds = std::stoi(value()) | 1;
+      options.rounds = std::max(2, std::stoi(value()));
     } else if (args[i] == "--iters") {
       options.iters = std::stoi(value());
     } else {

@@ -26,6 +26,7 @@
 #include <braid/trace/output.hpp>
 #include <braid/trace/recorder.hpp>
 #include <braid/trace/region.hpp>
+#include <braid/trace/sampling.hpp>
 #include <braid/trace/span.hpp>
 #include <braid/trace/summary.hpp>
 #include <braid/trace/timeline.hpp>

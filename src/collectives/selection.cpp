@@ -8,6 +8,7 @@
 
 namespace braid::collectives {
 namespace {
+using config::trim;
 
 constexpr std::size_t kInfinity = std::numeric_limits<std::size_t>::max();
 constexpr std::size_t KiB = 1024;
@@ -68,12 +69,6 @@ std::vector<SelectionRule> built_in_rules() {
 [[noreturn]] void malformed(std::string_view what, std::string_view text, std::string_view why) {
   throw Error(Errc::invalid_environment, fmt::format("{}='{}': {}", what, text, why),
               {.operation = "collectives.selection"});
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
 }
 
 std::size_t parse_size(std::string_view text, std::string_view what, std::string_view rule) {

@@ -88,18 +88,18 @@ constexpr std::array kKnobs{
          "clocksource is tsc"},
 };
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\n'))
-    s.remove_suffix(1);
-  return s;
-}
-
 [[noreturn]] void bad_value(std::string_view what, std::string_view text, std::string_view want) {
   throw Error(Errc::invalid_environment, fmt::format("{}='{}' is not {}", what, text, want));
 }
 
 }  // namespace
+
+std::string_view trim(std::string_view text) noexcept {
+  constexpr std::string_view blanks = " \t\n\r";
+  const std::size_t first = text.find_first_not_of(blanks);
+  if (first == std::string_view::npos) return {};
+  return text.substr(first, text.find_last_not_of(blanks) - first + 1);
+}
 
 std::span<const Knob> knobs() {
   return kKnobs;

@@ -18,17 +18,11 @@
 
 namespace braid::transport {
 namespace {
+using config::trim;
 
 template <typename... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {
   throw Error(Errc::invalid_environment, fmt::format(format, std::forward<Args>(args)...));
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\n'))
-    s.remove_suffix(1);
-  return s;
 }
 
 // What one launcher calls each quantity; empty: it has no such variable.

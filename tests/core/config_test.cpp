@@ -38,6 +38,13 @@ TEST(Config, UnsetOrEmptyVariablesFallBackToTheDefault) {
   EXPECT_EQ(string_value("BRAID_LOG_LEVEL", env_of({{"BRAID_LOG_LEVEL", " debug "}})), "debug");
 }
 
+TEST(Config, TrimTakesTheBlanksAroundAValueAndNothingInside) {
+  EXPECT_EQ(trim(" \t4 KiB\r\n"), "4 KiB");
+  EXPECT_EQ(trim("x"), "x");
+  EXPECT_EQ(trim(" \n\t "), "");
+  EXPECT_EQ(trim(""), "");
+}
+
 TEST(Config, ParsesIntegersBooleansAndSeconds) {
   EXPECT_EQ(int_value("BRAID_UCX_SPIN_US", env_of({{"BRAID_UCX_SPIN_US", "25"}})), 25);
   EXPECT_EQ(seconds_value("BRAID_TIMEOUT", env_of({{"BRAID_TIMEOUT", "2.5"}})),

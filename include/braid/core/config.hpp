@@ -48,6 +48,10 @@ std::size_t kib_value(std::string_view name, std::int64_t min_kib, std::int64_t 
 std::chrono::nanoseconds seconds_value(std::string_view name,
                                        const EnvLookup& env = process_env());
 
+// `text` without the blanks (spaces, tabs, newlines) around it: how every reader of the
+// environment and of its files takes a value.
+std::string_view trim(std::string_view text) noexcept;
+
 // Strict parsers shared by every reader of the environment; `what` names the variable
 // in the error message.
 std::int64_t parse_int(std::string_view text, std::string_view what);

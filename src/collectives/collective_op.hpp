@@ -148,11 +148,13 @@ class CollectiveOp {
   Deadline deadline() noexcept { return deadline_at(Clock::now()); }
 
   // The communicator's timeline row; phase() and waiting() spans nest under the
-  // collective's span there. `record_steps`: whether phase() records (an op below
-  // BRAID_TRACE_STEPS_KIB records its own span alone: a step span costs ~20 ns, a share
-  // of a small op worth more than the detail).
-  void set_track(trace::Track track, bool record_steps) noexcept {
+  // collective's span there. `traced`: whether the op's own span is recorded (a small op
+  // sampled out of the trace records nothing inside it either). `record_steps`: whether
+  // phase() records (an op below BRAID_TRACE_STEPS_KIB records its own span alone: a step
+  // span costs ~20 ns, a share of a small op worth more than the detail).
+  void set_track(trace::Track track, bool traced, bool record_steps) noexcept {
     track_ = track;
+    traced_ = traced;
     record_steps_ = record_steps;
   }
   // A step of the algorithm (a ring phase, a chunk), where steps are recorded.
@@ -163,6 +165,7 @@ class CollectiveOp {
   // A wait for something outside the op (its turn behind an earlier op): always recorded,
   // since it happens only when the op stalls.
   trace::AsyncSpan waiting(trace::Name name) const noexcept {
+    if (!traced_) return {};
     return trace::AsyncSpan(trace::Category::step, name, track_);
   }
 
@@ -292,6 +295,7 @@ class CollectiveOp {
   int group_rank_ = -1;
   std::uint32_t step_base_ = 0;  // added to algorithm steps inside a Subgroup
   trace::Track track_;
+  bool traced_ = true;
   bool record_steps_ = true;
 };
 

@@ -414,10 +414,15 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
                                         CollectiveCall call) {
   CollectiveOp op(world_.transport(), world_ranks_, rank_, id_, call.sequence, call.deadline,
                   timeout_, *scratch_);
-  // A small call left out of the trace leaves its steps out too (they nest in its span).
-  const std::uint32_t trace_weight =
-      trace::enabled() ? trace_sampling_.weight(call.bytes, call.sequence, id_) : 0;
-  op.set_track(track_, trace_weight != 0 && call.bytes >= trace_steps_from_);
+  // A small call left out of the trace leaves its steps and waits out too (they nest in
+  // its span). The _v forms (each rank's bytes are its own) and the chunks of a staged
+  // CUDA call (each a part of one call, under its sequence number) are never sampled: the
+  // choice must be the same on every rank, and a chunk stands for no other calls.
+  const std::uint32_t trace_weight = !trace::enabled() ? 0
+                                     : (call.variable || call.staged)
+                                         ? 1
+                                         : trace_sampling_.weight(call.bytes, call.sequence, id_);
+  op.set_track(track_, trace_weight != 0, trace_weight != 0 && call.bytes >= trace_steps_from_);
   // Built in place (a prvalue either way): moving a span copies its 88-byte record.
   trace::AsyncSpan span =
       trace_weight != 0

@@ -12,12 +12,25 @@
 namespace braid::trace {
 namespace {
 
-// Nearest-rank percentile of sorted durations.
-std::int64_t percentile(const std::vector<std::int64_t>& sorted, double p) {
+// A recorded duration and how many calls it stands for (a sampled span's "sampled").
+struct WeightedDuration {
+  std::int64_t ns = 0;
+  std::int64_t weight = 1;
+};
+
+// Nearest-rank percentile of durations sorted by length, each counted `weight` times: a
+// sampled span stands for its calls here too, so a name whose calls were sampled at one
+// size and recorded whole at another is not read as mostly the whole ones.
+std::int64_t percentile(const std::vector<WeightedDuration>& sorted, std::int64_t count, double p) {
   if (sorted.empty()) return 0;
-  const auto index = static_cast<std::size_t>(
-      std::max(0.0, std::ceil(p / 100.0 * static_cast<double>(sorted.size())) - 1.0));
-  return sorted[std::min(index, sorted.size() - 1)];
+  const auto rank =
+      static_cast<std::int64_t>(std::max(1.0, std::ceil(p / 100.0 * static_cast<double>(count))));
+  std::int64_t seen = 0;
+  for (const WeightedDuration& d : sorted) {
+    seen += d.weight;
+    if (seen >= rank) return d.ns;
+  }
+  return sorted.back().ns;
 }
 
 std::optional<std::int64_t> integer_arg(const TimelineEvent& event, std::string_view key) {
@@ -29,35 +42,37 @@ std::optional<std::int64_t> integer_arg(const TimelineEvent& event, std::string_
   return value;
 }
 
-// How many calls a span stands for: its "sampled" argument, else 1.
+// How many calls a span stands for: its "sampled" argument, else 1. Clamped to what
+// BRAID_TRACE_SAMPLE_EVERY accepts, so a corrupt or foreign file cannot overflow the sums.
 std::int64_t weight_of(const TimelineEvent& event) {
-  return std::max<std::int64_t>(1, integer_arg(event, "sampled").value_or(1));
+  return std::clamp<std::int64_t>(integer_arg(event, "sampled").value_or(1), 1, 1 << 20);
 }
 
 struct Samples {
-  std::vector<std::int64_t> durations;
-  std::size_t count = 0;
+  std::vector<WeightedDuration> durations;
+  std::int64_t count = 0;
   std::uint64_t bytes = 0;
   std::int64_t total_ns = 0;
 
   void add(const TimelineEvent& event) {
     const std::int64_t weight = weight_of(event);
-    durations.push_back(event.duration_ns());
-    count += static_cast<std::size_t>(weight);
+    durations.push_back({event.duration_ns(), weight});
+    count += weight;
     bytes += static_cast<std::uint64_t>(weight) * event.bytes;
     total_ns += weight * event.duration_ns();
   }
   LatencyStats stats() {
-    std::sort(durations.begin(), durations.end());
+    std::sort(durations.begin(), durations.end(),
+              [](const WeightedDuration& a, const WeightedDuration& b) { return a.ns < b.ns; });
     LatencyStats out;
-    out.count = count;
+    out.count = static_cast<std::size_t>(count);
     out.recorded = durations.size();
     out.bytes = bytes;
     out.total_ns = total_ns;
-    out.p50_ns = percentile(durations, 50);
-    out.p90_ns = percentile(durations, 90);
-    out.p99_ns = percentile(durations, 99);
-    out.max_ns = durations.empty() ? 0 : durations.back();
+    out.p50_ns = percentile(durations, count, 50);
+    out.p90_ns = percentile(durations, count, 90);
+    out.p99_ns = percentile(durations, count, 99);
+    out.max_ns = durations.empty() ? 0 : durations.back().ns;
     return out;
   }
 };
@@ -204,8 +219,8 @@ void append_stats_table(std::string& out, std::string_view what,
   }
   if (sampled) {
     out +=
-        "  ~: small calls were recorded one in BRAID_TRACE_SAMPLE_EVERY; count and bytes "
-        "are estimates, percentiles come from the recorded calls\n";
+        "  ~: small calls were recorded one in BRAID_TRACE_SAMPLE_EVERY; count, bytes and "
+        "percentiles weigh each recorded one by the calls it stands for (estimates)\n";
   }
 }
 

@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -747,23 +748,26 @@ TEST(Tracing, SmallOpsAreSampledAlikeOnEveryRankAndLargerOnesAllRecorded) {
   constexpr int kLarge = 3;
   trace::clear();
   trace::set_enabled(true);
-  run_ranks(2, [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
-    std::vector<float> small(2, 1.0f);
-    std::vector<float> large(8 << 10, 1.0f);  // 32 KiB
-    for (int i = 0; i < kSmall; ++i) {
-      small.assign(2, 1.0f);
-      co_await comm->all_reduce(Buffer(small), ReduceOp::sum);
-      EXPECT_EQ(small[1], 2.0f);
-    }
-    for (int i = 0; i < kLarge; ++i) co_await comm->all_reduce(Buffer(large), ReduceOp::max);
-  });
+  run_ranks(2,
+            [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+              std::vector<float> small(2, 1.0f);
+              std::vector<float> large(8 << 10, 1.0f);  // 32 KiB
+              for (int i = 0; i < kSmall; ++i) {
+                small.assign(2, 1.0f);
+                co_await comm->all_reduce(Buffer(small), ReduceOp::sum);
+                EXPECT_EQ(small[1], 2.0f);
+              }
+              for (int i = 0; i < kLarge; ++i)
+                co_await comm->all_reduce(Buffer(large), ReduceOp::max);
+            },
+            // The ring: every op, however small, has two step spans on each rank.
+            {.selection = forcing("allreduce:0-inf:ring")});
   trace::set_enabled(false);
   std::map<std::int64_t, int> small_seqs;  // sequence -> ranks that recorded it
   int large = 0;
   int whole = 0;  // small ops recorded as themselves
   std::size_t steps_of_small = 0;
   for (const trace::Record& record : trace::snapshot().records) {
-    if (record.category == trace::Category::step && record.bytes < (16 << 10)) ++steps_of_small;
     if (std::string_view(record.name) != "all_reduce") continue;
     if (record.bytes >= (16 << 10)) {
       ++large;
@@ -784,7 +788,55 @@ TEST(Tracing, SmallOpsAreSampledAlikeOnEveryRankAndLargerOnesAllRecorded) {
   for (const auto& [seq, ranks] : small_seqs) EXPECT_EQ(ranks, 2) << "sequence " << seq;
   EXPECT_EQ(whole, 2 * 8) << "a communicator's first BRAID_TRACE_SAMPLE_EVERY calls are all "
                              "recorded, on every rank";
-  EXPECT_EQ(steps_of_small, 0u) << "a call left out leaves its steps out too";
+  // The small ops all ran before the first large one began: steps from before then are
+  // theirs, two a rank for each recorded one (seq below 8, or sampled) and none for the rest.
+  std::int64_t first_large = std::numeric_limits<std::int64_t>::max();
+  const trace::Snapshot snapshot = trace::snapshot();
+  for (const trace::Record& record : snapshot.records) {
+    if (std::string_view(record.name) == "all_reduce" && record.bytes >= (16 << 10)) {
+      first_large = std::min(first_large, record.begin_ns);
+    }
+  }
+  for (const trace::Record& record : snapshot.records) {
+    if (record.category == trace::Category::step && record.begin_ns < first_large) {
+      ++steps_of_small;
+    }
+  }
+  EXPECT_EQ(steps_of_small, 2 * 2 * (8 + small_seqs.size()))
+      << "a call left out leaves its steps out too";
+}
+
+// The _v forms are never sampled: each rank's bytes are its own, so a size rule would
+// record a call on one rank and leave it out on another. Here rank 1 sends 20 KiB (above
+// BRAID_TRACE_SAMPLE_KIB) and rank 0 sends 4 KiB (below), past the first calls.
+TEST(Tracing, VariableSizedCollectivesAreRecordedOnEveryRankWhateverTheirSizes) {
+  const braid::testing::ScopedEnv small("BRAID_TRACE_SAMPLE_KIB", "16");
+  const braid::testing::ScopedEnv every("BRAID_TRACE_SAMPLE_EVERY", "4");
+  constexpr int kCalls = 40;
+  trace::clear();
+  trace::set_enabled(true);
+  run_ranks(2, [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    const std::size_t mine = comm->rank() == 1 ? 5 << 10 : 1 << 10;  // floats to each rank
+    const std::size_t theirs = comm->rank() == 1 ? 1 << 10 : 5 << 10;
+    const std::vector<std::size_t> send_counts{mine, mine};
+    const std::vector<std::size_t> recv_counts = comm->rank() == 0
+                                                     ? std::vector<std::size_t>{mine, theirs}
+                                                     : std::vector<std::size_t>{theirs, mine};
+    std::vector<float> send(2 * mine, static_cast<float>(comm->rank() + 1));
+    std::vector<float> received(recv_counts[0] + recv_counts[1], 0.0f);
+    for (int i = 0; i < kCalls; ++i) {
+      co_await comm->all_to_all_v(Buffer(send), send_counts, Buffer(received), recv_counts);
+      EXPECT_EQ(received.back(), 2.0f);
+    }
+  });
+  trace::set_enabled(false);
+  int recorded = 0;
+  for (const trace::Record& record : trace::snapshot().records) {
+    if (std::string_view(record.name) != "all_to_all") continue;
+    ++recorded;
+    EXPECT_FALSE(arg_of(record, "sampled")) << "a _v call stands for itself";
+  }
+  EXPECT_EQ(recorded, 2 * kCalls);
 }
 
 // Making the communicators on `ranks` ranks fails on every rank with invalid_environment,

@@ -146,7 +146,7 @@ TEST(Latency, ASampledSpanStandsForTheCallsItWasChosenFrom) {
   EXPECT_EQ(all_reduce.recorded, 2u);
   EXPECT_EQ(all_reduce.bytes, 65u * 8);
   EXPECT_EQ(all_reduce.total_ns, 64 * 20 + 30);
-  EXPECT_EQ(all_reduce.max_ns, 30) << "percentiles come from the recorded spans";
+  EXPECT_EQ(all_reduce.max_ns, 30) << "the longest recorded span";
   EXPECT_EQ(rank0(s).communication_ns, 64 * 20 + 30);
   EXPECT_EQ(rank0(s).overlap_ns, 64 * 10);
   EXPECT_EQ(rank0(s).exposed_ns, 64 * 10 + 30);
@@ -156,6 +156,32 @@ TEST(Latency, ASampledSpanStandsForTheCallsItWasChosenFrom) {
   const auto json = nlohmann::json::parse(format_json(s));
   EXPECT_EQ(json["job"]["collectives"]["all_reduce"]["count"], 65);
   EXPECT_EQ(json["job"]["collectives"]["all_reduce"]["recorded"], 2);
+}
+
+// Percentiles weigh a sampled span by its calls: one 10 ns span standing for 64 calls
+// outweighs ten 100 ns spans recorded whole (a loop alternating a small and a large size).
+TEST(Latency, PercentilesWeighSampledSpansByTheCallsTheyStandFor) {
+  std::vector<TimelineEvent> events;
+  TimelineEvent small = event("comm", 0, 10, "all_reduce");
+  small.args.emplace_back("sampled", "64");
+  events.push_back(small);
+  for (int i = 1; i <= 10; ++i) {
+    events.push_back(event("comm", i * 1000, i * 1000 + 100, "all_reduce"));
+  }
+  const LatencyStats& all_reduce = summarize(one_rank(events)).job.collectives.at("all_reduce");
+  EXPECT_EQ(all_reduce.count, 74u);
+  EXPECT_EQ(all_reduce.p50_ns, 10);
+  EXPECT_EQ(all_reduce.p90_ns, 100);  // rank ceil(0.9 * 74) = 67 > 64
+  EXPECT_EQ(all_reduce.max_ns, 100);
+}
+
+// A weight read from a file is clamped to what BRAID_TRACE_SAMPLE_EVERY accepts.
+TEST(Latency, AnAbsurdSampledWeightIsClamped) {
+  TimelineEvent huge = event("comm", 0, 1000, "all_reduce");
+  huge.args.emplace_back("sampled", "9223372036854775807");
+  const Summary s = summarize(one_rank({huge}));
+  EXPECT_EQ(s.job.collectives.at("all_reduce").count, std::size_t{1} << 20);
+  EXPECT_EQ(rank0(s).communication_ns, std::int64_t{1000} << 20);
 }
 
 TEST(Latency, BucketsAreKeyedByTheirIndexArgument) {

@@ -70,6 +70,12 @@ std::string summary_tables(const trace::Summary& summary) {
           static_cast<double>(s.p99_ns) / 1e3, static_cast<double>(s.max_ns) / 1e3);
     }
     out += "</table>\n";
+    if (std::any_of(summary.job.collectives.begin(), summary.job.collectives.end(),
+                    [](const auto& row) { return row.second.recorded < row.second.count; })) {
+      out +=
+          "<p>~: small calls were recorded one in BRAID_TRACE_SAMPLE_EVERY; count, bytes and "
+          "percentiles weigh each recorded one by the calls it stands for (estimates)</p>\n";
+    }
   }
   if (summary.job.bubble_percent) {
     out += fmt::format("<p>pipeline bubble, mean over ranks: {:.1f}%</p>\n",

@@ -86,6 +86,8 @@ enum class RecordKind : std::uint8_t {
   counter,     // a point in time carrying a value (args[0])
 };
 
+// Collective spans use both (seq, and sampled where sampled; the algorithm is the text
+// argument): a third arg() on them is dropped. Raise this before adding one.
 inline constexpr std::size_t kMaxArgs = 2;
 
 struct Arg {

@@ -2,12 +2,12 @@
 // and a record), which is ~5% of an 8-byte all-reduce within a node (0.2-0.4 us) and under
 // 1% only from ~2 us. So collectives moving fewer than BRAID_TRACE_SAMPLE_KIB are recorded
 // one in BRAID_TRACE_SAMPLE_EVERY, and each recorded span carries "sampled" = that number:
-// the summary counts it that many times (count, bytes, communication and overlap time) and
-// takes latency percentiles from the recorded ones, a uniform sample.
+// the summary counts it that many times (count, bytes, communication and overlap time,
+// latency percentiles).
 //
 // A communicator's first BRAID_TRACE_SAMPLE_EVERY calls are all recorded (see
-// record_whole_until), so a short run with a few small calls (a loss all-reduced each
-// step) gets exact counts, and a tight loop of them pays for a span one call in n.
+// record_whole_until), so a short run counts exactly, and a tight loop of small calls
+// pays for a span one call in n.
 //
 // The choice is a hash of the call's sequence number, which every member of a
 // communicator shares: all ranks record the same calls (the merged timeline lines them
@@ -15,8 +15,8 @@
 // is not sampled on one of its phases the way "every n-th call" would be.
 //
 //   const trace::SmallOpSampling sampling = trace::SmallOpSampling::from_environment();
-//   if (const std::uint32_t weight = sampling.weight(bytes, sequence)) { record; "sampled" = weight
-//   }
+//   const std::uint32_t weight = sampling.weight(bytes, sequence);
+//   // 0: record nothing; 1: record the call; n > 1: record it with "sampled" = n
 #pragma once
 
 #include <cstdint>
@@ -55,8 +55,8 @@ class SmallOpSampling {
   std::uint32_t every() const noexcept { return every_; }
 
  private:
-  // splitmix64's finaliser: consecutive sequence numbers map to uncorrelated values (three
-  // multiplies and shifts, ~1 ns, paid only by a small call with tracing on).
+  // splitmix64's finaliser: consecutive sequence numbers map to uncorrelated values (two
+  // multiplies and three xor-shifts, ~1 ns, paid only by a small call with tracing on).
   static std::uint64_t mix(std::uint64_t x) noexcept {
     x ^= x >> 30;
     x *= 0xbf58476d1ce4e5b9ULL;

@@ -13,7 +13,8 @@
 // for n calls: it counts n times in count, bytes and total time, and the n - 1 calls not
 // recorded add its length, and its overlap with compute, n - 1 more times to the
 // communication and overlap figures (when they ran is unknown, so they are not united
-// with the others). Percentiles come from the recorded calls. Per collective (a comm span's name):
+// with the others; so communication can exceed wall time). Percentiles weigh each
+// recorded call by the calls it stands for. Per collective (a comm span's name):
 // count, bytes, latency percentiles. Per bucket (bucket spans with a "bucket" argument):
 // ready-to-reduced latency. Per rank with pipeline spans: bubble % = idle time between its first
 // and last pipeline span / that window.

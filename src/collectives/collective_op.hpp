@@ -162,8 +162,8 @@ class CollectiveOp {
     if (!record_steps_) return {};
     return trace::AsyncSpan(trace::Category::step, name, track_, bytes);
   }
-  // A wait for something outside the op (its turn behind an earlier op): always recorded,
-  // since it happens only when the op stalls.
+  // A wait for something outside the op (its turn behind an earlier op): recorded whenever
+  // the op is, however small, since it happens only when the op stalls.
   trace::AsyncSpan waiting(trace::Name name) const noexcept {
     if (!traced_) return {};
     return trace::AsyncSpan(trace::Category::step, name, track_);

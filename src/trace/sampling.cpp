@@ -6,12 +6,13 @@
 
 namespace braid::trace {
 
-SmallOpSampling SmallOpSampling::from_environment() {
-  const std::size_t below = config::kib_value("BRAID_TRACE_SAMPLE_KIB", 0, std::int64_t{1} << 30);
-  const std::int64_t every = config::int_value("BRAID_TRACE_SAMPLE_EVERY");
-  if (every < 1 || every > (1 << 20)) {
+SmallOpSampling SmallOpSampling::from_environment(const config::EnvLookup& env) {
+  const std::size_t below =
+      config::kib_value("BRAID_TRACE_SAMPLE_KIB", 0, std::int64_t{1} << 30, env);
+  const std::int64_t every = config::int_value("BRAID_TRACE_SAMPLE_EVERY", env);
+  if (every < 1 || every > kMostEvery) {
     throw Error(Errc::invalid_environment,
-                fmt::format("BRAID_TRACE_SAMPLE_EVERY={} is outside 1..{}", every, 1 << 20));
+                fmt::format("BRAID_TRACE_SAMPLE_EVERY={} is outside 1..{}", every, kMostEvery));
   }
   return SmallOpSampling(below, static_cast<std::uint32_t>(every));
 }

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <braid/trace/sampling.hpp>
 #include <braid/trace/summary.hpp>
 
 #include "json_text.hpp"
@@ -45,7 +46,8 @@ std::optional<std::int64_t> integer_arg(const TimelineEvent& event, std::string_
 // How many calls a span stands for: its "sampled" argument, else 1. Clamped to what
 // BRAID_TRACE_SAMPLE_EVERY accepts, so a corrupt or foreign file cannot overflow the sums.
 std::int64_t weight_of(const TimelineEvent& event) {
-  return std::clamp<std::int64_t>(integer_arg(event, "sampled").value_or(1), 1, 1 << 20);
+  return std::clamp<std::int64_t>(integer_arg(event, "sampled").value_or(1), 1,
+                                  SmallOpSampling::kMostEvery);
 }
 
 struct Samples {
@@ -210,21 +212,19 @@ void append_stats_table(std::string& out, std::string_view what,
                  what, "count", "bytes", "p50", "p90", "p99", "max");
   bool sampled = false;
   for (const auto& [name, s] : rows) {
-    // "~": an estimate from sampled spans (summary.hpp).
-    const std::string count = fmt::format("{}{}", s.recorded < s.count ? "~" : "", s.count);
-    sampled = sampled || s.recorded < s.count;
+    sampled = sampled || s.sampled();
     fmt::format_to(std::back_inserter(out), "  {:<22} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
-                   name, count, bytes_text(s.bytes), duration_text(s.p50_ns),
+                   name, count_text(s), bytes_text(s.bytes), duration_text(s.p50_ns),
                    duration_text(s.p90_ns), duration_text(s.p99_ns), duration_text(s.max_ns));
   }
-  if (sampled) {
-    out +=
-        "  ~: small calls were recorded one in BRAID_TRACE_SAMPLE_EVERY; count, bytes and "
-        "percentiles weigh each recorded one by the calls it stands for (estimates)\n";
-  }
+  if (sampled) fmt::format_to(std::back_inserter(out), "  {}\n", kSampledNote);
 }
 
 }  // namespace
+
+std::string count_text(const LatencyStats& stats) {
+  return fmt::format("{}{}", stats.sampled() ? "~" : "", stats.count);
+}
 
 std::optional<double> OverlapFigures::overlap_percent() const {
   if (communication_ns <= 0) return std::nullopt;

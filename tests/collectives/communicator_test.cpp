@@ -763,11 +763,11 @@ TEST(Tracing, SmallOpsAreSampledAlikeOnEveryRankAndLargerOnesAllRecorded) {
             // The ring: every op, however small, has two step spans on each rank.
             {.selection = forcing("allreduce:0-inf:ring")});
   trace::set_enabled(false);
+  const trace::Snapshot snapshot = trace::snapshot();
   std::map<std::int64_t, int> small_seqs;  // sequence -> ranks that recorded it
   int large = 0;
   int whole = 0;  // small ops recorded as themselves
-  std::size_t steps_of_small = 0;
-  for (const trace::Record& record : trace::snapshot().records) {
+  for (const trace::Record& record : snapshot.records) {
     if (std::string_view(record.name) != "all_reduce") continue;
     if (record.bytes >= (16 << 10)) {
       ++large;
@@ -791,12 +791,12 @@ TEST(Tracing, SmallOpsAreSampledAlikeOnEveryRankAndLargerOnesAllRecorded) {
   // The small ops all ran before the first large one began: steps from before then are
   // theirs, two a rank for each recorded one (seq below 8, or sampled) and none for the rest.
   std::int64_t first_large = std::numeric_limits<std::int64_t>::max();
-  const trace::Snapshot snapshot = trace::snapshot();
   for (const trace::Record& record : snapshot.records) {
     if (std::string_view(record.name) == "all_reduce" && record.bytes >= (16 << 10)) {
       first_large = std::min(first_large, record.begin_ns);
     }
   }
+  std::size_t steps_of_small = 0;
   for (const trace::Record& record : snapshot.records) {
     if (record.category == trace::Category::step && record.begin_ns < first_large) {
       ++steps_of_small;

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -49,12 +52,18 @@ double ns_per_span(bool on, int batches) {
   return median(per_span);
 }
 
+// The sampling a trace does with the knobs at their defaults (the table's, whatever this
+// shell exports).
+trace::SmallOpSampling default_sampling() {
+  return trace::SmallOpSampling::from_environment(
+      [](std::string_view) -> std::optional<std::string> { return std::nullopt; });
+}
+
 // ns per sampling decision of a small collective (sampling.hpp), what a call that is left
 // out of the trace pays beyond the off cost: the median of batches, as above. A tight
 // loop's throughput, so it leaves out the enabled() load and branch around it in run().
-double ns_per_sampling_decision(int batches) {
+double ns_per_sampling_decision(const trace::SmallOpSampling& sampling, int batches) {
   constexpr int kCallsPerBatch = 1000000;
-  const trace::SmallOpSampling sampling(16 << 10, 64);
   std::vector<double> per_call;
   std::uint64_t recorded = 0;
   for (int batch = 0; batch < batches; ++batch) {
@@ -65,7 +74,7 @@ double ns_per_sampling_decision(int batches) {
     per_call.push_back(std::chrono::duration<double, std::nano>(Clock::now() - start).count() /
                        kCallsPerBatch);
   }
-  // Used, so the loop is not optimised away; about one in 64 calls, each weighing 64.
+  // Used, so the loop is not optimised away; about one call in every(), each weighing it.
   if (recorded == 0) std::cerr << "no call sampled\n";
   return median(per_call);
 }
@@ -168,16 +177,18 @@ int run_driver(const TraceCostOptions& options) {
   std::cout << fmt::format(
       "trace::Span in process (clock: {}): {:.2f} ns off, {:.2f} ns on (goal: 50 ns)\n",
       trace::clock_source() == trace::ClockSource::tsc ? "tsc" : "steady", off_ns, on_ns);
-  const double decision_ns = ns_per_sampling_decision(20);
+  const trace::SmallOpSampling defaults = default_sampling();
+  const double decision_ns = ns_per_sampling_decision(defaults, 20);
   std::cout << fmt::format(
       "sampling decision for a collective below BRAID_TRACE_SAMPLE_KIB: {:.2f} ns; with a "
-      "span one call in 64, a small call pays {:.2f} ns on average\n",
-      decision_ns, decision_ns + on_ns / 64);
+      "span one call in {}, a small call pays {:.2f} ns on average\n",
+      decision_ns, defaults.every(), decision_ns + on_ns / defaults.every());
   // Twice: as a trace records by default (calls below BRAID_TRACE_SAMPLE_KIB sampled),
-  // and with every call recorded, which is what a span per call costs.
-  // The defaults explicitly, whatever this shell exports.
-  const std::pair<const char*, const char*> settings[] = {
-      {"default recording (small calls sampled, sampling.hpp)", "BRAID_TRACE_SAMPLE_KIB=16"},
+  // and with every call recorded, which is what a span per call costs. Both settings
+  // explicitly, whatever this shell exports.
+  const std::pair<std::string, std::string> settings[] = {
+      {"default recording (small calls sampled, sampling.hpp)",
+       fmt::format("BRAID_TRACE_SAMPLE_KIB={}", defaults.below_bytes() >> 10)},
       {"every call recorded (BRAID_TRACE_SAMPLE_KIB=0)", "BRAID_TRACE_SAMPLE_KIB=0"}};
   for (const auto& [label, setting] : settings) {
     std::vector<std::string> argv{"/usr/bin/env", "-u", "BRAID_TRACE_SAMPLE_EVERY", setting};

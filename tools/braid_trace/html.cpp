@@ -65,16 +65,14 @@ std::string summary_tables(const trace::Summary& summary) {
       out += fmt::format(
           "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.1f}</td><td>{:.1f}</td><td>{:.1f}</td>"
           "<td>{:.1f}</td></tr>\n",
-          escape_html(name), fmt::format("{}{}", s.recorded < s.count ? "~" : "", s.count), s.bytes,
-          static_cast<double>(s.p50_ns) / 1e3, static_cast<double>(s.p90_ns) / 1e3,
-          static_cast<double>(s.p99_ns) / 1e3, static_cast<double>(s.max_ns) / 1e3);
+          escape_html(name), trace::count_text(s), s.bytes, static_cast<double>(s.p50_ns) / 1e3,
+          static_cast<double>(s.p90_ns) / 1e3, static_cast<double>(s.p99_ns) / 1e3,
+          static_cast<double>(s.max_ns) / 1e3);
     }
     out += "</table>\n";
     if (std::any_of(summary.job.collectives.begin(), summary.job.collectives.end(),
-                    [](const auto& row) { return row.second.recorded < row.second.count; })) {
-      out +=
-          "<p>~: small calls were recorded one in BRAID_TRACE_SAMPLE_EVERY; count, bytes and "
-          "percentiles weigh each recorded one by the calls it stands for (estimates)</p>\n";
+                    [](const auto& row) { return row.second.sampled(); })) {
+      out += fmt::format("<p>{}</p>\n", trace::kSampledNote);
     }
   }
   if (summary.job.bubble_percent) {

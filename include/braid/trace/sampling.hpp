@@ -22,10 +22,15 @@
 #include <cstdint>
 #include <limits>
 
+#include <braid/core/config.hpp>
+
 namespace braid::trace {
 
 class SmallOpSampling {
  public:
+  // The most BRAID_TRACE_SAMPLE_EVERY may be, and so the most calls a span stands for.
+  static constexpr std::uint32_t kMostEvery = 1 << 20;
+
   // Every call recorded.
   SmallOpSampling() noexcept = default;
   // Calls moving fewer than `below_bytes` are recorded one in `every` (every <= 1: all).
@@ -36,7 +41,7 @@ class SmallOpSampling {
 
   // BRAID_TRACE_SAMPLE_KIB and BRAID_TRACE_SAMPLE_EVERY; a malformed value is an
   // Error(invalid_environment) naming the variable.
-  static SmallOpSampling from_environment();
+  static SmallOpSampling from_environment(const config::EnvLookup& env = config::process_env());
 
   // Calls numbered below `sequence` are all recorded: a communicator passes its first
   // sequence number + every(), the same on every member.

@@ -14,16 +14,17 @@
 // recorded add its length, and its overlap with compute, n - 1 more times to the
 // communication and overlap figures (when they ran is unknown, so they are not united
 // with the others; so communication can exceed wall time). Percentiles weigh each
-// recorded call by the calls it stands for. Per collective (a comm span's name):
-// count, bytes, latency percentiles. Per bucket (bucket spans with a "bucket" argument):
-// ready-to-reduced latency. Per rank with pipeline spans: bubble % = idle time between its first
-// and last pipeline span / that window.
+// recorded call by the calls it stands for. Per collective (a comm span's name): count,
+// bytes, latency percentiles. Per bucket (bucket spans with a "bucket" argument):
+// ready-to-reduced latency. Per rank with pipeline spans: bubble % = idle time between its
+// first and last pipeline span / that window.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <braid/trace/timeline.hpp>
@@ -39,7 +40,17 @@ struct LatencyStats {
   std::int64_t p90_ns = 0;
   std::int64_t p99_ns = 0;
   std::int64_t max_ns = 0;
+
+  // Whether count, bytes and percentiles are estimates from sampled spans.
+  bool sampled() const noexcept { return recorded < count; }
 };
+
+// The count as the tables print it: "~" before an estimate.
+std::string count_text(const LatencyStats& stats);
+// What "~" means, for a table with a sampled row.
+inline constexpr std::string_view kSampledNote =
+    "~: small calls were recorded one in BRAID_TRACE_SAMPLE_EVERY; count, bytes and "
+    "percentiles weigh each recorded one by the calls it stands for (estimates)";
 
 struct OverlapFigures {
   std::int64_t wall_ns = 0;  // first event's begin to last event's end

@@ -228,17 +228,7 @@ void Reducer::prepare_for_backward(bool sync,
     state_ = State::accumulating;
     return;
   }
-  std::fill(ready_.begin(), ready_.end(), 0);
-  for (auto& bucket : buckets_) {
-    bucket->pending = bucket->layout.parameters.size();
-    bucket->full = false;
-    bucket->launched = false;
-    bucket->reduction.reset();
-    bucket->turn.reset();
-  }
-  next_launch_ = 0;
-  state_ = State::backward;
-  used_reduction_.reset();
+  begin_iteration();
   if (!locally_unused) return;
   std::fill(locally_used_.begin(), locally_used_.end(), 1);
   for (const std::size_t index : *locally_unused) {
@@ -260,6 +250,56 @@ void Reducer::prepare_for_backward(bool sync,
     if (--bucket.pending == 0) bucket.full = true;
   }
   launch_ready_buckets();
+}
+
+void Reducer::begin_iteration() {
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (auto& bucket : buckets_) {
+    bucket->pending = bucket->layout.parameters.size();
+    bucket->full = false;
+    bucket->launched = false;
+    bucket->reduction.reset();
+    bucket->turn.reset();
+  }
+  next_launch_ = 0;
+  state_ = State::backward;
+  used_reduction_.reset();
+}
+
+void Reducer::shadow_iteration(bool track_unused) {
+  {
+    std::lock_guard lock(mutex_);
+    check_previous_finished();
+    begin_iteration();
+    if (track_unused) {
+      // This rank used nothing: the ranks still training decide what was used.
+      std::fill(locally_used_.begin(), locally_used_.end(), 0);
+      used_reduction_ = comm_->launch(comm_->all_reduce(
+          Buffer(locally_used_.data(), locally_used_.size(), DType::u8), ReduceOp::max));
+    }
+    std::fill(ready_.begin(), ready_.end(), 1);
+    for (auto& bucket : buckets_) {
+      detail::zero(bucket->data);
+      bucket->pending = 0;
+      bucket->full = true;
+    }
+    launch_ready_buckets();
+  }
+  wait_for_reductions();
+  end_iteration();
+}
+
+void Reducer::wait_for_reductions() {
+  for (auto& bucket : buckets_) bucket->reduction->get();
+  if (used_reduction_) used_reduction_->get();
+}
+
+void Reducer::end_iteration() {
+  state_ = State::idle;
+  if (!first_sync_done_) {
+    first_sync_done_ = true;
+    if (options_.rebuild_buckets) rebuild_from_arrival_order();
+  }
 }
 
 void Reducer::fill_slot(std::size_t index) {
@@ -374,8 +414,7 @@ void Reducer::finalize() {
                                  missing.size(), names));
     }
   }
-  for (auto& bucket : buckets_) bucket->reduction->get();
-  if (used_reduction_) used_reduction_->get();
+  wait_for_reductions();
   {
     trace::Span write_back(trace::Category::bucket, "bucket.write_back", track_);
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
@@ -387,12 +426,8 @@ void Reducer::finalize() {
         detail::scaled_copy(*gradient, bucket.slot(slot_of_[i], parameters_[i].count), 1.0);
     }
   }
-  state_ = State::idle;
   ++iterations_;
-  if (!first_sync_done_) {
-    first_sync_done_ = true;
-    if (options_.rebuild_buckets) rebuild_from_arrival_order();
-  }
+  end_iteration();
 }
 
 void Reducer::rebuild_from_arrival_order() {

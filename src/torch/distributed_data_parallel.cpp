@@ -140,24 +140,34 @@ void DataParallelCore::check_same_model() {
 }
 
 void DataParallelCore::broadcast_from_rank0(const std::vector<at::Tensor>& tensors) {
+  broadcast_from(tensors, 0);
+}
+
+void DataParallelCore::broadcast_from(const std::vector<at::Tensor>& tensors, int root) {
   if (comm_->size() == 1) return;
   std::vector<Future<void>> pending;
   for (const at::Tensor& tensor : tensors) {
     if (tensor.numel() == 0) continue;
-    pending.push_back(comm_->launch(comm_->broadcast(as_buffer(tensor.detach()), 0)));
+    pending.push_back(comm_->launch(comm_->broadcast(as_buffer(tensor.detach()), root)));
   }
   for (auto& future : pending) future.get();
 }
 
+void DataParallelCore::broadcast_buffers_from(int root) {
+  if (!options_.broadcast_buffers) return;
+  std::vector<at::Tensor> buffers;
+  for (const auto& buffer : module_.buffers(/*recurse=*/true)) buffers.push_back(buffer);
+  broadcast_from(buffers, root);
+}
+
 void DataParallelCore::before_forward() {
-  if (::torch::autograd::GradMode::is_enabled() && require_sync_) {
-    reducer_->check_previous_finished();
+  const bool sync = ::torch::autograd::GradMode::is_enabled() && require_sync_;
+  if (sync) reducer_->check_previous_finished();
+  int buffers_from = 0;
+  if (uneven_inputs_) {
+    buffers_from = exchange_notice(/*active=*/true, sync, /*shadowed=*/false).first_active;
   }
-  if (options_.broadcast_buffers) {
-    std::vector<at::Tensor> buffers;
-    for (const auto& buffer : module_.buffers(/*recurse=*/true)) buffers.push_back(buffer);
-    broadcast_from_rank0(buffers);
-  }
+  broadcast_buffers_from(buffers_from);
   std::lock_guard lock(span_mutex_);
   forward_span_.emplace(trace::Category::compute, trace::Name("forward"));
 }
@@ -189,6 +199,58 @@ void DataParallelCore::after_forward(const std::vector<at::Tensor>& outputs) {
       std::lock_guard lock(span_mutex_);
       backward_span_.emplace(trace::Category::compute, trace::Name("backward"));
     });
+  }
+}
+
+void DataParallelCore::allow_uneven_inputs() {
+  reducer_->check_previous_finished();
+  uneven_inputs_ = true;
+}
+
+DataParallelCore::Notice DataParallelCore::exchange_notice(bool active, bool sync, bool shadowed) {
+  // Under max: the lowest active rank as size - rank, whether any active rank
+  // synchronises, whether any does not, whether any joined rank has shadowed.
+  const int size = comm_->size();
+  std::vector<std::int64_t> said{active ? size - comm_->rank() : 0, active && sync ? 1 : 0,
+                                 active && !sync ? 1 : 0, !active && shadowed ? 1 : 0};
+  comm_->launch(comm_->all_reduce(Buffer(said), ReduceOp::max)).get();
+  if (said[1] != 0 && said[2] != 0) {
+    refuse(*comm_,
+           "with uneven inputs, the ranks still training disagree on whether this iteration "
+           "synchronises gradients: some run their forward under no_sync() or without grad "
+           "mode, some not");
+  }
+  Notice notice{.first_active = said[0] == 0 ? -1 : size - static_cast<int>(said[0]),
+                .sync = said[1] != 0,
+                .shadowed = said[3] != 0};
+  if (notice.first_active >= 0) last_first_active_ = notice.first_active;
+  return notice;
+}
+
+DataParallelCore::Joined DataParallelCore::join() {
+  if (!uneven_inputs_) {
+    refuse(*comm_,
+           "join() without allow_uneven_inputs(): every rank calls allow_uneven_inputs() before "
+           "its training loop, so that each forward tells the joined ranks what to shadow");
+  }
+  reducer_->check_previous_finished();
+  trace::Span span(trace::Category::bucket, trace::Name("ddp.join"));
+  Joined joined;
+  for (;;) {
+    const Notice notice =
+        exchange_notice(/*active=*/false, /*sync=*/false, joined.shadowed_iterations > 0);
+    if (notice.first_active < 0) {
+      uneven_inputs_ = false;
+      if (!notice.shadowed) return joined;  // every rank ran the same iterations
+      joined.parameters_from = last_first_active_;
+      std::vector<at::Tensor> state = parameters_;
+      for (const auto& buffer : module_.buffers(/*recurse=*/true)) state.push_back(buffer);
+      broadcast_from(state, joined.parameters_from);
+      return joined;
+    }
+    broadcast_buffers_from(notice.first_active);
+    if (notice.sync) reducer_->shadow_iteration(options_.find_unused_parameters);
+    ++joined.shadowed_iterations;
   }
 }
 

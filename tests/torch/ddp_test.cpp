@@ -390,6 +390,89 @@ TEST(DistributedDataParallel, UnevenBatchSharesWeighTheGradients) {
   expect_all_close(got, expected, "gradient");
 }
 
+// ---------------------------------------------------------------- uneven inputs
+
+// Rank r has 2 + r batches. While some ranks train on, the joined ones contribute zero
+// gradients and the average divides by all three, as PyTorch's join() does by default;
+// at the end every rank holds the parameters of rank 2, the one that trained longest.
+TEST(DistributedDataParallelUnevenInputs, JoinedRanksShadowTheOthersAndEndWithTheirModel) {
+  constexpr int kRanks = 3;
+  auto batches = [](int rank) { return 2 + rank; };
+  Net reference = make_net(11);
+  ::torch::optim::SGD ref_opt(reference->parameters(), 0.1);
+  for (int step = 0; step < batches(kRanks - 1); ++step) {
+    ref_opt.zero_grad();
+    for (int rank = 0; rank < kRanks; ++rank) {
+      if (step >= batches(rank)) continue;  // joined: contributes zeros
+      auto [x, y] = data(rank, step);
+      (::torch::mse_loss(reference->forward(x), y) / kRanks).backward();
+    }
+    ref_opt.step();
+  }
+  std::vector<std::vector<::torch::Tensor>> finals(kRanks);
+  std::vector<DistributedDataParallel<Net>::Joined> joined(kRanks);
+  expect_all_passed(run_ranks(kRanks, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Net net = make_net(11);
+    DistributedDataParallel ddp(net, comm, small_buckets());
+    ::torch::optim::SGD opt(net->parameters(), 0.1);
+    ddp.allow_uneven_inputs();
+    for (int step = 0; step < batches(rank); ++step) {
+      auto [x, y] = data(rank, step);
+      opt.zero_grad();
+      ::torch::mse_loss(ddp.forward(x), y).backward();
+      opt.step();
+    }
+    joined[static_cast<std::size_t>(rank)] = ddp.join();
+    finals[static_cast<std::size_t>(rank)] = snapshot(net);
+    // Back to even inputs: a plain synchronised step works again.
+    auto [x, y] = data(rank, 9);
+    ::torch::mse_loss(ddp.forward(x), y).backward();
+  }));
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const auto r = static_cast<std::size_t>(rank);
+    EXPECT_EQ(joined[r].shadowed_iterations, static_cast<std::size_t>(2 - rank)) << rank;
+    EXPECT_EQ(joined[r].parameters_from, 2) << rank;
+    for (std::size_t i = 0; i < finals[0].size(); ++i) {
+      EXPECT_TRUE(::torch::equal(finals[r][i], finals[0][i])) << "rank " << rank << " param " << i;
+    }
+  }
+  expect_all_close(finals[0], snapshot(reference), "parameter");
+}
+
+// A rank with no batch at all, while the other accumulates under no_sync() and tracks
+// unused parameters: the joined rank shadows exactly the synchronised iterations.
+TEST(DistributedDataParallelUnevenInputs, ARankWithNoBatchShadowsNoSyncAndUnusedTracking) {
+  expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Branchy net;
+    DistributedDataParallelOptions options;
+    options.find_unused_parameters = true;
+    DistributedDataParallel ddp(net, comm, options);
+    ::torch::optim::SGD opt(net->parameters(), 0.1);
+    ddp.allow_uneven_inputs();
+    if (rank == 1) {
+      for (int step = 0; step < 3; ++step) {
+        auto x = data(rank, step).first.narrow(1, 0, 4);
+        opt.zero_grad();
+        {
+          auto guard = ddp.no_sync();
+          ddp.forward(x, true).sum().backward();
+        }
+        ddp.forward(x, step % 2 == 0).sum().backward();
+        opt.step();
+      }
+    }
+    const auto joined = ddp.join();
+    // Six forwards on rank 1, three of them synchronised; rank 0 shadowed all six.
+    EXPECT_EQ(joined.shadowed_iterations, rank == 0 ? 6u : 0u);
+    EXPECT_EQ(joined.parameters_from, 1);
+    std::vector<float> sum{net->trunk->weight.sum().item<float>() +
+                           net->fc_rank1->weight.sum().item<float>()};
+    std::vector<float> low = sum;
+    comm->launch(comm->all_reduce(Buffer(low), ReduceOp::min)).get();
+    EXPECT_EQ(low[0], sum[0]) << "every rank left join() with rank 1's model";
+  }));
+}
+
 // ---------------------------------------------------------------- misuse
 
 void expect_error_on(const std::vector<std::string>& errors, std::size_t rank,
@@ -432,6 +515,31 @@ TEST(DistributedDataParallelMisuse, ParametersWithoutGradientsAreNamedAtTheEndOf
     expect_error_on(errors, r, "fc_never.weight");
     expect_error_on(errors, r, "find_unused_parameters");
   }
+}
+
+TEST(DistributedDataParallelMisuse, RanksDisagreeingOnNoSyncUnderUnevenInputsFailTogether) {
+  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Net net = make_net(1);
+    DistributedDataParallel ddp(net, comm);
+    ddp.allow_uneven_inputs();
+    auto [x, y] = data(rank, 0);
+    if (rank == 0) {
+      auto guard = ddp.no_sync();
+      ::torch::mse_loss(ddp.forward(x), y).backward();
+    } else {
+      ::torch::mse_loss(ddp.forward(x), y).backward();
+    }
+  });
+  for (std::size_t r = 0; r < 2; ++r) expect_error_on(errors, r, "disagree on whether");
+}
+
+TEST(DistributedDataParallelMisuse, JoinWithoutAllowingUnevenInputsIsRefused) {
+  const auto errors = run_ranks(2, [&](int, std::shared_ptr<Communicator> comm) {
+    Net net = make_net(1);
+    DistributedDataParallel ddp(net, comm);
+    ddp.join();
+  });
+  for (std::size_t r = 0; r < 2; ++r) expect_error_on(errors, r, "allow_uneven_inputs()");
 }
 
 struct WideImpl : ::torch::nn::Module {

@@ -113,6 +113,13 @@ class Reducer {
   // Waits for every bucket and writes the results back. Throws what a reduction threw,
   // or Error(invalid_argument) naming parameters whose gradients never arrived.
   void finalize();
+  // For a rank that has run out of inputs while others train on (uneven inputs, the
+  // adapter's join()): issues the collectives of one synchronised iteration, in the order
+  // prepare_for_backward and the buckets would, contributing zeros (and, with
+  // `track_unused`, no used parameter), and waits for them. The sums land in the buckets
+  // and nowhere else: with gradient_as_bucket_view they are this rank's gradients, which
+  // are scratch while it shadows.
+  void shadow_iteration(bool track_unused);
 
   // This rank's share of the global batch (its samples / all samples), for uneven
   // shares: gradients are scaled by it instead of 1/W, so the sum over ranks is the
@@ -143,6 +150,12 @@ class Reducer {
   struct Bucket;
 
   void build_buckets(const std::vector<std::size_t>& ready_order);
+  // Needs mutex_. Every parameter not ready, every bucket waiting for all of its own.
+  void begin_iteration();
+  void wait_for_reductions();
+  // After the reductions: the iteration is over; the first synchronised one rebuilds the
+  // buckets.
+  void end_iteration();
   void bind_gradients();  // gradient_as_bucket_view
   // Needs mutex_. Launches every full bucket from next_launch_ on.
   void launch_ready_buckets();

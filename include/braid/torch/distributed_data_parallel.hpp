@@ -77,6 +77,12 @@ class DataParallelCore final : public dp::GradientAccess {
 
   void before_forward();
   void after_forward(const std::vector<at::Tensor>& outputs);
+  void allow_uneven_inputs();
+  struct Joined {
+    std::size_t shadowed_iterations = 0;  // iterations this rank shadowed
+    int parameters_from = -1;             // the rank whose parameters every rank now holds
+  };
+  Joined join();
 
   std::optional<Buffer> gradient(std::size_t index, bool create) override;
   bool bind_gradient(std::size_t index, Buffer slot, std::shared_ptr<const void> owner) override;
@@ -90,6 +96,16 @@ class DataParallelCore final : public dp::GradientAccess {
   void check_same_model();
   void broadcast_from_rank0(const std::vector<at::Tensor>& tensors);
   std::vector<std::size_t> unused_parameters(const std::vector<at::Tensor>& outputs) const;
+  // Uneven inputs: what the ranks say at the start of each iteration (an all-reduce(max)
+  // of four numbers, one per forward), and what that tells each of them.
+  struct Notice {
+    int first_active = -1;  // the lowest rank still training; -1: every rank has joined
+    bool sync = false;      // the ranks still training synchronise this iteration
+    bool shadowed = false;  // some joined rank has shadowed an iteration
+  };
+  Notice exchange_notice(bool active, bool sync, bool shadowed);
+  void broadcast_buffers_from(int root);
+  void broadcast_from(const std::vector<at::Tensor>& tensors, int root);
 
   ::torch::nn::Module& module_;
   std::shared_ptr<collectives::Communicator> comm_;
@@ -106,6 +122,8 @@ class DataParallelCore final : public dp::GradientAccess {
   std::optional<trace::AsyncSpan> backward_span_;
   std::mutex span_mutex_;
   std::optional<std::vector<std::size_t>> static_unused_;  // static_graph's first answer
+  bool uneven_inputs_ = false;  // allow_uneven_inputs() until join() returns
+  int last_first_active_ = -1;  // first_active of the last notice that had one
 };
 
 inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) {
@@ -163,6 +181,29 @@ class DistributedDataParallel {
     std::atomic<bool>& flag_;
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(core_->require_sync()); }
+
+  // Uneven inputs (PyTorch's DDP join()): ranks that run out of batches at different
+  // times. Every rank calls allow_uneven_inputs() before its loop and join() after its
+  // last batch:
+  //
+  //   ddp.allow_uneven_inputs();
+  //   for (auto& [x, y] : my_batches) { ...forward, backward, step... }
+  //   auto joined = ddp.join();
+  //
+  // From allow_uneven_inputs() on, each forward starts with one small all-reduce that
+  // says which ranks still train and whether they synchronise gradients this iteration
+  // (ranks that disagree, one under no_sync(), fail naming it). A rank in join() answers
+  // it and shadows the iterations of the ranks still training: their buffer broadcast and
+  // bucket all-reduces, contributing zero gradients, so the average divides by the whole
+  // world, as PyTorch's default (divide_by_initial_world_size) does. Buffers come from the
+  // lowest rank still training. When every rank has joined, and some iteration was
+  // shadowed, every rank takes the parameters and buffers of the lowest rank that trained
+  // to the end: every rank leaves join() with the same model. Optimizer state (momentum)
+  // of a joined rank has missed the shadowed steps. A collective of your own inside the
+  // loop (clip_grad_norm included) has no shadow: keep those out of uneven loops.
+  void allow_uneven_inputs() { core_->allow_uneven_inputs(); }
+  using Joined = detail::DataParallelCore::Joined;
+  Joined join() { return core_->join(); }
 
   // PyTorch's register_comm_hook: how buckets are reduced (dp/comm_hook.hpp), e.g.
   // ddp.register_comm_hook(braid::dp::power_sgd_hook(4)).

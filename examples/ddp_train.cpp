@@ -56,6 +56,9 @@ options:
   --private-buckets        buckets in private memory instead of memory the ranks share
   --sync ddp|none|paired   ddp (default); none: no gradient sync; paired: with --bench,
                            alternate a synchronised and a no_sync() step
+  --uneven K               rank r stops K x r steps early (uneven inputs): the ranks
+                           that run out join() and shadow the others' steps, and every
+                           rank ends with the same weights
   --bench                  print one JSON line of timings instead of the progress display
   -h, --help               print this help, and exit
 )";
@@ -77,6 +80,7 @@ struct Settings {
   double bucket_cap_mib = 25;
   bool bucket_view = false;
   bool private_buckets = false;
+  int uneven = 0;
   bool help = false;
 };
 
@@ -118,6 +122,8 @@ Settings parse(int argc, char** argv) {
       s.bucket_view = true;
     else if (arg == "--private-buckets")
       s.private_buckets = true;
+    else if (arg == "--uneven")
+      s.uneven = std::stoi(value());
     else
       throw std::invalid_argument("unknown option " + arg);
   }
@@ -132,6 +138,8 @@ Settings parse(int argc, char** argv) {
   if (s.sync == "paired" && (!s.bench || s.steps < 8))
     throw std::invalid_argument(
         "--sync paired is a benchmark mode: it needs --bench, --steps >= 8");
+  if (s.uneven != 0 && (s.uneven < 0 || s.sync != "ddp" || s.bench))
+    throw std::invalid_argument("--uneven K >= 0, with --sync ddp and without --bench");
   if (s.optimizer != "adam" && s.optimizer != "sgd")
     throw std::invalid_argument("--optimizer adam|sgd");
   if (s.steps < 2 || s.batch < 1 || s.hidden < 8 || s.layers < 1 || s.threads < 1) {
@@ -336,8 +344,16 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   // The summary covers the training steps from the second on (the first builds buckets).
   std::int64_t summary_from_ns = 0;
   int summarized_synced_steps = 0;
+  // --uneven: this rank's share of the steps; the ranks that stop early join().
+  const int my_steps = s.steps - s.uneven * comm->rank();
+  if (const int fewest = s.steps - s.uneven * (comm->size() - 1); fewest < 2) {
+    // Every rank works this out alike, so every rank stops here.
+    throw std::invalid_argument(fmt::format("--uneven {} leaves rank {} {} of {} steps (>= 2)",
+                                            s.uneven, comm->size() - 1, fewest, s.steps));
+  }
+  if (s.uneven > 0) ddp->allow_uneven_inputs();
   const auto loop_started = std::chrono::steady_clock::now();
-  for (int step = 0; step < s.steps; ++step) {
+  for (int step = 0; step < my_steps; ++step) {
     // Paired: pair k syncs first when k is even, second when odd, so neither kind of step
     // always follows the other.
     const bool synced = sync && (!paired || step % 2 == (step / 2) % 2);
@@ -392,6 +408,19 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
       std::cout << fmt::format("step {:>4}/{} [{:<30}] loss {:.5f}  {:.1f} ms/step\n", step + 1,
                                s.steps, std::string(static_cast<std::size_t>(done), '#'), value, ms)
                 << std::flush;
+    }
+  }
+  if (s.uneven > 0) {
+    const auto joined = ddp->join();
+    std::vector<std::int64_t> said{my_steps, static_cast<std::int64_t>(joined.shadowed_iterations)};
+    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(comm->size()));
+    comm->launch(comm->all_gather(braid::Buffer(said), braid::Buffer(all))).get();
+    if (comm->rank() == 0) {
+      for (int r = 0; r < comm->size(); ++r) {
+        std::cout << fmt::format("rank {} trained {} steps and shadowed {} in join()\n", r,
+                                 all[2 * r], all[2 * r + 1]);
+      }
+      std::cout << fmt::format("every rank now holds rank {}'s weights\n", joined.parameters_from);
     }
   }
   const std::int64_t summary_to_ns = braid::trace::now_ns();

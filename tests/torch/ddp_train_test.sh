@@ -15,3 +15,17 @@ status=0
 usage=$("$2" --no-such-option 2>&1) || status=$?
 grep -q "ddp_train --help" <<<"$usage" || { echo "FAIL: no pointer to --help"; exit 1; }
 [ "$status" -eq 2 ] || { echo "FAIL: an unknown option exited with $status, not 2"; exit 1; }
+
+# Uneven inputs: rank 1 runs out 4 steps early, joins, shadows the 4 steps rank 0 still
+# trains, and both end with rank 0's weights (ddp_train fails if the ranks disagree).
+output=$("$1" -n 2 "$2" --steps 12 --uneven 4 2>&1) || { echo "$output"; exit 1; }
+grep -q "rank 1 trained 8 steps and shadowed 4 in join()" <<<"$output" ||
+  { echo "$output"; echo "FAIL: rank 1 did not shadow rank 0's last 4 steps"; exit 1; }
+grep -q "every rank now holds rank 0's weights" <<<"$output" ||
+  { echo "$output"; echo "FAIL: join() did not end on rank 0's weights"; exit 1; }
+# A share that leaves a rank fewer than 2 steps is refused on every rank, before training.
+status=0
+refused=$("$1" -n 2 "$2" --steps 4 --uneven 3 2>&1) || status=$?
+[ "$status" -ne 0 ] && grep -q "leaves rank 1 1 of 4 steps" <<<"$refused" ||
+  { echo "$refused"; echo "FAIL: --uneven 3 of 4 steps was not refused"; exit 1; }
+echo "uneven inputs: PASS"

@@ -76,6 +76,7 @@ struct Reducer::Bucket {
   bool launched = false;
   std::optional<Future<void>> reduction;
   std::shared_ptr<Turn> turn;  // with hooks that run one bucket at a time
+  trace::AsyncSpan lifetime;   // "bucket": from full (every gradient in) to reduced
 
   Buffer slot(std::size_t position, std::size_t count) const {
     return data.slice(layout.offsets[position], count);
@@ -246,8 +247,7 @@ void Reducer::prepare_for_backward(bool sync,
     // Its gradient will not change in this backward: what it holds now (accumulated under
     // no_sync(), or none: zeros) is its contribution, as in PyTorch's DDP.
     fill_slot(index);
-    Bucket& bucket = *buckets_[bucket_of_[index]];
-    if (--bucket.pending == 0) bucket.full = true;
+    if (--buckets_[bucket_of_[index]]->pending == 0) mark_full(bucket_of_[index]);
   }
   launch_ready_buckets();
 }
@@ -278,10 +278,10 @@ void Reducer::shadow_iteration(bool track_unused) {
           Buffer(locally_used_.data(), locally_used_.size(), DType::u8), ReduceOp::max));
     }
     std::fill(ready_.begin(), ready_.end(), 1);
-    for (auto& bucket : buckets_) {
-      detail::zero(bucket->data);
-      bucket->pending = 0;
-      bucket->full = true;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      detail::zero(buckets_[b]->data);
+      buckets_[b]->pending = 0;
+      mark_full(b);
     }
     launch_ready_buckets();
   }
@@ -361,16 +361,24 @@ void Reducer::mark_ready(std::size_t index) {
   }
   fill_slot(index);  // outside the lock: slots are disjoint
   std::lock_guard lock(mutex_);
-  Bucket& bucket = *buckets_[bucket_of_[index]];
-  if (--bucket.pending == 0) bucket.full = true;
+  if (--buckets_[bucket_of_[index]]->pending == 0) mark_full(bucket_of_[index]);
   launch_ready_buckets();
+}
+
+void Reducer::mark_full(std::size_t index) {
+  Bucket& bucket = *buckets_[index];
+  bucket.full = true;
+  bucket.lifetime =
+      trace::AsyncSpan(trace::Category::bucket, "bucket", track_, bucket.data.size_bytes());
+  bucket.lifetime.arg("bucket", static_cast<std::int64_t>(index));
 }
 
 void Reducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->full) {
     Bucket& bucket = *buckets_[next_launch_];
-    trace::AsyncSpan span(trace::Category::bucket, "bucket", track_, bucket.data.size_bytes());
-    span.arg("bucket", static_cast<std::int64_t>(next_launch_));
+    // Later than the span's start where the bucket waited for an earlier one to fill.
+    trace::instant(trace::Category::bucket, "bucket.launched", track_, bucket.data.size_bytes());
+    trace::AsyncSpan span = std::move(bucket.lifetime);
     BucketView view{.index = next_launch_,
                     .data = bucket.data,
                     .layout = &bucket.layout,

@@ -1,9 +1,12 @@
 // braid::torch::DistributedDataParallel, ranks as threads (each with its own Runtime,
 // World and Communicator; libtorch runs each thread's backward on that thread): the
 // contract PyTorch DDP users rely on, and the errors they hit.
+#include <algorithm>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -12,6 +15,7 @@
 
 #include <braid/core/error.hpp>
 #include <braid/torch/distributed_data_parallel.hpp>
+#include <braid/trace/recorder.hpp>
 #include <braid/transport/bootstrap.hpp>
 #include <braid/transport/world.hpp>
 
@@ -388,6 +392,47 @@ TEST(DistributedDataParallel, UnevenBatchSharesWeighTheGradients) {
     if (rank == 0) got = gradients(net);
   }));
   expect_all_close(got, expected, "gradient");
+}
+
+// What braid-trace's summary reads for a DDP run: each bucket from full to reduced, with
+// the moment it launched inside; the write-back; forward and backward compute spans.
+TEST(DistributedDataParallel, TracesEachBucketFromFullToReducedWithItsLaunchInside) {
+  braid::trace::clear();
+  braid::trace::set_enabled(true);
+  std::size_t buckets = 0;
+  expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Net net = make_net(5);
+    DistributedDataParallel ddp(net, comm, small_buckets());
+    auto [x, y] = data(rank, 0);
+    ::torch::mse_loss(ddp.forward(x), y).backward();
+    if (rank == 0) buckets = ddp.reducer().bucket_count();
+  }));
+  braid::trace::set_enabled(false);
+  std::vector<braid::trace::Record> spans, launches;
+  std::map<std::string, int> count;
+  for (const braid::trace::Record& record : braid::trace::snapshot().records) {
+    const std::string name = record.name;
+    ++count[name];
+    if (name == "bucket") spans.push_back(record);
+    if (name == "bucket.launched") launches.push_back(record);
+  }
+  ASSERT_GT(buckets, 1u);
+  EXPECT_EQ(spans.size(), 2 * buckets) << "one per bucket per rank";
+  EXPECT_EQ(launches.size(), spans.size());
+  EXPECT_EQ(count["bucket.write_back"], 2);
+  EXPECT_EQ(count["forward"], 2);
+  EXPECT_EQ(count["backward"], 2);
+  std::set<std::int64_t> indices;
+  for (const braid::trace::Record& span : spans) {
+    ASSERT_EQ(span.arg_count, 1);
+    EXPECT_STREQ(span.args[0].key, "bucket");
+    indices.insert(span.args[0].value);
+    const bool launched_inside = std::any_of(launches.begin(), launches.end(), [&](const auto& l) {
+      return l.bytes == span.bytes && l.begin_ns >= span.begin_ns && l.begin_ns <= span.end_ns;
+    });
+    EXPECT_TRUE(launched_inside) << "bucket " << span.args[0].value;
+  }
+  EXPECT_EQ(indices.size(), buckets);
 }
 
 // ---------------------------------------------------------------- uneven inputs

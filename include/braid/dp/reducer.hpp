@@ -157,6 +157,8 @@ class Reducer {
   // buckets.
   void end_iteration();
   void bind_gradients();  // gradient_as_bucket_view
+  // Needs mutex_. Bucket `index` has every gradient: its "bucket" span starts.
+  void mark_full(std::size_t index);
   // Needs mutex_. Launches every full bucket from next_launch_ on.
   void launch_ready_buckets();
   void fill_slot(std::size_t index);

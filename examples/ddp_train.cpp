@@ -412,7 +412,7 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   }
   if (s.uneven > 0) {
     const auto joined = ddp->join();
-    std::vector<std::int64_t> said{my_steps, static_cast<std::int64_t>(joined.shadowed_iterations)};
+    std::vector<std::int64_t> said{my_steps, static_cast<std::int64_t>(joined.shadowed_forwards)};
     std::vector<std::int64_t> all(2 * static_cast<std::size_t>(comm->size()));
     comm->launch(comm->all_gather(braid::Buffer(said), braid::Buffer(all))).get();
     if (comm->rank() == 0) {

@@ -89,8 +89,12 @@ class Quantize8Hook final : public Float32Hook {
   void buckets_rebuilt() override { residuals_.clear(); }
   asio::awaitable<void> reduce_f32(Communicator& comm, BucketView bucket) override {
     const std::size_t n = bucket.data.count();
-    std::vector<float>& residual = residuals_[bucket.index];
-    if (residual.size() != n) residual.assign(n, 0.0f);
+    std::vector<float>& kept = residuals_[bucket.index];
+    if (kept.size() != n) kept.assign(n, 0.0f);
+    // A shadow (zeros) feeds back nothing and leaves the residual for the next real step.
+    std::vector<float> nothing;
+    if (bucket.shadow) nothing.assign(n, 0.0f);
+    std::vector<float>& residual = bucket.shadow ? nothing : kept;
     float* v = floats(bucket.data);
     float local_max = 0;
     for (std::size_t i = 0; i < n; ++i) {
@@ -151,8 +155,13 @@ class PowerSgdHook final : public Float32Hook {
   asio::awaitable<void> reduce_f32(Communicator& comm, BucketView bucket) override {
     float* data = floats(bucket.data);
     const BucketLayout& layout = *bucket.layout;
-    std::vector<float>& error = state_[bucket.index].error;
-    if (error.size() != bucket.data.count()) error.assign(bucket.data.count(), 0.0f);
+    std::vector<float>& kept = state_[bucket.index].error;
+    if (kept.size() != bucket.data.count()) kept.assign(bucket.data.count(), 0.0f);
+    // A shadow (zeros) feeds back nothing and leaves the error for the next real step; the
+    // warm-start Q is the ranks' common one and is updated as always.
+    std::vector<float> nothing;
+    if (bucket.shadow) nothing.assign(kept.size(), 0.0f);
+    std::vector<float>& error = bucket.shadow ? nothing : kept;
     for (std::size_t i = 0; i < error.size(); ++i) data[i] += error[i];
 
     // Which parameters are compressed, and where their factors go in two flat buffers.

@@ -271,6 +271,7 @@ void Reducer::shadow_iteration(bool track_unused) {
     std::lock_guard lock(mutex_);
     check_previous_finished();
     begin_iteration();
+    shadowing_ = true;
     if (track_unused) {
       // This rank used nothing: the ranks still training decide what was used.
       std::fill(locally_used_.begin(), locally_used_.end(), 0);
@@ -296,9 +297,11 @@ void Reducer::wait_for_reductions() {
 
 void Reducer::end_iteration() {
   state_ = State::idle;
+  shadowing_ = false;
   if (!first_sync_done_) {
-    first_sync_done_ = true;
-    if (options_.rebuild_buckets) rebuild_from_arrival_order();
+    // Where rank 0 shadowed this iteration it saw no gradient arrive: every rank learns
+    // that from the broadcast alike and waits for a synchronised iteration rank 0 trains.
+    first_sync_done_ = !options_.rebuild_buckets || rebuild_from_arrival_order();
   }
 }
 
@@ -383,7 +386,8 @@ void Reducer::launch_ready_buckets() {
                     .data = bucket.data,
                     .layout = &bucket.layout,
                     .parameters = parameters_,
-                    .combine = averaged_in_reduction(bucket) ? ReduceOp::avg : ReduceOp::sum};
+                    .combine = averaged_in_reduction(bucket) ? ReduceOp::avg : ReduceOp::sum,
+                    .shadow = shadowing_};
     std::shared_ptr<Turn> previous;
     std::shared_ptr<Turn> mine;
     if (!hook_->single_collective()) {
@@ -438,12 +442,16 @@ void Reducer::finalize() {
   end_iteration();
 }
 
-void Reducer::rebuild_from_arrival_order() {
+bool Reducer::rebuild_from_arrival_order() {
   std::vector<std::int64_t> order(parameters_.size());
   for (std::size_t i = 0; i < order.size(); ++i) {
     order[i] = i < arrival_.size() ? static_cast<std::int64_t>(arrival_[i]) : -1;
   }
   comm_->launch(comm_->broadcast(Buffer(order), 0)).get();
+  if (std::none_of(order.begin(), order.end(), [](std::int64_t index) { return index >= 0; })) {
+    arrival_.clear();  // rank 0 shadowed (join): no order to learn from yet
+    return false;
+  }
   std::vector<std::size_t> ready_order;
   std::vector<std::uint8_t> seen(parameters_.size(), 0);
   for (const std::int64_t index : order) {
@@ -453,6 +461,7 @@ void Reducer::rebuild_from_arrival_order() {
     }
   }
   // Rank 0 saw every parameter (finalize checked); anything else keeps reverse order.
+  // (A rank 0 that shadowed saw none, and returned above.)
   for (const std::size_t index : reverse_order(parameters_.size())) {
     if (seen[index] == 0) ready_order.push_back(index);
   }
@@ -467,6 +476,7 @@ void Reducer::rebuild_from_arrival_order() {
   rebuilt_ = true;
   arrival_.clear();
   arrival_.shrink_to_fit();
+  return true;
 }
 
 }  // namespace braid::dp

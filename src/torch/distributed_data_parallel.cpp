@@ -238,7 +238,7 @@ DataParallelCore::Joined DataParallelCore::join() {
   Joined joined;
   for (;;) {
     const Notice notice =
-        exchange_notice(/*active=*/false, /*sync=*/false, joined.shadowed_iterations > 0);
+        exchange_notice(/*active=*/false, /*sync=*/false, joined.shadowed_forwards > 0);
     if (notice.first_active < 0) {
       uneven_inputs_ = false;
       if (!notice.shadowed) return joined;  // every rank ran the same iterations
@@ -250,7 +250,7 @@ DataParallelCore::Joined DataParallelCore::join() {
     }
     broadcast_buffers_from(notice.first_active);
     if (notice.sync) reducer_->shadow_iteration(options_.find_unused_parameters);
-    ++joined.shadowed_iterations;
+    ++joined.shadowed_forwards;
   }
 }
 

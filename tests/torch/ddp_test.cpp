@@ -475,7 +475,7 @@ TEST(DistributedDataParallelUnevenInputs, JoinedRanksShadowTheOthersAndEndWithTh
   }));
   for (int rank = 0; rank < kRanks; ++rank) {
     const auto r = static_cast<std::size_t>(rank);
-    EXPECT_EQ(joined[r].shadowed_iterations, static_cast<std::size_t>(2 - rank)) << rank;
+    EXPECT_EQ(joined[r].shadowed_forwards, static_cast<std::size_t>(2 - rank)) << rank;
     EXPECT_EQ(joined[r].parameters_from, 2) << rank;
     for (std::size_t i = 0; i < finals[0].size(); ++i) {
       EXPECT_TRUE(::torch::equal(finals[r][i], finals[0][i])) << "rank " << rank << " param " << i;
@@ -485,7 +485,8 @@ TEST(DistributedDataParallelUnevenInputs, JoinedRanksShadowTheOthersAndEndWithTh
 }
 
 // A rank with no batch at all, while the other accumulates under no_sync() and tracks
-// unused parameters: the joined rank shadows exactly the synchronised iterations.
+// unused parameters: the joined rank shadows exactly the synchronised iterations,
+// contributing zero gradients and no used parameter.
 TEST(DistributedDataParallelUnevenInputs, ARankWithNoBatchShadowsNoSyncAndUnusedTracking) {
   expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
     Branchy net;
@@ -497,24 +498,77 @@ TEST(DistributedDataParallelUnevenInputs, ARankWithNoBatchShadowsNoSyncAndUnused
     if (rank == 1) {
       for (int step = 0; step < 3; ++step) {
         auto x = data(rank, step).first.narrow(1, 0, 4);
+        // This rank's own gradients of the step, from a copy of the current weights.
+        Branchy copy;
+        {
+          ::torch::NoGradGuard no_grad;
+          for (std::size_t i = 0; i < copy->parameters().size(); ++i)
+            copy->parameters()[i].copy_(net->parameters()[i]);
+        }
+        copy->forward(x, true).sum().backward();
+        copy->forward(x, step % 2 == 0).sum().backward();
         opt.zero_grad();
         {
           auto guard = ddp.no_sync();
           ddp.forward(x, true).sum().backward();
         }
         ddp.forward(x, step % 2 == 0).sum().backward();
+        // Rank 0 contributed zeros: the average is half of ours. In odd steps no rank used
+        // the branch in the synchronised forward, so it keeps what no_sync() accumulated.
+        EXPECT_TRUE(::torch::allclose(net->trunk->weight.grad(), copy->trunk->weight.grad() / 2))
+            << "step " << step;
+        const double branch_share = step % 2 == 0 ? 0.5 : 1.0;
+        EXPECT_TRUE(::torch::allclose(net->fc_rank1->weight.grad(),
+                                      copy->fc_rank1->weight.grad() * branch_share))
+            << "step " << step;
+        EXPECT_FALSE(net->fc_never->weight.grad().defined()) << "nobody used it: left alone";
         opt.step();
       }
     }
     const auto joined = ddp.join();
     // Six forwards on rank 1, three of them synchronised; rank 0 shadowed all six.
-    EXPECT_EQ(joined.shadowed_iterations, rank == 0 ? 6u : 0u);
+    EXPECT_EQ(joined.shadowed_forwards, rank == 0 ? 6u : 0u);
     EXPECT_EQ(joined.parameters_from, 1);
     std::vector<float> sum{net->trunk->weight.sum().item<float>() +
                            net->fc_rank1->weight.sum().item<float>()};
     std::vector<float> low = sum;
     comm->launch(comm->all_reduce(Buffer(low), ReduceOp::min)).get();
     EXPECT_EQ(low[0], sum[0]) << "every rank left join() with rank 1's model";
+  }));
+}
+
+struct NormalisedImpl : ::torch::nn::Module {
+  NormalisedImpl() {
+    norm = register_module("norm", ::torch::nn::BatchNorm1d(8));
+    fc = register_module("fc", ::torch::nn::Linear(8, 1));
+  }
+  ::torch::Tensor forward(const ::torch::Tensor& x) { return fc->forward(norm->forward(x)); }
+  ::torch::nn::BatchNorm1d norm{nullptr};
+  ::torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(Normalised);
+
+// Buffers come from the lowest rank still training: once rank 0 has joined, rank 1 keeps
+// its own running statistics, and everyone ends with them.
+TEST(DistributedDataParallelUnevenInputs, BuffersComeFromTheRanksStillTraining) {
+  // Rank 1 alone, three batches: the statistics every rank must end with.
+  ::torch::nn::BatchNorm1d reference(8);
+  for (int step = 0; step < 3; ++step) reference->forward(data(1, step).first);
+  expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Normalised net;
+    DistributedDataParallel ddp(net, comm);
+    ::torch::optim::SGD opt(net->parameters(), 0.1);
+    ddp.allow_uneven_inputs();
+    for (int step = 0; step < (rank == 0 ? 1 : 3); ++step) {
+      auto [x, y] = data(rank, step);
+      opt.zero_grad();
+      ::torch::mse_loss(ddp.forward(x), y).backward();
+      opt.step();
+    }
+    EXPECT_EQ(ddp.join().parameters_from, 1);
+    EXPECT_TRUE(::torch::allclose(net->norm->running_mean, reference->running_mean))
+        << net->norm->running_mean << reference->running_mean;
+    EXPECT_TRUE(::torch::allclose(net->norm->running_var, reference->running_var));
   }));
 }
 

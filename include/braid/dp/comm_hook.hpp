@@ -46,6 +46,11 @@ struct BucketView {
   std::span<const ParameterSpec> parameters;  // all of the model's (layout indexes them)
   // How the ranks' buckets combine: sum, or avg for a hook that averages().
   ReduceOp combine = ReduceOp::sum;
+  // This rank has run out of inputs and shadows the others (Reducer::shadow_iteration):
+  // the bucket holds zeros, which is all it contributes. A hook issues its collectives as
+  // always, but error feedback adds nothing of this rank's and keeps its state for the
+  // rank's next real iteration.
+  bool shadow = false;
 };
 
 class CommHook {

@@ -116,9 +116,10 @@ class Reducer {
   // For a rank that has run out of inputs while others train on (uneven inputs, the
   // adapter's join()): issues the collectives of one synchronised iteration, in the order
   // prepare_for_backward and the buckets would, contributing zeros (and, with
-  // `track_unused`, no used parameter), and waits for them. The sums land in the buckets
-  // and nowhere else: with gradient_as_bucket_view they are this rank's gradients, which
-  // are scratch while it shadows.
+  // `track_unused`, no used parameter), and waits for them. Hooks see BucketView::shadow:
+  // error feedback adds nothing and keeps its state. The sums land in the buckets and
+  // nowhere else: with gradient_as_bucket_view they are this rank's gradients, which are
+  // scratch while it shadows. in_backward() is true meanwhile.
   void shadow_iteration(bool track_unused);
 
   // This rank's share of the global batch (its samples / all samples), for uneven
@@ -171,7 +172,9 @@ class Reducer {
   // depends on the hook and the dtype alone, which every rank shares, so every rank
   // issues the same reduction.
   bool averaged_in_reduction(const Bucket& bucket) const;
-  void rebuild_from_arrival_order();
+  // False, leaving the buckets as they are, where rank 0 had no arrival order to share
+  // (it shadowed the iteration): every rank learns that from the same broadcast.
+  bool rebuild_from_arrival_order();
 
   std::shared_ptr<collectives::Communicator> comm_;
   std::vector<ParameterSpec> parameters_;
@@ -195,6 +198,7 @@ class Reducer {
   bool first_sync_done_ = false;
   std::uint64_t iterations_ = 0;  // finalized synchronised iterations
   bool rebuilt_ = false;
+  bool shadowing_ = false;  // in shadow_iteration: buckets launch as BucketView::shadow
 };
 
 }  // namespace braid::dp

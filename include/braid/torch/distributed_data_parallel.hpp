@@ -15,7 +15,8 @@
 // to the reducer (dp/reducer.hpp) the moment it is final; the first hook of a backward
 // queues an engine callback (Engine::queue_callback) that finalizes the reduction when
 // backward ends, so backward() returns with averaged gradients. forward() runs the
-// module, re-broadcasts buffers from rank 0 first (broadcast_buffers), and, with
+// module, re-broadcasts buffers from rank 0 first (broadcast_buffers; with uneven inputs,
+// from the lowest rank still training), and, with
 // find_unused_parameters, walks the autograd graph from the outputs to find parameters
 // this forward did not use.
 //
@@ -50,7 +51,8 @@ namespace braid::torch {
 
 struct DistributedDataParallelOptions {
   dp::BucketLimits limits;              // 1 MiB first bucket, 25 MiB after
-  bool broadcast_buffers = true;        // buffers from rank 0 before every forward
+  bool broadcast_buffers = true;        // buffers from rank 0 before every forward (uneven
+                                        // inputs: from the lowest rank still training)
   bool find_unused_parameters = false;  // walk the graph after forward (costs a traversal)
   bool rebuild_buckets = true;          // once, from the first iteration's arrival order
   // .grad tensors are views into the buckets: no copies around the all-reduce. Keep
@@ -79,8 +81,12 @@ class DataParallelCore final : public dp::GradientAccess {
   void after_forward(const std::vector<at::Tensor>& outputs);
   void allow_uneven_inputs();
   struct Joined {
-    std::size_t shadowed_iterations = 0;  // iterations this rank shadowed
-    int parameters_from = -1;             // the rank whose parameters every rank now holds
+    // The others' forwards this rank answered in join(), no_sync() and no-grad ones
+    // included (each is one iteration to shadow).
+    std::size_t shadowed_forwards = 0;
+    // The rank whose parameters and buffers every rank now holds; -1 where no rank
+    // shadowed anything (every rank ran the same forwards) and nothing was sent.
+    int parameters_from = -1;
   };
   Joined join();
 
@@ -190,12 +196,14 @@ class DistributedDataParallel {
   //   for (auto& [x, y] : my_batches) { ...forward, backward, step... }
   //   auto joined = ddp.join();
   //
-  // From allow_uneven_inputs() on, each forward starts with one small all-reduce that
+  // Every rank calls allow_uneven_inputs() at the same point (it changes what each forward
+  // issues). From there on, each forward starts with one small all-reduce that
   // says which ranks still train and whether they synchronise gradients this iteration
   // (ranks that disagree, one under no_sync(), fail naming it). A rank in join() answers
   // it and shadows the iterations of the ranks still training: their buffer broadcast and
-  // bucket all-reduces, contributing zero gradients, so the average divides by the whole
-  // world, as PyTorch's default (divide_by_initial_world_size) does. Buffers come from the
+  // bucket all-reduces, contributing zero gradients (error-feedback hooks add none of its
+  // error and keep it), so the average divides by the whole world, as PyTorch's default
+  // (divide_by_initial_world_size) does. Buffers come from the
   // lowest rank still training. When every rank has joined, and some iteration was
   // shadowed, every rank takes the parameters and buffers of the lowest rank that trained
   // to the end: every rank leaves join() with the same model. Optimizer state (momentum)

@@ -1,0 +1,80 @@
+// braid::torch::SyncBatchNorm: batch normalisation whose statistics are those of the whole
+// batch across a communicator's ranks (PyTorch's torch.nn.SyncBatchNorm), for data-parallel
+// training where each rank's share of the batch is too small for good statistics.
+//
+//   braid::torch::SyncBatchNorm norm(comm, braid::torch::SyncBatchNormOptions(64));
+//   auto y = norm(x);   // x: (N, C) or (N, C, *); every rank calls it, in the same order
+//
+// Training (or without running statistics): each rank sums its (x - K) and (x - K)^2 per
+// channel, in double, with its element count, and one all-reduce of 2C + 1 numbers makes
+// the whole batch's mean and (biased) variance. K is the running mean, the same on every
+// rank: sums around it do not cancel catastrophically once it is near the batch mean, as
+// raw sums of squares would. The all-reduce is differentiable (its backward is the
+// all-reduce of the incoming gradients), so backward makes the second all-reduce PyTorch's
+// does: the input gradient is that of the sum of every rank's loss, and the affine
+// parameters' gradients are this rank's share, which DDP then averages like any other.
+// Ranks may hold different numbers of samples; the counts are part of the sums.
+//
+// Evaluation with running statistics communicates nothing. Running statistics are updated
+// with the whole batch's mean and unbiased variance, identically on every rank.
+//
+// Costs per forward in training: two passes over the input for the sums, one all-reduce
+// of (2C + 1) doubles, and in backward one more of the same size.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <braid/collectives/communicator.hpp>
+
+namespace braid::torch {
+
+struct SyncBatchNormOptions {
+  explicit SyncBatchNormOptions(std::int64_t num_features) : num_features(num_features) {}
+  std::int64_t num_features;
+  double eps = 1e-5;
+  double momentum = 0.1;  // weight of the new batch in the running statistics
+  bool affine = true;     // a learnt scale and shift per channel
+  bool track_running_stats = true;
+};
+
+class SyncBatchNormImpl : public ::torch::nn::Cloneable<SyncBatchNormImpl> {
+ public:
+  // Throws Error(invalid_argument) for num_features < 1, eps <= 0, momentum outside [0, 1].
+  SyncBatchNormImpl(std::shared_ptr<collectives::Communicator> comm, SyncBatchNormOptions options);
+
+  // A collective in training mode: every rank calls it with the same channel count.
+  // Throws Error(invalid_argument) for an input that is not (N, C[, ...]) with C channels.
+  ::torch::Tensor forward(const ::torch::Tensor& input);
+  void reset() override;
+
+  ::torch::Tensor weight, bias;               // affine: ones and zeros to begin with
+  ::torch::Tensor running_mean, running_var;  // track_running_stats
+  ::torch::Tensor num_batches_tracked;
+
+  const SyncBatchNormOptions& options() const noexcept { return options_; }
+
+ private:
+  std::shared_ptr<collectives::Communicator> comm_;
+  SyncBatchNormOptions options_;
+};
+// What TORCH_MODULE(SyncBatchNorm) would declare, spelled out: inside braid::torch that
+// macro's unqualified torch:: names this namespace.
+class SyncBatchNorm : public ::torch::nn::ModuleHolder<SyncBatchNormImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<SyncBatchNormImpl>::ModuleHolder;
+  using ::torch::nn::ModuleHolder<SyncBatchNormImpl>::get;
+};
+
+// The sum over the communicator's ranks of each rank's `tensor`, as a differentiable
+// operation (PyTorch's torch.distributed.nn.functional.all_reduce): its backward is the
+// sum over ranks of the gradients arriving at the result. A collective, in forward and in
+// backward. CPU tensors.
+::torch::Tensor all_reduce_sum(std::shared_ptr<collectives::Communicator> comm,
+                               const ::torch::Tensor& tensor);
+
+}  // namespace braid::torch

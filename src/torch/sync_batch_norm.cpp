@@ -1,0 +1,132 @@
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/torch.h>
+
+#include <braid/core/error.hpp>
+#include <braid/torch/sync_batch_norm.hpp>
+#include <braid/torch/tensor_buffer.hpp>
+
+namespace braid::torch {
+namespace {
+
+using collectives::Communicator;
+
+[[noreturn]] void refuse(const Communicator& comm, std::string what) {
+  throw Error(Errc::invalid_argument, std::move(what),
+              {.rank = comm.world_rank(comm.rank()), .operation = "SyncBatchNorm"});
+}
+
+// Keeps the communicator alive in the autograd graph until backward has run, however
+// long after the module that made the graph is gone.
+struct HeldCommunicator : ::torch::CustomClassHolder {
+  explicit HeldCommunicator(std::shared_ptr<Communicator> c) : comm(std::move(c)) {}
+  std::shared_ptr<Communicator> comm;
+};
+
+::torch::Tensor summed_over_ranks(Communicator& comm, const ::torch::Tensor& tensor) {
+  ::torch::Tensor sum = tensor.detach().contiguous().clone();
+  comm.launch(comm.all_reduce(as_buffer(sum), ReduceOp::sum)).get();
+  return sum;
+}
+
+struct AllReduceSum : ::torch::autograd::Function<AllReduceSum> {
+  static ::torch::Tensor forward(::torch::autograd::AutogradContext* ctx,
+                                 const ::torch::Tensor& tensor,
+                                 c10::intrusive_ptr<HeldCommunicator> held) {
+    ctx->saved_data["comm"] = c10::IValue::make_capsule(held);
+    return summed_over_ranks(*held->comm, tensor);
+  }
+  static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
+                                                   ::torch::autograd::variable_list grads) {
+    auto held =
+        c10::static_intrusive_pointer_cast<HeldCommunicator>(ctx->saved_data["comm"].toCapsule());
+    return {summed_over_ranks(*held->comm, grads[0]), ::torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+::torch::Tensor all_reduce_sum(std::shared_ptr<Communicator> comm, const ::torch::Tensor& tensor) {
+  return AllReduceSum::apply(tensor, c10::make_intrusive<HeldCommunicator>(std::move(comm)));
+}
+
+SyncBatchNormImpl::SyncBatchNormImpl(std::shared_ptr<Communicator> comm,
+                                     SyncBatchNormOptions options)
+    : comm_(std::move(comm)), options_(options) {
+  if (options_.num_features < 1 || !(options_.eps > 0) ||
+      !(options_.momentum >= 0 && options_.momentum <= 1)) {
+    refuse(*comm_, fmt::format("num_features {} (>= 1), eps {} (> 0), momentum {} (in [0, 1])",
+                               options_.num_features, options_.eps, options_.momentum));
+  }
+  reset();
+}
+
+void SyncBatchNormImpl::reset() {
+  const std::int64_t c = options_.num_features;
+  if (options_.affine) {
+    weight = register_parameter("weight", ::torch::ones({c}));
+    bias = register_parameter("bias", ::torch::zeros({c}));
+  }
+  if (options_.track_running_stats) {
+    running_mean = register_buffer("running_mean", ::torch::zeros({c}));
+    running_var = register_buffer("running_var", ::torch::ones({c}));
+    num_batches_tracked =
+        register_buffer("num_batches_tracked", ::torch::zeros({}, ::torch::kLong));
+  }
+}
+
+::torch::Tensor SyncBatchNormImpl::forward(const ::torch::Tensor& input) {
+  const std::int64_t c = options_.num_features;
+  if (input.dim() < 2 || input.size(1) != c) {
+    refuse(*comm_, fmt::format("input of shape [{}] is not (N, {}[, ...])",
+                               fmt::join(input.sizes(), ", "), c));
+  }
+  // Per-channel views: (1, C, 1, ...) to broadcast against the input.
+  std::vector<std::int64_t> channel_shape(static_cast<std::size_t>(input.dim()), 1);
+  channel_shape[1] = c;
+  auto per_channel = [&](const ::torch::Tensor& t) { return t.reshape(channel_shape); };
+  std::vector<std::int64_t> reduced_dims{0};
+  for (std::int64_t d = 2; d < input.dim(); ++d) reduced_dims.push_back(d);
+
+  const bool batch_statistics = is_training() || !options_.track_running_stats;
+  ::torch::Tensor mean, var;
+  if (batch_statistics) {
+    const ::torch::Tensor shift = options_.track_running_stats
+                                      ? per_channel(running_mean.detach()).to(::torch::kDouble)
+                                      : ::torch::zeros(channel_shape, ::torch::kDouble);
+    const ::torch::Tensor centred = input.to(::torch::kDouble) - shift;
+    const double local_count = static_cast<double>(input.numel() / c);
+    ::torch::Tensor local =
+        ::torch::cat({centred.sum(reduced_dims), centred.square().sum(reduced_dims),
+                      ::torch::full({1}, local_count, ::torch::kDouble)});
+    const ::torch::Tensor global = all_reduce_sum(comm_, local);
+    const ::torch::Tensor count = global.narrow(0, 2 * c, 1).detach();
+    if (count.item<double>() < 2 && is_training()) {
+      refuse(*comm_, fmt::format("training needs more than one value per channel across the "
+                                 "ranks; got {}",
+                                 count.item<double>()));
+    }
+    const ::torch::Tensor shifted_mean = global.narrow(0, 0, c) / count;
+    var = global.narrow(0, c, c) / count - shifted_mean.square();
+    mean = shifted_mean + shift.reshape({c});
+    if (is_training() && options_.track_running_stats) {
+      ::torch::NoGradGuard no_grad;
+      const double n = count.item<double>();
+      const double m = options_.momentum;
+      running_mean.mul_(1 - m).add_(mean.detach().to(running_mean.dtype()), m);
+      running_var.mul_(1 - m).add_((var.detach() * (n / (n - 1))).to(running_var.dtype()), m);
+      num_batches_tracked.add_(1);
+    }
+    mean = mean.to(input.dtype());
+    var = var.to(input.dtype());
+  } else {
+    mean = running_mean;
+    var = running_var;
+  }
+  ::torch::Tensor out = (input - per_channel(mean)) * per_channel((var + options_.eps).rsqrt());
+  if (options_.affine) out = out * per_channel(weight) + per_channel(bias);
+  return out;
+}
+
+}  // namespace braid::torch

@@ -410,8 +410,7 @@ CollectiveCall Communicator::prepare(CollectiveKind kind) {
   return call;
 }
 
-asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
-                                        CollectiveCall call) {
+asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self, CollectiveCall call) {
   CollectiveOp op(world_.transport(), world_ranks_, rank_, id_, call.sequence, call.deadline,
                   timeout_, *scratch_);
   // A small call left out of the trace leaves its steps and waits out too (they nest in
@@ -462,8 +461,9 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self,
       // Without fingerprints, a partner that never made this call, or made it with other
       // sizes (and so chose another algorithm, which waits for other messages), shows up
       // only as this wait running out.
-      detail += "; every member must make the same calls in the same order with the same "
-                "sizes (BRAID_DEBUG=detail checks each call and names a mismatch)";
+      detail +=
+          "; every member must make the same calls in the same order with the same "
+          "sizes (BRAID_DEBUG=detail checks each call and names a mismatch)";
     }
     failure = std::make_exception_ptr(Error(error.code(), std::move(detail), std::move(context)));
     settle = true;
@@ -553,6 +553,10 @@ asio::awaitable<void> Communicator::start_on_nccl(const CollectiveCall& c) {
   BRAID_ENFORCE(false, "an NCCL route in a build without CUDA");
   return barrier();
 #endif
+}
+
+void Communicator::set_computing(bool computing) noexcept {
+  if (arena_) arena_->set_computing(computing);
 }
 
 bool Communicator::accepts_cuda_buffers() const noexcept {
@@ -660,9 +664,8 @@ asio::awaitable<void> Communicator::submit(CollectiveCall call) {
   }
   if (on_cuda) {
     // Staged: run() sees host copies, and picks their algorithms; none takes an arena turn.
-    call.algorithm =
-        selection_->select(call.kind, call.bytes, size(),
-                           {.one_node = false, .grouped_nodes = hierarchy_.worth_it()});
+    call.algorithm = selection_->select(
+        call.kind, call.bytes, size(), {.one_node = false, .grouped_nodes = hierarchy_.worth_it()});
     call.hierarchy = &hierarchy_;
     call.selection = selection_.get();
     call.sequence = take_sequence();
@@ -1045,8 +1048,7 @@ asio::awaitable<void> Communicator::run_step(std::shared_ptr<Communicator> self,
   call.output = output;
   call.root = 0;
   call.bytes = output.size_bytes();
-  call.algorithm =
-      kind == CollectiveKind::all_gather ? Algorithm::ring : Algorithm::binomial_tree;
+  call.algorithm = kind == CollectiveKind::all_gather ? Algorithm::ring : Algorithm::binomial_tree;
   call.sequence = sequence;
   call.deadline = deadline;
   co_await run(std::move(self), std::move(call));

@@ -86,6 +86,12 @@ void Doorbell::ring(int rank) noexcept {
       ::write(bells_[static_cast<std::size_t>(rank)], &one, sizeof one);
 }
 
+void Doorbell::ring_self() noexcept {
+  if (own_ < 0) return;
+  const std::uint64_t one = 1;
+  [[maybe_unused]] const ssize_t written = ::write(own_, &one, sizeof one);
+}
+
 void Doorbell::drain() noexcept {
   std::uint64_t rings = 0;
   [[maybe_unused]] const ssize_t read = ::read(own_, &rings, sizeof rings);  // EAGAIN: none

@@ -69,6 +69,9 @@ class Doorbell {
       }
     }
   }
+  // Wakes this rank's own sleeper, if any, from any thread (a hint it waits on changed).
+  // A ring nobody sleeps through is drained by the next sleep.
+  void ring_self() noexcept;
   // Sleeps until a ring, or `longest`, unless `ready()` holds once this rank counts as
   // asleep. At most one wait sleeps on an arena's doorbell at a time (its operations run
   // one after another, each waiting for one thing at a time), so the sleeper may read

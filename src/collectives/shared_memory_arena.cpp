@@ -10,7 +10,7 @@ SingleCopy single_copy_from_environment() {
   const std::string value = config::string_value("BRAID_SHM_SINGLE_COPY");
   if (value == "auto") return SingleCopy::measured;
   return config::parse_bool(value, "BRAID_SHM_SINGLE_COPY") ? SingleCopy::whenever_allowed
-                                                             : SingleCopy::never;
+                                                            : SingleCopy::never;
 }
 
 bool doorbells_from_environment() {
@@ -28,6 +28,32 @@ std::size_t SharedMemoryArena::segment_bytes() const noexcept {
   const auto ranks = static_cast<std::size_t>(ranks_);
   return kFlagRows * ranks * kFlagStride + ranks * sizeof(RankRecord) + (ranks + 1) * kSlotBytes +
          kInlineDepth * ranks * sizeof(InlineSlot);
+}
+
+void SharedMemoryArena::set_computing(bool computing) noexcept {
+  computing_here_.store(computing, std::memory_order_seq_cst);
+  if (!hints_published_.load(std::memory_order_seq_cst)) return;  // publish_hints will
+  write_hint();
+  // A wait on hints sleeps on the doorbell: this rank's own (a deferring all-reduce here),
+  // or a peer's (one deferring to this rank, which may now be computing too).
+  doorbell_.ring_self();
+  doorbell_.ring_sleepers();
+}
+
+void SharedMemoryArena::publish_hints(int me) noexcept {
+  me_ = me;
+  hints_published_.store(true, std::memory_order_seq_cst);
+  write_hint();
+}
+
+void SharedMemoryArena::write_hint() noexcept {
+  // Both threads may write (set_computing, and publish_hints racing it): whoever writes
+  // last checks that what it wrote is still the hint, so the line ends at the newest.
+  for (;;) {
+    const bool hint = computing_here_.load(std::memory_order_seq_cst);
+    computing(me_).store(hint ? 1 : 0, std::memory_order_seq_cst);
+    if (computing_here_.load(std::memory_order_seq_cst) == hint) return;
+  }
 }
 
 std::string SharedMemoryArena::create() {

@@ -13,7 +13,8 @@
 // reads peers' blocks once, and the result is copied once into each rank's buffer.
 //
 // Layout: a header of per-rank flags (each on its own cache line), a line per rank where
-// it counts its waiters asleep on its doorbell (doorbell.hpp), per-rank records (two
+// it counts its waiters asleep on its doorbell (doorbell.hpp), a line per rank counting
+// the claimed pieces of its block of a single-copy all-reduce, per-rank records (two
 // cache lines each), then one staging slot of kSlotBytes per rank, then a result area of
 // kSlotBytes. The segment is created by the first operation that needs it (rank 0 creates
 // and names it, the others map it and say so, rank 0 unlinks the name), so a crash never
@@ -133,8 +134,12 @@ class SharedMemoryArena {
   static constexpr std::size_t kInlineBytes = InlineSlot::kVectorBytes;
   static constexpr std::size_t kFlagStride = 64;
   static constexpr int kStages = 4;
-  // The flags' rows, and one of asleep counts.
-  static constexpr int kFlagRows = kStages + 1;
+  // The flags' rows, one of asleep counts, one of claim counters (claims()), and one of
+  // computing hints (computing()).
+  static constexpr int kAsleepRow = kStages;
+  static constexpr int kClaimRow = kStages + 1;
+  static constexpr int kComputingRow = kStages + 2;
+  static constexpr int kFlagRows = kStages + 3;
   static constexpr std::uint64_t kProbeValue = 0x627261696450524fULL;  // "braidPRO"
   // Inline slots per rank. A rank may write one only once every rank is done with its
   // previous use, this many generations back: after a small rooted collective, which does
@@ -174,8 +179,33 @@ class SharedMemoryArena {
   }
   // How many of rank's waiters sleep on its doorbell.
   std::uint32_t* asleep(int rank) noexcept {
-    return reinterpret_cast<std::uint32_t*>(line(kStages, rank));
+    return reinterpret_cast<std::uint32_t*>(line(kAsleepRow, rank));
   }
+  // How many pieces of rank's block of the current single-copy all-reduce some rank has
+  // claimed to reduce, tagged with the operation's generation (ArenaTurn::claim_piece).
+  std::atomic_ref<std::uint64_t> claims(int rank) noexcept {
+    return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(line(kClaimRow, rank)));
+  }
+  // Whether rank said it is computing (Communicator::set_computing): nonzero while it is.
+  std::atomic_ref<std::uint32_t> computing(int rank) noexcept {
+    return std::atomic_ref<std::uint32_t>(
+        *reinterpret_cast<std::uint32_t*>(line(kComputingRow, rank)));
+  }
+  // This rank's hint, from any thread: kept here and, once the segment is mapped, in its
+  // line, where peers read it; a change rings this rank's own doorbell, so that a wait
+  // that depends on it (a single-copy all-reduce deferring to free ranks) looks again.
+  void set_computing(bool computing) noexcept;
+  bool computing_here() const noexcept { return computing_here_.load(std::memory_order_relaxed); }
+  // Whether some peer's hint says it is not computing.
+  bool some_peer_free() noexcept {
+    for (int r = 0; r < ranks_; ++r) {
+      if (r != me_ && computing(r).load(std::memory_order_relaxed) == 0) return true;
+    }
+    return false;
+  }
+  // Once mapped, by the runtime thread: this rank's number and its hint into the segment,
+  // after which set_computing writes there directly.
+  void publish_hints(int me) noexcept;
   RankRecord& record(int rank) noexcept { return reinterpret_cast<RankRecord*>(records())[rank]; }
   std::byte* slot(int rank) noexcept {
     return records() + static_cast<std::size_t>(ranks_) * sizeof(RankRecord) +
@@ -282,9 +312,15 @@ class SharedMemoryArena {
   HugePageAdvice huge_pages_;
   bool doorbells_wanted_;
   Doorbell doorbell_;
+  // The computing hint: set from any thread (set_computing), published once mapped.
+  std::atomic<bool> computing_here_{false};
+  std::atomic<bool> hints_published_{false};
+  int me_ = -1;
+  // Copies computing_here_ into this rank's line until it stays what it read.
+  void write_hint() noexcept;
 
   // Rank's cache line in row `row` of the header: the flags' rows (one per Stage), then
-  // the asleep counts'.
+  // the asleep counts', then the claim counters'.
   std::byte* line(int row, int rank) noexcept {
     return base_ + (static_cast<std::size_t>(row) * static_cast<std::size_t>(ranks_) +
                     static_cast<std::size_t>(rank)) *

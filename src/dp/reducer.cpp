@@ -126,6 +126,7 @@ void Reducer::bind_gradients() {
 }
 
 Reducer::~Reducer() {
+  comm_->set_computing(false);
   // In-flight reductions still read and write the buckets: give them a bounded while.
   for (auto& bucket : buckets_) {
     if (bucket->reduction && !bucket->reduction->wait_for(std::chrono::seconds(30))) {
@@ -230,6 +231,9 @@ void Reducer::prepare_for_backward(bool sync,
     return;
   }
   begin_iteration();
+  // Until finalize, this rank's core computes the gradients: bucket reductions leave their
+  // work to ranks that have finished their backward (Communicator::set_computing).
+  comm_->set_computing(true);
   if (!locally_unused) return;
   std::fill(locally_used_.begin(), locally_used_.end(), 1);
   for (const std::size_t index : *locally_unused) {
@@ -408,6 +412,7 @@ void Reducer::finalize() {
     return;
   }
   if (state_ == State::idle) return;  // nothing prepared: a backward outside the wrapper
+  comm_->set_computing(false);        // backward is over: this rank only waits now
   {
     std::lock_guard lock(mutex_);
     std::vector<std::string> missing;

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 #include <sys/resource.h>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -140,6 +141,98 @@ TEST(AllocateShared, AllReduceReachesPeersThroughTheMappingAndMatchesTheReferenc
     EXPECT_TRUE(phases.contains("shared_memory.reduce")) << world << " ranks";
     EXPECT_FALSE(phases.contains("shared_memory.chunk")) << world << " ranks";
   }
+}
+
+// What the ranks' single-copy reductions did over a run: how many reductions there were,
+// how many deferred to free ranks, the bytes the deferring ones reduced, and all bytes.
+struct ReductionShares {
+  int reductions = 0;
+  int deferred = 0;
+  std::uint64_t deferred_bytes = 0;
+  std::uint64_t bytes = 0;
+};
+
+ReductionShares reduction_shares(int world, const testing::RankBody& body) {
+  const braid::testing::ScopedEnv every_step("BRAID_TRACE_STEPS_KIB", "0");
+  trace::clear();
+  trace::set_enabled(true);
+  run_ranks(world, body, shared_memory_only());
+  trace::set_enabled(false);
+  ReductionShares shares;
+  for (const trace::Record& record : trace::snapshot().records) {
+    if (std::string_view(record.name) != "shared_memory.reduce") continue;
+    ++shares.reductions;
+    shares.bytes += record.bytes;
+    for (std::uint8_t a = 0; a < record.arg_count; ++a) {
+      if (std::string_view(record.args[a].key) == "deferred") {
+        ++shares.deferred;
+        shares.deferred_bytes += record.bytes;
+      }
+    }
+  }
+  return shares;
+}
+
+constexpr std::size_t kSharedCount = 300007;  // f32: ~1.1 MiB, several pieces per block
+
+// Rank `computing` (or every rank, with -1) says it computes, then all-reduces kSharedCount
+// floats, out of place and in place, checked against the reference.
+testing::RankBody reduce_while_computing(int computing) {
+  return [computing](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    std::shared_ptr<std::byte[]> memory = co_await comm->allocate_shared(4 << 20);
+    comm->set_computing(computing < 0 || comm->rank() == computing);
+    EXPECT_EQ(co_await reduce_and_check(*comm, DType::f32, ReduceOp::avg, kSharedCount,
+                                        memory.get(), memory.get() + (2 << 20)),
+              "");
+    comm->set_computing(false);
+  };
+}
+
+TEST(ComputingHint, ARankThatComputesLeavesItsShareOfTheReductionToTheFreeRanks) {
+  for (const int world : {2, 3}) {
+    const ReductionShares shares = reduction_shares(world, reduce_while_computing(1));
+    // Two all-reduces, each reduced on every rank's runtime ...
+    EXPECT_EQ(shares.reductions, 2 * world) << world << " ranks";
+    // ... where rank 1 waited every time and reduced nothing ...
+    EXPECT_EQ(shares.deferred, 2) << world << " ranks";
+    EXPECT_EQ(shares.deferred_bytes, 0u) << world << " ranks";
+    // ... and the free ranks reduced every byte of both, once.
+    EXPECT_EQ(shares.bytes, 2 * kSharedCount * sizeof(float)) << world << " ranks";
+  }
+}
+
+TEST(ComputingHint, WhenEveryRankComputesEachReducesAndEveryByteIsReducedOnce) {
+  const ReductionShares shares = reduction_shares(3, reduce_while_computing(-1));
+  EXPECT_EQ(shares.reductions, 6);
+  EXPECT_EQ(shares.deferred, 0);
+  EXPECT_EQ(shares.bytes, 2 * kSharedCount * sizeof(float));
+}
+
+// Hints that flip while reductions run never leave a piece unreduced or every rank
+// waiting for another: each all-reduce completes, right, within the deadline.
+TEST(ComputingHint, HintsFlippingUnderRunningReductionsNeitherHangNorChangeTheSums) {
+  run_ranks(
+      3,
+      [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        std::shared_ptr<std::byte[]> memory = co_await comm->allocate_shared(4 << 20);
+        std::atomic<bool> done{false};
+        std::thread flipper([&, rank = comm->rank()] {
+          for (unsigned i = 0; !done.load(); ++i) {
+            comm->set_computing(((i >> rank) & 1) != 0);
+            std::this_thread::sleep_for(std::chrono::microseconds(20 + 30 * rank));
+          }
+        });
+        std::string wrong;
+        for (int round = 0; round < 20 && wrong.empty(); ++round) {
+          wrong = co_await reduce_and_check(*comm, DType::f32, ReduceOp::sum, kSharedCount,
+                                            memory.get(), memory.get() + (2 << 20));
+        }
+        done = true;
+        flipper.join();
+        comm->set_computing(false);
+        EXPECT_EQ(wrong, "");
+      },
+      shared_memory_only());
 }
 
 TEST(AllocateShared, ABufferOutsideTheAllocationOnAnyRankTakesTheUsualPath) {

@@ -216,6 +216,21 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   //   Cost: 3 small collectives, and P x `bytes` of shared memory (every rank's region).
   asio::awaitable<std::shared_ptr<std::byte[]>> allocate_shared(std::size_t bytes);
 
+  // ---- overlap
+  // A hint, from any thread: this rank is computing (a backward pass producing the
+  // gradients of later buckets) and its core is needed there. While it says so and some
+  // other member on the node does not, the reduction work of its shared-memory all-reduces
+  // (single copy, from 64 KiB) is left to the members that are free, which take every
+  // rank's share of the vector; it only waits. With every member computing, or none,
+  // each reduces its own share and then helps with what is left of the others'. The
+  // results are the same bit for bit whoever reduces. DistributedDataParallel says it is
+  // computing from each forward's prepare to the end of its backward pass.
+  //   Why: ranks reach a bucket's all-reduce at different moments of backward; the
+  //   slowest rank's step is the job's, and the reduction its runtime thread did took
+  //   CPU from its remaining backward on a node whose cores the training threads fill.
+  //   Cost: a store to a cache line of the arena; a peer reads it once per claimed piece.
+  void set_computing(bool computing) noexcept;
+
   // ---- point to point, matched per pair of ranks in call order (independent of the
   // collectives' order). recv returns the elements received (at most buffer.count()).
   asio::awaitable<void> send(Buffer data, int peer);
@@ -256,16 +271,14 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // number, shared-memory turn) now, and returns run().
   asio::awaitable<void> submit(detail::CollectiveCall call);
   // Runs the call (fingerprints, algorithm, error context, settling after a failure).
-  asio::awaitable<void> run(std::shared_ptr<Communicator> self,
-                            detail::CollectiveCall call);
+  asio::awaitable<void> run(std::shared_ptr<Communicator> self, detail::CollectiveCall call);
   // Whether a call on `buffer` goes to the NCCL communicator (route_cuda_to()).
   bool routes_to_nccl(const Buffer& buffer) const;
   // Hands a checked call to the NCCL communicator, which takes its place in NCCL's order
   // now.
   asio::awaitable<void> start_on_nccl(const detail::CollectiveCall& call);
   // A call on CUDA buffers: run() on host staging copies of them (docs/gpu.md).
-  asio::awaitable<void> run_staged(std::shared_ptr<Communicator> self,
-                                   detail::CollectiveCall call);
+  asio::awaitable<void> run_staged(std::shared_ptr<Communicator> self, detail::CollectiveCall call);
   detail::StagingResources& staging_for(int device);
   // send and recv of CUDA memory that UCX cannot take directly.
   asio::awaitable<std::size_t> staged_point_to_point(std::shared_ptr<Communicator> self,
@@ -296,7 +309,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::shared_ptr<detail::CommunicatorIds> ids_;  // shared with every communicator split off
   Clock::duration timeout_;
   bool check_fingerprints_ = false;
-  std::size_t trace_steps_from_ = 0;  // BRAID_TRACE_STEPS_KIB, in bytes
+  std::size_t trace_steps_from_ = 0;       // BRAID_TRACE_STEPS_KIB, in bytes
   trace::SmallOpSampling trace_sampling_;  // BRAID_TRACE_SAMPLE_KIB and _EVERY
   std::shared_ptr<const SelectionTable> selection_;
   std::atomic<std::uint64_t> next_sequence_{0};

@@ -260,8 +260,7 @@ asio::awaitable<void> ArenaTurn::map() {
   }
   mine.rings_peers = rings_all ? 1 : 0;
   using Direct = SharedMemoryArena::AllReduceDirect;
-  const Direct wanted =
-      policy == SingleCopy::whenever_allowed ? Direct::always : Direct::measured;
+  const Direct wanted = policy == SingleCopy::whenever_allowed ? Direct::always : Direct::measured;
   mine.all_reduce_direct = static_cast<std::uint16_t>(wanted);
   raise(Stage::released);
   co_await wait_all(Stage::released, "every rank's cross-memory probe");
@@ -280,6 +279,7 @@ asio::awaitable<void> ArenaTurn::map() {
     for (int r = 0; r < world; ++r) asleep.push_back(arena_.asleep(r));
     doorbell.arm(me, std::move(asleep));
   }
+  arena_.publish_hints(me);
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -359,8 +359,8 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
 void ArenaTurn::all_reduce_done(std::size_t bytes) noexcept {
   if (!timed_) return;
   const auto took = std::chrono::steady_clock::now() - timed_since_;
-  arena_.all_reduce_timings().record(
-      bytes, timed_path_, std::chrono::duration_cast<std::chrono::nanoseconds>(took));
+  arena_.all_reduce_timings().record(bytes, timed_path_,
+                                     std::chrono::duration_cast<std::chrono::nanoseconds>(took));
 }
 
 const Fingerprint& ArenaTurn::posted_call(int rank) noexcept {
@@ -407,6 +407,40 @@ asio::awaitable<void> ArenaTurn::release() {
 void ArenaTurn::raise(Stage stage) noexcept {
   arena_.flag(op_.rank(), stage).store(generation_, std::memory_order_release);
   if (Doorbell* doorbell = arena_.armed_doorbell()) doorbell->ring_sleepers();
+}
+
+namespace {
+
+// A claim counter holds the generation's low 40 bits above the number of pieces claimed
+// (24 bits): a value tagged with an earlier generation means none claimed yet. No rank
+// claims in the next operation before every rank has posted it, which each does only
+// after its last claim in this one, so a counter never holds a later generation.
+constexpr int kClaimIndexBits = 24;
+constexpr std::uint64_t kClaimIndexMask = (std::uint64_t{1} << kClaimIndexBits) - 1;
+
+std::uint64_t claimed_in(std::uint64_t counter, std::uint64_t generation) noexcept {
+  return (counter & ~kClaimIndexMask) == generation << kClaimIndexBits ? counter & kClaimIndexMask
+                                                                       : 0;
+}
+
+}  // namespace
+
+std::size_t ArenaTurn::claimed(int owner) noexcept {
+  return claimed_in(arena_.claims(owner).load(std::memory_order_relaxed), generation_);
+}
+
+std::optional<std::size_t> ArenaTurn::claim_piece(int owner, std::size_t pieces) {
+  BRAID_ENFORCE(pieces <= kClaimIndexMask, "an all-reduce block of {} pieces", pieces);
+  const std::uint64_t tag = generation_ << kClaimIndexBits;
+  std::atomic_ref<std::uint64_t> counter = arena_.claims(owner);
+  std::uint64_t seen = counter.load(std::memory_order_relaxed);
+  for (;;) {
+    const std::uint64_t claimed = claimed_in(seen, generation_);
+    if (claimed >= pieces) return std::nullopt;
+    if (counter.compare_exchange_weak(seen, tag | (claimed + 1), std::memory_order_relaxed)) {
+      return claimed;
+    }
+  }
 }
 
 // Not coroutines (the waits below): each returns poll_until's, one frame rather than two.

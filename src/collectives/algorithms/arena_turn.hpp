@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include <boost/asio/awaitable.hpp>
@@ -104,6 +105,13 @@ class ArenaTurn {
   // this very operation and the waits spin longer, unless the node has more members than
   // cores (collective_op.hpp).
   asio::awaitable<void> wait_all(Stage stage, std::string_view what);
+  // Single-copy all-reduce, where any rank may reduce any piece (shared_memory_all_reduce
+  // .cpp): claims the next piece of `owner`'s block that no rank has claimed in this
+  // operation, of `pieces`; nullopt once all are. The counters live in the arena, tagged
+  // with the generation, so a new operation starts from zero without a reset.
+  std::optional<std::size_t> claim_piece(int owner, std::size_t pieces);
+  // How many pieces of `owner`'s block are claimed in this operation.
+  std::size_t claimed(int owner) noexcept;
   // Whether every rank's input and output lie in one allocate_shared allocation (known
   // after post()): then peers' buffers are in our own address space, at these addresses.
   bool mapped() const noexcept { return mapped_input_.base != nullptr; }
@@ -127,7 +135,9 @@ class ArenaTurn {
   const Fingerprint& posted_call(int rank) noexcept;
   asio::awaitable<void> map();
   std::chrono::microseconds spin_window() const noexcept {
-    return all_posted_ && !arena_.crowded() ? kPartnersBusySpinWindow : kSpinWindow;
+    // A rank that says it computes spins briefly: its core is wanted there.
+    return all_posted_ && !arena_.crowded() && !arena_.computing_here() ? kPartnersBusySpinWindow
+                                                                        : kSpinWindow;
   }
   void read(int rank, std::uint64_t remote, void* into, std::size_t bytes);
   [[noreturn]] void cross_memory_failed(int rank, int error, std::string_view what);

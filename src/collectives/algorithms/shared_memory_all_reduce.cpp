@@ -11,11 +11,20 @@
 //      cache-sized scratch, a piece at a time, and folds it in (ranks in order 0..P-1, so
 //      the result does not depend on who reduces), writing each finished piece into its
 //      own output and, while it is still in cache, into every peer's output
-//      (process_vm_writev); raises `reduced`;
-//   2. it returns once every rank has reduced: by then every block of its output has
+//      (process_vm_writev);
+//   2. then it takes the pieces of other ranks' blocks that their owners have not yet
+//      claimed (each block's claim counter is in the arena), and raises `reduced` when
+//      nothing is left to claim;
+//   3. it returns once every rank has reduced: by then every block of its output has
 //      arrived, and nobody reads or writes its buffers any more.
-//   In place works: block i of every rank's buffer is read and written by rank i alone,
-//   each piece written only after it was read for the last time.
+//   Why step 2: in data-parallel training the ranks reach a bucket's all-reduce at
+//   different moments of their backward passes. With fixed shares, a rank that finished
+//   its backward waited for the share of a rank still computing, which reduced it on a
+//   core its own backward needed: that share was all exposed. Now the free rank reduces
+//   most of the vector while the busy one computes (measured in docs/architecture.md,
+//   "Work-sharing all-reduce"). Whoever folds a piece, it is the same sum bit for bit.
+//   In place works: piece j of every rank's buffer is read and written by the one rank
+//   that claimed it, each piece written only after it was read for the last time.
 //   Cost (P ranks, n bytes): 2 flag waits, and per rank (P-1)/P n bytes read from peers
 //   into cache, n/P read from its own input, n written (n/P locally, the rest into peers):
 //   about 2n bytes of memory traffic. Reading the finished blocks back from the peers'
@@ -47,20 +56,69 @@
 namespace braid::collectives::detail {
 namespace {
 
+// Single copy's unit of work: pieces of a rank's block that any rank may claim. Four or
+// more per block, so a rank that finishes early has something to take; 16 KiB or more,
+// so a claim (a compare-and-swap on a line the ranks share) stays a small share of the
+// fold; at most fold_block's own piece, which keeps it in cache. The same on every rank:
+// it depends on the vector's length and the world alone.
+std::size_t claim_elements(const EvenSplit& blocks, std::size_t element) {
+  constexpr std::size_t kLeast = std::size_t{16} << 10;
+  constexpr std::size_t kMost = std::size_t{256} << 10;
+  const std::size_t quarter = blocks.size(0) * element / 4;
+  return std::max<std::size_t>(1, std::clamp(quarter, kLeast, kMost) / element);
+}
+
 asio::awaitable<void> single_copy(ArenaTurn& turn, CollectiveOp& op, Buffer input, Buffer output,
                                   ReduceOp reduce_op) {
+  SharedMemoryArena& arena = turn.arena();
   const int world = op.size();
   const int me = op.rank();
   const std::size_t element = dtype_size(input.dtype());
   const EvenSplit blocks{input.count(), static_cast<std::size_t>(world)};
-  auto block_bytes = [&](int r) { return blocks.size(static_cast<std::size_t>(r)) * element; };
+  const std::size_t unit = claim_elements(blocks, element);
+  auto pieces_of = [&](int r) {
+    return (blocks.size(static_cast<std::size_t>(r)) + unit - 1) / unit;
+  };
+  // Leave the work to free ranks while this one computes (Communicator::set_computing),
+  // as long as there is work left for them.
+  bool deferred = false;
+  auto deferring = [&] {
+    if (!arena.computing_here() || !arena.some_peer_free()) return false;
+    deferred = true;
+    for (int r = 0; r < world; ++r) {
+      if (turn.claimed(r) < pieces_of(r)) return true;
+    }
+    return false;
+  };
   auto* out = static_cast<std::byte*>(output.data());
-  {
-    const trace::AsyncSpan reduce = op.phase("shared_memory.reduce", block_bytes(me));
-    const std::size_t first = blocks.offset(static_cast<std::size_t>(me));
-    fold_block(turn, op, input, first, blocks.size(static_cast<std::size_t>(me)), reduce_op,
+  trace::AsyncSpan reduce = op.phase("shared_memory.reduce");
+  std::size_t folded = 0;
+  std::int64_t taken = 0;  // pieces of other ranks' blocks
+  // Our own block first, then, in turn, whatever the others have not yet claimed of
+  // theirs. Checked again before each piece: a rank that starts computing stops taking.
+  for (int step = 0; step < world;) {
+    if (deferring()) {
+      co_await op.poll_until([&] { return !deferring(); }, "the free ranks' reduction", kSpinWindow,
+                             arena.crowded(), arena.armed_doorbell());
+    }
+    const int owner = (me + step) % world;
+    const std::optional<std::size_t> piece = turn.claim_piece(owner, pieces_of(owner));
+    if (!piece) {
+      ++step;
+      continue;
+    }
+    const auto r = static_cast<std::size_t>(owner);
+    const std::size_t first = blocks.offset(r) + *piece * unit;
+    const std::size_t n = std::min(unit, blocks.offset(r) + blocks.size(r) - first);
+    fold_block(turn, op, input, first, n, reduce_op,
                {.local = out + first * element, .every_peer = true});
+    folded += n * element;
+    if (owner != me) ++taken;
   }
+  reduce.set_bytes(folded);
+  if (taken != 0) reduce.arg("taken", taken);
+  if (deferred) reduce.arg("deferred", 1);
+  reduce.end();
   turn.raise(Stage::reduced);
   co_await turn.wait_all(Stage::reduced, "every rank's share of the reduction");
 }

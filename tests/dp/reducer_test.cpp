@@ -1,12 +1,16 @@
 // The framework-agnostic reducer with gradients in plain vectors, ranks as threads:
 // averaging across buckets, the comm hooks' error bounds, and gradient clipping.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <mutex>
 #include <random>
 #include <set>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -123,6 +127,64 @@ TEST(Reducer, KeepsItsBucketsInMemoryTheRanksShareUnlessToldNot) {
     EXPECT_EQ(phases.contains("shared_memory.reduce"), shared) << "shared buckets " << shared;
     EXPECT_EQ(phases.contains("shared_memory.chunk"), !shared) << "shared buckets " << shared;
   }
+}
+
+// Between prepare_for_backward and finalize a rank says it computes
+// (Communicator::set_computing): a bucket's all-reduce that starts while it is still in
+// backward and its partner is already waiting in finalize is reduced by the partner alone.
+TEST(Reducer, ARankStillInBackwardLeavesItsBucketsReductionToARankThatFinished) {
+  const braid::testing::ScopedEnv every_step("BRAID_TRACE_STEPS_KIB", "0");
+  const braid::testing::ScopedEnv every_op("BRAID_TRACE_SAMPLE_KIB", "0");
+  // Two buckets of 160 KiB, past the inline slots: each a single-copy all-reduce.
+  const std::vector<ParameterSpec> large = {
+      ParameterSpec{.name = "a", .count = 40000, .shape = {40000}},
+      ParameterSpec{.name = "b", .count = 40000, .shape = {40000}}};
+  std::atomic<bool> rank0_finishing{false};
+  trace::clear();
+  trace::set_enabled(true);
+  expect_passed(testing::run_blocking_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    VectorGradients grads(large);
+    Reducer reducer(comm, large, grads, one_per_bucket(/*rebuild=*/false));
+    reducer.prepare_for_backward();
+    auto fill = [&](std::size_t p) {
+      for (std::size_t i = 0; i < grads.values[p].size(); ++i)
+        grads.values[p][i] = gradient_value(rank, p, i, 0);
+    };
+    if (rank == 0) {
+      fill(1), reducer.mark_ready(1);
+      fill(0), reducer.mark_ready(0);
+      rank0_finishing = true;
+    } else {
+      // Rank 1 is slower: its first bucket fills once rank 0 waits in finalize, and its
+      // backward goes on for a while after.
+      while (!rank0_finishing) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      fill(1), reducer.mark_ready(1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      fill(0), reducer.mark_ready(0);
+    }
+    reducer.finalize();
+    for (std::size_t p = 0; p < grads.values.size(); ++p) {
+      for (std::size_t i = 0; i < grads.values[p].size(); ++i) {
+        ASSERT_NEAR(grads.values[p][i], exact_average(2, p, i, 0), 1e-6);
+      }
+    }
+  }));
+  trace::set_enabled(false);
+  int deferred_with_nothing_reduced = 0;
+  std::uint64_t reduced = 0;
+  for (const trace::Record& record : trace::snapshot().records) {
+    if (std::string_view(record.name) != "shared_memory.reduce") continue;
+    reduced += record.bytes;
+    for (std::uint8_t a = 0; a < record.arg_count; ++a) {
+      if (std::string_view(record.args[a].key) == "deferred" && record.bytes == 0)
+        ++deferred_with_nothing_reduced;
+    }
+  }
+  // Rank 1 reduced nothing of its first bucket (of its second, too, unless it finalized
+  // before rank 0 was done), and every byte of both buckets was reduced once.
+  EXPECT_GE(deferred_with_nothing_reduced, 1);
+  EXPECT_EQ(reduced, 2 * 40000 * sizeof(float));
 }
 
 // Largest |got - exact| over every element, after one step with `hook`.

@@ -81,6 +81,9 @@ class Doorbell {
   asio::awaitable<void> sleep_unless(Ready& ready, std::chrono::microseconds longest) {
     std::atomic_ref<std::uint32_t> asleep(*asleep_[static_cast<std::size_t>(me_)]);
     asleep.fetch_add(1, std::memory_order_seq_cst);
+    // Orders the count before ready()'s loads, which may be relaxed (the computing hints'
+    // and claim counters'): the raiser's side is ring_sleepers' fence.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     const Awake awake{asleep};
     // Rings from before are spent: their flags are up, and ready() sees them. A ring from
     // now on leaves the eventfd readable, and the wait sees that.

@@ -31,12 +31,17 @@ std::size_t SharedMemoryArena::segment_bytes() const noexcept {
 }
 
 void SharedMemoryArena::set_computing(bool computing) noexcept {
-  computing_here_.store(computing, std::memory_order_seq_cst);
+  // DDP says the same thing once per backward; only a change costs a store and the rings.
+  if (computing_here_.exchange(computing, std::memory_order_seq_cst) == computing) return;
   if (!hints_published_.load(std::memory_order_seq_cst)) return;  // publish_hints will
   write_hint();
   // A wait on hints sleeps on the doorbell: this rank's own (a deferring all-reduce here),
-  // or a peer's (one deferring to this rank, which may now be computing too).
-  doorbell_.ring_self();
+  // or a peer's (one deferring to this rank, which may now be computing too). Each is rung
+  // only where it counts a sleeper, after a fence: the sleeper's side is sleep_unless's.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (std::atomic_ref<std::uint32_t>(*asleep(me_)).load(std::memory_order_relaxed) != 0) {
+    doorbell_.ring_self();
+  }
   doorbell_.ring_sleepers();
 }
 

@@ -14,7 +14,8 @@
 //
 // Layout: a header of per-rank flags (each on its own cache line), a line per rank where
 // it counts its waiters asleep on its doorbell (doorbell.hpp), a line per rank counting
-// the claimed pieces of its block of a single-copy all-reduce, per-rank records (two
+// the claimed pieces of its block of a single-copy all-reduce, a line per rank holding
+// its computing hint (Communicator::set_computing), per-rank records (two
 // cache lines each), then one staging slot of kSlotBytes per rank, then a result area of
 // kSlotBytes. The segment is created by the first operation that needs it (rank 0 creates
 // and names it, the others map it and say so, rank 0 unlinks the name), so a crash never
@@ -167,7 +168,10 @@ class SharedMemoryArena {
   void unlink_name() noexcept { segment_.unlink_name(); }
   // Where some rank could not map it: every rank lets it go, so that the next
   // collective tries again, all ranks alike.
+  // (Only before publish_hints: a mapped arena is never unmapped, since set_computing
+  // writes through base_ from other threads once hints are published.)
   void unmap() noexcept {
+    hints_published_.store(false, std::memory_order_seq_cst);
     segment_ = SharedSegment();
     base_ = nullptr;
   }
@@ -196,6 +200,14 @@ class SharedMemoryArena {
   // that depends on it (a single-copy all-reduce deferring to free ranks) looks again.
   void set_computing(bool computing) noexcept;
   bool computing_here() const noexcept { return computing_here_.load(std::memory_order_relaxed); }
+  // Whether any rank's hint says it computes: then who reduces what depends on hints, and
+  // an all-reduce's time says nothing about the path it took (ArenaTurn::post).
+  bool any_computing() noexcept {
+    for (int r = 0; r < ranks_; ++r) {
+      if (computing(r).load(std::memory_order_relaxed) != 0) return true;
+    }
+    return false;
+  }
   // Whether some peer's hint says it is not computing.
   bool some_peer_free() noexcept {
     for (int r = 0; r < ranks_; ++r) {
@@ -320,7 +332,7 @@ class SharedMemoryArena {
   void write_hint() noexcept;
 
   // Rank's cache line in row `row` of the header: the flags' rows (one per Stage), then
-  // the asleep counts', then the claim counters'.
+  // the asleep counts', the claim counters' and the computing hints'.
   std::byte* line(int row, int rank) noexcept {
     return base_ + (static_cast<std::size_t>(row) * static_cast<std::size_t>(ranks_) +
                     static_cast<std::size_t>(rank)) *

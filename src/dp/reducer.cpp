@@ -232,7 +232,9 @@ void Reducer::prepare_for_backward(bool sync,
   }
   begin_iteration();
   // Until finalize, this rank's core computes the gradients: bucket reductions leave their
-  // work to ranks that have finished their backward (Communicator::set_computing).
+  // work to ranks that have finished their backward (Communicator::set_computing). The
+  // hint is the communicator's: a second reducer on it would overwrite it (performance
+  // only, never results).
   comm_->set_computing(true);
   if (!locally_unused) return;
   std::fill(locally_used_.begin(), locally_used_.end(), 1);

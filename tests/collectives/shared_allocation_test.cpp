@@ -201,7 +201,7 @@ TEST(ComputingHint, ARankThatComputesLeavesItsShareOfTheReductionToTheFreeRanks)
   }
 }
 
-TEST(ComputingHint, WhenEveryRankComputesEachReducesAndEveryByteIsReducedOnce) {
+TEST(ComputingHint, WhenEveryRankComputesNoneDefersAndEveryByteIsReducedOnce) {
   const ReductionShares shares = reduction_shares(3, reduce_while_computing(-1));
   EXPECT_EQ(shares.reductions, 6);
   EXPECT_EQ(shares.deferred, 0);
@@ -222,14 +222,20 @@ TEST(ComputingHint, HintsFlippingUnderRunningReductionsNeitherHangNorChangeTheSu
             std::this_thread::sleep_for(std::chrono::microseconds(20 + 30 * rank));
           }
         });
+        // Stops and joins the flipper however the rounds end (a timeout throws).
+        struct Stop {
+          std::atomic<bool>& done;
+          std::thread& flipper;
+          ~Stop() {
+            done = true;
+            flipper.join();
+          }
+        } stop{done, flipper};
         std::string wrong;
         for (int round = 0; round < 20 && wrong.empty(); ++round) {
           wrong = co_await reduce_and_check(*comm, DType::f32, ReduceOp::sum, kSharedCount,
                                             memory.get(), memory.get() + (2 << 20));
         }
-        done = true;
-        flipper.join();
-        comm->set_computing(false);
         EXPECT_EQ(wrong, "");
       },
       shared_memory_only());

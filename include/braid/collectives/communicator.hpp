@@ -217,18 +217,22 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   asio::awaitable<std::shared_ptr<std::byte[]>> allocate_shared(std::size_t bytes);
 
   // ---- overlap
-  // A hint, from any thread: this rank is computing (a backward pass producing the
-  // gradients of later buckets) and its core is needed there. While it says so and some
-  // other member on the node does not, the reduction work of its shared-memory all-reduces
-  // (single copy, from 64 KiB) is left to the members that are free, which take every
-  // rank's share of the vector; it only waits. With every member computing, or none,
-  // each reduces its own share and then helps with what is left of the others'. The
-  // results are the same bit for bit whoever reduces. DistributedDataParallel says it is
-  // computing from each forward's prepare to the end of its backward pass.
+  // A hint, from any thread while the communicator lives: this rank is computing (a
+  // backward pass producing the gradients of later buckets) and its core is needed
+  // there. While it says so and some other member on the node does not, the reduction
+  // work of its shared-memory all-reduces (single copy, from 64 KiB) is left to the
+  // members that are free, which take every rank's share of the vector; it only waits.
+  // With every member computing, or none, each starts on its own share and then takes
+  // what the others have not started. The results are the same bit for bit whoever
+  // reduces. DistributedDataParallel says it is computing from each forward's prepare to
+  // the end of its backward pass. One hint per communicator: users that share one
+  // communicator share it.
   //   Why: ranks reach a bucket's all-reduce at different moments of backward; the
   //   slowest rank's step is the job's, and the reduction its runtime thread did took
   //   CPU from its remaining backward on a node whose cores the training threads fill.
-  //   Cost: a store to a cache line of the arena; a peer reads it once per claimed piece.
+  //   Cost: where the hint changes, a store to a cache line of the arena, a fence, and an
+  //   eventfd write per waiter asleep on it; a computing rank reads its peers' hints
+  //   before each piece it claims and while it waits.
   void set_computing(bool computing) noexcept;
 
   // ---- point to point, matched per pair of ranks in call order (independent of the

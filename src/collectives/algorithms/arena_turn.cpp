@@ -347,8 +347,9 @@ asio::awaitable<void> ArenaTurn::post(const Fingerprint& call, const Buffer& inp
   if (reads == Reads::measured) {
     const auto path = static_cast<Path>(arena_.record(0).all_reduce_path);
     all_reduce_reads_peers_ = path == SharedMemoryArena::kReadingPeers;
-    // Mapped buffers read peers whatever was chosen: no measurement of either way.
-    if (op_.rank() == 0 && !one_allocation) {
+    // Mapped buffers read peers whatever was chosen: no measurement of either way. Nor
+    // while a rank computes: reading peers then waits for, or does, others' shares.
+    if (op_.rank() == 0 && !one_allocation && !arena_.any_computing()) {
       timed_ = true;
       timed_path_ = path;
       timed_since_ = std::chrono::steady_clock::now();
@@ -616,8 +617,9 @@ void fold_block(ArenaTurn& turn, CollectiveOp& op, const Buffer& input, std::siz
       turn.write_output(target.root, at, destination, n * element);
     }
     if (target.every_peer) {
-      // Only we read or write these elements of any rank's buffers (each rank folds its
-      // own block): a peer's in-place input here was read above, for the last time.
+      // Only we read or write these elements of any rank's buffers (each piece is folded
+      // by the one rank that claimed it): a peer's in-place input here was read above,
+      // for the last time.
       for (int step = 1; step < world; ++step) {
         turn.write_output((me + step) % world, at, destination, n * element);
       }

@@ -7,11 +7,11 @@
 // 64 KiB or more, and rank 0's timings favour it for the size: SingleCopy in
 // shared_memory_arena.hpp, path_timings.hpp; or every rank's buffers lie in one
 // Communicator::allocate_shared allocation, which every rank maps):
-//   1. each rank reduces its 1/P block of the vector: it reads every peer's block into a
-//      cache-sized scratch, a piece at a time, and folds it in (ranks in order 0..P-1, so
-//      the result does not depend on who reduces), writing each finished piece into its
-//      own output and, while it is still in cache, into every peer's output
-//      (process_vm_writev);
+//   1. each rank reduces its 1/P block of the vector, a piece at a time (claimed through
+//      the block's counter in the arena): it reads every peer's piece into a cache-sized
+//      scratch and folds it in (ranks in order 0..P-1, so the result does not depend on
+//      who reduces), writing each finished piece into its own output and, while it is
+//      still in cache, into every peer's output (process_vm_writev);
 //   2. then it takes the pieces of other ranks' blocks that their owners have not yet
 //      claimed (each block's claim counter is in the arena), and raises `reduced` when
 //      nothing is left to claim;
@@ -25,9 +25,11 @@
 //   "Work-sharing all-reduce"). Whoever folds a piece, it is the same sum bit for bit.
 //   In place works: piece j of every rank's buffer is read and written by the one rank
 //   that claimed it, each piece written only after it was read for the last time.
-//   Cost (P ranks, n bytes): 2 flag waits, and per rank (P-1)/P n bytes read from peers
-//   into cache, n/P read from its own input, n written (n/P locally, the rest into peers):
-//   about 2n bytes of memory traffic. Reading the finished blocks back from the peers'
+//   Cost (P ranks, n bytes): 2 flag waits, and for each n/P bytes a rank reduces (its own
+//   block, with ranks arriving together), (P-1)/P n bytes read from peers into cache, n/P
+//   read from its own input, n written (n/P locally, the rest into peers): about 2n bytes
+//   of memory traffic per rank, the same in total however the pieces are shared out; one
+//   claim per piece. Reading the finished blocks back from the peers'
 //   outputs instead took 2.5n and a third wait. Through cross-memory attach, each read and
 //   write of a peer's piece is a system call that pins the peer's pages first; in mapped
 //   memory the reduction reads peers' pieces where they are and writes with memcpy, no
@@ -56,16 +58,18 @@
 namespace braid::collectives::detail {
 namespace {
 
-// Single copy's unit of work: pieces of a rank's block that any rank may claim. Four per
-// block where that leaves 64 KiB or more, so a rank that finishes early has something to
-// take and a claim (a compare-and-swap on a line the ranks share, a cache miss where a
+// Single copy's unit of work: pieces of a rank's block that any rank may claim. In mapped
+// memory, four per block where that leaves 64 KiB or more, so a rank that finishes early has
+// something to take and a claim (a compare-and-swap on a line the ranks share, a cache miss where a
 // peer claimed last) stays a small share of the fold: a 64 KiB all-reduce on 2 ranks
 // took 4.0 us with one piece per block and 4.3-4.9 with 16 KiB pieces. At most
-// fold_block's own piece, which keeps it in cache. The same on every rank: it depends
-// on the vector's length and the world alone.
-std::size_t claim_elements(const EvenSplit& blocks, std::size_t element) {
-  constexpr std::size_t kLeast = std::size_t{64} << 10;
+// fold_block's own piece, which keeps it in cache. Through cross-memory attach, that
+// piece always: each piece is a system call per peer each way. The same on every rank:
+// it depends on the vector's length, the world and whether the buffers are mapped, which
+// every rank agrees on.
+std::size_t claim_elements(const EvenSplit& blocks, std::size_t element, bool mapped) {
   constexpr std::size_t kMost = std::size_t{256} << 10;
+  const std::size_t kLeast = mapped ? std::size_t{64} << 10 : kMost;
   const std::size_t quarter = blocks.size(0) * element / 4;
   return std::max<std::size_t>(1, std::clamp(quarter, kLeast, kMost) / element);
 }
@@ -77,7 +81,7 @@ asio::awaitable<void> single_copy(ArenaTurn& turn, CollectiveOp& op, Buffer inpu
   const int me = op.rank();
   const std::size_t element = dtype_size(input.dtype());
   const EvenSplit blocks{input.count(), static_cast<std::size_t>(world)};
-  const std::size_t unit = claim_elements(blocks, element);
+  const std::size_t unit = claim_elements(blocks, element, turn.mapped());
   auto pieces_of = [&](int r) {
     return (blocks.size(static_cast<std::size_t>(r)) + unit - 1) / unit;
   };
@@ -100,6 +104,7 @@ asio::awaitable<void> single_copy(ArenaTurn& turn, CollectiveOp& op, Buffer inpu
   // theirs. Checked again before each piece: a rank that starts computing stops taking.
   for (int step = 0; step < world;) {
     if (deferring()) {
+      const trace::AsyncSpan wait = op.waiting("shared_memory.defer");
       co_await op.poll_until([&] { return !deferring(); }, "the free ranks' reduction", kSpinWindow,
                              arena.crowded(), arena.armed_doorbell());
     }

@@ -9,6 +9,7 @@
 
 #include <braid/core/error.hpp>
 #include <braid/torch/distributed_data_parallel.hpp>
+#include <braid/torch/sync_batch_norm.hpp>
 #include <braid/torch/tensor_buffer.hpp>
 
 namespace braid::torch::detail {
@@ -204,6 +205,17 @@ void DataParallelCore::after_forward(const std::vector<at::Tensor>& outputs) {
 
 void DataParallelCore::allow_uneven_inputs() {
   reducer_->check_previous_finished();
+  // A joined rank shadows DDP's own collectives only: a SyncBatchNorm's all-reduces on the
+  // ranks still training would wait for it until the timeout.
+  for (const auto& module : module_.modules()) {
+    if (dynamic_cast<const SyncBatchNormImpl*>(module.get()) != nullptr) {
+      throw Error(Errc::invalid_argument,
+                  "allow_uneven_inputs() with a SyncBatchNorm in the model: a rank that has "
+                  "joined cannot take part in its statistics (PyTorch's join() does not "
+                  "support SyncBatchNorm either); give every rank the same number of batches",
+                  {.rank = comm_->world_rank(comm_->rank()), .operation = "ddp"});
+    }
+  }
   uneven_inputs_ = true;
 }
 

@@ -1,3 +1,6 @@
+#include <map>
+#include <mutex>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -30,6 +33,35 @@ struct HeldCommunicator : ::torch::CustomClassHolder {
   return sum;
 }
 
+// Every SyncBatchNorm made from one communicator shares one split from it, made by the
+// first (a collective: every rank constructs its model's layers in the same order). Why
+// not the communicator itself: a collective's place in a communicator's order is fixed
+// when it is called, and DDP calls its bucket all-reduces on the runtime thread when a
+// bucket launches, while the statistics' backward all-reduce is called on the autograd
+// thread, so on one communicator ranks could number the two differently (PyTorch's
+// process groups enqueue both from the autograd thread, in one order). Why one for all
+// layers: each communicator maps a shared-memory arena of a few MiB.
+std::shared_ptr<Communicator> statistics_communicator(const std::shared_ptr<Communicator>& parent) {
+  struct Split {
+    std::weak_ptr<Communicator> parent;
+    std::weak_ptr<Communicator> child;
+  };
+  static std::mutex mutex;
+  static std::map<const Communicator*, Split> splits;
+  {
+    std::lock_guard lock(mutex);
+    const auto found = splits.find(parent.get());
+    if (found != splits.end() && found->second.parent.lock() == parent) {
+      if (std::shared_ptr<Communicator> child = found->second.child.lock()) return child;
+    }
+  }
+  // Outside the lock: ranks as threads of one process split together.
+  std::shared_ptr<Communicator> child = parent->launch(parent->split(0, parent->rank())).get();
+  std::lock_guard lock(mutex);
+  splits[parent.get()] = Split{.parent = parent, .child = child};
+  return child;
+}
+
 struct AllReduceSum : ::torch::autograd::Function<AllReduceSum> {
   static ::torch::Tensor forward(::torch::autograd::AutogradContext* ctx,
                                  const ::torch::Tensor& tensor,
@@ -53,12 +85,13 @@ struct AllReduceSum : ::torch::autograd::Function<AllReduceSum> {
 
 SyncBatchNormImpl::SyncBatchNormImpl(std::shared_ptr<Communicator> comm,
                                      SyncBatchNormOptions options)
-    : comm_(std::move(comm)), options_(options) {
+    : options_(options) {
   if (options_.num_features < 1 || !(options_.eps > 0) ||
       !(options_.momentum >= 0 && options_.momentum <= 1)) {
-    refuse(*comm_, fmt::format("num_features {} (>= 1), eps {} (> 0), momentum {} (in [0, 1])",
-                               options_.num_features, options_.eps, options_.momentum));
+    refuse(*comm, fmt::format("num_features {} (>= 1), eps {} (> 0), momentum {} (in [0, 1])",
+                              options_.num_features, options_.eps, options_.momentum));
   }
+  comm_ = statistics_communicator(comm);
   reset();
 }
 
@@ -89,6 +122,8 @@ void SyncBatchNormImpl::reset() {
   std::vector<std::int64_t> reduced_dims{0};
   for (std::int64_t d = 2; d < input.dim(); ++d) reduced_dims.push_back(d);
 
+  // Batch statistics in training, and in evaluation without running statistics; only
+  // training takes them over every rank, as PyTorch's SyncBatchNorm does.
   const bool batch_statistics = is_training() || !options_.track_running_stats;
   ::torch::Tensor mean, var;
   if (batch_statistics) {
@@ -100,7 +135,7 @@ void SyncBatchNormImpl::reset() {
     ::torch::Tensor local =
         ::torch::cat({centred.sum(reduced_dims), centred.square().sum(reduced_dims),
                       ::torch::full({1}, local_count, ::torch::kDouble)});
-    const ::torch::Tensor global = all_reduce_sum(comm_, local);
+    const ::torch::Tensor global = is_training() ? all_reduce_sum(comm_, local) : local;
     const ::torch::Tensor count = global.narrow(0, 2 * c, 1).detach();
     if (count.item<double>() < 2 && is_training()) {
       refuse(*comm_, fmt::format("training needs more than one value per channel across the "
@@ -108,7 +143,9 @@ void SyncBatchNormImpl::reset() {
                                  count.item<double>()));
     }
     const ::torch::Tensor shifted_mean = global.narrow(0, 0, c) / count;
-    var = global.narrow(0, c, c) / count - shifted_mean.square();
+    // Never below zero: with the shift far from the batch mean (no running statistics, or
+    // a small momentum early on) the difference cancels, and rounding could go negative.
+    var = (global.narrow(0, c, c) / count - shifted_mean.square()).clamp_min(0);
     mean = shifted_mean + shift.reshape({c});
     if (is_training() && options_.track_running_stats) {
       ::torch::NoGradGuard no_grad;

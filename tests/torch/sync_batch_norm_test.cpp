@@ -129,8 +129,10 @@ struct ReferenceImpl : ::torch::nn::Module {
 TORCH_MODULE(Reference);
 
 // Under DDP (gradients averaged, buffers from rank 0), two ranks with four rows each train
-// as one process does on the eight rows with an ordinary BatchNorm.
-TEST(SyncBatchNorm, TrainsUnderDdpAsOneProcessOnTheWholeBatch) {
+// as one process does on the eight rows with an ordinary BatchNorm: with one bucket, and
+// with a bucket per parameter, whose all-reduces launch while the norm's backward
+// all-reduces its statistics' gradients.
+void trains_under_ddp_as_one_process(const braid::torch::DistributedDataParallelOptions& options) {
   constexpr int kSteps = 3;
   Reference reference;
   std::vector<::torch::Tensor> initial;
@@ -156,7 +158,7 @@ TEST(SyncBatchNorm, TrainsUnderDdpAsOneProcessOnTheWholeBatch) {
       const auto params = net->parameters();
       for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(initial[i]);
     }
-    braid::torch::DistributedDataParallel ddp(net, comm);
+    braid::torch::DistributedDataParallel ddp(net, comm, options);
     ::torch::optim::SGD opt(net->parameters(), 0.1);
     for (int step = 0; step < kSteps; ++step) {
       auto [x, y] = batch(rank, step);
@@ -177,6 +179,30 @@ TEST(SyncBatchNorm, TrainsUnderDdpAsOneProcessOnTheWholeBatch) {
   EXPECT_TRUE(::torch::allclose(running_mean, reference->norm->running_mean, 1e-4, 1e-5));
 }
 
+TEST(SyncBatchNorm, TrainsUnderDdpAsOneProcessOnTheWholeBatch) {
+  trains_under_ddp_as_one_process({});
+}
+
+TEST(SyncBatchNorm, TrainsUnderDdpAsOneProcessWithABucketPerParameter) {
+  braid::torch::DistributedDataParallelOptions options;
+  options.limits = {.first_bucket_bytes = 1, .bucket_cap_bytes = 1};
+  options.rebuild_buckets = false;
+  for (int run = 0; run < 3; ++run) trains_under_ddp_as_one_process(options);
+}
+
+TEST(SyncBatchNorm, UnevenInputsAreRefusedOnEveryRankWithASyncBatchNormInTheModel) {
+  expect_all_passed(run_ranks(2, [&](int, std::shared_ptr<Communicator> comm) {
+    WithNorm net(comm);
+    braid::torch::DistributedDataParallel ddp(net, comm);
+    try {
+      ddp.allow_uneven_inputs();
+      ADD_FAILURE() << "uneven inputs allowed with a SyncBatchNorm";
+    } catch (const braid::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("SyncBatchNorm"), std::string::npos) << e.what();
+    }
+  }));
+}
+
 TEST(SyncBatchNorm, EvaluationUsesTheRunningStatisticsAndCommunicatesNothing) {
   expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
     SyncBatchNorm norm(comm, SyncBatchNormOptions(3));
@@ -186,6 +212,35 @@ TEST(SyncBatchNorm, EvaluationUsesTheRunningStatisticsAndCommunicatesNothing) {
     const ::torch::Tensor x = draw({2, 3}, 7);
     const ::torch::Tensor expected = (x - norm->running_mean) / (norm->running_var + 1e-5).sqrt();
     EXPECT_TRUE(::torch::allclose(norm->forward(x), expected, 1e-5, 1e-6));
+  }));
+}
+
+// Without running statistics, evaluation normalises with this rank's batch alone, as
+// PyTorch's SyncBatchNorm does: no collective, so one rank may evaluate by itself.
+TEST(SyncBatchNorm, EvaluationWithoutRunningStatisticsUsesThisRanksBatchAlone) {
+  expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    SyncBatchNormOptions options(3);
+    options.track_running_stats = false;
+    SyncBatchNorm norm(comm, options);
+    norm->eval();
+    if (rank == 1) return;
+    const ::torch::Tensor x = draw({6, 3}, 11);
+    const ::torch::Tensor mean = x.mean(0);
+    const ::torch::Tensor var = x.var(0, /*unbiased=*/false);
+    EXPECT_TRUE(::torch::allclose(norm->forward(x), (x - mean) / (var + 1e-5).sqrt(), 1e-4, 1e-5));
+  }));
+}
+
+// A batch far from zero with no running mean to centre on: the variance comes out of a
+// difference that cancels, and must never go below zero (a NaN output).
+TEST(SyncBatchNorm, AConstantBatchFarFromZeroNormalisesToFiniteValues) {
+  expect_all_passed(run_ranks(2, [&](int, std::shared_ptr<Communicator> comm) {
+    SyncBatchNormOptions options(2);
+    options.track_running_stats = false;
+    SyncBatchNorm norm(comm, options);
+    const ::torch::Tensor out = norm->forward(::torch::full({5, 2}, 1234567.89f));
+    EXPECT_TRUE(::torch::isfinite(out).all().item<bool>()) << out;
+    EXPECT_TRUE(::torch::allclose(out, ::torch::zeros({5, 2}), 0, 1e-2)) << out;
   }));
 }
 

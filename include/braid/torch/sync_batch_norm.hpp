@@ -15,11 +15,21 @@
 // parameters' gradients are this rank's share, which DDP then averages like any other.
 // Ranks may hold different numbers of samples; the counts are part of the sums.
 //
-// Evaluation with running statistics communicates nothing. Running statistics are updated
-// with the whole batch's mean and unbiased variance, identically on every rank.
+// Evaluation communicates nothing: it uses the running statistics, or without them this
+// rank's batch alone (as PyTorch's does). Running statistics are updated with the whole
+// batch's mean and unbiased variance, identically on every rank; the sums assume the
+// running mean is the same on every rank, which DDP's broadcast_buffers (the default)
+// keeps so.
 //
-// Costs per forward in training: two passes over the input for the sums, one all-reduce
-// of (2C + 1) doubles, and in backward one more of the same size.
+// The statistics go over a communicator split once from `comm` and shared by every
+// SyncBatchNorm made from it (constructing one is a collective the first time): a
+// collective called by backward on the communicator DDP's buckets use could be numbered
+// differently on different ranks. Not with DDP's join() (uneven inputs): a joined rank
+// has no forward to shadow these with, and allow_uneven_inputs() refuses such a model.
+//
+// Costs per forward in training: the input in double, centred and squared (autograd keeps
+// the centred copy: twice the input's bytes for f32, 3-4x what PyTorch's kernel keeps),
+// one all-reduce of (2C + 1) doubles, and in backward one more of the same size.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +55,7 @@ struct SyncBatchNormOptions {
 class SyncBatchNormImpl : public ::torch::nn::Cloneable<SyncBatchNormImpl> {
  public:
   // Throws Error(invalid_argument) for num_features < 1, eps <= 0, momentum outside [0, 1].
+  // A collective the first time one is made from `comm` (see above).
   SyncBatchNormImpl(std::shared_ptr<collectives::Communicator> comm, SyncBatchNormOptions options);
 
   // A collective in training mode: every rank calls it with the same channel count.

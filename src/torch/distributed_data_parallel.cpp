@@ -220,17 +220,19 @@ void DataParallelCore::allow_uneven_inputs() {
 }
 
 DataParallelCore::Notice DataParallelCore::exchange_notice(bool active, bool sync, bool shadowed) {
-  // Under max: the lowest active rank as size - rank, whether any active rank
-  // synchronises, whether any does not, whether any joined rank has shadowed.
+  // Under max, each as size - rank so that it names the lowest such rank (0: none): the
+  // lowest active rank, the lowest active rank that synchronises, the lowest that does
+  // not; and whether any joined rank has shadowed.
   const int size = comm_->size();
-  std::vector<std::int64_t> said{active ? size - comm_->rank() : 0, active && sync ? 1 : 0,
-                                 active && !sync ? 1 : 0, !active && shadowed ? 1 : 0};
+  const std::int64_t me = size - comm_->rank();
+  std::vector<std::int64_t> said{active ? me : 0, active && sync ? me : 0, active && !sync ? me : 0,
+                                 !active && shadowed ? 1 : 0};
   comm_->launch(comm_->all_reduce(Buffer(said), ReduceOp::max)).get();
   if (said[1] != 0 && said[2] != 0) {
-    refuse(*comm_,
-           "with uneven inputs, the ranks still training disagree on whether this iteration "
-           "synchronises gradients: some run their forward under no_sync() or without grad "
-           "mode, some not");
+    refuse(*comm_, fmt::format("with uneven inputs, the ranks still training disagree on "
+                               "whether this iteration synchronises gradients: rank {} does, "
+                               "rank {} runs its forward under no_sync() or without grad mode",
+                               size - said[1], size - said[2]));
   }
   Notice notice{.first_active = said[0] == 0 ? -1 : size - static_cast<int>(said[0]),
                 .sync = said[1] != 0,

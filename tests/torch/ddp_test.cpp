@@ -629,7 +629,10 @@ TEST(DistributedDataParallelMisuse, RanksDisagreeingOnNoSyncUnderUnevenInputsFai
       ::torch::mse_loss(ddp.forward(x), y).backward();
     }
   });
-  for (std::size_t r = 0; r < 2; ++r) expect_error_on(errors, r, "disagree on whether");
+  for (std::size_t r = 0; r < 2; ++r) {
+    expect_error_on(errors, r, "disagree on whether");
+    expect_error_on(errors, r, "rank 1 does, rank 0 runs its forward under no_sync()");
+  }
 }
 
 TEST(DistributedDataParallelMisuse, JoinWithoutAllowingUnevenInputsIsRefused) {

@@ -59,9 +59,22 @@ options:
   --uneven K               rank r stops K x r steps early (uneven inputs): the ranks
                            that run out join() and shadow the others' steps, and every
                            rank ends with the same weights
+  --straggle-ms X          the last rank computes X ms more before each backward (a
+                           slower rank), in every step alike (default 0)
   --bench                  print one JSON line of timings instead of the progress display
   -h, --help               print this help, and exit
 )";
+
+// Keeps this thread's core busy for `ms` milliseconds (a slower rank's extra compute).
+void compute_for(double ms) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double, std::milli>(ms));
+  volatile double sink = 1.0;
+  while (std::chrono::steady_clock::now() < until) {
+    for (int i = 0; i < 1000; ++i) sink = sink * 1.0000001 + 1e-9;
+  }
+}
 
 struct Settings {
   std::string model = "mlp";
@@ -81,6 +94,7 @@ struct Settings {
   bool bucket_view = false;
   bool private_buckets = false;
   int uneven = 0;
+  double straggle_ms = 0;
   bool help = false;
 };
 
@@ -118,6 +132,8 @@ Settings parse(int argc, char** argv) {
       s.bucket_cap_mib = std::stod(value());
     else if (arg == "--bench")
       s.bench = true;
+    else if (arg == "--straggle-ms")
+      s.straggle_ms = std::stod(value());
     else if (arg == "--bucket-view")
       s.bucket_view = true;
     else if (arg == "--private-buckets")
@@ -142,6 +158,8 @@ Settings parse(int argc, char** argv) {
     throw std::invalid_argument("--uneven K >= 0, with --sync ddp and without --bench");
   if (s.optimizer != "adam" && s.optimizer != "sgd")
     throw std::invalid_argument("--optimizer adam|sgd");
+  if (!(s.straggle_ms >= 0 && s.straggle_ms <= 10000))
+    throw std::invalid_argument("--straggle-ms X in [0, 10000]");
   if (s.steps < 2 || s.batch < 1 || s.hidden < 8 || s.layers < 1 || s.threads < 1) {
     throw std::invalid_argument("--steps >= 2, --batch >= 1, --hidden >= 8, --layers >= 1");
   }
@@ -352,6 +370,9 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
                                             s.uneven, comm->size() - 1, fewest, s.steps));
   }
   if (s.uneven > 0) ddp->allow_uneven_inputs();
+  // --straggle-ms: the last rank is the slower one; it busies its core, as a slower
+  // device or a heavier share of the batch would, rather than sleeping.
+  const bool straggler = s.straggle_ms > 0 && comm->rank() == comm->size() - 1;
   const auto loop_started = std::chrono::steady_clock::now();
   for (int step = 0; step < my_steps; ++step) {
     // Paired: pair k syncs first when k is even, second when odd, so neither kind of step
@@ -375,6 +396,7 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
       optimizer->zero_grad();
       torch::Tensor prediction = sync ? ddp->forward(x) : model->forward(x);
       loss = torch::mse_loss(prediction, y);
+      if (straggler) compute_for(s.straggle_ms);
       loss.backward();
       braid::trace::ComputeRegion region("optimizer");
       optimizer->step();

@@ -25,6 +25,7 @@ struct DdpOptions {
   int steps = 30;
   int rounds = 3;
   std::string optimizer = "sgd";
+  double straggle_ms = 0;  // the last rank computes this much more before each backward
 };
 
 // The number after "key": in a one-line JSON object.
@@ -103,11 +104,12 @@ std::optional<std::string> json_line(const CommandResult& result, const std::str
 }
 
 std::vector<std::string> model_arguments(const DdpOptions& o) {
-  return {"--hidden",    std::to_string(o.hidden),
-          "--layers",    std::to_string(o.layers),
-          "--batch",     std::to_string(o.batch),
-          "--steps",     std::to_string(o.steps),
-          "--optimizer", o.optimizer};
+  return {"--hidden",      std::to_string(o.hidden),
+          "--layers",      std::to_string(o.layers),
+          "--batch",       std::to_string(o.batch),
+          "--steps",       std::to_string(o.steps),
+          "--optimizer",   o.optimizer,
+          "--straggle-ms", fmt::format("{}", o.straggle_ms)};
 }
 
 std::optional<std::string> run_braid(const DdpOptions& o, const std::string& sync,
@@ -162,10 +164,13 @@ int run_ddp(const std::vector<std::string>& args) {
       o.rounds = value();
     else if (args[i] == "--optimizer" && i + 1 < args.size())
       o.optimizer = args[++i];
+    else if (args[i] == "--straggle-ms" && i + 1 < args.size())
+      o.straggle_ms = std::stod(args[++i]);
     else
       throw std::invalid_argument("unknown option " + args[i]);
   }
   if (o.steps < 8) throw std::invalid_argument("--steps must be at least 8");
+  if (!(o.straggle_ms >= 0)) throw std::invalid_argument("--straggle-ms must be >= 0");
   // Each run pairs its steps: one synchronised, one under no_sync() (no gradient sync at
   // all), alternating, so the exposed communication is measured as paired differences
   // inside one process. Two separate runs' step times drift by tens of percent on a
@@ -195,6 +200,12 @@ int run_ddp(const std::vector<std::string>& args) {
       o.steps, o.rounds);
   // The step's compute depends on the BLAS libtorch calls (docs/user-guide.md, BLAS); an
   // OpenBLAS kernel choice made by hand belongs beside the figures.
+  if (o.straggle_ms > 0) {
+    std::cout << fmt::format(
+        "(--straggle-ms {}: rank {} computes {} ms more before each backward, in every step, "
+        "for braid and PyTorch alike)\n\n",
+        o.straggle_ms, o.ranks - 1, o.straggle_ms);
+  }
   if (const char* core = std::getenv("OPENBLAS_CORETYPE"); core != nullptr && *core != '\0') {
     std::cout << fmt::format("(OPENBLAS_CORETYPE={}, for braid and PyTorch alike)\n\n", core);
   }

@@ -40,7 +40,7 @@ constexpr const char* kUsage =
     "  ddp          one model trained with braid DDP, PyTorch DDP (Gloo) and no sync, in one run:\n"
     "               step time, exposed communication, bare all-reduce, ratios\n"
     "        options: --ranks 2 --hidden 1024 --layers 8 --batch 32 --steps 30 --rounds 3 "
-    "--optimizer sgd\n"
+    "--optimizer sgd --straggle-ms 0 (the last rank computes that much more a step)\n"
     "  nccl         (CUDA builds, a GPU) NCCL all-reduce through braid against ncclAllReduce "
     "called\n"
     "               directly, one rank: time per operation, overhead %, added microseconds\n"

@@ -80,6 +80,7 @@ def worker(rank, args, port):
     # when odd, the other step under no_sync(); every timed step starts after a barrier
     # and counts on its slowest rank.
     warmup = min(5, args.steps // 4) & ~1
+    straggler = args.straggle_ms > 0 and rank == args.ranks - 1
     loss = torch.zeros(())
     wall, cpu, synced = [], [], []
     for step in range(args.steps):
@@ -95,6 +96,8 @@ def worker(rank, args, port):
                 local.enter_context(ddp.no_sync())
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(ddp(x), y)
+            if straggler:
+                compute_for(args.straggle_ms)
             loss.backward()
             opt.step()
         loss.item()
@@ -134,6 +137,13 @@ def worker(rank, args, port):
     dist.destroy_process_group()
 
 
+def compute_for(ms):
+    """Keeps this core busy for `ms` milliseconds (ddp_train's --straggle-ms)."""
+    until = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < until:
+        pass
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, default=2)
@@ -142,6 +152,7 @@ def main():
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--optimizer", choices=("adam", "sgd"), default="sgd")
+    parser.add_argument("--straggle-ms", type=float, default=0.0)
     args = parser.parse_args()
     mp.spawn(worker, args=(args, free_port()), nprocs=args.ranks, join=True)
 

@@ -29,3 +29,9 @@ refused=$("$1" -n 2 "$2" --steps 4 --uneven 3 2>&1) || status=$?
 [ "$status" -ne 0 ] && grep -q "leaves rank 1 1 of 4 steps" <<<"$refused" ||
   { echo "$refused"; echo "FAIL: --uneven 3 of 4 steps was not refused"; exit 1; }
 echo "uneven inputs: PASS"
+
+# A slower rank (--straggle-ms): rank 1 computes 20 ms more before each backward, rank 0
+# reduces for it meanwhile, and both end with the same weights (ddp_train fails if not).
+output=$("$1" -n 2 "$2" --steps 6 --bucket-view --straggle-ms 20 2>&1) || { echo "$output"; exit 1; }
+grep -q "overlap%" <<<"$output" || { echo "$output"; echo "FAIL: no summary with a straggler"; exit 1; }
+echo "straggler: PASS"

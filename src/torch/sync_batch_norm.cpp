@@ -111,9 +111,32 @@ void SyncBatchNormImpl::reset() {
 
 ::torch::Tensor SyncBatchNormImpl::forward(const ::torch::Tensor& input) {
   const std::int64_t c = options_.num_features;
-  if (input.dim() < 2 || input.size(1) != c) {
-    refuse(*comm_, fmt::format("input of shape [{}] is not (N, {}[, ...])",
-                               fmt::join(input.sizes(), ", "), c));
+  const bool fits = input.dim() >= 2 && input.size(1) == c;
+  const std::string misfit = fits ? std::string()
+                                  : fmt::format("input of shape [{}] is not (N, {}[, ...])",
+                                                fmt::join(input.sizes(), ", "), c);
+  // In training the others are in the all-reduce already: a misfit goes into it (the two
+  // numbers after the sums: how many ranks refused, and the sum of their rank + 1), so
+  // every rank fails together, naming it, instead of waiting for it until the timeout.
+  auto refuse_everywhere = [&](const ::torch::Tensor& global) {
+    const double refusals = global[2 * c + 1].item<double>();
+    if (refusals == 0) return;
+    if (!fits) refuse(*comm_, misfit);
+    const auto who = static_cast<int>(global[2 * c + 2].item<double>()) - 1;
+    refuse(*comm_, refusals == 1
+                       ? fmt::format("rank {} gave its SyncBatchNorm an input that is not "
+                                     "(N, {}[, ...])",
+                                     who, c)
+                       : fmt::format("{} ranks gave their SyncBatchNorm inputs that are not "
+                                     "(N, {}[, ...])",
+                                     refusals, c));
+  };
+  if (!fits) {
+    if (!is_training()) refuse(*comm_, misfit);
+    ::torch::Tensor poison = ::torch::zeros({2 * c + 3}, ::torch::kDouble);
+    poison[2 * c + 1] = 1.0;
+    poison[2 * c + 2] = static_cast<double>(comm_->rank() + 1);
+    refuse_everywhere(summed_over_ranks(*comm_, poison));
   }
   // Per-channel views: (1, C, 1, ...) to broadcast against the input.
   std::vector<std::int64_t> channel_shape(static_cast<std::size_t>(input.dim()), 1);
@@ -134,8 +157,10 @@ void SyncBatchNormImpl::reset() {
     const double local_count = static_cast<double>(input.numel() / c);
     ::torch::Tensor local =
         ::torch::cat({centred.sum(reduced_dims), centred.square().sum(reduced_dims),
-                      ::torch::full({1}, local_count, ::torch::kDouble)});
+                      ::torch::full({1}, local_count, ::torch::kDouble),
+                      ::torch::zeros({2}, ::torch::kDouble)});  // no refusal (see above)
     const ::torch::Tensor global = is_training() ? all_reduce_sum(comm_, local) : local;
+    refuse_everywhere(global);
     const ::torch::Tensor count = global.narrow(0, 2 * c, 1).detach();
     if (count.item<double>() < 2 && is_training()) {
       refuse(*comm_, fmt::format("training needs more than one value per channel across the "

@@ -244,6 +244,20 @@ TEST(SyncBatchNorm, AConstantBatchFarFromZeroNormalisesToFiniteValues) {
   }));
 }
 
+// In training the other ranks are already in the statistics' all-reduce: a rank whose
+// input does not fit fails them all at once, and they name it.
+TEST(SyncBatchNorm, AnInputThatDoesNotFitOnOneRankFailsEveryRankNamingIt) {
+  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    SyncBatchNorm norm(comm, SyncBatchNormOptions(3));
+    norm->forward(rank == 1 ? ::torch::zeros({4, 5}) : draw({4, 3}, 0));
+  });
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_NE(errors[0].find("rank 1 gave its SyncBatchNorm an input that is not (N, 3"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[1].find("[4, 5] is not (N, 3"), std::string::npos) << errors[1];
+}
+
 TEST(SyncBatchNorm, RefusesInputsWithTheWrongChannelsAndBadOptions) {
   expect_all_passed(run_ranks(1, [&](int, std::shared_ptr<Communicator> comm) {
     SyncBatchNorm norm(comm, SyncBatchNormOptions(3));

@@ -6,7 +6,7 @@
 //   auto y = norm(x);   // x: (N, C) or (N, C, *); every rank calls it, in the same order
 //
 // Training (or without running statistics): each rank sums its (x - K) and (x - K)^2 per
-// channel, in double, with its element count, and one all-reduce of 2C + 1 numbers makes
+// channel, in double, with its element count, and one all-reduce of 2C + 3 numbers makes
 // the whole batch's mean and (biased) variance. K is the running mean, the same on every
 // rank: sums around it do not cancel catastrophically once it is near the batch mean, as
 // raw sums of squares would. The all-reduce is differentiable (its backward is the
@@ -29,7 +29,9 @@
 //
 // Costs per forward in training: the input in double, centred and squared (autograd keeps
 // the centred copy: twice the input's bytes for f32, 3-4x what PyTorch's kernel keeps),
-// one all-reduce of (2C + 1) doubles, and in backward one more of the same size.
+// one all-reduce of (2C + 3) doubles, and in backward one more of the same size. (The
+// two beyond the sums and the count say whether some rank's input did not fit, so that
+// every rank fails together, naming it.)
 #pragma once
 
 #include <cstdint>

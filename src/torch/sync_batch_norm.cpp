@@ -87,9 +87,10 @@ SyncBatchNormImpl::SyncBatchNormImpl(std::shared_ptr<Communicator> comm,
                                      SyncBatchNormOptions options)
     : options_(options) {
   if (options_.num_features < 1 || !(options_.eps > 0) ||
-      !(options_.momentum >= 0 && options_.momentum <= 1)) {
-    refuse(*comm, fmt::format("num_features {} (>= 1), eps {} (> 0), momentum {} (in [0, 1])",
-                              options_.num_features, options_.eps, options_.momentum));
+      (options_.momentum && !(*options_.momentum >= 0 && *options_.momentum <= 1))) {
+    refuse(*comm, fmt::format("num_features {} (>= 1), eps {} (> 0), momentum {} (in [0, 1], or "
+                              "none for a cumulative average)",
+                              options_.num_features, options_.eps, options_.momentum.value_or(-1)));
   }
   comm_ = statistics_communicator(comm);
   reset();
@@ -175,10 +176,13 @@ void SyncBatchNormImpl::reset() {
     if (is_training() && options_.track_running_stats) {
       ::torch::NoGradGuard no_grad;
       const double n = count.item<double>();
-      const double m = options_.momentum;
+      num_batches_tracked.add_(1);
+      // Without a momentum, the k-th batch weighs 1/k: the running statistics are the
+      // average of every batch's (PyTorch's momentum=None).
+      const double m = options_.momentum.value_or(
+          1.0 / static_cast<double>(num_batches_tracked.item<int64_t>()));
       running_mean.mul_(1 - m).add_(mean.detach().to(running_mean.dtype()), m);
       running_var.mul_(1 - m).add_((var.detach() * (n / (n - 1))).to(running_var.dtype()), m);
-      num_batches_tracked.add_(1);
     }
     mean = mean.to(input.dtype());
     var = var.to(input.dtype());

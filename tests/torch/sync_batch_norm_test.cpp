@@ -258,6 +258,26 @@ TEST(SyncBatchNorm, AnInputThatDoesNotFitOnOneRankFailsEveryRankNamingIt) {
   EXPECT_NE(errors[1].find("[4, 5] is not (N, 3"), std::string::npos) << errors[1];
 }
 
+// momentum = nullopt (PyTorch's momentum=None): the running mean is the average of every
+// batch's whole-batch mean so far.
+TEST(SyncBatchNorm, WithoutAMomentumTheRunningStatisticsAverageEveryBatch) {
+  expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    SyncBatchNormOptions options(3);
+    options.momentum = std::nullopt;
+    SyncBatchNorm norm(comm, options);
+    ::torch::Tensor sum_of_means = ::torch::zeros({3});
+    for (int step = 0; step < 3; ++step) {
+      const ::torch::Tensor mine = draw({4, 3}, 10 * step + rank);
+      const ::torch::Tensor theirs = draw({4, 3}, 10 * step + 1 - rank);
+      sum_of_means += ::torch::cat({mine, theirs}).mean(0);
+      norm->forward(mine);
+    }
+    EXPECT_TRUE(::torch::allclose(norm->running_mean, sum_of_means / 3, 1e-4, 1e-5))
+        << norm->running_mean << sum_of_means / 3;
+    EXPECT_EQ(norm->num_batches_tracked.item<int64_t>(), 3);
+  }));
+}
+
 TEST(SyncBatchNorm, RefusesInputsWithTheWrongChannelsAndBadOptions) {
   expect_all_passed(run_ranks(1, [&](int, std::shared_ptr<Communicator> comm) {
     SyncBatchNorm norm(comm, SyncBatchNormOptions(3));

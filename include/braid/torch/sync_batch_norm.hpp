@@ -36,6 +36,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/pimpl.h>
@@ -49,8 +50,10 @@ struct SyncBatchNormOptions {
   explicit SyncBatchNormOptions(std::int64_t num_features) : num_features(num_features) {}
   std::int64_t num_features;
   double eps = 1e-5;
-  double momentum = 0.1;  // weight of the new batch in the running statistics
-  bool affine = true;     // a learnt scale and shift per channel
+  // Weight of the new batch in the running statistics; nullopt: their cumulative average
+  // over every batch so far (1 / batches tracked), as PyTorch's momentum=None.
+  std::optional<double> momentum = 0.1;
+  bool affine = true;  // a learnt scale and shift per channel
   bool track_running_stats = true;
 };
 

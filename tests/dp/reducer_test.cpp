@@ -471,6 +471,34 @@ TEST(CommHooks, AShadowFeedsNoErrorBackAndKeepsItsOwn) {
   }));
 }
 
+// Each rank's gradients after two trained steps with the 8-bit hook (error feedback), and
+// what happens between them: nothing, an iteration every rank shadows, or a new hook
+// (which starts with no residual).
+enum class Between { nothing, shadow, new_hook };
+std::vector<std::vector<std::vector<float>>> after_two_quantised_steps(Between between) {
+  std::vector<std::vector<std::vector<float>>> result(2);
+  expect_passed(testing::run_blocking_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    VectorGradients grads(model());
+    Reducer reducer(comm, model(), grads, one_per_bucket(/*rebuild=*/false));
+    reducer.set_comm_hook(quantize_8bit_hook());
+    backward(reducer, grads, rank, 0);
+    if (between == Between::shadow) reducer.shadow_iteration(false);
+    if (between == Between::new_hook) reducer.set_comm_hook(quantize_8bit_hook());
+    backward(reducer, grads, rank, 1);
+    result[static_cast<std::size_t>(rank)] = grads.values;
+  }));
+  return result;
+}
+
+// The other half of a shadow's contract: the residual a rank kept from its last real step
+// goes into its next one untouched, as if the shadowed iteration had not happened.
+TEST(CommHooks, AShadowKeepsTheResidualForTheNextRealStep) {
+  const auto plain = after_two_quantised_steps(Between::nothing);
+  EXPECT_EQ(after_two_quantised_steps(Between::shadow), plain);
+  // The residual shows in the second step: without it the sums differ.
+  EXPECT_NE(after_two_quantised_steps(Between::new_hook), plain);
+}
+
 // Rank 0 shares its arrival order for the one rebuild. Where it shadowed the first
 // synchronised iteration it has none: every rank waits for the first one rank 0 trains.
 TEST(Reducer, TheRebuildWaitsForAnIterationRankZeroTrained) {

@@ -215,6 +215,17 @@ class SharedMemoryArena {
     }
     return false;
   }
+  // Whether some peer's hint says it is not computing while it has not yet raised
+  // `reduced` in `generation`: a free rank that may still take this rank's share.
+  bool free_peer_reducing(std::uint64_t generation) noexcept {
+    for (int r = 0; r < ranks_; ++r) {
+      if (r != me_ && computing(r).load(std::memory_order_relaxed) == 0 &&
+          flag(r, Stage::reduced).load(std::memory_order_acquire) < generation) {
+        return true;
+      }
+    }
+    return false;
+  }
   // Once mapped, by the runtime thread: this rank's number and its hint into the segment,
   // after which set_computing writes there directly.
   void publish_hints(int me) noexcept;

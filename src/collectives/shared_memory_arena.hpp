@@ -208,19 +208,14 @@ class SharedMemoryArena {
     }
     return false;
   }
-  // Whether some peer's hint says it is not computing.
-  bool some_peer_free() noexcept {
-    for (int r = 0; r < ranks_; ++r) {
-      if (r != me_ && computing(r).load(std::memory_order_relaxed) == 0) return true;
-    }
-    return false;
-  }
-  // Whether some peer's hint says it is not computing while it has not yet raised
-  // `reduced` in `generation`: a free rank that may still take this rank's share.
-  bool free_peer_reducing(std::uint64_t generation) noexcept {
+  // Whether some peer's hint says it is not computing; with `reducing_in`, one that has
+  // also not yet raised `reduced` in that generation: a free rank that may still take
+  // this rank's share.
+  static constexpr std::uint64_t kAnyGeneration = ~std::uint64_t{0};
+  bool some_peer_free(std::uint64_t reducing_in = kAnyGeneration) noexcept {
     for (int r = 0; r < ranks_; ++r) {
       if (r != me_ && computing(r).load(std::memory_order_relaxed) == 0 &&
-          flag(r, Stage::reduced).load(std::memory_order_acquire) < generation) {
+          flag(r, Stage::reduced).load(std::memory_order_acquire) < reducing_in) {
         return true;
       }
     }

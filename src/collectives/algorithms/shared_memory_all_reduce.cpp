@@ -12,9 +12,9 @@
 //      scratch and folds it in (ranks in order 0..P-1, so the result does not depend on
 //      who reduces), writing each finished piece into its own output and, while it is
 //      still in cache, into every peer's output (process_vm_writev);
-//   2. then it takes the pieces of other ranks' blocks that their owners have not yet
-//      claimed (each block's claim counter is in the arena), and raises `reduced` when
-//      nothing is left to claim;
+//   2. then, where blocks have several pieces or some rank says it computes
+//      (Communicator::set_computing), it takes the pieces of other ranks' blocks that
+//      nobody has claimed yet, and raises `reduced` when nothing is left to claim;
 //   3. it returns once every rank has reduced: by then every block of its output has
 //      arrived, and nobody reads or writes its buffers any more.
 //   Why step 2: in data-parallel training the ranks reach a bucket's all-reduce at
@@ -22,8 +22,8 @@
 //   its backward waited for the share of a rank still computing, which reduced it on a
 //   core its own backward needed: that share was all exposed. Now the free rank reduces
 //   most of the vector while the busy one computes (measured in docs/architecture.md,
-//   "Work-sharing all-reduce"). Whoever folds a piece, it is the same sum bit for bit.
-//   In place works: piece j of every rank's buffer is read and written by the one rank
+//   "Work-sharing reductions and the computing hint"). Whoever folds a piece, it is the same sum
+//   bit for bit. In place works: piece j of every rank's buffer is read and written by the one rank
 //   that claimed it, each piece written only after it was read for the last time.
 //   Cost (P ranks, n bytes): 2 flag waits, and for each n/P bytes a rank reduces (its own
 //   block, with ranks arriving together), (P-1)/P n bytes read from peers into cache, n/P
@@ -89,7 +89,7 @@ asio::awaitable<void> single_copy(ArenaTurn& turn, CollectiveOp& op, Buffer inpu
   // (`deferred`, in the trace: it computed while another rank was free.)
   bool deferred = arena.computing_here() && arena.some_peer_free();
   auto deferring = [&] {
-    if (!arena.computing_here() || !arena.free_peer_reducing(turn.generation())) return false;
+    if (!arena.computing_here() || !arena.some_peer_free(turn.generation())) return false;
     deferred = true;
     for (int r = 0; r < world; ++r) {
       if (turn.claimed(r) < pieces_of(r)) return true;

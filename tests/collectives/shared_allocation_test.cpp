@@ -20,6 +20,7 @@
 #include <braid/core/error.hpp>
 #include <braid/trace/recorder.hpp>
 
+#include "../support/reduce_spans.hpp"
 #include "../support/scoped_env.hpp"
 #include "all_reduce_check.hpp"
 #include "thread_ranks.hpp"
@@ -159,15 +160,12 @@ ReductionShares reduction_shares(int world, const testing::RankBody& body) {
   run_ranks(world, body, shared_memory_only());
   trace::set_enabled(false);
   ReductionShares shares;
-  for (const trace::Record& record : trace::snapshot().records) {
-    if (std::string_view(record.name) != "shared_memory.reduce") continue;
+  for (const braid::testing::ReduceSpan& span : braid::testing::reduce_spans(trace::snapshot())) {
     ++shares.reductions;
-    shares.bytes += record.bytes;
-    for (std::uint8_t a = 0; a < record.arg_count; ++a) {
-      if (std::string_view(record.args[a].key) == "deferred") {
-        ++shares.deferred;
-        shares.deferred_bytes += record.bytes;
-      }
+    shares.bytes += span.bytes;
+    if (span.deferred) {
+      ++shares.deferred;
+      shares.deferred_bytes += span.bytes;
     }
   }
   return shares;

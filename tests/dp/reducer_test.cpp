@@ -22,6 +22,7 @@
 #include <braid/trace/recorder.hpp>
 
 #include "../support/rank_threads.hpp"
+#include "../support/reduce_spans.hpp"
 #include "../support/scoped_env.hpp"
 
 namespace braid::dp {
@@ -173,13 +174,9 @@ TEST(Reducer, ARankStillInBackwardLeavesItsBucketsReductionToARankThatFinished) 
   trace::set_enabled(false);
   int deferred_with_nothing_reduced = 0;
   std::uint64_t reduced = 0;
-  for (const trace::Record& record : trace::snapshot().records) {
-    if (std::string_view(record.name) != "shared_memory.reduce") continue;
-    reduced += record.bytes;
-    for (std::uint8_t a = 0; a < record.arg_count; ++a) {
-      if (std::string_view(record.args[a].key) == "deferred" && record.bytes == 0)
-        ++deferred_with_nothing_reduced;
-    }
+  for (const braid::testing::ReduceSpan& span : braid::testing::reduce_spans(trace::snapshot())) {
+    reduced += span.bytes;
+    if (span.deferred && span.bytes == 0) ++deferred_with_nothing_reduced;
   }
   // Rank 1 reduced nothing of its first bucket (of its second, too, unless it finalized
   // before rank 0 was done), and every byte of both buckets was reduced once.

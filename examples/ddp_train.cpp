@@ -16,7 +16,8 @@
 //          --threads T (libtorch intra-op threads per rank, default 1)
 //          --optimizer adam|sgd (default adam, lr --lr; sgd: lr 0.01, momentum 0.9)
 //          --bucket-cap-mib M (DDP bucket cap, default 25)
-//          --bucket-view (gradients as views into the buckets: no copies)
+//          --copy-gradients (gradients copied into the buckets and back, as PyTorch's
+//          default does, instead of living in them)
 //          --private-buckets (buckets in private memory, not memory the ranks share)
 #include <chrono>
 #include <cmath>
@@ -52,7 +53,8 @@ options:
   --optimizer adam|sgd     (default adam)
   --threads N              libtorch's intra-op threads per rank (default 1)
   --bucket-cap-mib X       gradient bucket cap (default 25)
-  --bucket-view            gradients as views of their buckets (no copies)
+  --copy-gradients         copy gradients into the buckets and back (PyTorch's default)
+                           instead of keeping them in the buckets (braid's default)
   --private-buckets        buckets in private memory instead of memory the ranks share
   --sync ddp|none|paired   ddp (default); none: no gradient sync; paired: with --bench,
                            alternate a synchronised and a no_sync() step
@@ -91,7 +93,7 @@ struct Settings {
   int threads = 1;
   std::string optimizer = "adam";
   double bucket_cap_mib = 25;
-  bool bucket_view = false;
+  bool bucket_view = true;
   bool private_buckets = false;
   int uneven = 0;
   double straggle_ms = 0;
@@ -134,8 +136,8 @@ Settings parse(int argc, char** argv) {
       s.bench = true;
     else if (arg == "--straggle-ms")
       s.straggle_ms = std::stod(value());
-    else if (arg == "--bucket-view")
-      s.bucket_view = true;
+    else if (arg == "--copy-gradients")
+      s.bucket_view = false;
     else if (arg == "--private-buckets")
       s.private_buckets = true;
     else if (arg == "--uneven")

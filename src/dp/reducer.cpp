@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -116,7 +117,10 @@ void Reducer::bind_gradients() {
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     const Buffer slot = buckets_[bucket_of_[i]]->slot(slot_of_[i], parameters_[i].count);
     const std::optional<Buffer> current = access_.gradient(i, false);
-    if (current && current->count() == slot.count() && current->dtype() == slot.dtype()) {
+    // A parameter with no gradient keeps none: optimizers skip it (no momentum, no weight
+    // decay), as in copy mode and PyTorch's. fill_slot binds it once one arrives.
+    if (!current) continue;
+    if (current->count() == slot.count() && current->dtype() == slot.dtype()) {
       detail::scaled_copy(slot, *current, 1.0);
     } else {
       detail::zero(slot);
@@ -250,6 +254,7 @@ void Reducer::prepare_for_backward(bool sync,
   for (const std::size_t index : *locally_unused) {
     ready_[index] = 1;
     if (!first_sync_done_) arrival_.push_back(index);
+    keep_unused_gradient(index);
     // Its gradient will not change in this backward: what it holds now (accumulated under
     // no_sync(), or none: zeros) is its contribution, as in PyTorch's DDP.
     fill_slot(index);
@@ -258,7 +263,18 @@ void Reducer::prepare_for_backward(bool sync,
   launch_ready_buckets();
 }
 
+void Reducer::keep_unused_gradient(std::size_t index) {
+  if (!options_.gradient_as_bucket_view) return;
+  const std::optional<Buffer> gradient = access_.gradient(index, false);
+  const Buffer slot = buckets_[bucket_of_[index]]->slot(slot_of_[index], parameters_[index].count);
+  if (!gradient || gradient->data() != slot.data()) return;  // its own memory: untouched
+  const auto* bytes = static_cast<const std::byte*>(gradient->data());
+  unused_gradients_.emplace_back(index,
+                                 std::vector<std::byte>(bytes, bytes + gradient->size_bytes()));
+}
+
 void Reducer::begin_iteration() {
+  unused_gradients_.clear();
   std::fill(ready_.begin(), ready_.end(), 0);
   for (auto& bucket : buckets_) {
     bucket->pending = bucket->layout.parameters.size();
@@ -444,6 +460,14 @@ void Reducer::finalize() {
       if (gradient)
         detail::scaled_copy(*gradient, bucket.slot(slot_of_[i], parameters_[i].count), 1.0);
     }
+    for (const auto& [index, bytes] : unused_gradients_) {
+      if (locally_used_[index] != 0) continue;  // some rank used it: it takes the average
+      const std::optional<Buffer> gradient = access_.gradient(index, false);
+      if (gradient && gradient->size_bytes() == bytes.size()) {
+        std::memcpy(gradient->data(), bytes.data(), bytes.size());
+      }
+    }
+    unused_gradients_.clear();
   }
   ++iterations_;
   end_iteration();

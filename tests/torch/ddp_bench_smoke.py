@@ -63,7 +63,7 @@ def bench_table():
     if result.returncode != 0:
         fail(f"braid-bench ddp exited {result.returncode}", output)
     number = r"-?\d+\.\d\d"
-    for name in ("braid DDP", "braid DDP, bucket view"):
+    for name in ("braid DDP", "braid DDP, copy mode"):
         if not re.search(rf"^{re.escape(name)} +{number} +{number} +{number} \+- {number}",
                          result.stdout, re.M):
             fail(f"no '{name}' row with figures", output)
@@ -71,12 +71,19 @@ def bench_table():
                      r"\d+\.\d\d ms .* allocate_shared", result.stdout, re.M):
         fail("no bare all-reduce line with plain and shared-memory figures", output)
     with_peer = "PyTorch DDP (Gloo)" in result.stdout
-    for name in ("braid DDP", "braid DDP, bucket view"):
+    if with_peer and not re.search(rf"^PyTorch DDP, bucket view +{number} +{number}",
+                                   result.stdout, re.M):
+        fail("PyTorch's default ran but its gradient_as_bucket_view run has no row", output)
+    for name in ("braid DDP", "braid DDP, copy mode"):
         line = next((l for l in result.stdout.splitlines() if l.startswith(name + ":")), None)
         if line is None or "exposed / bare all-reduce" not in line:
             fail(f"no ratio line for {name}", output)
         if with_peer and "step / PyTorch's" not in line:
             fail(f"the PyTorch peer ran but {name} has no ratio to it", output)
+    # braid's default keeps gradients in the buckets: its like-for-like PyTorch does too.
+    line = next(l for l in result.stdout.splitlines() if l.startswith("braid DDP:"))
+    if with_peer and "like for like, against PyTorch with gradient_as_bucket_view" not in line:
+        fail("braid's default has no ratio to PyTorch with gradient_as_bucket_view", output)
     print(result.stdout)
     print("PyTorch peer:", "measured" if with_peer else "not installed")
 

@@ -268,25 +268,41 @@ struct BranchyImpl : ::torch::nn::Module {
 };
 TORCH_MODULE(Branchy);
 
+// In both gradient modes: a parameter nobody used keeps no gradient, so an optimizer skips
+// it (no momentum step, no weight decay), even where its gradient would be a bucket view.
 TEST(DistributedDataParallel, FindsUnusedParametersLocallyZeroGloballyUntouched) {
-  std::vector<std::string> errors = run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
-    Branchy net;
-    DistributedDataParallelOptions options;
-    options.find_unused_parameters = true;
-    DistributedDataParallel ddp(net, comm, options);
-    auto x = data(rank, 0).first.narrow(1, 0, 4);
-    ddp.forward(x, rank == 1).sum().backward();
-    // Rank 1's branch gradient, averaged with rank 0's zero contribution.
-    ASSERT_TRUE(net->fc_rank1->weight.grad().defined());
-    EXPECT_FALSE(net->fc_never->weight.grad().defined()) << "unused everywhere: left alone";
-    EXPECT_TRUE(net->trunk->weight.grad().defined());
-    std::vector<float> norm{net->fc_rank1->weight.grad().norm().item<float>()};
-    std::vector<float> low = norm;
-    comm->launch(comm->all_reduce(Buffer(low), ReduceOp::min)).get();
-    EXPECT_EQ(low[0], norm[0]) << "both ranks hold the same averaged gradient";
-    EXPECT_GT(norm[0], 0.0f);
-  });
-  expect_all_passed(errors);
+  for (const bool view : {true, false}) {
+    SCOPED_TRACE(view ? "gradients as bucket views" : "copy mode");
+    std::vector<std::string> errors =
+        run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+          Branchy net;
+          DistributedDataParallelOptions options;
+          options.find_unused_parameters = true;
+          options.gradient_as_bucket_view = view;
+          DistributedDataParallel ddp(net, comm, options);
+          const ::torch::Tensor never_before = net->fc_never->weight.clone();
+          ::torch::optim::SGD opt(net->parameters(),
+                                  ::torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.1));
+          for (int step = 0; step < 2; ++step) {
+            opt.zero_grad();
+            auto x = data(rank, step).first.narrow(1, 0, 4);
+            ddp.forward(x, rank == 1).sum().backward();
+            // Rank 1's branch gradient, averaged with rank 0's zero contribution.
+            ASSERT_TRUE(net->fc_rank1->weight.grad().defined());
+            EXPECT_FALSE(net->fc_never->weight.grad().defined()) << "unused everywhere: left alone";
+            EXPECT_TRUE(net->trunk->weight.grad().defined());
+            std::vector<float> norm{net->fc_rank1->weight.grad().norm().item<float>()};
+            std::vector<float> low = norm;
+            comm->launch(comm->all_reduce(Buffer(low), ReduceOp::min)).get();
+            EXPECT_EQ(low[0], norm[0]) << "both ranks hold the same averaged gradient";
+            EXPECT_GT(norm[0], 0.0f);
+            opt.step();
+          }
+          EXPECT_TRUE(::torch::equal(net->fc_never->weight, never_before))
+              << "the optimizer moved a parameter that never had a gradient";
+        });
+    expect_all_passed(errors);
+  }
 }
 
 // As in PyTorch's DDP: a parameter this rank leaves unused in the synchronised step still
@@ -488,53 +504,59 @@ TEST(DistributedDataParallelUnevenInputs, JoinedRanksShadowTheOthersAndEndWithTh
 // unused parameters: the joined rank shadows exactly the synchronised iterations,
 // contributing zero gradients and no used parameter.
 TEST(DistributedDataParallelUnevenInputs, ARankWithNoBatchShadowsNoSyncAndUnusedTracking) {
-  expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
-    Branchy net;
-    DistributedDataParallelOptions options;
-    options.find_unused_parameters = true;
-    DistributedDataParallel ddp(net, comm, options);
-    ::torch::optim::SGD opt(net->parameters(), 0.1);
-    ddp.allow_uneven_inputs();
-    if (rank == 1) {
-      for (int step = 0; step < 3; ++step) {
-        auto x = data(rank, step).first.narrow(1, 0, 4);
-        // This rank's own gradients of the step, from a copy of the current weights.
-        Branchy copy;
-        {
-          ::torch::NoGradGuard no_grad;
-          for (std::size_t i = 0; i < copy->parameters().size(); ++i)
-            copy->parameters()[i].copy_(net->parameters()[i]);
+  // With bucket views, the branch's gradient is its bucket's memory, which the all-reduce
+  // overwrites: where nobody used it, the reducer puts back what no_sync() accumulated.
+  for (const bool view : {true, false}) {
+    SCOPED_TRACE(view ? "gradients as bucket views" : "copy mode");
+    expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+      Branchy net;
+      DistributedDataParallelOptions options;
+      options.find_unused_parameters = true;
+      options.gradient_as_bucket_view = view;
+      DistributedDataParallel ddp(net, comm, options);
+      ::torch::optim::SGD opt(net->parameters(), 0.1);
+      ddp.allow_uneven_inputs();
+      if (rank == 1) {
+        for (int step = 0; step < 3; ++step) {
+          auto x = data(rank, step).first.narrow(1, 0, 4);
+          // This rank's own gradients of the step, from a copy of the current weights.
+          Branchy copy;
+          {
+            ::torch::NoGradGuard no_grad;
+            for (std::size_t i = 0; i < copy->parameters().size(); ++i)
+              copy->parameters()[i].copy_(net->parameters()[i]);
+          }
+          copy->forward(x, true).sum().backward();
+          copy->forward(x, step % 2 == 0).sum().backward();
+          opt.zero_grad();
+          {
+            auto guard = ddp.no_sync();
+            ddp.forward(x, true).sum().backward();
+          }
+          ddp.forward(x, step % 2 == 0).sum().backward();
+          // Rank 0 contributed zeros: the average is half of ours. In odd steps no rank used
+          // the branch in the synchronised forward, so it keeps what no_sync() accumulated.
+          EXPECT_TRUE(::torch::allclose(net->trunk->weight.grad(), copy->trunk->weight.grad() / 2))
+              << "step " << step;
+          const double branch_share = step % 2 == 0 ? 0.5 : 1.0;
+          EXPECT_TRUE(::torch::allclose(net->fc_rank1->weight.grad(),
+                                        copy->fc_rank1->weight.grad() * branch_share))
+              << "step " << step;
+          EXPECT_FALSE(net->fc_never->weight.grad().defined()) << "nobody used it: left alone";
+          opt.step();
         }
-        copy->forward(x, true).sum().backward();
-        copy->forward(x, step % 2 == 0).sum().backward();
-        opt.zero_grad();
-        {
-          auto guard = ddp.no_sync();
-          ddp.forward(x, true).sum().backward();
-        }
-        ddp.forward(x, step % 2 == 0).sum().backward();
-        // Rank 0 contributed zeros: the average is half of ours. In odd steps no rank used
-        // the branch in the synchronised forward, so it keeps what no_sync() accumulated.
-        EXPECT_TRUE(::torch::allclose(net->trunk->weight.grad(), copy->trunk->weight.grad() / 2))
-            << "step " << step;
-        const double branch_share = step % 2 == 0 ? 0.5 : 1.0;
-        EXPECT_TRUE(::torch::allclose(net->fc_rank1->weight.grad(),
-                                      copy->fc_rank1->weight.grad() * branch_share))
-            << "step " << step;
-        EXPECT_FALSE(net->fc_never->weight.grad().defined()) << "nobody used it: left alone";
-        opt.step();
       }
-    }
-    const auto joined = ddp.join();
-    // Six forwards on rank 1, three of them synchronised; rank 0 shadowed all six.
-    EXPECT_EQ(joined.shadowed_forwards, rank == 0 ? 6u : 0u);
-    EXPECT_EQ(joined.parameters_from, 1);
-    std::vector<float> sum{net->trunk->weight.sum().item<float>() +
-                           net->fc_rank1->weight.sum().item<float>()};
-    std::vector<float> low = sum;
-    comm->launch(comm->all_reduce(Buffer(low), ReduceOp::min)).get();
-    EXPECT_EQ(low[0], sum[0]) << "every rank left join() with rank 1's model";
-  }));
+      const auto joined = ddp.join();
+      // Six forwards on rank 1, three of them synchronised; rank 0 shadowed all six.
+      EXPECT_EQ(joined.shadowed_forwards, rank == 0 ? 6u : 0u);
+      EXPECT_EQ(joined.parameters_from, 1);
+      std::vector<float> sum{net->trunk->weight.sum().item<float>() +
+                             net->fc_rank1->weight.sum().item<float>()};
+      std::vector<float> low = sum;
+      comm->launch(comm->all_reduce(Buffer(low), ReduceOp::min)).get();
+      EXPECT_EQ(low[0], sum[0]) << "every rank left join() with rank 1's model";
+    }));
+  }
 }
 
 struct NormalisedImpl : ::torch::nn::Module {

@@ -10,15 +10,17 @@ grep -q "overlap%" <<<"$output" || { echo "FAIL: no overlap summary"; exit 1; }
 grep -qE "^\[0\] all +" <<<"$output" || { echo "FAIL: no job row in the summary"; exit 1; }
 
 # Its options are listed, and a wrong one is a usage error that points there.
-"$2" --help | grep -q -- "--bucket-view" || { echo "FAIL: --help does not list the options"; exit 1; }
+"$2" --help | grep -q -- "--copy-gradients" || { echo "FAIL: --help does not list the options"; exit 1; }
 status=0
 usage=$("$2" --no-such-option 2>&1) || status=$?
 grep -q "ddp_train --help" <<<"$usage" || { echo "FAIL: no pointer to --help"; exit 1; }
 [ "$status" -eq 2 ] || { echo "FAIL: an unknown option exited with $status, not 2"; exit 1; }
 
 # Uneven inputs: rank 1 runs out 4 steps early, joins, shadows the 4 steps rank 0 still
-# trains, and both end with rank 0's weights (ddp_train fails if the ranks disagree).
-output=$("$1" -n 2 "$2" --steps 12 --uneven 4 2>&1) || { echo "$output"; exit 1; }
+# trains, and both end with rank 0's weights (ddp_train fails if the ranks disagree). In
+# copy mode, so that the main job runs both ways (the defaults above keep gradients in the
+# buckets).
+output=$("$1" -n 2 "$2" --steps 12 --uneven 4 --copy-gradients 2>&1) || { echo "$output"; exit 1; }
 grep -q "rank 1 trained 8 steps and shadowed 4 in join()" <<<"$output" ||
   { echo "$output"; echo "FAIL: rank 1 did not shadow rank 0's last 4 steps"; exit 1; }
 grep -q "every rank now holds rank 0's weights" <<<"$output" ||
@@ -32,6 +34,6 @@ echo "uneven inputs: PASS"
 
 # A slower rank (--straggle-ms): rank 1 computes 20 ms more before each backward, rank 0
 # reduces for it meanwhile, and both end with the same weights (ddp_train fails if not).
-output=$("$1" -n 2 "$2" --steps 6 --bucket-view --straggle-ms 20 2>&1) || { echo "$output"; exit 1; }
+output=$("$1" -n 2 "$2" --steps 6 --straggle-ms 20 2>&1) || { echo "$output"; exit 1; }
 grep -q "overlap%" <<<"$output" || { echo "$output"; echo "FAIL: no summary with a straggler"; exit 1; }
 echo "straggler: PASS"

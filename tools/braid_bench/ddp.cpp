@@ -129,7 +129,8 @@ std::optional<std::string> run_braid(const DdpOptions& o, const std::string& syn
   return json_line(run_command(argv, std::chrono::seconds(900)), "ddp_train --sync " + sync);
 }
 
-std::optional<std::string> run_pytorch(const DdpOptions& o) {
+std::optional<std::string> run_pytorch(const DdpOptions& o,
+                                       const std::vector<std::string>& extra = {}) {
   const std::string script = sibling_program("braid-bench-ddp-peer.py");
   const std::optional<std::string> python = torch_python();
   if (!python || !std::filesystem::exists(script)) {
@@ -138,6 +139,7 @@ std::optional<std::string> run_pytorch(const DdpOptions& o) {
   }
   std::vector<std::string> argv{*python, script, "--ranks", std::to_string(o.ranks)};
   for (auto& a : model_arguments(o)) argv.push_back(a);
+  for (auto& a : extra) argv.push_back(a);
   return json_line(run_command(argv, std::chrono::seconds(900)), "PyTorch DDP");
 }
 
@@ -179,15 +181,21 @@ int run_ddp(const std::vector<std::string>& args) {
   // braid-run gives its ranks OMP_NUM_THREADS=1 (one OpenMP and one BLAS thread each);
   // the PyTorch peer's ranks get the same from here.
   if (std::getenv("OMP_NUM_THREADS") == nullptr) ::setenv("OMP_NUM_THREADS", "1", 1);
-  std::vector<std::string> braid_runs, view_runs, torch_runs;
+  // Four configurations: braid's default (gradients live in the buckets) and its copy mode,
+  // PyTorch's default (copy mode) and PyTorch with gradient_as_bucket_view, so that each
+  // braid row has a like-for-like PyTorch row beside the reference, PyTorch's
+  // default.
+  std::vector<std::string> braid_runs, copy_runs, torch_runs, torch_view_runs;
   for (int round = 0; round < o.rounds; ++round) {
     // Each run starts on a quiet machine (wait_until_quiet), whatever the last one left.
     wait_until_quiet();
     if (auto r = run_braid(o, "paired")) braid_runs.push_back(*r);
     wait_until_quiet();
-    if (auto r = run_braid(o, "paired", {"--bucket-view"})) view_runs.push_back(*r);
+    if (auto r = run_braid(o, "paired", {"--copy-gradients"})) copy_runs.push_back(*r);
     wait_until_quiet();
     if (auto r = run_pytorch(o)) torch_runs.push_back(*r);
+    wait_until_quiet();
+    if (auto r = run_pytorch(o, {"--gradient-as-bucket-view"})) torch_view_runs.push_back(*r);
   }
   if (braid_runs.empty()) return 1;
   const PairedFigures braid = mean_over_rounds(braid_runs);
@@ -220,21 +228,28 @@ int run_ddp(const std::vector<std::string>& args) {
         f.exposed_cpu_ms, f.runtime_cpu_ms ? fmt::format("{:.2f}", *f.runtime_cpu_ms) : "-");
   };
   row("braid DDP", braid);
-  std::optional<PairedFigures> view;
-  if (!view_runs.empty()) row("braid DDP, bucket view", *(view = mean_over_rounds(view_runs)));
+  std::optional<PairedFigures> copy;
+  if (!copy_runs.empty()) row("braid DDP, copy mode", *(copy = mean_over_rounds(copy_runs)));
   std::optional<PairedFigures> torch;
   if (!torch_runs.empty()) row("PyTorch DDP (Gloo)", *(torch = mean_over_rounds(torch_runs)));
+  std::optional<PairedFigures> torch_view;
+  if (!torch_view_runs.empty()) {
+    row("PyTorch DDP, bucket view", *(torch_view = mean_over_rounds(torch_view_runs)));
+  }
   std::cout << fmt::format(
       "\nexposed: synchronised minus no_sync() step, pair by pair; traced: what braid-trace "
       "counts as exposed;\ncomm CPU: the same difference in process CPU time (every thread); "
       "runtime: the same in braid's runtime thread alone;\nCPU times are means over ranks.\n");
   std::cout << fmt::format(
-      "\nbare all-reduce of all gradients (braid, one buffer), per rank, in the copy-mode "
+      "\nbare all-reduce of all gradients (braid, one buffer), per rank, in the default "
       "runs: {:.2f} ms ({:.2f} ms CPU) on a plain buffer; {:.2f} ms ({:.2f} ms CPU) on memory "
       "from allocate_shared, where DDP keeps its buckets. Each configuration's ratios below "
       "use the bare all-reduce its own runs measured.\n",
       braid.bare_ms, braid.bare_cpu_ms, braid.bare_shared_ms, braid.bare_shared_cpu_ms);
-  auto ratios = [&](const std::string& name, const PairedFigures& f) {
+  // `view_peer`: for a row whose gradients live in the buckets, PyTorch's run with
+  // gradient_as_bucket_view (its default, the reference above, copies as copy mode does).
+  auto ratios = [&](const std::string& name, const PairedFigures& f,
+                    const std::optional<PairedFigures>& view_peer) {
     const double exposed = std::max(f.exposed_ms, 0.0);
     std::cout << fmt::format(
         "{}: exposed / bare all-reduce {:.2f} ({:.2f} / {:.2f} ms, the bare all-reduce measured "
@@ -246,10 +261,16 @@ int run_ddp(const std::vector<std::string>& args) {
           "; step / PyTorch's {:.2f} (goal <= 0.9); exposed / PyTorch's {:.2f} (goal <= 0.5)",
           f.step_ms / torch->step_ms, exposed / std::max(torch->exposed_ms, 1e-9));
     }
+    if (view_peer) {
+      std::cout << fmt::format(
+          "; like for like, against PyTorch with gradient_as_bucket_view: step {:.2f}, exposed "
+          "{:.2f}",
+          f.step_ms / view_peer->step_ms, exposed / std::max(view_peer->exposed_ms, 1e-9));
+    }
     std::cout << "\n";
   };
-  ratios("braid DDP", braid);
-  if (view) ratios("braid DDP, bucket view", *view);
+  ratios("braid DDP", braid, torch_view);
+  if (copy) ratios("braid DDP, copy mode", *copy, std::nullopt);
   return 0;
 }
 

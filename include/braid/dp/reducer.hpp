@@ -37,6 +37,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <braid/collectives/communicator.hpp>
@@ -163,6 +164,8 @@ class Reducer {
   // Needs mutex_. Launches every full bucket from next_launch_ on.
   void launch_ready_buckets();
   void fill_slot(std::size_t index);
+  // Needs mutex_. Before a parameter this rank left unused is filled in: unused_gradients_.
+  void keep_unused_gradient(std::size_t index);
   // With a hook that averages (the default all-reduce), f32, f64 and bf16 buckets go in
   // unscaled (scaled by share x W under set_batch_share) and the all-reduce averages
   // them: the single-copy all-reduce divides each piece while it is in cache. Scaling on
@@ -194,6 +197,10 @@ class Reducer {
   std::vector<std::size_t> arrival_;    // first synchronised iteration's order
   std::vector<std::uint8_t> locally_used_;
   std::optional<Future<void>> used_reduction_;  // all-reduce(max) of locally_used_
+  // gradient_as_bucket_view: what the gradients of parameters this rank left unused held
+  // before their bucket's all-reduce wrote over them (they are the bucket's memory). Where
+  // no rank used one, finalize puts it back: left alone, as in copy mode.
+  std::vector<std::pair<std::size_t, std::vector<std::byte>>> unused_gradients_;
   std::size_t next_launch_ = 0;
   bool first_sync_done_ = false;
   std::uint64_t iterations_ = 0;  // finalized synchronised iterations

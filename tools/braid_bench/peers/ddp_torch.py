@@ -8,7 +8,8 @@ DistributedDataParallel beside PyTorch's own in the same run.
 The model, data and optimizer mirror examples/ddp_train.cpp's MLP: hidden -> hidden x layers
 -> hidden/2 -> 1 with ReLU, fresh N(0, 1) inputs per step, a tanh teacher on 16 features,
 MSE loss, SGD (lr 0.01, momentum 0.9) or Adam (lr 1e-3), one intra-op thread per rank. DDP has its defaults (25 MiB buckets,
-broadcast_buffers). Ranks are started here (torch.multiprocessing, spawn) on 127.0.0.1 with
+broadcast_buffers, gradients copied into the buckets and back), or with
+--gradient-as-bucket-view gradient_as_bucket_view=True, as braid's default keeps them. Ranks are started here (torch.multiprocessing, spawn) on 127.0.0.1 with
 Gloo on loopback.
 
 Steps are paired as in `ddp_train --sync paired`: each pair is one synchronised step and
@@ -69,7 +70,8 @@ def worker(rank, args, port):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=args.ranks)
     net = model(args.hidden, args.layers)
-    ddp = torch.nn.parallel.DistributedDataParallel(net)
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        net, gradient_as_bucket_view=args.gradient_as_bucket_view)
     if args.optimizer == "adam":
         opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
     else:
@@ -153,6 +155,8 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--optimizer", choices=("adam", "sgd"), default="sgd")
     parser.add_argument("--straggle-ms", type=float, default=0.0)
+    parser.add_argument("--gradient-as-bucket-view", action="store_true",
+                        help="DDP's gradient_as_bucket_view=True (default: PyTorch's, False)")
     args = parser.parse_args()
     mp.spawn(worker, args=(args, free_port()), nprocs=args.ranks, join=True)
 

@@ -218,6 +218,17 @@ void Reducer::set_batch_share(double share) {
 }
 
 void Reducer::check_previous_finished() const {
+  if (failed_) {
+    // The buckets that did finish moved on; the ranks' collectives no longer pair up.
+    throw Error(failed_->code(),
+                fmt::format("the previous iteration's gradient reduction failed ({}); the ranks' "
+                            "buckets no longer pair up: make a new communicator and "
+                            "DistributedDataParallel to go on",
+                            failed_->what()),
+                {.rank = comm_->world_rank(comm_->rank()),
+                 .peer = failed_->context().peer,
+                 .operation = "ddp"});
+  }
   if (state_ == State::backward) {
     misuse(*comm_,
            "the previous iteration's gradient reduction did not finish: every forward through "
@@ -313,8 +324,13 @@ void Reducer::shadow_iteration(bool track_unused) {
 }
 
 void Reducer::wait_for_reductions() {
-  for (auto& bucket : buckets_) bucket->reduction->get();
-  if (used_reduction_) used_reduction_->get();
+  try {
+    for (auto& bucket : buckets_) bucket->reduction->get();
+    if (used_reduction_) used_reduction_->get();
+  } catch (const Error& e) {
+    failed_ = e;
+    throw;
+  }
 }
 
 void Reducer::end_iteration() {

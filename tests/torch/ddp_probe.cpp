@@ -5,7 +5,8 @@
 //                          computed (its earlier buckets launched, the last not)
 //   ddp_probe joined D     rank 0 has no batch and waits in join(); rank D (not 0) trains
 //                          two steps and kills itself before the third forward
-// A survivor whose DDP call fails prints "rank R saw: <what>" on stderr and exits 3; one
+// A survivor whose DDP call fails prints "rank R saw: <what>" on stderr, then tries one more
+// step and prints "rank R then: <what>" for the error that refuses it, and exits 3; one
 // that never sees a failure says so and exits 1; other errors exit 2. Survivors ignore
 // SIGTERM, so that they report what they saw before braid-run's grace runs out.
 #include <csignal>
@@ -83,6 +84,14 @@ int main(int argc, char** argv) {
       if (mode == "joined") ddp.join();
     } catch (const std::exception& e) {
       std::cerr << "rank " << rank << " saw: " << e.what() << "\n";
+      // Training on is refused, with the failure that ended the last iteration.
+      try {
+        opt.zero_grad();
+        torch::mse_loss(ddp.forward(torch::randn({32, 64})), torch::randn({32, 1})).backward();
+        std::cerr << "rank " << rank << " then trained another step\n";
+      } catch (const std::exception& again) {
+        std::cerr << "rank " << rank << " then: " << again.what() << "\n";
+      }
       return 3;
     }
     std::cerr << "rank " << rank << ": training went on after rank " << doomed << " was killed\n";

@@ -56,6 +56,16 @@ TEST_P(DataParallelPeerFailure, ARankKilledMidTrainingFailsEverySurvivorNamingIt
     ASSERT_EQ(saw.size(), 1U) << result.out << result.err;
     EXPECT_THAT(saw[0], HasSubstr(fmt::format("(peer rank {}", death.doomed)));
     EXPECT_THAT(saw[0], HasSubstr("peer failed"));
+    // The next step is refused with that failure, not a complaint about an unfinished
+    // backward.
+    const auto then =
+        lines_with(result.err, fmt::format("[{}] rank {} then: ", survivor, survivor));
+    ASSERT_EQ(then.size(), 1U) << result.err;
+    if (std::string(death.mode) == "backward") {
+      EXPECT_THAT(then[0], HasSubstr("the previous iteration's gradient reduction failed"));
+      EXPECT_THAT(then[0], HasSubstr(fmt::format("(peer rank {}", death.doomed)));
+    }
+    EXPECT_THAT(then[0], Not(HasSubstr("needs its backward()")));
   }
   EXPECT_LT(result.elapsed, 20s) << result.err;
 }

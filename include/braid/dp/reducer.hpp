@@ -42,6 +42,7 @@
 
 #include <braid/collectives/communicator.hpp>
 #include <braid/core/buffer.hpp>
+#include <braid/core/error.hpp>
 #include <braid/core/future.hpp>
 #include <braid/dp/bucket_plan.hpp>
 #include <braid/dp/comm_hook.hpp>
@@ -206,6 +207,9 @@ class Reducer {
   std::uint64_t iterations_ = 0;  // finalized synchronised iterations
   bool rebuilt_ = false;
   bool shadowing_ = false;  // in shadow_iteration: buckets launch as BucketView::shadow
+  // What the last synchronised iteration's reductions threw (a peer died, a deadline
+  // passed): the next iteration reports it, not an unfinished backward.
+  std::optional<Error> failed_;
 };
 
 }  // namespace braid::dp

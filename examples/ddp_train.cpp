@@ -348,7 +348,9 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
         "ddp_train: {} with {:.2f}M parameters on {} rank(s), batch {} per "
         "rank, {} steps, gradient sync: {}\n",
         s.model, static_cast<double>(parameters) / 1e6, comm->size(), s.batch, s.steps,
-        sync ? "braid DDP" : "none");
+        !sync           ? "none"
+        : s.bucket_view ? "braid DDP, gradients in the buckets"
+                        : "braid DDP, copy mode");
   }
   // Paired steps come in pairs (2k, 2k + 1); the warm-up ends on a pair boundary.
   const int warmup = s.bench ? std::min(5, s.steps / 4) & (paired ? ~1 : ~0) : 0;

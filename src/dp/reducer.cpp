@@ -286,6 +286,7 @@ void Reducer::keep_unused_gradient(std::size_t index) {
 
 void Reducer::begin_iteration() {
   unused_gradients_.clear();
+  shadowing_ = false;  // shadow_iteration sets it after this; a shadow that threw left it
   std::fill(ready_.begin(), ready_.end(), 0);
   for (auto& bucket : buckets_) {
     bucket->pending = bucket->layout.parameters.size();

@@ -77,6 +77,88 @@ struct AllReduceSum : ::torch::autograd::Function<AllReduceSum> {
   }
 };
 
+// Per-channel views of a (C) tensor, (1, C, 1, ...), to broadcast against an input of
+// `dims` dimensions.
+::torch::Tensor per_channel(const ::torch::Tensor& t, std::int64_t dims) {
+  std::vector<std::int64_t> shape(static_cast<std::size_t>(dims), 1);
+  shape[1] = t.numel();
+  return t.reshape(shape);
+}
+
+std::vector<std::int64_t> all_but_channels(std::int64_t dims) {
+  std::vector<std::int64_t> reduced{0};
+  for (std::int64_t d = 2; d < dims; ++d) reduced.push_back(d);
+  return reduced;
+}
+
+// y = (x - mean) * invstd * weight + bias, with mean and invstd those of the batch over
+// every rank, differentiated as PyTorch's SyncBatchNorm is: autograd keeps the input (which
+// the layer before holds anyway) and three C-vectors, not the intermediate tensors a
+// composition of operators would keep. Backward all-reduces the per-channel sums of dy
+// and dy * (x - mean) (2C doubles) where the input needs a gradient:
+//   dx = (dy - sum(dy) / N - (x - mean) * invstd^2 * sum(dy * (x - mean)) / N)
+//        * invstd * weight
+// and gives the affine parameters this rank's share (DDP averages them). `held` is null
+// where the statistics are this rank's alone (evaluation without running statistics).
+// No double backward, as PyTorch's. Without affine parameters, weight and bias are empty
+// tensors (libtorch 1.13's Function::apply fails on undefined inputs).
+struct NormaliseWithBatchStatistics : ::torch::autograd::Function<NormaliseWithBatchStatistics> {
+  static bool affine(const ::torch::Tensor& weight) { return weight.numel() != 0; }
+
+  static ::torch::Tensor forward(::torch::autograd::AutogradContext* ctx,
+                                 const ::torch::Tensor& input, const ::torch::Tensor& weight,
+                                 const ::torch::Tensor& bias, const ::torch::Tensor& mean,
+                                 const ::torch::Tensor& invstd, double count,
+                                 c10::intrusive_ptr<HeldCommunicator> held) {
+    const std::int64_t dims = input.dim();
+    ::torch::Tensor out = (input - per_channel(mean, dims)) * per_channel(invstd, dims);
+    if (affine(weight)) out = out * per_channel(weight, dims) + per_channel(bias, dims);
+    ctx->save_for_backward({input, weight, mean, invstd});
+    ctx->saved_data["count"] = count;
+    if (held) ctx->saved_data["comm"] = c10::IValue::make_capsule(held);
+    return out;
+  }
+
+  static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
+                                                   ::torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const ::torch::Tensor& input = saved[0];
+    const ::torch::Tensor& weight = saved[1];
+    const ::torch::Tensor& mean = saved[2];
+    const ::torch::Tensor& invstd = saved[3];
+    const ::torch::Tensor& dy = grads[0];
+    const std::int64_t dims = input.dim();
+    const std::vector<std::int64_t> reduced = all_but_channels(dims);
+    const ::torch::Tensor xmu = input - per_channel(mean, dims);
+    // In double: the sums over the batch cancel (dy sums to ~0 under a mean loss).
+    const ::torch::Tensor sum_dy = dy.sum(reduced, false, ::torch::kDouble);
+    const ::torch::Tensor sum_dy_xmu = (dy * xmu).sum(reduced, false, ::torch::kDouble);
+    ::torch::Tensor grad_input, grad_weight, grad_bias;
+    if (affine(weight) && ctx->needs_input_grad(1)) {
+      grad_weight = (sum_dy_xmu * invstd.to(::torch::kDouble)).to(weight.dtype());
+    }
+    if (affine(weight) && ctx->needs_input_grad(2)) grad_bias = sum_dy.to(weight.dtype());
+    if (ctx->needs_input_grad(0)) {
+      ::torch::Tensor sums = ::torch::cat({sum_dy, sum_dy_xmu});
+      if (ctx->saved_data.count("comm") != 0) {
+        auto held = c10::static_intrusive_pointer_cast<HeldCommunicator>(
+            ctx->saved_data["comm"].toCapsule());
+        sums = summed_over_ranks(*held->comm, sums);
+      }
+      const double count = ctx->saved_data["count"].toDouble();
+      const std::int64_t c = mean.numel();
+      const ::torch::Tensor mean_dy = (sums.narrow(0, 0, c) / count).to(input.dtype());
+      const ::torch::Tensor mean_dy_xmu = (sums.narrow(0, c, c) / count).to(input.dtype());
+      const ::torch::Tensor scale = affine(weight) ? invstd * weight : invstd;
+      grad_input = (dy - per_channel(mean_dy, dims) -
+                    xmu * per_channel(invstd.square() * mean_dy_xmu, dims)) *
+                   per_channel(scale, dims);
+    }
+    return {grad_input,        grad_weight,       grad_bias,        ::torch::Tensor(),
+            ::torch::Tensor(), ::torch::Tensor(), ::torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 ::torch::Tensor all_reduce_sum(std::shared_ptr<Communicator> comm, const ::torch::Tensor& tensor) {
@@ -139,60 +221,60 @@ void SyncBatchNormImpl::reset() {
     poison[2 * c + 2] = static_cast<double>(comm_->rank() + 1);
     refuse_everywhere(summed_over_ranks(*comm_, poison));
   }
-  // Per-channel views: (1, C, 1, ...) to broadcast against the input.
-  std::vector<std::int64_t> channel_shape(static_cast<std::size_t>(input.dim()), 1);
-  channel_shape[1] = c;
-  auto per_channel = [&](const ::torch::Tensor& t) { return t.reshape(channel_shape); };
-  std::vector<std::int64_t> reduced_dims{0};
-  for (std::int64_t d = 2; d < input.dim(); ++d) reduced_dims.push_back(d);
-
+  const std::int64_t dims = input.dim();
+  // Evaluation with running statistics: elementwise, nothing to communicate.
+  if (!is_training() && options_.track_running_stats) {
+    ::torch::Tensor out = (input - per_channel(running_mean, dims)) *
+                          per_channel((running_var + options_.eps).rsqrt(), dims);
+    if (options_.affine) out = out * per_channel(weight, dims) + per_channel(bias, dims);
+    return out;
+  }
   // Batch statistics in training, and in evaluation without running statistics; only
   // training takes them over every rank, as PyTorch's SyncBatchNorm does.
-  const bool batch_statistics = is_training() || !options_.track_running_stats;
-  ::torch::Tensor mean, var;
-  if (batch_statistics) {
-    const ::torch::Tensor shift = options_.track_running_stats
-                                      ? per_channel(running_mean.detach()).to(::torch::kDouble)
-                                      : ::torch::zeros(channel_shape, ::torch::kDouble);
-    const ::torch::Tensor centred = input.to(::torch::kDouble) - shift;
+  ::torch::Tensor mean, invstd;
+  double n = 0;
+  {
+    ::torch::NoGradGuard no_grad;  // NormaliseWithBatchStatistics differentiates them
+    const std::vector<std::int64_t> reduced = all_but_channels(dims);
+    const ::torch::Tensor shift =
+        options_.track_running_stats ? per_channel(running_mean.detach(), dims).to(::torch::kDouble)
+                                     : per_channel(::torch::zeros({c}, ::torch::kDouble), dims);
+    const ::torch::Tensor centred = input.detach().to(::torch::kDouble) - shift;
     const double local_count = static_cast<double>(input.numel() / c);
     ::torch::Tensor local =
-        ::torch::cat({centred.sum(reduced_dims), centred.square().sum(reduced_dims),
+        ::torch::cat({centred.sum(reduced), centred.square().sum(reduced),
                       ::torch::full({1}, local_count, ::torch::kDouble),
                       ::torch::zeros({2}, ::torch::kDouble)});  // no refusal (see above)
-    const ::torch::Tensor global = is_training() ? all_reduce_sum(comm_, local) : local;
+    const ::torch::Tensor global = is_training() ? summed_over_ranks(*comm_, local) : local;
     refuse_everywhere(global);
-    const ::torch::Tensor count = global.narrow(0, 2 * c, 1).detach();
-    if (count.item<double>() < 2 && is_training()) {
+    n = global[2 * c].item<double>();
+    if (n < 2 && is_training()) {
       refuse(*comm_, fmt::format("training needs more than one value per channel across the "
                                  "ranks; got {}",
-                                 count.item<double>()));
+                                 n));
     }
-    const ::torch::Tensor shifted_mean = global.narrow(0, 0, c) / count;
+    const ::torch::Tensor shifted_mean = global.narrow(0, 0, c) / n;
     // Never below zero: with the shift far from the batch mean (no running statistics, or
     // a small momentum early on) the difference cancels, and rounding could go negative.
-    var = (global.narrow(0, c, c) / count - shifted_mean.square()).clamp_min(0);
-    mean = shifted_mean + shift.reshape({c});
+    const ::torch::Tensor var = (global.narrow(0, c, c) / n - shifted_mean.square()).clamp_min(0);
+    const ::torch::Tensor batch_mean = shifted_mean + shift.reshape({c});
     if (is_training() && options_.track_running_stats) {
-      ::torch::NoGradGuard no_grad;
-      const double n = count.item<double>();
       num_batches_tracked.add_(1);
       // Without a momentum, the k-th batch weighs 1/k: the running statistics are the
       // average of every batch's (PyTorch's momentum=None).
       const double m = options_.momentum.value_or(
           1.0 / static_cast<double>(num_batches_tracked.item<int64_t>()));
-      running_mean.mul_(1 - m).add_(mean.detach().to(running_mean.dtype()), m);
-      running_var.mul_(1 - m).add_((var.detach() * (n / (n - 1))).to(running_var.dtype()), m);
+      running_mean.mul_(1 - m).add_(batch_mean.to(running_mean.dtype()), m);
+      running_var.mul_(1 - m).add_((var * (n / (n - 1))).to(running_var.dtype()), m);
     }
-    mean = mean.to(input.dtype());
-    var = var.to(input.dtype());
-  } else {
-    mean = running_mean;
-    var = running_var;
+    mean = batch_mean.to(input.dtype());
+    invstd = (var + options_.eps).rsqrt().to(input.dtype());
   }
-  ::torch::Tensor out = (input - per_channel(mean)) * per_channel((var + options_.eps).rsqrt());
-  if (options_.affine) out = out * per_channel(weight) + per_channel(bias);
-  return out;
+  return NormaliseWithBatchStatistics::apply(
+      input, options_.affine ? weight : ::torch::empty({0}),
+      options_.affine ? bias : ::torch::empty({0}), mean, invstd, n,
+      is_training() ? c10::make_intrusive<HeldCommunicator>(comm_)
+                    : c10::intrusive_ptr<HeldCommunicator>());
 }
 
 }  // namespace braid::torch

@@ -98,6 +98,44 @@ TEST(SyncBatchNorm, MatchesOneBatchNormOverTheWholeBatchSplitUnevenly) {
   EXPECT_TRUE(::torch::allclose(beta_grads[0] + beta_grads[1], reference->bias.grad(), 1e-4));
 }
 
+// Without affine parameters, on (N, C, H, W) images split over three ranks (one with a
+// single image): the input gradient is still the whole batch's.
+TEST(SyncBatchNorm, WithoutAffineParametersImagesOnThreeRanksMatchOneBatchNorm) {
+  constexpr int kChannels = 3;
+  const std::vector<std::int64_t> rows{2, 1, 4};
+  std::vector<::torch::Tensor> inputs, weights;
+  for (int r = 0; r < 3; ++r) {
+    inputs.push_back(draw({rows[r], kChannels, 2, 3}, 40 + r));
+    weights.push_back(draw({rows[r], kChannels, 2, 3}, 50 + r));
+  }
+  ::torch::nn::BatchNorm2d reference(::torch::nn::BatchNorm2dOptions(kChannels).affine(false));
+  const ::torch::Tensor whole = ::torch::cat(inputs).requires_grad_(true);
+  const ::torch::Tensor expected = reference->forward(whole);
+  (expected * ::torch::cat(weights)).sum().backward();
+
+  std::vector<::torch::Tensor> outputs(3), input_grads(3);
+  expect_all_passed(run_ranks(3, [&](int rank, std::shared_ptr<Communicator> comm) {
+    const auto r = static_cast<std::size_t>(rank);
+    SyncBatchNormOptions options(kChannels);
+    options.affine = false;
+    SyncBatchNorm norm(comm, options);
+    EXPECT_EQ(norm->parameters().size(), 0U);
+    const ::torch::Tensor x = inputs[r].clone().requires_grad_(true);
+    const ::torch::Tensor y = norm->forward(x);
+    (y * weights[r]).sum().backward();
+    outputs[r] = y.detach();
+    input_grads[r] = x.grad();
+  }));
+  std::int64_t at = 0;
+  for (std::size_t r = 0; r < 3; ++r) {
+    EXPECT_TRUE(::torch::allclose(outputs[r], expected.detach().narrow(0, at, rows[r]), 1e-5, 1e-5))
+        << "rank " << r << " output";
+    EXPECT_TRUE(::torch::allclose(input_grads[r], whole.grad().narrow(0, at, rows[r]), 1e-4, 1e-5))
+        << "rank " << r << " input gradient";
+    at += rows[r];
+  }
+}
+
 struct WithNormImpl : ::torch::nn::Module {
   explicit WithNormImpl(std::shared_ptr<Communicator> comm) {
     fc1 = register_module("fc1", ::torch::nn::Linear(8, 16));

@@ -9,11 +9,11 @@
 // channel, in double, with its element count, and one all-reduce of 2C + 3 numbers makes
 // the whole batch's mean and (biased) variance. K is the running mean, the same on every
 // rank: sums around it do not cancel catastrophically once it is near the batch mean, as
-// raw sums of squares would. The all-reduce is differentiable (its backward is the
-// all-reduce of the incoming gradients), so backward makes the second all-reduce PyTorch's
-// does: the input gradient is that of the sum of every rank's loss, and the affine
-// parameters' gradients are this rank's share, which DDP then averages like any other.
-// Ranks may hold different numbers of samples; the counts are part of the sums.
+// raw sums of squares would. Backward is PyTorch's SyncBatchNorm's: each rank sums dy and
+// dy * (x - mean) per channel, one all-reduce of those 2C numbers gives the whole batch's,
+// and the input gradient is that of the sum of every rank's loss; the affine parameters'
+// gradients are this rank's share, which DDP then averages like any other. Ranks may hold
+// different numbers of samples; the counts are part of the sums.
 //
 // Evaluation communicates nothing: it uses the running statistics, or without them this
 // rank's batch alone (as PyTorch's does). Running statistics are updated with the whole
@@ -27,11 +27,12 @@
 // differently on different ranks. Not with DDP's join() (uneven inputs): a joined rank
 // has no forward to shadow these with, and allow_uneven_inputs() refuses such a model.
 //
-// Costs per forward in training: the input in double, centred and squared (autograd keeps
-// the centred copy: twice the input's bytes for f32, 3-4x what PyTorch's kernel keeps),
-// one all-reduce of (2C + 3) doubles, and in backward one more of the same size. (The
-// two beyond the sums and the count say whether some rank's input did not fit, so that
-// every rank fails together, naming it.)
+// Costs per forward in training: the input converted to double and centred, while the
+// statistics are summed (freed before the output is made); one all-reduce of (2C + 3)
+// doubles (the two beyond the sums and the count say whether some rank's input did not
+// fit, so that every rank fails together, naming it). Autograd keeps the input and three
+// C-vectors, as PyTorch's kernel does. Backward: one pass making x - mean, one all-reduce
+// of 2C doubles. No double backward (nor has PyTorch's).
 #pragma once
 
 #include <cstdint>

@@ -103,6 +103,13 @@ DistributedDataParallelOptions small_buckets() {
   return options;
 }
 
+DistributedDataParallelOptions finding_unused(bool bucket_view = true) {
+  DistributedDataParallelOptions options;
+  options.find_unused_parameters = true;
+  options.gradient_as_bucket_view = bucket_view;
+  return options;
+}
+
 TEST(DistributedDataParallel, EveryRankHoldsBitIdenticalParametersAfterTraining) {
   std::vector<std::vector<::torch::Tensor>> finals(2);
   expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
@@ -276,10 +283,7 @@ TEST(DistributedDataParallel, FindsUnusedParametersLocallyZeroGloballyUntouched)
     std::vector<std::string> errors =
         run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
           Branchy net;
-          DistributedDataParallelOptions options;
-          options.find_unused_parameters = true;
-          options.gradient_as_bucket_view = view;
-          DistributedDataParallel ddp(net, comm, options);
+          DistributedDataParallel ddp(net, comm, finding_unused(view));
           const ::torch::Tensor never_before = net->fc_never->weight.clone();
           ::torch::optim::SGD opt(net->parameters(),
                                   ::torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.1));
@@ -311,9 +315,7 @@ TEST(DistributedDataParallel,
      AGradientAccumulatedUnderNoSyncCountsWhereTheSyncedStepLeavesItUnused) {
   expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
     Branchy net;
-    DistributedDataParallelOptions options;
-    options.find_unused_parameters = true;
-    DistributedDataParallel ddp(net, comm, options);
+    DistributedDataParallel ddp(net, comm, finding_unused());
     // This rank's own gradient of the branch over both steps, from a copy of the weights
     // (rank 0's, after the broadcast): step 0 uses the branch everywhere, step 1 on rank 1.
     Branchy copy;
@@ -347,8 +349,7 @@ TEST(DistributedDataParallel,
 TEST(DistributedDataParallel, StaticGraphReusesTheFirstIterationsUnusedSet) {
   expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
     Branchy net;
-    DistributedDataParallelOptions options;
-    options.find_unused_parameters = true;
+    DistributedDataParallelOptions options = finding_unused();
     options.static_graph = true;
     DistributedDataParallel ddp(net, comm, options);
     for (int step = 0; step < 3; ++step) {
@@ -510,10 +511,7 @@ TEST(DistributedDataParallelUnevenInputs, ARankWithNoBatchShadowsNoSyncAndUnused
     SCOPED_TRACE(view ? "gradients as bucket views" : "copy mode");
     expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
       Branchy net;
-      DistributedDataParallelOptions options;
-      options.find_unused_parameters = true;
-      options.gradient_as_bucket_view = view;
-      DistributedDataParallel ddp(net, comm, options);
+      DistributedDataParallel ddp(net, comm, finding_unused(view));
       ::torch::optim::SGD opt(net->parameters(), 0.1);
       ddp.allow_uneven_inputs();
       if (rank == 1) {

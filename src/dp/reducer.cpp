@@ -132,12 +132,7 @@ void Reducer::bind_gradients() {
 Reducer::~Reducer() {
   comm_->set_computing(false);
   // In-flight reductions still read and write the buckets: give them a bounded while.
-  for (auto& bucket : buckets_) {
-    if (bucket->reduction && !bucket->reduction->wait_for(std::chrono::seconds(30))) {
-      log::warn("ddp: a bucket reduction was still running when the reducer was destroyed");
-    }
-  }
-  if (used_reduction_) (void)used_reduction_->wait_for(std::chrono::seconds(30));
+  settle_reductions();
 }
 
 void Reducer::build_buckets(const std::vector<std::size_t>& ready_order) {
@@ -232,8 +227,9 @@ void Reducer::check_previous_finished() const {
   if (state_ == State::backward) {
     misuse(*comm_,
            "the previous iteration's gradient reduction did not finish: every forward through "
-           "DistributedDataParallel needs its backward() before the next forward (use no_sync() "
-           "to accumulate, or find_unused_parameters if some parameters get no gradient)");
+           "DistributedDataParallel needs its backward() before the next forward, run to its "
+           "end (a backward that threw leaves it unfinished; use no_sync() to accumulate, or "
+           "find_unused_parameters if some parameters get no gradient)");
   }
 }
 
@@ -268,7 +264,7 @@ void Reducer::prepare_for_backward(bool sync,
     keep_unused_gradient(index);
     // Its gradient will not change in this backward: what it holds now (accumulated under
     // no_sync(), or none: zeros) is its contribution, as in PyTorch's DDP.
-    fill_slot(index);
+    fill_slot(index, /*bind=*/false);
     if (--buckets_[bucket_of_[index]]->pending == 0) mark_full(bucket_of_[index]);
   }
   launch_ready_buckets();
@@ -278,7 +274,8 @@ void Reducer::keep_unused_gradient(std::size_t index) {
   if (!options_.gradient_as_bucket_view) return;
   const std::optional<Buffer> gradient = access_.gradient(index, false);
   const Buffer slot = buckets_[bucket_of_[index]]->slot(slot_of_[index], parameters_[index].count);
-  if (!gradient || gradient->data() != slot.data()) return;  // its own memory: untouched
+  // With its own memory it stays untouched: fill_slot does not bind it this iteration.
+  if (!gradient || gradient->data() != slot.data()) return;
   const auto* bytes = static_cast<const std::byte*>(gradient->data());
   unused_gradients_.emplace_back(index,
                                  std::vector<std::byte>(bytes, bytes + gradient->size_bytes()));
@@ -328,10 +325,27 @@ void Reducer::wait_for_reductions() {
   try {
     for (auto& bucket : buckets_) bucket->reduction->get();
     if (used_reduction_) used_reduction_->get();
-  } catch (const Error& e) {
-    failed_ = e;
+  } catch (const std::exception& e) {
+    const auto* error = dynamic_cast<const Error*>(&e);
+    failed_ = error != nullptr
+                  ? *error
+                  : Error(Errc::invalid_argument, e.what(),
+                          {.rank = comm_->world_rank(comm_->rank()), .operation = "ddp comm hook"});
+    // The other buckets' reductions may still write into the buckets, which may be the
+    // gradients: let them end (the failure usually fails them fast) before the caller
+    // sees the error. Bounded, as in the destructor.
+    settle_reductions();
     throw;
   }
+}
+
+void Reducer::settle_reductions() noexcept {
+  for (auto& bucket : buckets_) {
+    if (bucket->reduction && !bucket->reduction->wait_for(std::chrono::seconds(30))) {
+      log::warn("ddp: a bucket reduction was still running 30 s after another failed");
+    }
+  }
+  if (used_reduction_) (void)used_reduction_->wait_for(std::chrono::seconds(30));
 }
 
 void Reducer::end_iteration() {
@@ -344,7 +358,7 @@ void Reducer::end_iteration() {
   }
 }
 
-void Reducer::fill_slot(std::size_t index) {
+void Reducer::fill_slot(std::size_t index, bool bind) {
   const ParameterSpec& p = parameters_[index];
   Bucket& bucket = *buckets_[bucket_of_[index]];
   const Buffer slot = bucket.slot(slot_of_[index], p.count);
@@ -362,7 +376,7 @@ void Reducer::fill_slot(std::size_t index) {
                         : equal_shares_                ? 1.0
                                                        : scale_ * comm_->size();
   detail::scaled_copy(slot, *gradient, factor);
-  if (options_.gradient_as_bucket_view && gradient->data() != slot.data()) {
+  if (bind && options_.gradient_as_bucket_view && gradient->data() != slot.data()) {
     // The framework replaced the gradient (set to none by zero_grad, or assigned): from
     // the next backward on it accumulates in the bucket again, as with PyTorch's views.
     access_.bind_gradient(index, slot, bucket.storage);

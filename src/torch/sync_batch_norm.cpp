@@ -105,39 +105,51 @@ std::vector<std::int64_t> all_but_channels(std::int64_t dims) {
 struct NormaliseWithBatchStatistics : ::torch::autograd::Function<NormaliseWithBatchStatistics> {
   static bool affine(const ::torch::Tensor& weight) { return weight.numel() != 0; }
 
+  // mean and invstd come in computing_dtype(input); the arithmetic runs in it and the
+  // result goes back to the input's dtype.
   static ::torch::Tensor forward(::torch::autograd::AutogradContext* ctx,
                                  const ::torch::Tensor& input, const ::torch::Tensor& weight,
                                  const ::torch::Tensor& bias, const ::torch::Tensor& mean,
                                  const ::torch::Tensor& invstd, double count,
                                  c10::intrusive_ptr<HeldCommunicator> held) {
     const std::int64_t dims = input.dim();
-    ::torch::Tensor out = (input - per_channel(mean, dims)) * per_channel(invstd, dims);
-    if (affine(weight)) out = out * per_channel(weight, dims) + per_channel(bias, dims);
+    const auto dtype = mean.scalar_type();
+    ::torch::Tensor out = (input.to(dtype) - per_channel(mean, dims)) * per_channel(invstd, dims);
+    if (affine(weight)) {
+      out = out * per_channel(weight.to(dtype), dims) + per_channel(bias.to(dtype), dims);
+    }
     ctx->save_for_backward({input, weight, mean, invstd});
     ctx->saved_data["count"] = count;
     if (held) ctx->saved_data["comm"] = c10::IValue::make_capsule(held);
-    return out;
+    return out.to(input.scalar_type());
   }
 
   static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                    ::torch::autograd::variable_list grads) {
+    if (::torch::GradMode::is_enabled()) {
+      // backward(create_graph=true): this backward is not itself differentiable.
+      throw Error(Errc::invalid_argument,
+                  "SyncBatchNorm has no double backward (a backward with create_graph)",
+                  {.operation = "SyncBatchNorm"});
+    }
     const auto saved = ctx->get_saved_variables();
     const ::torch::Tensor& input = saved[0];
     const ::torch::Tensor& weight = saved[1];
     const ::torch::Tensor& mean = saved[2];
     const ::torch::Tensor& invstd = saved[3];
-    const ::torch::Tensor& dy = grads[0];
+    const auto dtype = mean.scalar_type();
+    const ::torch::Tensor dy = grads[0].to(dtype);
     const std::int64_t dims = input.dim();
     const std::vector<std::int64_t> reduced = all_but_channels(dims);
-    const ::torch::Tensor xmu = input - per_channel(mean, dims);
+    const ::torch::Tensor xmu = input.to(dtype) - per_channel(mean, dims);
     // In double: the sums over the batch cancel (dy sums to ~0 under a mean loss).
     const ::torch::Tensor sum_dy = dy.sum(reduced, false, ::torch::kDouble);
     const ::torch::Tensor sum_dy_xmu = (dy * xmu).sum(reduced, false, ::torch::kDouble);
     ::torch::Tensor grad_input, grad_weight, grad_bias;
     if (affine(weight) && ctx->needs_input_grad(1)) {
-      grad_weight = (sum_dy_xmu * invstd.to(::torch::kDouble)).to(weight.dtype());
+      grad_weight = (sum_dy_xmu * invstd.to(::torch::kDouble)).to(weight.scalar_type());
     }
-    if (affine(weight) && ctx->needs_input_grad(2)) grad_bias = sum_dy.to(weight.dtype());
+    if (affine(weight) && ctx->needs_input_grad(2)) grad_bias = sum_dy.to(weight.scalar_type());
     if (ctx->needs_input_grad(0)) {
       ::torch::Tensor sums = ::torch::cat({sum_dy, sum_dy_xmu});
       if (ctx->saved_data.count("comm") != 0) {
@@ -147,17 +159,26 @@ struct NormaliseWithBatchStatistics : ::torch::autograd::Function<NormaliseWithB
       }
       const double count = ctx->saved_data["count"].toDouble();
       const std::int64_t c = mean.numel();
-      const ::torch::Tensor mean_dy = (sums.narrow(0, 0, c) / count).to(input.dtype());
-      const ::torch::Tensor mean_dy_xmu = (sums.narrow(0, c, c) / count).to(input.dtype());
-      const ::torch::Tensor scale = affine(weight) ? invstd * weight : invstd;
-      grad_input = (dy - per_channel(mean_dy, dims) -
-                    xmu * per_channel(invstd.square() * mean_dy_xmu, dims)) *
-                   per_channel(scale, dims);
+      const ::torch::Tensor mean_dy = (sums.narrow(0, 0, c) / count).to(dtype);
+      const ::torch::Tensor mean_dy_xmu = (sums.narrow(0, c, c) / count).to(dtype);
+      const ::torch::Tensor scale = affine(weight) ? invstd * weight.to(dtype) : invstd;
+      grad_input = ((dy - per_channel(mean_dy, dims) -
+                     xmu * per_channel(invstd.square() * mean_dy_xmu, dims)) *
+                    per_channel(scale, dims))
+                       .to(input.scalar_type());
     }
     return {grad_input,        grad_weight,       grad_bias,        ::torch::Tensor(),
             ::torch::Tensor(), ::torch::Tensor(), ::torch::Tensor()};
   }
 };
+
+// What SyncBatchNorm computes in: the input's dtype, but f32 for 16-bit floats, whose
+// range cannot hold the per-channel factors (1/sqrt(eps) squared is 1e5), as PyTorch's
+// kernels keep them in f32.
+::torch::ScalarType computing_dtype(const ::torch::Tensor& input) {
+  const auto dtype = input.scalar_type();
+  return dtype == ::torch::kHalf || dtype == ::torch::kBFloat16 ? ::torch::kFloat : dtype;
+}
 
 }  // namespace
 
@@ -267,8 +288,8 @@ void SyncBatchNormImpl::reset() {
       running_mean.mul_(1 - m).add_(batch_mean.to(running_mean.dtype()), m);
       running_var.mul_(1 - m).add_((var * (n / (n - 1))).to(running_var.dtype()), m);
     }
-    mean = batch_mean.to(input.dtype());
-    invstd = (var + options_.eps).rsqrt().to(input.dtype());
+    mean = batch_mean.to(computing_dtype(input));
+    invstd = (var + options_.eps).rsqrt().to(computing_dtype(input));
   }
   return NormaliseWithBatchStatistics::apply(
       input, options_.affine ? weight : ::torch::empty({0}),

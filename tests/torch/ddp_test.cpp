@@ -346,6 +346,31 @@ TEST(DistributedDataParallel,
   }));
 }
 
+// A gradient first made under no_sync() has memory of its own, not its bucket's. Where
+// no rank uses its parameter in the synchronised step, it keeps what no_sync() gave it,
+// in both gradient modes (with bucket views it must not become a view of the all-reduced
+// bucket; found in review).
+TEST(DistributedDataParallel, AGradientOnlyNoSyncMadeStaysAsItWasWhereNobodyUsesItInTheSync) {
+  for (const bool view : {true, false}) {
+    SCOPED_TRACE(view ? "gradients as bucket views" : "copy mode");
+    expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+      Branchy net;
+      DistributedDataParallel ddp(net, comm, finding_unused(view));
+      auto x = data(rank, 0).first.narrow(1, 0, 4);
+      {
+        auto guard = ddp.no_sync();
+        ddp.forward(x, true).sum().backward();
+      }
+      const ::torch::Tensor before = net->fc_rank1->weight.grad().clone();
+      ddp.forward(x, false).sum().backward();
+      EXPECT_TRUE(::torch::equal(net->fc_rank1->weight.grad(), before)) << "rank " << rank;
+      // Used again later, it is a bucket view like the others.
+      ddp.forward(x, true).sum().backward();
+      EXPECT_TRUE(net->fc_rank1->weight.grad().defined());
+    }));
+  }
+}
+
 TEST(DistributedDataParallel, StaticGraphReusesTheFirstIterationsUnusedSet) {
   expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
     Branchy net;

@@ -136,6 +136,26 @@ TEST(SyncBatchNorm, WithoutAffineParametersImagesOnThreeRanksMatchOneBatchNorm) 
   }
 }
 
+// Half-precision inputs: the per-channel factors stay in f32, as PyTorch's kernels keep
+// them. In f16, a constant channel's 1/sqrt(eps) squared (1e5) overflowed to infinity and
+// its input gradient came out NaN (found in review).
+TEST(SyncBatchNorm, AHalfPrecisionConstantChannelGetsFiniteGradients) {
+  const ::torch::Tensor input = draw({4, 2}, 60).to(::torch::kHalf);
+  const ::torch::Tensor loss_weights = draw({4, 2}, 61);
+  expect_all_passed(run_ranks(2, [&](int, std::shared_ptr<Communicator> comm) {
+    SyncBatchNorm norm(comm, SyncBatchNormOptions(2));
+    norm->to(::torch::kHalf);
+    ::torch::Tensor x = input.clone();
+    x.select(1, 1).fill_(0);  // a dead channel, as after a ReLU
+    x.requires_grad_(true);
+    const ::torch::Tensor y = norm->forward(x);
+    EXPECT_EQ(y.scalar_type(), ::torch::kHalf);
+    (y.to(::torch::kFloat) * loss_weights).sum().backward();
+    EXPECT_TRUE(x.grad().isfinite().all().item<bool>()) << x.grad();
+    EXPECT_TRUE(norm->weight.grad().isfinite().all().item<bool>()) << norm->weight.grad();
+  }));
+}
+
 struct WithNormImpl : ::torch::nn::Module {
   explicit WithNormImpl(std::shared_ptr<Communicator> comm) {
     fc1 = register_module("fc1", ::torch::nn::Linear(8, 16));
@@ -329,6 +349,22 @@ TEST(SyncBatchNorm, RefusesInputsWithTheWrongChannelsAndBadOptions) {
     SyncBatchNormOptions bad(3);
     bad.momentum = 2;
     EXPECT_THROW(SyncBatchNorm(comm, bad), braid::Error);
+  }));
+}
+
+// Its backward is not itself differentiable: a backward with create_graph says so on
+// every rank instead of giving a wrong second derivative.
+TEST(SyncBatchNorm, ABackwardWithCreateGraphIsRefused) {
+  expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    SyncBatchNorm norm(comm, SyncBatchNormOptions(2));
+    const ::torch::Tensor x = draw({3, 2}, 70 + rank).requires_grad_(true);
+    const ::torch::Tensor loss = norm->forward(x).pow(2).sum();
+    try {
+      loss.backward({}, /*retain_graph=*/true, /*create_graph=*/true);
+      ADD_FAILURE() << "double backward went through";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("no double backward"), std::string::npos) << e.what();
+    }
   }));
 }
 

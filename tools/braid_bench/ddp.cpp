@@ -140,7 +140,8 @@ std::optional<std::string> run_pytorch(const DdpOptions& o,
   std::vector<std::string> argv{*python, script, "--ranks", std::to_string(o.ranks)};
   for (auto& a : model_arguments(o)) argv.push_back(a);
   for (auto& a : extra) argv.push_back(a);
-  return json_line(run_command(argv, std::chrono::seconds(900)), "PyTorch DDP");
+  return json_line(run_command(argv, std::chrono::seconds(900)),
+                   extra.empty() ? "PyTorch DDP" : "PyTorch DDP with " + extra.front());
 }
 
 }  // namespace

@@ -164,7 +164,13 @@ class Reducer {
   void mark_full(std::size_t index);
   // Needs mutex_. Launches every full bucket from next_launch_ on.
   void launch_ready_buckets();
-  void fill_slot(std::size_t index);
+  // Copies (and scales) parameter `index`'s gradient into its slot; with
+  // gradient_as_bucket_view and `bind`, makes the gradient a view of the slot. Not for a
+  // parameter this rank left unused: the all-reduce may give its slot values its gradient
+  // must not take (no rank used it).
+  void fill_slot(std::size_t index, bool bind = true);
+  // Waits, bounded, for every launched reduction to end, whatever it ends with.
+  void settle_reductions() noexcept;
   // Needs mutex_. Before a parameter this rank left unused is filled in: unused_gradients_.
   void keep_unused_gradient(std::size_t index);
   // With a hook that averages (the default all-reduce), f32, f64 and bf16 buckets go in

@@ -96,7 +96,9 @@ def worker(rank, args, port):
         with contextlib.ExitStack() as local:
             if not sync:
                 local.enter_context(ddp.no_sync())
-            opt.zero_grad()
+            # In place, as libtorch 1.13's zero_grad() in ddp_train: torch 2.x sets
+            # gradients to None by default, which costs bucket views a copy each step.
+            opt.zero_grad(set_to_none=False)
             loss = torch.nn.functional.mse_loss(ddp(x), y)
             if straggler:
                 compute_for(args.straggle_ms)

@@ -484,8 +484,9 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   mine.world_size = 1;
   mine.ranks.push_back(braid::trace::rank_timeline(snapshot, {.rank = comm->rank()}));
   const braid::trace::OverlapFigures f = braid::trace::summarize(mine).ranks.at(0).figures;
-  std::vector<std::int64_t> figures{f.wall_ns, f.compute_ns, f.communication_ns, f.overlap_ns,
-                                    f.exposed_ns};
+  // -1: no compute span carried its off-core time.
+  std::vector<std::int64_t> figures{f.wall_ns,    f.compute_ns, f.communication_ns,
+                                    f.overlap_ns, f.exposed_ns, f.compute_off_core_ns.value_or(-1)};
   std::vector<std::int64_t> all(figures.size() * static_cast<std::size_t>(comm->size()));
   comm->launch(comm->all_gather(braid::Buffer(figures), braid::Buffer(all))).get();
 
@@ -536,12 +537,17 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   for (int r = 0; r < comm->size(); ++r) {
     braid::trace::RankSummary rank;
     rank.rank = r;
-    const std::int64_t* v = all.data() + 5 * r;
+    const std::int64_t* v = all.data() + figures.size() * static_cast<std::size_t>(r);
     rank.figures = {.wall_ns = v[0],
                     .compute_ns = v[1],
                     .communication_ns = v[2],
                     .overlap_ns = v[3],
                     .exposed_ns = v[4]};
+    if (v[5] >= 0) {
+      rank.figures.compute_off_core_ns = v[5];
+      summary.job.figures.compute_off_core_ns =
+          summary.job.figures.compute_off_core_ns.value_or(0) + v[5];
+    }
     summary.job.figures.wall_ns = std::max(summary.job.figures.wall_ns, v[0]);
     summary.job.figures.compute_ns += v[1];
     summary.job.figures.communication_ns += v[2];

@@ -170,7 +170,7 @@ void DataParallelCore::before_forward() {
   }
   broadcast_buffers_from(buffers_from);
   std::lock_guard lock(span_mutex_);
-  forward_span_.emplace(trace::Category::compute, trace::Name("forward"));
+  forward_span_.emplace(trace::Name("forward"));
 }
 
 void DataParallelCore::after_forward(const std::vector<at::Tensor>& outputs) {
@@ -198,7 +198,7 @@ void DataParallelCore::after_forward(const std::vector<at::Tensor>& outputs) {
     output.register_hook([this](const at::Tensor&) {
       if (backward_started_.exchange(true)) return;
       std::lock_guard lock(span_mutex_);
-      backward_span_.emplace(trace::Category::compute, trace::Name("backward"));
+      backward_span_.emplace(trace::Name("backward"));
     });
   }
 }

@@ -108,6 +108,18 @@ OverlapFigures figures_of(const RankTimeline& rank) {
     figures.overlap_ns += unrecorded * covered_length(compute, event.begin_ns, event.end_ns);
   }
   figures.exposed_ns = figures.communication_ns - figures.overlap_ns;
+  // Off-core time: events come by begin time, so a span that ends before the last counted
+  // one on its track is nested in it, and its off-core time is already in that one's.
+  std::map<std::uint32_t, std::int64_t> counted_until;
+  for (const TimelineEvent& event : rank.events) {
+    if (event.instant || event.category != "compute") continue;
+    const std::optional<std::string> off_core = event.arg("off_core_ns");
+    if (!off_core) continue;
+    std::int64_t& until = counted_until[event.track];
+    if (event.end_ns <= until) continue;
+    until = event.end_ns;
+    figures.compute_off_core_ns = figures.compute_off_core_ns.value_or(0) + std::stoll(*off_core);
+  }
   if (!rank.events.empty()) {
     std::int64_t first = rank.events.front().begin_ns;
     std::int64_t last = first;
@@ -126,6 +138,9 @@ void add_figures(OverlapFigures& into, const OverlapFigures& from) {
   into.communication_ns += from.communication_ns;
   into.overlap_ns += from.overlap_ns;
   into.exposed_ns += from.exposed_ns;
+  if (from.compute_off_core_ns) {
+    into.compute_off_core_ns = into.compute_off_core_ns.value_or(0) + *from.compute_off_core_ns;
+  }
 }
 
 std::optional<double> bubble_of(const RankTimeline& rank) {
@@ -179,6 +194,9 @@ void append_rank_json(std::string& out, const RankSummary& rank) {
     fmt::format_to(std::back_inserter(out), "{:.3f}", *p);
   } else {
     out += "null";
+  }
+  if (f.compute_off_core_ns) {
+    fmt::format_to(std::back_inserter(out), R"(,"compute_off_core_ns":{})", *f.compute_off_core_ns);
   }
   out += R"(,"collectives":{)";
   bool first = true;
@@ -326,16 +344,27 @@ Summary summarize(const Timeline& timeline) {
 std::string format_text(const Summary& summary) {
   std::string out;
   fmt::format_to(std::back_inserter(out), "{} rank(s)\n\n", summary.ranks.size());
-  fmt::format_to(std::back_inserter(out), "{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}\n",
-                 "rank", "wall", "compute", "comm", "overlap", "exposed", "overlap%");
+  const bool off_core = summary.job.figures.compute_off_core_ns.has_value();
+  fmt::format_to(std::back_inserter(out), "{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}{}\n",
+                 "rank", "wall", "compute", "comm", "overlap", "exposed", "overlap%",
+                 off_core ? fmt::format(" {:>10}", "off-core") : "");
   auto row = [&](std::string label, const OverlapFigures& f) {
-    fmt::format_to(std::back_inserter(out), "{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}\n",
-                   label, duration_text(f.wall_ns), duration_text(f.compute_ns),
-                   duration_text(f.communication_ns), duration_text(f.overlap_ns),
-                   duration_text(f.exposed_ns), percent_text(f.overlap_percent()));
+    fmt::format_to(
+        std::back_inserter(out), "{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}{}\n", label,
+        duration_text(f.wall_ns), duration_text(f.compute_ns), duration_text(f.communication_ns),
+        duration_text(f.overlap_ns), duration_text(f.exposed_ns), percent_text(f.overlap_percent()),
+        !off_core               ? ""
+        : f.compute_off_core_ns ? fmt::format(" {:>10}", duration_text(*f.compute_off_core_ns))
+                                : fmt::format(" {:>10}", "-"));
   };
   for (const RankSummary& rank : summary.ranks) row(std::to_string(rank.rank), rank.figures);
   row("all", summary.job.figures);
+  if (off_core) {
+    out +=
+        "off-core: time the compute's threads spent without their core (another thread ran "
+        "there, or they waited); overlap counts communication beside compute as hidden, and "
+        "where it took the compute's core, this is what it cost\n";
+  }
   for (const RankSummary& rank : summary.ranks) {
     if (rank.overwritten_records == 0) continue;
     fmt::format_to(std::back_inserter(out),

@@ -8,6 +8,8 @@ echo "$output"
 grep -q "(converged)" <<<"$output" || { echo "FAIL: the loss did not fall 3x"; exit 1; }
 grep -q "overlap%" <<<"$output" || { echo "FAIL: no overlap summary"; exit 1; }
 grep -qE "^\[0\] all +" <<<"$output" || { echo "FAIL: no job row in the summary"; exit 1; }
+# DDP's forward and backward spans say how long their threads were off their cores.
+grep -qE "overlap% +off-core" <<<"$output" || { echo "FAIL: no off-core column"; exit 1; }
 
 # Its options are listed, and a wrong one is a usage error that points there.
 "$2" --help | grep -q -- "--copy-gradients" || { echo "FAIL: --help does not list the options"; exit 1; }

@@ -1,13 +1,17 @@
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <optional>
 #include <pthread.h>
 #include <set>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include <braid/trace/recorder.hpp>
+#include <braid/trace/region.hpp>
 #include <braid/trace/span.hpp>
 
 namespace braid::trace {
@@ -98,6 +102,45 @@ TEST_F(Recorder, ArgumentsBeyondTheLimitAreDropped) {
   ASSERT_EQ(snap.records.size(), 1u);
   EXPECT_EQ(snap.records[0].arg_count, kMaxArgs);
   EXPECT_EQ(snap.records[0].args[1].value, 2);
+}
+
+std::optional<std::int64_t> arg_of(const Record& r, std::string_view key) {
+  for (std::uint8_t i = 0; i < r.arg_count; ++i) {
+    if (std::string_view(r.args[i].key) == key) return r.args[i].value;
+  }
+  return std::nullopt;
+}
+
+// A compute region records how long its thread was off its core: a thread that sleeps
+// through it is off for about the sleep, one that computes stays near zero; a user
+// argument keeps its place beside it.
+TEST_F(Recorder, ComputeRegionsRecordTheTimeTheirThreadSpentOffItsCore) {
+  using namespace std::chrono_literals;
+  {
+    ComputeRegion sleeping("sleeping");
+    sleeping.arg("step", 3);
+    std::this_thread::sleep_for(30ms);
+  }
+  {
+    ComputeRegion spinning("spinning");
+    const auto until = std::chrono::steady_clock::now() + 30ms;
+    while (std::chrono::steady_clock::now() < until) {
+    }
+  }
+  std::optional<Record> sleeping, spinning;
+  for (const Record& r : snapshot().records) {
+    if (std::string_view(r.name) == "sleeping") sleeping = r;
+    if (std::string_view(r.name) == "spinning") spinning = r;
+  }
+  ASSERT_TRUE(sleeping && spinning);
+  EXPECT_EQ(sleeping->category, Category::compute);
+  EXPECT_EQ(arg_of(*sleeping, "step"), 3);
+  ASSERT_TRUE(arg_of(*sleeping, "off_core_ns"));
+  EXPECT_GE(*arg_of(*sleeping, "off_core_ns"), 25'000'000);
+  ASSERT_TRUE(arg_of(*spinning, "off_core_ns"));
+  // Other processes may take the core for a while (two cores, tests in parallel), but
+  // not nearly all of the 30 ms.
+  EXPECT_LT(*arg_of(*spinning, "off_core_ns"), 25'000'000);
 }
 
 TEST_F(Recorder, NamedTracksInternToStableIds) {

@@ -221,6 +221,41 @@ TEST(Formats, TextHasTheTableAndJsonParsesWithTheSameFigures) {
   EXPECT_EQ(json["ranks"][0]["overwritten_records"], 0);
 }
 
+TimelineEvent off_core(TimelineEvent e, std::int64_t ns) {
+  e.args.emplace_back("off_core_ns", std::to_string(ns));
+  return e;
+}
+
+// Compute spans' off-core time adds up per rank and over the job; a span nested in
+// another on its track is inside that one's time already and counts once; spans on
+// another track count on their own.
+TEST(OffCore, ComputeSpansOffCoreTimeAddsUpOncePerTrack) {
+  Timeline timeline;
+  timeline.world_size = 2;
+  timeline.ranks.push_back(RankTimeline{
+      .rank = 0,
+      .events = {off_core(event("compute", 0, 100, "backward"), 30),
+                 off_core(event("compute", 10, 50, "inner"), 20),  // nested: counted above
+                 event("comm", 40, 120, "all_reduce"),
+                 off_core(event("compute", 60, 90, "other", 2), 5),
+                 off_core(event("compute", 150, 200, "optimizer"), 7)}});
+  timeline.ranks.push_back(RankTimeline{.rank = 1, .events = {event("compute", 0, 100)}});
+  const Summary s = summarize(timeline);
+  EXPECT_EQ(s.ranks[0].figures.compute_off_core_ns, 42);
+  EXPECT_FALSE(s.ranks[1].figures.compute_off_core_ns.has_value()) << "no span carried it";
+  EXPECT_EQ(s.job.figures.compute_off_core_ns, 42);
+  const std::string text = format_text(s);
+  EXPECT_NE(text.find("off-core"), std::string::npos) << text;
+  EXPECT_NE(text.find("what it cost"), std::string::npos) << "the column is explained";
+  const auto json = nlohmann::json::parse(format_json(s));
+  EXPECT_EQ(json["ranks"][0]["compute_off_core_ns"], 42);
+  EXPECT_FALSE(json["ranks"][1].contains("compute_off_core_ns"));
+  EXPECT_EQ(json["job"]["compute_off_core_ns"], 42);
+  // Without the argument anywhere there is no column.
+  const std::string plain = format_text(summarize(one_rank({event("compute", 0, 100)})));
+  EXPECT_EQ(plain.find("off-core"), std::string::npos) << plain;
+}
+
 // A rank whose recorder overwrote old records (BRAID_TRACE_BUFFER_MB) is named, with the
 // count, so nobody mistakes its figures for the whole run's.
 TEST(Formats, ARankThatOverwroteRecordsIsNamedWithTheCount) {

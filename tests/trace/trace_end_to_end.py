@@ -65,8 +65,11 @@ def check_summary(directory):
     assert 0 < job["overlap_percent"] < 100, job
     assert job["exposed_communication_ns"] > 0, job
     assert job["exposed_communication_ns"] == job["communication_ns"] - job["overlap_ns"]
+    # The compute regions carry their threads' off-core time: a sum over both ranks, never
+    # more than their compute.
+    assert 0 <= job["compute_off_core_ns"] <= job["compute_ns"], job
     text = braid_trace("summary", directory)
-    assert "overlap%" in text and "all_reduce" in text, text
+    assert "overlap%" in text and "all_reduce" in text and "off-core" in text, text
     print(text)
 
 

@@ -45,14 +45,24 @@ std::string percent(std::optional<double> p) {
 }
 
 std::string summary_tables(const trace::Summary& summary) {
+  // Off-core time (summary.hpp) where the compute spans carry it.
+  const bool off_core = summary.job.figures.compute_off_core_ns.has_value();
   std::string out =
       "<table><tr><th>rank</th><th>wall ms</th><th>compute ms</th><th>communication ms</th>"
-      "<th>overlap ms</th><th>exposed ms</th><th>overlap %</th></tr>\n";
+      "<th>overlap ms</th><th>exposed ms</th><th>overlap %</th>";
+  out += off_core ? "<th title=\"time the compute's threads spent without their core\">off-core "
+                    "ms</th></tr>\n"
+                  : "</tr>\n";
   auto row = [&](const std::string& label, const trace::OverlapFigures& f) {
     out += fmt::format(
-        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
-        label, ms(f.wall_ns), ms(f.compute_ns), ms(f.communication_ns), ms(f.overlap_ns),
-        ms(f.exposed_ns), percent(f.overlap_percent()));
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>", label,
+        ms(f.wall_ns), ms(f.compute_ns), ms(f.communication_ns), ms(f.overlap_ns), ms(f.exposed_ns),
+        percent(f.overlap_percent()));
+    if (off_core) {
+      out += fmt::format("<td>{}</td>",
+                         f.compute_off_core_ns ? ms(*f.compute_off_core_ns) : std::string("-"));
+    }
+    out += "</tr>\n";
   };
   for (const auto& rank : summary.ranks) row(std::to_string(rank.rank), rank.figures);
   row("all", summary.job.figures);

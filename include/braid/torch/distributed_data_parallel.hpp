@@ -45,6 +45,7 @@
 
 #include <braid/collectives/communicator.hpp>
 #include <braid/dp/reducer.hpp>
+#include <braid/trace/compute_span.hpp>
 #include <braid/trace/span.hpp>
 
 namespace braid::torch {
@@ -127,8 +128,8 @@ class DataParallelCore final : public dp::GradientAccess {
   std::atomic<bool> require_sync_{true};
   std::atomic<bool> callback_queued_{false};
   std::atomic<bool> backward_started_{false};
-  std::optional<trace::AsyncSpan> forward_span_;
-  std::optional<trace::AsyncSpan> backward_span_;
+  std::optional<trace::ComputeSpan> forward_span_;
+  std::optional<trace::ComputeSpan> backward_span_;
   std::mutex span_mutex_;
   std::optional<std::vector<std::size_t>> static_unused_;  // static_graph's first answer
   bool uneven_inputs_ = false;  // allow_uneven_inputs() until join() returns

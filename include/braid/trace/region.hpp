@@ -20,22 +20,25 @@
 
 #include <boost/asio/awaitable.hpp>
 
+#include <braid/trace/compute_span.hpp>
 #include <braid/trace/span.hpp>
 
 namespace braid::trace {
 
 namespace asio = boost::asio;
 
-// A compute span over a C++ scope, on the calling thread's track (or `track`).
+// A compute span over a C++ scope, on the calling thread's track (or `track`), with the
+// time its thread spent off its core (compute_span.hpp).
 class ComputeRegion {
  public:
-  explicit ComputeRegion(Name name, Track track = {}) noexcept
-      : span_(Category::compute, name, track) {}
-  // A number to show with the span ("step", 12).
+  explicit ComputeRegion(Name name, Track track = {}) noexcept : span_(name, track) {}
+  ComputeRegion(const ComputeRegion&) = delete;
+  ComputeRegion& operator=(const ComputeRegion&) = delete;
+  // One number to show with the span ("step", 12).
   void arg(Name key, std::int64_t value) noexcept { span_.arg(key, value); }
 
  private:
-  Span span_;
+  ComputeSpan span_;
 };
 
 // Awaits `work` inside an async span of `category`: begun before the first suspension,

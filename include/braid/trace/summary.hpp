@@ -7,6 +7,10 @@
 //   overlap        the time both run; overlap % = overlap / communication
 //   exposed        communication - overlap: the time communication ran with no compute,
 //                  what a step pays for it
+//   off-core       the time compute spans' threads spent without their core (argument
+//                  off_core_ns, compute_span.hpp; spans nested in another on the same
+//                  track count once): where communication takes the core the compute
+//                  needs, overlap counts it as hidden, and this is what it cost the compute
 //
 // The job's figures add the ranks' times up, so its overlap % weighs ranks by their
 // communication time. A sampled comm span (argument "sampled" = n, sampling.hpp) stands
@@ -58,6 +62,8 @@ struct OverlapFigures {
   std::int64_t communication_ns = 0;
   std::int64_t overlap_ns = 0;
   std::int64_t exposed_ns = 0;
+  // Where compute spans carry off_core_ns (ComputeSpan, ComputeRegion, DDP's spans).
+  std::optional<std::int64_t> compute_off_core_ns;
   // overlap / communication, in percent; nullopt without communication.
   std::optional<double> overlap_percent() const;
 };

@@ -1,16 +1,9 @@
-#include <chrono>
 #include <time.h>
 
 #include <braid/trace/compute_span.hpp>
 
 namespace braid::trace {
 namespace {
-
-std::int64_t wall_now_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 std::int64_t thread_cpu_ns() noexcept {
   timespec now{};
@@ -24,7 +17,7 @@ ComputeSpan::ComputeSpan(Name name, Track track) noexcept : span_(Category::comp
   if (!span_.active()) return;
   thread_ = std::this_thread::get_id();
   cpu_start_ns_ = thread_cpu_ns();
-  wall_start_ns_ = wall_now_ns();
+  wall_start_ns_ = now_ns();
 }
 
 ComputeSpan& ComputeSpan::operator=(ComputeSpan&& other) noexcept {
@@ -48,7 +41,7 @@ void ComputeSpan::arg(Name key, std::int64_t value) noexcept {
 void ComputeSpan::end() noexcept {
   if (!span_.active()) return;
   if (std::this_thread::get_id() == thread_) {
-    const std::int64_t wall = wall_now_ns() - wall_start_ns_;
+    const std::int64_t wall = now_ns() - wall_start_ns_;
     const std::int64_t cpu = thread_cpu_ns() - cpu_start_ns_;
     // The two clocks tick apart by a few microseconds: a span that never left its core
     // reads about zero either way.

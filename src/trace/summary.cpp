@@ -113,12 +113,12 @@ OverlapFigures figures_of(const RankTimeline& rank) {
   std::map<std::uint32_t, std::int64_t> counted_until;
   for (const TimelineEvent& event : rank.events) {
     if (event.instant || event.category != "compute") continue;
-    const std::optional<std::string> off_core = event.arg("off_core_ns");
-    if (!off_core) continue;
+    const std::optional<std::int64_t> off_core = integer_arg(event, "off_core_ns");
+    if (!off_core || *off_core < 0) continue;  // none, or not ours
     std::int64_t& until = counted_until[event.track];
     if (event.end_ns <= until) continue;
     until = event.end_ns;
-    figures.compute_off_core_ns = figures.compute_off_core_ns.value_or(0) + std::stoll(*off_core);
+    figures.compute_off_core_ns = figures.compute_off_core_ns.value_or(0) + *off_core;
   }
   if (!rank.events.empty()) {
     std::int64_t first = rank.events.front().begin_ns;
@@ -363,7 +363,7 @@ std::string format_text(const Summary& summary) {
     out +=
         "off-core: time the compute's threads spent without their core (another thread ran "
         "there, or they waited); overlap counts communication beside compute as hidden, and "
-        "where it took the compute's core, this is what it cost\n";
+        "where it took the compute's core, this is at most what it cost\n";
   }
   for (const RankSummary& rank : summary.ranks) {
     if (rank.overwritten_records == 0) continue;

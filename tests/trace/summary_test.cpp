@@ -251,6 +251,10 @@ TEST(OffCore, ComputeSpansOffCoreTimeAddsUpOncePerTrack) {
   EXPECT_EQ(json["ranks"][0]["compute_off_core_ns"], 42);
   EXPECT_FALSE(json["ranks"][1].contains("compute_off_core_ns"));
   EXPECT_EQ(json["job"]["compute_off_core_ns"], 42);
+  // A foreign trace's off_core_ns that is not a count of nanoseconds is not ours: skipped.
+  TimelineEvent foreign = event("compute", 0, 10);
+  foreign.args.emplace_back("off_core_ns", "1e+20");
+  EXPECT_FALSE(summarize(one_rank({foreign})).job.figures.compute_off_core_ns.has_value());
   // Without the argument anywhere there is no column.
   const std::string plain = format_text(summarize(one_rank({event("compute", 0, 100)})));
   EXPECT_EQ(plain.find("off-core"), std::string::npos) << plain;

@@ -2,20 +2,22 @@
 // argument "off_core_ns", wall time minus the thread's CPU time. Overlap counts the
 // communication that ran beside compute as hidden, and on a GPU, or on a CPU with a core to
 // spare, it is. Where the reduction runs on the very core the compute needs (braid's
-// runtime thread folding a bucket on a machine that training fills), the compute
-// stops while it does; this argument shows that time, and `braid-trace summary` adds it
-// up per rank ("off-core").
+// runtime thread folding a bucket on a machine that training fills), the compute stops
+// while it does, and this argument shows that time; `braid-trace summary` adds it up per
+// rank ("off-core").
 //
 //   trace::ComputeSpan backward("backward");   // on the thread that computes
 //   ...
 //   backward.end();                             // on the same thread
 //
-// Off-core time also counts any wait inside the span (a lock, a blocking call, page
-// faults served from disk). Ended on another thread than it began on, it records no
-// argument (the CPU clock is per thread).
+// It is an upper bound on what communication cost the compute: off-core time also counts
+// any wait inside the span (a lock, a blocking call, a page fault served from disk, other
+// processes taking the core, a thread waiting for intra-op workers or a GPU). Ended on
+// another thread than it began on, it records no argument (the CPU clock is per thread).
 //
-// Cost with tracing on: two reads of the thread's CPU clock (a system call in a VM, ~0.2-
-// 0.5 us each) beside the span's own cost; off: the enabled() load.
+// Cost with tracing on: two reads of the thread's CPU clock, a system call each (~0.2-0.5
+// us on the dev VM), beside the span's own cost. Off: a function call and the enabled()
+// load.
 #pragma once
 
 #include <cstdint>

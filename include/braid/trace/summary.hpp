@@ -8,9 +8,11 @@
 //   exposed        communication - overlap: the time communication ran with no compute,
 //                  what a step pays for it
 //   off-core       the time compute spans' threads spent without their core (argument
-//                  off_core_ns, compute_span.hpp; spans nested in another on the same
-//                  track count once): where communication takes the core the compute
-//                  needs, overlap counts it as hidden, and this is what it cost the compute
+//                  off_core_ns, compute_span.hpp; a span nested in another on the same
+//                  track counts once, one that only begins inside another counts whole):
+//                  where communication takes the core the compute needs, overlap counts
+//                  it as hidden, and this is at most what it cost the compute (waits of
+//                  any kind count too); meant for one compute thread per track
 //
 // The job's figures add the ranks' times up, so its overlap % weighs ranks by their
 // communication time. A sampled comm span (argument "sampled" = n, sampling.hpp) stands

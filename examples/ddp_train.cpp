@@ -234,10 +234,17 @@ struct Task {
 };
 
 // CPU time of this process, every thread (the training thread and braid's runtime thread).
-double process_cpu_ms() {
+double cpu_ms(clockid_t clock) {
   timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  clock_gettime(clock, &t);
   return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) / 1e6;
+}
+double process_cpu_ms() {
+  return cpu_ms(CLOCK_PROCESS_CPUTIME_ID);
+}
+// The training thread's own (forward, backward, optimizer; not braid's runtime thread).
+double thread_cpu_ms() {
+  return cpu_ms(CLOCK_THREAD_CPUTIME_ID);
 }
 
 // What --bench reports of the timed steps: means of the synchronised steps and, paired,
@@ -255,6 +262,10 @@ struct StepFigures {
   double exposed_cpu_ms = 0;
   double progress_cpu_ms = 0;       // braid's runtime thread, per synchronised step
   double none_progress_cpu_ms = 0;  // ... per no_sync() step
+  // How much longer the training thread was off its core in a synchronised step than in
+  // its no_sync() partner (step time minus the thread's CPU time): the core its compute
+  // lost, mostly to braid's runtime thread reducing there.
+  double exposed_off_core_ms = 0;
   int pairs = 0;
 };
 
@@ -272,7 +283,8 @@ double t95(int df) {
 
 StepFigures step_figures(const std::vector<double>& ms, const std::vector<double>& cpu_ms,
                          const std::vector<double>& progress_cpu_ms,
-                         const std::vector<bool>& synced, bool paired) {
+                         const std::vector<double>& off_core_ms, const std::vector<bool>& synced,
+                         bool paired) {
   StepFigures f;
   int synced_steps = 0;
   int local_steps = 0;
@@ -306,11 +318,13 @@ StepFigures step_figures(const std::vector<double>& ms, const std::vector<double
     const std::size_t without = synced[i] ? i + 1 : i;
     differences.push_back(ms[with] - ms[without]);
     f.exposed_cpu_ms += cpu_ms[with] - cpu_ms[without];
+    f.exposed_off_core_ms += off_core_ms[with] - off_core_ms[without];
   }
   f.pairs = static_cast<int>(differences.size());
   if (f.pairs == 0) return f;
   f.exposed_ms = std::accumulate(differences.begin(), differences.end(), 0.0) / f.pairs;
   f.exposed_cpu_ms /= f.pairs;
+  f.exposed_off_core_ms /= f.pairs;
   if (f.pairs > 1) {
     double squares = 0;
     for (double d : differences) squares += (d - f.exposed_ms) * (d - f.exposed_ms);
@@ -362,6 +376,7 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   std::vector<double> timed_ms;
   std::vector<double> timed_cpu_ms;
   std::vector<double> timed_progress_cpu_ms;  // braid's runtime thread alone
+  std::vector<double> timed_off_core_ms;      // the training thread: wall - its CPU time
   std::vector<bool> timed_synced;
   // The summary covers the training steps from the second on (the first builds buckets).
   std::int64_t summary_from_ns = 0;
@@ -393,6 +408,7 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     if (step >= 1 && synced) ++summarized_synced_steps;
     const auto started = std::chrono::steady_clock::now();
     const double cpu_started = process_cpu_ms();
+    const double thread_cpu_started = thread_cpu_ms();
     const auto progress_cpu_started = comm->runtime().progress_cpu_time();
     auto [x, y] = task.batch(comm->rank(), step, s.batch);
     torch::Tensor loss;
@@ -427,6 +443,7 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
           std::chrono::duration<double, std::milli>(comm->runtime().progress_cpu_time() -
                                                     progress_cpu_started)
               .count());
+      timed_off_core_ms.push_back(ms - (thread_cpu_ms() - thread_cpu_started));
       timed_synced.push_back(synced);
     }
     if (comm->rank() == 0 && !s.bench && (step % 5 == 0 || step == s.steps - 1)) {
@@ -454,8 +471,9 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   comm->launch(comm->all_reduce(braid::Buffer(timed_ms), braid::ReduceOp::max)).get();
   comm->launch(comm->all_reduce(braid::Buffer(timed_cpu_ms), braid::ReduceOp::avg)).get();
   comm->launch(comm->all_reduce(braid::Buffer(timed_progress_cpu_ms), braid::ReduceOp::avg)).get();
-  const StepFigures figures_of_steps =
-      step_figures(timed_ms, timed_cpu_ms, timed_progress_cpu_ms, timed_synced, paired);
+  comm->launch(comm->all_reduce(braid::Buffer(timed_off_core_ms), braid::ReduceOp::avg)).get();
+  const StepFigures figures_of_steps = step_figures(timed_ms, timed_cpu_ms, timed_progress_cpu_ms,
+                                                    timed_off_core_ms, timed_synced, paired);
   const double step_ms = s.bench ? figures_of_steps.step_ms
                                  : std::chrono::duration<double, std::milli>(
                                        std::chrono::steady_clock::now() - loop_started)
@@ -574,9 +592,9 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
       line += fmt::format(
           ",\"pairs\":{},\"none_step_ms\":{:.3f},\"none_cpu_ms\":{:.3f},"
           "\"none_progress_cpu_ms\":{:.3f},\"exposed_ms\":{:.3f},\"exposed_ci_ms\":{:.3f},"
-          "\"exposed_cpu_ms\":{:.3f}",
+          "\"exposed_cpu_ms\":{:.3f},\"exposed_off_core_ms\":{:.3f}",
           g.pairs, g.none_step_ms, g.none_cpu_ms, g.none_progress_cpu_ms, g.exposed_ms,
-          g.exposed_ci_ms, g.exposed_cpu_ms);
+          g.exposed_ci_ms, g.exposed_cpu_ms, g.exposed_off_core_ms);
     }
     std::cout << line << "}\n";
     return 0;

@@ -50,6 +50,10 @@ def paired_run():
     if not row["progress_cpu_ms"] > 10 * row["none_progress_cpu_ms"]:
         fail("the runtime thread should work in synchronised steps and idle in no_sync() ones",
              lines[0])
+    # The training thread's extra off-core time in a synchronised step: a difference of two
+    # parts of the steps' times, so no larger than a step.
+    if "exposed_off_core_ms" not in row or not abs(row["exposed_off_core_ms"]) <= row["step_ms"]:
+        fail("exposed_off_core_ms should be there, within a step's time", lines[0])
     # The exposed figure is the mean of the pairs' differences: within the two means' gap.
     if abs(row["exposed_ms"] - (row["step_ms"] - row["none_step_ms"])) > 1e-2:
         fail("exposed_ms should be the synchronised minus the no_sync() mean", lines[0])
@@ -64,8 +68,9 @@ def bench_table():
         fail(f"braid-bench ddp exited {result.returncode}", output)
     number = r"-?\d+\.\d\d"
     for name in ("braid DDP", "braid DDP, copy mode"):
-        if not re.search(rf"^{re.escape(name)} +{number} +{number} +{number} \+- {number}",
-                         result.stdout, re.M):
+        # step, no-sync, exposed +- CI, traced, off-core
+        if not re.search(rf"^{re.escape(name)} +{number} +{number} +{number} \+- {number} +"
+                         rf"{number} +{number} ", result.stdout, re.M):
             fail(f"no '{name}' row with figures", output)
     if not re.search(r"^bare all-reduce of all gradients .*: \d+\.\d\d ms .* plain buffer; "
                      r"\d+\.\d\d ms .* allocate_shared", result.stdout, re.M):

@@ -50,6 +50,8 @@ struct PairedFigures {
   double bare_shared_ms = 0;  // memory the ranks share, as DDP's buckets are
   double bare_shared_cpu_ms = 0;
   std::optional<double> traced_exposed_ms;
+  // braid's: how much longer the training thread was off its core in a synchronised step
+  std::optional<double> off_core_ms;
 };
 
 PairedFigures mean_over_rounds(const std::vector<std::string>& runs) {
@@ -59,6 +61,8 @@ PairedFigures mean_over_rounds(const std::vector<std::string>& runs) {
   bool has_traced = false;
   double runtime_cpu = 0;
   bool has_runtime_cpu = false;
+  double off_core = 0;
+  bool has_off_core = false;
   for (const std::string& run : runs) {
     f.step_ms += field(run, "step_ms").value_or(0);
     f.none_step_ms += field(run, "none_step_ms").value_or(0);
@@ -75,6 +79,10 @@ PairedFigures mean_over_rounds(const std::vector<std::string>& runs) {
       runtime_cpu += *with - field(run, "none_progress_cpu_ms").value_or(0);
       has_runtime_cpu = true;
     }
+    if (auto o = field(run, "exposed_off_core_ms")) {
+      off_core += *o;
+      has_off_core = true;
+    }
     if (auto t = field(run, "exposed_ms_per_step")) {
       traced += *t;
       has_traced = true;
@@ -88,6 +96,7 @@ PairedFigures mean_over_rounds(const std::vector<std::string>& runs) {
   f.exposed_ci_ms = std::sqrt(ci_squares) / n;
   if (has_traced) f.traced_exposed_ms = traced / n;
   if (has_runtime_cpu) f.runtime_cpu_ms = runtime_cpu / n;
+  if (has_off_core) f.off_core_ms = off_core / n;
   return f;
 }
 
@@ -218,15 +227,18 @@ int run_ddp(const std::vector<std::string>& args) {
   if (const char* core = std::getenv("OPENBLAS_CORETYPE"); core != nullptr && *core != '\0') {
     std::cout << fmt::format("(OPENBLAS_CORETYPE={}, for braid and PyTorch alike)\n\n", core);
   }
-  std::cout << fmt::format("{:<24} {:>9} {:>12} {:>22} {:>8} {:>9} {:>9} {:>9}\n", "", "step ms",
-                           "no-sync ms", "exposed ms (95% CI)", "traced", "CPU ms", "comm CPU",
-                           "runtime");
-  auto row = [](const std::string& name, const PairedFigures& f) {
+  std::cout << fmt::format("{:<24} {:>9} {:>12} {:>22} {:>8} {:>9} {:>9} {:>9} {:>9}\n", "",
+                           "step ms", "no-sync ms", "exposed ms (95% CI)", "traced", "off-core",
+                           "CPU ms", "comm CPU", "runtime");
+  auto optional_ms = [](const std::optional<double>& ms) {
+    return ms ? fmt::format("{:.2f}", *ms) : std::string("-");
+  };
+  auto row = [&](const std::string& name, const PairedFigures& f) {
     std::cout << fmt::format(
-        "{:<24} {:>9.2f} {:>12.2f} {:>22} {:>8} {:>9.2f} {:>9.2f} {:>9}\n", name, f.step_ms,
+        "{:<24} {:>9.2f} {:>12.2f} {:>22} {:>8} {:>9} {:>9.2f} {:>9.2f} {:>9}\n", name, f.step_ms,
         f.none_step_ms, fmt::format("{:.2f} +- {:.2f}", f.exposed_ms, f.exposed_ci_ms),
-        f.traced_exposed_ms ? fmt::format("{:.2f}", *f.traced_exposed_ms) : "-", f.cpu_ms,
-        f.exposed_cpu_ms, f.runtime_cpu_ms ? fmt::format("{:.2f}", *f.runtime_cpu_ms) : "-");
+        optional_ms(f.traced_exposed_ms), optional_ms(f.off_core_ms), f.cpu_ms, f.exposed_cpu_ms,
+        optional_ms(f.runtime_cpu_ms));
   };
   row("braid DDP", braid);
   std::optional<PairedFigures> copy;
@@ -239,8 +251,10 @@ int run_ddp(const std::vector<std::string>& args) {
   }
   std::cout << fmt::format(
       "\nexposed: synchronised minus no_sync() step, pair by pair; traced: what braid-trace "
-      "counts as exposed;\ncomm CPU: the same difference in process CPU time (every thread); "
-      "runtime: the same in braid's runtime thread alone;\nCPU times are means over ranks.\n");
+      "counts as exposed;\noff-core: the same difference in the time the training thread spent "
+      "off its core (the core overlap took from compute);\ncomm CPU: the same difference in "
+      "process CPU time (every thread); runtime: the same in braid's runtime thread "
+      "alone;\nCPU and off-core times are means over ranks.\n");
   std::cout << fmt::format(
       "\nbare all-reduce of all gradients (braid, one buffer), per rank, in the default "
       "runs: {:.2f} ms ({:.2f} ms CPU) on a plain buffer; {:.2f} ms ({:.2f} ms CPU) on memory "

@@ -2,6 +2,7 @@
 // World and Communicator; libtorch runs each thread's backward on that thread): the
 // contract PyTorch DDP users rely on, and the errors they hit.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -646,6 +647,32 @@ TEST(DistributedDataParallelMisuse, ANewForwardBeforeTheLastBackwardIsRefused) {
     ddp.forward(x);
   });
   for (std::size_t r = 0; r < 2; ++r) expect_error_on(errors, r, "did not finish");
+}
+
+// With uneven inputs, ranks 0 and 1 leave a forward without its backward (say, a loss
+// that threw and was caught) and run another, which their wrappers refuse. Rank 2 has
+// joined: it is shadowing the abandoned iteration's buckets, which nobody else reduces.
+// The refusing ranks still make the forward's notice call, and on one node the
+// shared-memory fingerprint check fails rank 2 against it at once. When they threw before
+// that call, rank 2 waited out the communicator's 20 s deadline.
+TEST(DistributedDataParallelMisuse, ARefusedForwardWithUnevenInputsFailsTheJoinedRanksAtOnce) {
+  const auto started = std::chrono::steady_clock::now();
+  const auto errors = run_ranks(3, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Net net = make_net(1);
+    DistributedDataParallel ddp(net, comm);
+    ddp.allow_uneven_inputs();
+    if (rank == 2) {
+      ddp.join();
+      return;
+    }
+    auto [x, y] = data(rank, 0);
+    ::torch::mse_loss(ddp.forward(x), y).backward();
+    auto abandoned = ddp.forward(x);  // no backward
+    ddp.forward(x);
+  });
+  for (std::size_t r : {0, 1}) expect_error_on(errors, r, "did not finish");
+  expect_error_on(errors, 2, "counts or dtypes differ across ranks");
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
 }
 
 TEST(DistributedDataParallelMisuse, ParametersWithoutGradientsAreNamedAtTheEndOfBackward) {

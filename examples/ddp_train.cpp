@@ -561,16 +561,8 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
                     .communication_ns = v[2],
                     .overlap_ns = v[3],
                     .exposed_ns = v[4]};
-    if (v[5] >= 0) {
-      rank.figures.compute_off_core_ns = v[5];
-      summary.job.figures.compute_off_core_ns =
-          summary.job.figures.compute_off_core_ns.value_or(0) + v[5];
-    }
-    summary.job.figures.wall_ns = std::max(summary.job.figures.wall_ns, v[0]);
-    summary.job.figures.compute_ns += v[1];
-    summary.job.figures.communication_ns += v[2];
-    summary.job.figures.overlap_ns += v[3];
-    summary.job.figures.exposed_ns += v[4];
+    if (v[5] >= 0) rank.figures.compute_off_core_ns = v[5];
+    braid::trace::add_rank_figures(summary.job.figures, rank.figures);
     summary.ranks.push_back(rank);
   }
   if (s.bench) {

@@ -33,6 +33,14 @@ void close_quietly(int fd) noexcept {
   if (fd >= 0) ::close(fd);
 }
 
+// One ring of an eventfd. A full counter (2^64 - 2 unread rings) would refuse with EAGAIN;
+// nothing else can fail here but a bad descriptor, and a missed ring costs only the
+// sleeper's fallback.
+void ring_eventfd(int fd) noexcept {
+  const std::uint64_t one = 1;
+  [[maybe_unused]] const ssize_t written = ::write(fd, &one, sizeof one);
+}
+
 }  // namespace
 
 struct Doorbell::OnReactor {
@@ -79,17 +87,11 @@ void Doorbell::arm(int me, std::vector<std::uint32_t*> asleep) noexcept {
 }
 
 void Doorbell::ring(int rank) noexcept {
-  const std::uint64_t one = 1;
-  // A full counter (2^64 - 2 unread rings) would refuse with EAGAIN; nothing else can fail
-  // here but a bad descriptor, and a missed ring costs only the sleeper's fallback.
-  [[maybe_unused]] const ssize_t written =
-      ::write(bells_[static_cast<std::size_t>(rank)], &one, sizeof one);
+  ring_eventfd(bells_[static_cast<std::size_t>(rank)]);
 }
 
 void Doorbell::ring_self() noexcept {
-  if (own_ < 0) return;
-  const std::uint64_t one = 1;
-  [[maybe_unused]] const ssize_t written = ::write(own_, &one, sizeof one);
+  if (own_ >= 0) ring_eventfd(own_);
 }
 
 void Doorbell::drain() noexcept {

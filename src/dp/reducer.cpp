@@ -342,7 +342,7 @@ void Reducer::wait_for_reductions() {
 void Reducer::settle_reductions() noexcept {
   for (auto& bucket : buckets_) {
     if (bucket->reduction && !bucket->reduction->wait_for(std::chrono::seconds(30))) {
-      log::warn("ddp: a bucket reduction was still running 30 s after another failed");
+      log::warn("ddp: a bucket reduction was still running after 30 s; its bucket is left to it");
     }
   }
   if (used_reduction_) (void)used_reduction_->wait_for(std::chrono::seconds(30));

@@ -163,29 +163,26 @@ void DataParallelCore::broadcast_buffers_from(int root) {
 
 void DataParallelCore::before_forward() {
   const bool sync = ::torch::autograd::GradMode::is_enabled() && require_sync_;
+  if (sync) {
+    try {
+      reducer_->check_previous_finished();
+    } catch (const Error&) {
+      // With uneven inputs a joined rank shadows the iteration this rank left unfinished,
+      // in collectives nobody else will call: the refusal still makes this forward's notice
+      // call, against which the joined rank's differs, so that it fails now instead of at
+      // the deadline.
+      if (uneven_inputs_) {
+        try {
+          (void)exchange_notice(/*active=*/true, sync, /*shadowed=*/false);
+        } catch (const Error&) {
+          // Our own error says more about us than the exchange's.
+        }
+      }
+      throw;
+    }
+  }
   int buffers_from = 0;
-  if (!uneven_inputs_) {
-    if (sync) reducer_->check_previous_finished();
-  } else {
-    // A joined rank shadows the iteration this rank left unfinished, in collectives
-    // nobody else will call: a refusal still makes this forward's notice call, against
-    // which a joined rank's differs, so that it fails now instead of at the deadline.
-    std::optional<Error> refusal;
-    if (sync) {
-      try {
-        reducer_->check_previous_finished();
-      } catch (const Error& e) {
-        refusal = e;
-      }
-    }
-    if (refusal) {
-      try {
-        (void)exchange_notice(/*active=*/true, sync, /*shadowed=*/false);
-      } catch (const Error&) {
-        // Our own error says more about us than the exchange's.
-      }
-      throw *refusal;
-    }
+  if (uneven_inputs_) {
     buffers_from = exchange_notice(/*active=*/true, sync, /*shadowed=*/false).first_active;
   }
   broadcast_buffers_from(buffers_from);

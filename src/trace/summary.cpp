@@ -132,16 +132,20 @@ OverlapFigures figures_of(const RankTimeline& rank) {
   return figures;
 }
 
-void add_figures(OverlapFigures& into, const OverlapFigures& from) {
-  into.wall_ns = std::max(into.wall_ns, from.wall_ns);
-  into.compute_ns += from.compute_ns;
-  into.communication_ns += from.communication_ns;
-  into.overlap_ns += from.overlap_ns;
-  into.exposed_ns += from.exposed_ns;
-  if (from.compute_off_core_ns) {
-    into.compute_off_core_ns = into.compute_off_core_ns.value_or(0) + *from.compute_off_core_ns;
+}  // namespace
+
+void add_rank_figures(OverlapFigures& job, const OverlapFigures& rank) {
+  job.wall_ns = std::max(job.wall_ns, rank.wall_ns);
+  job.compute_ns += rank.compute_ns;
+  job.communication_ns += rank.communication_ns;
+  job.overlap_ns += rank.overlap_ns;
+  job.exposed_ns += rank.exposed_ns;
+  if (rank.compute_off_core_ns) {
+    job.compute_off_core_ns = job.compute_off_core_ns.value_or(0) + *rank.compute_off_core_ns;
   }
 }
+
+namespace {
 
 std::optional<double> bubble_of(const RankTimeline& rank) {
   std::vector<Interval> busy;
@@ -328,7 +332,7 @@ Summary summarize(const Timeline& timeline) {
     out.overwritten_records = rank.overwritten_records;
     summary.job.overwritten_records += rank.overwritten_records;
     if (out.bubble_percent) bubbles.push_back(*out.bubble_percent);
-    add_figures(summary.job.figures, out.figures);
+    add_rank_figures(summary.job.figures, out.figures);
     summary.ranks.push_back(std::move(out));
   }
   for (auto& [name, samples] : job_collectives) summary.job.collectives[name] = samples.stats();

@@ -104,6 +104,16 @@ DistributedDataParallelOptions small_buckets() {
   return options;
 }
 
+// Runs `body(view)` with gradients as bucket views, then in copy mode, each failure
+// traced to its mode.
+template <class Body>
+void in_both_gradient_modes(Body&& body) {
+  for (const bool view : {true, false}) {
+    SCOPED_TRACE(view ? "gradients as bucket views" : "copy mode");
+    body(view);
+  }
+}
+
 DistributedDataParallelOptions finding_unused(bool bucket_view = true) {
   DistributedDataParallelOptions options;
   options.find_unused_parameters = true;
@@ -279,8 +289,7 @@ TORCH_MODULE(Branchy);
 // In both gradient modes: a parameter nobody used keeps no gradient, so an optimizer skips
 // it (no momentum step, no weight decay), even where its gradient would be a bucket view.
 TEST(DistributedDataParallel, FindsUnusedParametersLocallyZeroGloballyUntouched) {
-  for (const bool view : {true, false}) {
-    SCOPED_TRACE(view ? "gradients as bucket views" : "copy mode");
+  in_both_gradient_modes([&](bool view) {
     std::vector<std::string> errors =
         run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
           Branchy net;
@@ -307,7 +316,7 @@ TEST(DistributedDataParallel, FindsUnusedParametersLocallyZeroGloballyUntouched)
               << "the optimizer moved a parameter that never had a gradient";
         });
     expect_all_passed(errors);
-  }
+  });
 }
 
 // As in PyTorch's DDP: a parameter this rank leaves unused in the synchronised step still
@@ -352,8 +361,7 @@ TEST(DistributedDataParallel,
 // in both gradient modes (with bucket views it must not become a view of the all-reduced
 // bucket; found in review).
 TEST(DistributedDataParallel, AGradientOnlyNoSyncMadeStaysAsItWasWhereNobodyUsesItInTheSync) {
-  for (const bool view : {true, false}) {
-    SCOPED_TRACE(view ? "gradients as bucket views" : "copy mode");
+  in_both_gradient_modes([&](bool view) {
     expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
       Branchy net;
       DistributedDataParallel ddp(net, comm, finding_unused(view));
@@ -369,7 +377,7 @@ TEST(DistributedDataParallel, AGradientOnlyNoSyncMadeStaysAsItWasWhereNobodyUses
       ddp.forward(x, true).sum().backward();
       EXPECT_TRUE(net->fc_rank1->weight.grad().defined());
     }));
-  }
+  });
 }
 
 TEST(DistributedDataParallel, StaticGraphReusesTheFirstIterationsUnusedSet) {
@@ -533,8 +541,7 @@ TEST(DistributedDataParallelUnevenInputs, JoinedRanksShadowTheOthersAndEndWithTh
 TEST(DistributedDataParallelUnevenInputs, ARankWithNoBatchShadowsNoSyncAndUnusedTracking) {
   // With bucket views, the branch's gradient is its bucket's memory, which the all-reduce
   // overwrites: where nobody used it, the reducer puts back what no_sync() accumulated.
-  for (const bool view : {true, false}) {
-    SCOPED_TRACE(view ? "gradients as bucket views" : "copy mode");
+  in_both_gradient_modes([&](bool view) {
     expect_all_passed(run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
       Branchy net;
       DistributedDataParallel ddp(net, comm, finding_unused(view));
@@ -580,7 +587,7 @@ TEST(DistributedDataParallelUnevenInputs, ARankWithNoBatchShadowsNoSyncAndUnused
       comm->launch(comm->all_reduce(Buffer(low), ReduceOp::min)).get();
       EXPECT_EQ(low[0], sum[0]) << "every rank left join() with rank 1's model";
     }));
-  }
+  });
 }
 
 struct NormalisedImpl : ::torch::nn::Module {

@@ -103,6 +103,11 @@ std::vector<Interval> intervals_of(const RankTimeline& rank, std::string_view ca
 
 Summary summarize(const Timeline& timeline);
 
+// Adds one rank's figures to the job's, as summarize() does: wall time the longest, the
+// rest summed (off-core where the rank has it). For figures gathered from ranks by other
+// means (a training loop's own all-gather).
+void add_rank_figures(OverlapFigures& job, const OverlapFigures& rank);
+
 // Human-readable tables; the JSON form is one object with "ranks" and "job".
 std::string format_text(const Summary& summary);
 std::string format_json(const Summary& summary);

@@ -15,6 +15,7 @@
 #include <braid/core/error.hpp>
 #include <braid/core/foreign_completion.hpp>
 #include <braid/core/future.hpp>
+#include <braid/core/heap_policy.hpp>
 #include <braid/core/host_stream.hpp>
 #include <braid/core/log.hpp>
 #include <braid/core/reduce_op.hpp>

@@ -57,6 +57,12 @@ constexpr std::array kKnobs{
          "back buffers of 4 MiB and more that peers reach by cross-memory attach with "
          "transparent huge pages (madvise MADV_COLLAPSE, Linux 6.1) once a collective sees "
          "them a second time: peers then pin one 2 MiB page where they pinned 512; 0: never"},
+    Knob{"BRAID_KEEP_HEAP", "1",
+         "the Runtime sets glibc's allocator once per process so a training step's "
+         "temporaries are reused, not page-faulted in every step: blocks under 32 MiB from "
+         "the heap, up to 1 GiB kept free at its top (costs: the process stays at its step's "
+         "peak memory); 0, or any MALLOC_*_ variable or glibc.malloc tunable set: glibc's "
+         "defaults"},
     Knob{"BRAID_STAGING_CHUNK_KIB", "1024",
          "CUDA buffers moved over UCX go through pinned host memory in chunks this size "
          "(KiB), so copies to and from the GPU overlap the network"},

@@ -1,5 +1,6 @@
 #include <braid/core/config.hpp>
 #include <braid/core/error.hpp>
+#include <braid/core/heap_policy.hpp>
 #include <braid/core/log.hpp>
 #include <braid/core/runtime.hpp>
 #include <pthread.h>
@@ -46,6 +47,7 @@ std::optional<cpu_set_t> progress_cpus(const std::vector<int>& chosen, std::stri
 Runtime::Runtime(Options options)
     : options_(std::move(options)), work_(asio::make_work_guard(io_)) {
   log::configure_from_env();
+  apply_heap_policy();
   std::string knob;
   const std::optional<cpu_set_t> cpus = progress_cpus(options_.cpus, knob);
   struct Started {

@@ -61,7 +61,8 @@ def paired_run():
 
 def bench_table():
     result = subprocess.run(
-        [os.environ["BRAID_BENCH"], "ddp", "--steps", "8", "--rounds", "1"] + MODEL,
+        [os.environ["BRAID_BENCH"], "ddp", "--steps", "8", "--rounds", "1", "--optimizers", "adam"]
+        + MODEL,
         capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr
     if result.returncode != 0:
@@ -89,13 +90,36 @@ def bench_table():
     line = next(l for l in result.stdout.splitlines() if l.startswith("braid DDP:"))
     if with_peer and "like for like, against PyTorch with gradient_as_bucket_view" not in line:
         fail("braid's default has no ratio to PyTorch with gradient_as_bucket_view", output)
+    if not re.search(r"^MLP .*, adam, ", result.stdout, re.M):
+        fail("the table's heading should name the optimizer asked for (adam)", output)
     print(result.stdout)
     print("PyTorch peer:", "measured" if with_peer else "not installed")
+
+
+def compute_tax_table():
+    """braid-bench compute-tax: a row per model and optimizer with each runner's step time
+    and page faults, and braid's ratios."""
+    result = subprocess.run(
+        [os.environ["BRAID_BENCH"], "compute-tax", "--models", "mlp", "--optimizers", "adam",
+         "--rounds", "1", "--steps", "6"],
+        capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    if result.returncode != 0:
+        fail(f"braid-bench compute-tax exited {result.returncode}", output)
+    cell = r"\d+\.\d\d \(\d+\)"
+    row = re.search(rf"^mlp +adam +({cell}) +({cell}) +(-|{cell}) +(\d+\.\d\d)x +(\d+\.\d\d)x$",
+                    result.stdout, re.M)
+    if not row:
+        fail("no 'mlp adam' row with plain, braid and python cells and two ratios", output)
+    if float(row.group(4)) <= 0 or float(row.group(5)) <= 0:
+        fail("braid's ratios should be positive", output)
+    print(result.stdout)
 
 
 def main():
     paired_run()
     bench_table()
+    compute_tax_table()
     print("ok")
 
 

@@ -41,6 +41,7 @@
 
 #include <unistd.h>
 
+#include "list_argument.hpp"
 #include "subprocess.hpp"
 
 namespace braid::bench {
@@ -67,15 +68,6 @@ struct CollectivesOptions {
   // what a user who allocates the buffers it reduces every step that way gets.
   bool shared_buffers = false;
 };
-
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> items;
-  std::stringstream stream(text);
-  for (std::string item; std::getline(stream, item, ',');) {
-    if (!item.empty()) items.push_back(item);
-  }
-  return items;
-}
 
 CollectivesOptions parse_options(const std::vector<std::string>& args) {
   CollectivesOptions options;

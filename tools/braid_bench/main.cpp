@@ -11,6 +11,7 @@
 #include <braid/collectives/selection.hpp>
 
 #include "collectives.hpp"
+#include "compute_tax.hpp"
 #include "ddp.hpp"
 #include "p2p.hpp"
 #include "trace_cost.hpp"
@@ -40,7 +41,12 @@ constexpr const char* kUsage =
     "  ddp          one model trained with braid DDP, PyTorch DDP (Gloo) and no sync, in one run:\n"
     "               step time, exposed communication, bare all-reduce, ratios\n"
     "        options: --ranks 2 --hidden 1024 --layers 8 --batch 32 --steps 30 --rounds 3 "
-    "--optimizer sgd --straggle-ms 0 (the last rank computes that much more a step)\n"
+    "--optimizers sgd,adam --straggle-ms 0 (the last rank computes that much more a step)\n"
+    "  compute-tax  one training step with no communication (the main job's MLP and transformer,\n"
+    "               SGD and Adam) in a plain libtorch program, a braid process and Python\n"
+    "               PyTorch, taking turns: step time, page faults, braid's ratios\n"
+    "        options: --models mlp,transformer --optimizers sgd,adam --rounds 3 --steps 40 "
+    "--json\n"
     "  nccl         (CUDA builds, a GPU) NCCL all-reduce through braid against ncclAllReduce "
     "called\n"
     "               directly, one rank: time per operation, overhead %, added microseconds\n"
@@ -63,6 +69,7 @@ int main(int argc, char** argv) {
     if (mode == "collectives") return braid::bench::run_collectives(args);
     if (mode == "trace-cost") return braid::bench::run_trace_cost(args);
     if (mode == "ddp") return braid::bench::run_ddp(args);
+    if (mode == "compute-tax") return braid::bench::run_compute_tax(args);
 #if BRAID_WITH_CUDA
     if (mode == "nccl") return braid::bench::run_nccl(args);
     if (mode == "cuda-p2p") return braid::bench::run_cuda_p2p(args);

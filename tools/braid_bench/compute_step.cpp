@@ -1,0 +1,199 @@
+// The compute-tax worker: times one training step (zero_grad, forward, loss, backward,
+// optimizer step) of the main job's models, with no communication, and prints one JSON
+// line. Built twice from this file (tools/meson.build):
+//
+//   braid-bench-compute-plain   a plain libtorch program: no braid linked at all
+//   braid-bench-compute-braid   a braid process as the main job is one: a Runtime, a World
+//                               (run under braid-run), DistributedDataParallel around the
+//                               model, every step under no_sync()
+//
+// `braid-bench compute-tax` runs both beside the same step in Python PyTorch
+// (peers/compute_torch.py), so what braid's process costs a step it does not synchronise
+// (its threads, its allocator policy, its hooks) shows as a ratio. Each also reports the
+// minor page faults a step takes: a step whose temporaries come back from the kernel every
+// time pays for them there (braid/core/heap_policy.hpp).
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "models.hpp"
+
+#if BRAID_COMPUTE_WITH_BRAID
+#include <braid/braid.hpp>
+#include <braid/torch/distributed_data_parallel.hpp>
+#endif
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: braid-bench-compute-{plain,braid} [--model mlp|transformer] [--optimizer adam|sgd]\n"
+    "         [--hidden N] [--layers N] [--batch N] [--steps N] [--warmup N]\n";
+
+struct Settings {
+  std::string model = "mlp";
+  std::string optimizer = "adam";
+  int hidden = 0;  // 0: the main job's default for the model
+  int layers = 0;
+  int batch = 32;
+  int steps = 40;
+  int warmup = 5;
+};
+
+int positive(const std::string& option, const std::string& text) {
+  std::size_t used = 0;
+  int value = 0;
+  try {
+    value = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || value < 1) {
+    throw std::invalid_argument(fmt::format("{} needs a positive integer, not '{}'", option, text));
+  }
+  return value;
+}
+
+Settings parse(int argc, char** argv) {
+  Settings s;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value (" + kUsage + ")");
+    const std::string value = argv[++i];
+    if (arg == "--model")
+      s.model = value;
+    else if (arg == "--optimizer")
+      s.optimizer = value;
+    else if (arg == "--hidden")
+      s.hidden = positive(arg, value);
+    else if (arg == "--layers")
+      s.layers = positive(arg, value);
+    else if (arg == "--batch")
+      s.batch = positive(arg, value);
+    else if (arg == "--steps")
+      s.steps = positive(arg, value);
+    else if (arg == "--warmup")
+      s.warmup = positive(arg, value);
+    else
+      throw std::invalid_argument("unknown option " + arg);
+  }
+  if (s.model != "mlp" && s.model != "transformer")
+    throw std::invalid_argument("--model mlp|transformer");
+  if (s.optimizer != "adam" && s.optimizer != "sgd")
+    throw std::invalid_argument("--optimizer adam|sgd");
+  const bool mlp = s.model == "mlp";
+  if (s.hidden == 0) s.hidden = mlp ? 512 : 256;
+  if (s.layers == 0) s.layers = mlp ? 5 : 4;
+  return s;
+}
+
+long minor_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
+double ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Times s.steps steps after s.warmup untimed ones. `forward` runs the model (through the
+// DDP wrapper in the braid process), `step_scope` wraps each whole step (no_sync() there).
+template <class Forward, class StepScope>
+std::string time_steps(const Settings& s, torch::nn::Module& model, Forward forward,
+                       StepScope step_scope, const std::string& runner) {
+  const bool transformer = s.model == "transformer";
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (s.optimizer == "adam") {
+    optimizer =
+        std::make_unique<torch::optim::Adam>(model.parameters(), torch::optim::AdamOptions(1e-3));
+  } else {
+    optimizer = std::make_unique<torch::optim::SGD>(model.parameters(),
+                                                    torch::optim::SGDOptions(0.01).momentum(0.9));
+  }
+  const example_models::Task task(s.hidden, transformer);
+  const auto [x, y] = task.batch(0, 0, s.batch);
+  std::vector<double> step_ms, forward_backward_ms, optimizer_ms;
+  long faults_before = 0;
+  for (int step = 0; step < s.warmup + s.steps; ++step) {
+    if (step == s.warmup) faults_before = minor_faults();
+    const auto started = std::chrono::steady_clock::now();
+    double backward_done = 0;
+    step_scope([&] {
+      optimizer->zero_grad();
+      torch::mse_loss(forward(x), y).backward();
+      backward_done = ms_since(started);
+      optimizer->step();
+    });
+    if (step < s.warmup) continue;
+    const double total = ms_since(started);
+    step_ms.push_back(total);
+    forward_backward_ms.push_back(backward_done);
+    optimizer_ms.push_back(total - backward_done);
+  }
+  std::int64_t parameters = 0;
+  for (const auto& p : model.parameters()) parameters += p.numel();
+  return fmt::format(
+      "{{\"compute_step\":\"{}\",\"model\":\"{}\",\"optimizer\":\"{}\",\"parameters\":{},"
+      "\"batch\":{},\"steps\":{},\"step_ms\":{:.3f},\"forward_backward_ms\":{:.3f},"
+      "\"optimizer_ms\":{:.3f},\"faults_per_step\":{:.1f}}}",
+      runner, s.model, s.optimizer, parameters, s.batch, s.steps, median(step_ms),
+      median(forward_backward_ms), median(optimizer_ms),
+      static_cast<double>(minor_faults() - faults_before) / s.steps);
+}
+
+template <class Model>
+std::string run(const Settings& s, Model model) {
+#if BRAID_COMPUTE_WITH_BRAID
+  braid::Runtime runtime;
+  auto world = braid::transport::World::join(runtime);
+  auto comm = braid::collectives::Communicator::world(*world);
+  braid::torch::DistributedDataParallel<Model> ddp(model, comm);
+  return time_steps(
+      s, *model, [&](const torch::Tensor& x) { return ddp.forward(x); },
+      [&](auto&& step) {
+        auto local_only = ddp.no_sync();
+        step();
+      },
+      "braid");
+#else
+  return time_steps(
+      s, *model, [&](const torch::Tensor& x) { return model->forward(x); },
+      [](auto&& step) { step(); }, "plain");
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Settings s = parse(argc, argv);
+    // One intra-op thread, as braid-run gives every rank of the main job.
+    torch::set_num_threads(1);
+    std::cout << (s.model == "mlp" ? run(s, example_models::Mlp(s.hidden, s.layers))
+                                   : run(s, example_models::Transformer(s.hidden, s.layers)))
+              << std::endl;
+    return 0;
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "compute step: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "compute step: " << e.what() << "\n";
+    return 1;
+  }
+}

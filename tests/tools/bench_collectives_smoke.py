@@ -53,7 +53,20 @@ def main():
             assert row["braid"]["time_us"] > 0, row
             assert row["openmpi"] is None and row["gloo"] is None, row
     print(f"{len(rows)} rows, every collective, every size exact")
+    refuses_sizes_that_are_not_sizes()
     return 0
+
+
+def refuses_sizes_that_are_not_sizes():
+    """A negative size (which stoull reads as 2^64 - 1) or one past what a node could hold
+    is a usage error naming the value, not a crash in the ranks."""
+    for bad, says in (("-1", "is not a size"), ("9223372036854775807", "is larger than"),
+                      ("99999999999999999999999", "is larger than"), ("4X", "is not a size")):
+        result = subprocess.run(
+            [os.environ["BRAID_BENCH"], "collectives", "--min-bytes", bad, "--max-bytes", bad,
+             "--no-peers"], capture_output=True, text=True, timeout=30)
+        assert result.returncode == 2, f"--min-bytes {bad}: exit {result.returncode}\n{result.stderr}"
+        assert says in result.stderr and bad in result.stderr, f"--min-bytes {bad}: {result.stderr}"
 
 
 if __name__ == "__main__":

@@ -5,8 +5,17 @@
 namespace braid::bench {
 
 std::size_t parse_bytes(const std::string& text) {
+  // stoull reads "-1" as 2^64 - 1: only digits may start a size.
+  if (text.empty() || text[0] < '0' || text[0] > '9') {
+    throw std::invalid_argument("'" + text + "' is not a size (digits, then K, M or G)");
+  }
   std::size_t end = 0;
-  const unsigned long long value = std::stoull(text, &end);
+  unsigned long long value = 0;
+  try {
+    value = std::stoull(text, &end);
+  } catch (const std::out_of_range&) {
+    throw std::invalid_argument("'" + text + "' is larger than " + std::to_string(kMostBytes >> 30) + "G");
+  }
   std::string suffix = text.substr(end);
   for (const char* unit : {"iB", "B"}) {
     if (suffix.size() > 1 && suffix.ends_with(unit)) {
@@ -22,6 +31,9 @@ std::size_t parse_bytes(const std::string& text) {
     multiplier = 1 << 30;
   } else if (!suffix.empty()) {
     throw std::invalid_argument("'" + text + "' is not a size");
+  }
+  if (value > kMostBytes / multiplier) {
+    throw std::invalid_argument("'" + text + "' is larger than " + std::to_string(kMostBytes >> 30) + "G");
   }
   return static_cast<std::size_t>(value) * multiplier;
 }

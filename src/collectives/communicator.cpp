@@ -422,11 +422,15 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self, Coll
                                          ? 1
                                          : trace_sampling_.weight(call.bytes, call.sequence, id_);
   op.set_track(track_, trace_weight != 0, trace_weight != 0 && call.bytes >= trace_steps_from_);
-  // Built in place (a prvalue either way): moving a span copies its 88-byte record.
+  // Built in place (a prvalue either way): moving a span copies its 104-byte record.
   trace::AsyncSpan span =
       trace_weight != 0
           ? trace::AsyncSpan(trace::Category::comm, span_name(call.kind), track_, call.bytes)
           : trace::AsyncSpan();
+  // The communicator's id and the sequence number are the same on every member (rank 0 of
+  // the split hands the id out; tags carry both): the summary matches a call's spans across
+  // ranks by them to tell waiting for a late rank from the transfer (trace/summary.hpp).
+  span.arg("comm", static_cast<std::int64_t>(id_));
   span.arg("seq", static_cast<std::int64_t>(call.sequence));
   if (trace_weight > 1) span.arg("sampled", trace_weight);
   span.text("algorithm", span_name(call.algorithm));

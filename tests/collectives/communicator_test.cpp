@@ -737,6 +737,34 @@ std::optional<std::int64_t> arg_of(const trace::Record& record, std::string_view
   return std::nullopt;
 }
 
+// The summary matches one call's spans across ranks by (comm, seq): every member of a split
+// communicator records its call under the same id, and the two groups under different ones.
+TEST(Tracing, EveryMemberRecordsACallUnderItsCommunicatorsIdAndSequenceNumber) {
+  const braid::testing::ScopedEnv every_op("BRAID_TRACE_SAMPLE_KIB", "0");
+  std::array<std::uint32_t, 4> group_ids{};
+  trace::clear();
+  trace::set_enabled(true);
+  run_ranks(4, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    const int me = comm->rank();
+    std::shared_ptr<Communicator> parity = co_await comm->split(me % 2, me);
+    group_ids[static_cast<std::size_t>(me)] = parity->id();
+    std::vector<float> data(4, 1.0f);
+    co_await parity->all_reduce(Buffer(data), ReduceOp::sum);
+  });
+  trace::set_enabled(false);
+  std::map<std::pair<std::int64_t, std::int64_t>, int> members;  // (comm, seq) -> spans
+  for (const trace::Record& record : trace::snapshot().records) {
+    if (std::string_view(record.name) != "all_reduce") continue;
+    ASSERT_TRUE(arg_of(record, "comm") && arg_of(record, "seq"));
+    ++members[{*arg_of(record, "comm"), *arg_of(record, "seq")}];
+  }
+  ASSERT_EQ(members.size(), 2u);
+  EXPECT_EQ(members.begin()->second, 2);
+  EXPECT_EQ(members.rbegin()->second, 2);
+  EXPECT_EQ(members.begin()->first.first, std::min(group_ids[0], group_ids[1]));
+  EXPECT_EQ(members.rbegin()->first.first, std::max(group_ids[0], group_ids[1]));
+}
+
 // Below BRAID_TRACE_SAMPLE_KIB a trace records one call in BRAID_TRACE_SAMPLE_EVERY after
 // the communicator's first BRAID_TRACE_SAMPLE_EVERY: the same calls on every rank, each
 // marked with what it stands for, and none of the left-out calls' steps.
@@ -777,6 +805,7 @@ TEST(Tracing, SmallOpsAreSampledAlikeOnEveryRankAndLargerOnesAllRecorded) {
       EXPECT_LT(*arg_of(record, "seq"), 8);
     } else {
       EXPECT_EQ(arg_of(record, "sampled"), 8);
+      EXPECT_EQ(arg_of(record, "comm"), 1) << "the world communicator's id, beside seq and sampled";
       EXPECT_GE(*arg_of(record, "seq"), 8);
       ++small_seqs[*arg_of(record, "seq")];
     }

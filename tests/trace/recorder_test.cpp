@@ -97,11 +97,13 @@ TEST_F(Recorder, ArgumentsBeyondTheLimitAreDropped) {
     span.arg("a", 1);
     span.arg("b", 2);
     span.arg("c", 3);
+    span.arg("d", 4);
   }
+  static_assert(kMaxArgs == 3, "the span above passes one argument more than the limit");
   Snapshot snap = snapshot();
   ASSERT_EQ(snap.records.size(), 1u);
   EXPECT_EQ(snap.records[0].arg_count, kMaxArgs);
-  EXPECT_EQ(snap.records[0].args[1].value, 2);
+  EXPECT_EQ(snap.records[0].args[2].value, 3);
 }
 
 std::optional<std::int64_t> arg_of(const Record& r, std::string_view key) {

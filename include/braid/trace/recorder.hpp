@@ -4,12 +4,12 @@
 //
 // Cost. Off: a recording site is one relaxed atomic load (enabled()) and a branch.
 // On: two counter reads per span (detail::now_stamp(), converted to ns by snapshot()) plus a copy
-// of one Record (88 bytes) into the calling thread's buffer, with no lock and no allocation except
+// of one Record (104 bytes) into the calling thread's buffer, with no lock and no allocation except
 // one chunk of kChunkRecords records when the previous chunk is full. A thread's first record
 // registers its buffer under a mutex, once. Buffers outlive their threads: records from
 // threads that have exited stay until clear().
 //
-// Memory. All buffers together hold at most BRAID_TRACE_BUFFER_MB (256 MiB, ~2.4M
+// Memory. All buffers together hold at most BRAID_TRACE_BUFFER_MB (256 MiB, ~2.6M
 // records): a long run keeps its latest records rather than growing until it runs out of
 // memory. Past the limit, a thread whose chunk is full reuses the oldest chunk of a thread
 // that has exited, else its own oldest (once per chunk, waiting at most for a snapshot's
@@ -86,9 +86,10 @@ enum class RecordKind : std::uint8_t {
   counter,     // a point in time carrying a value (args[0])
 };
 
-// Collective spans use both (seq, and sampled where sampled; the algorithm is the text
-// argument): a third arg() on them is dropped. Raise this before adding one.
-inline constexpr std::size_t kMaxArgs = 2;
+// Collective spans use all three (comm, seq, and sampled where sampled; the algorithm is
+// the text argument): a fourth arg() on them is dropped. Raise this before adding one
+// (each costs every record 16 bytes).
+inline constexpr std::size_t kMaxArgs = 3;
 
 struct Arg {
   const char* key = nullptr;  // a Name's text

@@ -1,17 +1,21 @@
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <iterator>
+#include <limits>
 
 #include <fmt/format.h>
 
-#include <braid/trace/sampling.hpp>
 #include <braid/trace/summary.hpp>
 
+#include "arrival_skew.hpp"
+#include "event_args.hpp"
 #include "json_text.hpp"
 
 namespace braid::trace {
 namespace {
+
+using detail::integer_arg;
+using detail::weight_of;
 
 // A recorded duration and how many calls it stands for (a sampled span's "sampled").
 struct WeightedDuration {
@@ -32,22 +36,6 @@ std::int64_t percentile(const std::vector<WeightedDuration>& sorted, std::int64_
     if (seen >= rank) return d.ns;
   }
   return sorted.back().ns;
-}
-
-std::optional<std::int64_t> integer_arg(const TimelineEvent& event, std::string_view key) {
-  const auto text = event.arg(key);
-  if (!text) return std::nullopt;
-  std::int64_t value = 0;
-  const auto [end, error] = std::from_chars(text->data(), text->data() + text->size(), value);
-  if (error != std::errc() || end != text->data() + text->size()) return std::nullopt;
-  return value;
-}
-
-// How many calls a span stands for: its "sampled" argument, else 1. Clamped to what
-// BRAID_TRACE_SAMPLE_EVERY accepts, so a corrupt or foreign file cannot overflow the sums.
-std::int64_t weight_of(const TimelineEvent& event) {
-  return std::clamp<std::int64_t>(integer_arg(event, "sampled").value_or(1), 1,
-                                  SmallOpSampling::kMostEvery);
 }
 
 struct Samples {
@@ -92,7 +80,27 @@ std::int64_t covered_length(const std::vector<Interval>& merged, std::int64_t be
   return covered;
 }
 
-OverlapFigures figures_of(const RankTimeline& rank) {
+// The part of a rank's waits outside its compute, per late rank (summary.hpp): time two
+// waits share counts once, for the one that began first, as communication's union counts
+// it once; the calls a sampled span stands for add its wait outside compute n - 1 times.
+std::map<int, std::int64_t> exposed_waits(const std::vector<detail::ArrivalWait>& waits,
+                                          const std::vector<Interval>& compute) {
+  std::map<int, std::int64_t> waited_for;
+  std::int64_t claimed_until = std::numeric_limits<std::int64_t>::min();  // waits by begin
+  for (const detail::ArrivalWait& wait : waits) {
+    const auto [begin, end] = wait.interval;
+    std::int64_t exposed = (wait.weight - 1) * (end - begin - covered_length(compute, begin, end));
+    const std::int64_t unclaimed = std::max(begin, claimed_until);
+    if (unclaimed < end) {
+      exposed += end - unclaimed - covered_length(compute, unclaimed, end);
+      claimed_until = end;
+    }
+    if (exposed > 0) waited_for[wait.late_rank] += exposed;
+  }
+  return waited_for;
+}
+
+OverlapFigures figures_of(const RankTimeline& rank, const detail::RankArrivals& arrivals) {
   OverlapFigures figures;
   const auto compute = intervals_of(rank, "compute");
   const auto communication = intervals_of(rank, "comm");
@@ -108,6 +116,10 @@ OverlapFigures figures_of(const RankTimeline& rank) {
     figures.overlap_ns += unrecorded * covered_length(compute, event.begin_ns, event.end_ns);
   }
   figures.exposed_ns = figures.communication_ns - figures.overlap_ns;
+  figures.waited_for_ns = exposed_waits(arrivals.waits, compute);
+  for (const auto& [late_rank, ns] : figures.waited_for_ns) figures.waiting_ns += ns;
+  figures.matched_calls = arrivals.matched_calls;
+  figures.late_calls = arrivals.late_calls;
   // Off-core time: events come by begin time, so a span that ends before the last counted
   // one on its track is nested in it, and its off-core time is already in that one's.
   std::map<std::uint32_t, std::int64_t> counted_until;
@@ -143,6 +155,10 @@ void add_rank_figures(OverlapFigures& job, const OverlapFigures& rank) {
   if (rank.compute_off_core_ns) {
     job.compute_off_core_ns = job.compute_off_core_ns.value_or(0) + *rank.compute_off_core_ns;
   }
+  job.waiting_ns += rank.waiting_ns;
+  for (const auto& [late_rank, ns] : rank.waited_for_ns) job.waited_for_ns[late_rank] += ns;
+  job.matched_calls += rank.matched_calls;
+  job.late_calls += rank.late_calls;
 }
 
 namespace {
@@ -174,6 +190,12 @@ std::string bytes_text(std::uint64_t bytes) {
   return fmt::format("{} B", bytes);
 }
 
+// A part of exposed time in percent of it.
+double share_of_exposed(const OverlapFigures& f, std::int64_t ns) {
+  return 100.0 * static_cast<double>(ns) /
+         static_cast<double>(std::max<std::int64_t>(f.exposed_ns, 1));
+}
+
 std::string percent_text(std::optional<double> percent) {
   return percent ? fmt::format("{:.1f}%", *percent) : std::string("-");
 }
@@ -201,6 +223,23 @@ void append_rank_json(std::string& out, const RankSummary& rank) {
   }
   if (f.compute_off_core_ns) {
     fmt::format_to(std::back_inserter(out), R"(,"compute_off_core_ns":{})", *f.compute_off_core_ns);
+  }
+  fmt::format_to(std::back_inserter(out),
+                 R"(,"waiting_ns":{},"transfer_ns":{},"matched_calls":{},"late_calls":{},)"
+                 R"("waited_for_ns":{{)",
+                 f.waiting_ns, f.transfer_ns(), f.matched_calls, f.late_calls);
+  bool first_late = true;
+  for (const auto& [late_rank, ns] : f.waited_for_ns) {
+    fmt::format_to(std::back_inserter(out), R"({}"{}":{})", first_late ? "" : ",", late_rank, ns);
+    first_late = false;
+  }
+  out += R"(},"most_waited_for":)";
+  if (const auto most = f.most_waited_for()) {
+    fmt::format_to(std::back_inserter(out),
+                   R"({{"rank":{},"waited_ns":{},"exposed_percent":{:.3f}}})", most->rank,
+                   most->waited_ns, share_of_exposed(f, most->waited_ns));
+  } else {
+    out += "null";
   }
   out += R"(,"collectives":{)";
   bool first = true;
@@ -251,6 +290,35 @@ std::string count_text(const LatencyStats& stats) {
 std::optional<double> OverlapFigures::overlap_percent() const {
   if (communication_ns <= 0) return std::nullopt;
   return 100.0 * static_cast<double>(overlap_ns) / static_cast<double>(communication_ns);
+}
+
+std::optional<OverlapFigures::LateRank> OverlapFigures::most_waited_for() const {
+  std::optional<LateRank> most;
+  for (const auto& [late_rank, ns] : waited_for_ns) {
+    if (ns > 0 && (!most || ns > most->waited_ns)) most = LateRank{late_rank, ns};
+  }
+  return most;
+}
+
+std::string waiting_text(const Summary& summary) {
+  const OverlapFigures& job = summary.job.figures;
+  const std::optional<OverlapFigures::LateRank> most = job.most_waited_for();
+  if (!most) return {};
+  std::string text = fmt::format("ranks waited {} for rank {} ({:.1f}% of exposed)",
+                                 duration_text(most->waited_ns), most->rank,
+                                 share_of_exposed(job, most->waited_ns));
+  const auto late = std::find_if(summary.ranks.begin(), summary.ranks.end(),
+                                 [&](const RankSummary& r) { return r.rank == most->rank; });
+  if (late != summary.ranks.end() && late->figures.matched_calls > 0) {
+    text += fmt::format(", last to arrive at {} of its {} calls", late->figures.late_calls,
+                        late->figures.matched_calls);
+  }
+  const std::size_t others = job.waited_for_ns.size() - 1;
+  if (others > 0) {
+    text += fmt::format("; {} for {} other rank{}", duration_text(job.waiting_ns - most->waited_ns),
+                        others, others == 1 ? "" : "s");
+  }
+  return text;
 }
 
 std::vector<Interval> union_of(std::vector<Interval> intervals) {
@@ -308,10 +376,12 @@ Summary summarize(const Timeline& timeline) {
   std::map<std::string, Samples> job_collectives;
   std::map<std::int64_t, Samples> job_buckets;
   std::vector<double> bubbles;
-  for (const RankTimeline& rank : timeline.ranks) {
+  const std::vector<detail::RankArrivals> arrivals = detail::arrival_skew(timeline);
+  for (std::size_t index = 0; index < timeline.ranks.size(); ++index) {
+    const RankTimeline& rank = timeline.ranks[index];
     RankSummary out;
     out.rank = rank.rank;
-    out.figures = figures_of(rank);
+    out.figures = figures_of(rank, arrivals[index]);
     std::map<std::string, Samples> collectives;
     std::map<std::int64_t, Samples> buckets;
     for (const TimelineEvent& event : rank.events) {
@@ -349,14 +419,21 @@ std::string format_text(const Summary& summary) {
   std::string out;
   fmt::format_to(std::back_inserter(out), "{} rank(s)\n\n", summary.ranks.size());
   const bool off_core = summary.job.figures.compute_off_core_ns.has_value();
-  fmt::format_to(std::back_inserter(out), "{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}{}\n",
-                 "rank", "wall", "compute", "comm", "overlap", "exposed", "overlap%",
+  // Waiting is known only where calls were matched across ranks (summary.hpp).
+  const bool waiting = summary.job.figures.matched_calls > 0;
+  fmt::format_to(std::back_inserter(out), "{:<6} {:>10} {:>10} {:>10} {:>10} {:>10}{} {:>9}{}\n",
+                 "rank", "wall", "compute", "comm", "overlap", "exposed",
+                 waiting ? fmt::format(" {:>10} {:>10}", "waiting", "transfer") : "", "overlap%",
                  off_core ? fmt::format(" {:>10}", "off-core") : "");
   auto row = [&](std::string label, const OverlapFigures& f) {
     fmt::format_to(
-        std::back_inserter(out), "{:<6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}{}\n", label,
+        std::back_inserter(out), "{:<6} {:>10} {:>10} {:>10} {:>10} {:>10}{} {:>9}{}\n", label,
         duration_text(f.wall_ns), duration_text(f.compute_ns), duration_text(f.communication_ns),
-        duration_text(f.overlap_ns), duration_text(f.exposed_ns), percent_text(f.overlap_percent()),
+        duration_text(f.overlap_ns), duration_text(f.exposed_ns),
+        waiting ? fmt::format(" {:>10} {:>10}", duration_text(f.waiting_ns),
+                              duration_text(f.transfer_ns()))
+                : "",
+        percent_text(f.overlap_percent()),
         !off_core               ? ""
         : f.compute_off_core_ns ? fmt::format(" {:>10}", duration_text(*f.compute_off_core_ns))
                                 : fmt::format(" {:>10}", "-"));
@@ -368,6 +445,10 @@ std::string format_text(const Summary& summary) {
         "off-core: time the compute's threads spent without their core (another thread ran "
         "there, or they waited); overlap counts communication beside compute as hidden, and "
         "where it took the compute's core, this is at most what it cost\n";
+  }
+  if (waiting) fmt::format_to(std::back_inserter(out), "{}\n", kWaitingNote);
+  if (const std::string late = waiting_text(summary); !late.empty()) {
+    fmt::format_to(std::back_inserter(out), "waiting: {}\n", late);
   }
   for (const RankSummary& rank : summary.ranks) {
     if (rank.overwritten_records == 0) continue;

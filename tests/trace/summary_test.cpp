@@ -1,5 +1,6 @@
 // Overlap and exposed communication against hand-built timelines whose answers are known:
-// disjoint, nested, partial, several lanes, several ranks; and the latency tables.
+// disjoint, nested, partial, several lanes, several ranks; exposed time split into waiting
+// for a late rank and transfer; and the latency tables.
 #include <nlohmann/json.hpp>
 
 #include <gtest/gtest.h>
@@ -219,6 +220,14 @@ TEST(Formats, TextHasTheTableAndJsonParsesWithTheSameFigures) {
   EXPECT_EQ(json["job"]["collectives"]["all_reduce"]["count"], 1);
   EXPECT_TRUE(json["job"]["pipeline_bubble_percent"].is_null());
   EXPECT_EQ(json["ranks"][0]["overwritten_records"], 0);
+  // One rank: no call to match, so waiting is unknown and the table leaves it out; the
+  // JSON counts every exposed nanosecond as transfer.
+  EXPECT_EQ(text.find("transfer"), std::string::npos) << text;
+  EXPECT_EQ(text.find("waiting"), std::string::npos) << text;
+  EXPECT_EQ(json["ranks"][0]["matched_calls"], 0);
+  EXPECT_EQ(json["ranks"][0]["waiting_ns"], 0);
+  EXPECT_EQ(json["ranks"][0]["transfer_ns"], 80);
+  EXPECT_TRUE(json["job"]["most_waited_for"].is_null());
 }
 
 TimelineEvent off_core(TimelineEvent e, std::int64_t ns) {
@@ -269,6 +278,217 @@ TEST(Formats, ARankThatOverwroteRecordsIsNamedWithTheCount) {
   const std::string text = format_text(s);
   EXPECT_NE(text.find("rank 0 overwrote its 4096 oldest records"), std::string::npos) << text;
   EXPECT_EQ(nlohmann::json::parse(format_json(s))["ranks"][0]["overwritten_records"], 4096);
+}
+
+// ---------------------------------------------------------------- waiting and transfer
+
+constexpr std::int64_t kMs = 1'000'000;
+
+// A collective's span as Communicator::run records it: communicator id and sequence number.
+TimelineEvent call(std::int64_t comm, std::int64_t seq, std::int64_t begin, std::int64_t end,
+                   std::string name = "all_reduce") {
+  TimelineEvent e = event("comm", begin, end, std::move(name), 2);
+  e.args.emplace_back("comm", std::to_string(comm));
+  e.args.emplace_back("seq", std::to_string(seq));
+  return e;
+}
+
+TimelineEvent sampled(TimelineEvent e, std::int64_t n) {
+  e.args.emplace_back("sampled", std::to_string(n));
+  return e;
+}
+
+Timeline ranks(std::vector<std::vector<TimelineEvent>> events) {
+  Timeline timeline;
+  timeline.world_size = static_cast<int>(events.size());
+  for (std::size_t r = 0; r < events.size(); ++r) {
+    timeline.ranks.push_back(RankTimeline{.rank = static_cast<int>(r), .events = events[r]});
+  }
+  return timeline;
+}
+
+// Three steps 100 ms apart: both ranks compute, then all-reduce until 25 ms into the step;
+// rank 1 computes 5 ms longer, so rank 0 waits 5 ms for it at every call.
+TEST(Waiting, ARankThatArrivesLateMakesTheOtherWaitAndIsNamed) {
+  std::vector<std::vector<TimelineEvent>> events(2);
+  for (std::int64_t step = 0; step < 3; ++step) {
+    const std::int64_t t = step * 100 * kMs;
+    events[0].push_back(event("compute", t, t + 10 * kMs, "backward"));
+    events[0].push_back(call(1, step, t + 10 * kMs, t + 25 * kMs));
+    events[1].push_back(event("compute", t, t + 15 * kMs, "backward"));
+    events[1].push_back(call(1, step, t + 15 * kMs, t + 25 * kMs));
+  }
+  const Summary s = summarize(ranks(events));
+  const OverlapFigures& early = s.ranks[0].figures;
+  const OverlapFigures& late = s.ranks[1].figures;
+  EXPECT_EQ(early.exposed_ns, 45 * kMs);
+  EXPECT_EQ(early.waiting_ns, 15 * kMs);
+  EXPECT_EQ(early.transfer_ns(), 30 * kMs);
+  EXPECT_EQ(early.waited_for_ns, (std::map<int, std::int64_t>{{1, 15 * kMs}}));
+  EXPECT_EQ(early.late_calls, 0);
+  EXPECT_EQ(early.matched_calls, 3);
+  EXPECT_EQ(late.waiting_ns, 0);
+  EXPECT_EQ(late.transfer_ns(), 30 * kMs);
+  EXPECT_EQ(late.late_calls, 3);
+  EXPECT_EQ(s.job.figures.waiting_ns, 15 * kMs);
+  EXPECT_EQ(s.job.figures.transfer_ns(), 60 * kMs);
+  EXPECT_EQ(s.job.figures.late_calls, 3);
+  EXPECT_EQ(s.job.figures.matched_calls, 6) << "each rank's part in each call";
+  ASSERT_TRUE(s.job.figures.most_waited_for().has_value());
+  EXPECT_EQ(s.job.figures.most_waited_for()->rank, 1);
+  EXPECT_EQ(s.job.figures.most_waited_for()->waited_ns, 15 * kMs);
+
+  const std::string text = format_text(s);
+  EXPECT_NE(text.find("waiting: ranks waited 15.0 ms for rank 1 (20.0% of exposed), last to "
+                      "arrive at 3 of its 3 calls\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(kWaitingNote), std::string::npos) << text;
+  const auto json = nlohmann::json::parse(format_json(s));
+  EXPECT_EQ(json["ranks"][0]["waiting_ns"], 15 * kMs);
+  EXPECT_EQ(json["ranks"][0]["transfer_ns"], 30 * kMs);
+  EXPECT_EQ(json["ranks"][0]["waited_for_ns"]["1"], 15 * kMs);
+  EXPECT_EQ(json["ranks"][1]["late_calls"], 3);
+  EXPECT_EQ(json["ranks"][1]["matched_calls"], 3);
+  EXPECT_EQ(json["job"]["waiting_ns"], 15 * kMs);
+  EXPECT_EQ(json["job"]["most_waited_for"]["rank"], 1);
+  EXPECT_EQ(json["job"]["most_waited_for"]["waited_ns"], 15 * kMs);
+  EXPECT_DOUBLE_EQ(json["job"]["most_waited_for"]["exposed_percent"].get<double>(), 20.0);
+}
+
+// Three ranks: rank 1 arrives 5 ms after rank 0 and rank 2 after 2 ms at the first two
+// calls; at the third, rank 2 is last, 4 ms after the others. Every call ends at 8 ms.
+TEST(Waiting, EachRankWaitsUntilTheLastArrivalAndTheJobNamesWhomItWaitedForMost) {
+  std::vector<std::vector<TimelineEvent>> events(3);
+  const std::vector<std::vector<std::int64_t>> arrivals = {{0, 5, 2}, {0, 5, 2}, {0, 0, 4}};
+  for (std::size_t seq = 0; seq < arrivals.size(); ++seq) {
+    const auto t = static_cast<std::int64_t>(seq) * 10 * kMs;
+    for (std::size_t r = 0; r < 3; ++r) {
+      events[r].push_back(
+          call(1, static_cast<std::int64_t>(seq), t + arrivals[seq][r] * kMs, t + 8 * kMs));
+    }
+  }
+  const Summary s = summarize(ranks(events));
+  EXPECT_EQ(s.ranks[0].figures.waited_for_ns,
+            (std::map<int, std::int64_t>{{1, 10 * kMs}, {2, 4 * kMs}}));
+  EXPECT_EQ(s.ranks[1].figures.waited_for_ns, (std::map<int, std::int64_t>{{2, 4 * kMs}}));
+  EXPECT_EQ(s.ranks[2].figures.waited_for_ns, (std::map<int, std::int64_t>{{1, 6 * kMs}}));
+  EXPECT_EQ(s.ranks[2].figures.waiting_ns, 6 * kMs);
+  EXPECT_EQ(s.ranks[2].figures.transfer_ns(), 10 * kMs);
+  EXPECT_EQ(s.ranks[1].figures.late_calls, 2);
+  EXPECT_EQ(s.ranks[2].figures.late_calls, 1);
+  EXPECT_EQ(s.job.figures.waited_for_ns,
+            (std::map<int, std::int64_t>{{1, 16 * kMs}, {2, 8 * kMs}}));
+  EXPECT_EQ(s.job.figures.waiting_ns, 24 * kMs);
+  EXPECT_EQ(s.job.figures.exposed_ns, 54 * kMs);  // 24 waiting, 3 + 3 + 4 transfer per rank
+  EXPECT_EQ(s.job.figures.most_waited_for()->rank, 1);
+  const std::string text = format_text(s);
+  EXPECT_NE(text.find("ranks waited 16.0 ms for rank 1 (29.6% of exposed), last to arrive at 2 "
+                      "of its 3 calls; 8000.0 us for 1 other rank"),
+            std::string::npos)
+      << text;
+}
+
+// Rank 0 starts the all-reduce while it still computes (an overlapped bucket): the part of
+// its wait under compute is hidden, like any communication under compute, not waiting.
+TEST(Waiting, ComputeOverlappingTheWaitHidesItRatherThanCountingIt) {
+  const Summary s =
+      summarize(ranks({{event("compute", 0, 12 * kMs), call(1, 0, 10 * kMs, 25 * kMs)},
+                       {call(1, 0, 15 * kMs, 25 * kMs)}}));
+  const OverlapFigures& f = s.ranks[0].figures;
+  EXPECT_EQ(f.exposed_ns, 13 * kMs);
+  EXPECT_EQ(f.waiting_ns, 3 * kMs) << "[10, 15) waiting, [10, 12) of it under compute";
+  EXPECT_EQ(f.transfer_ns(), 10 * kMs);
+  // All of the wait under compute: rank 1 still arrived last, nobody's exposure waited.
+  const Summary hidden =
+      summarize(ranks({{event("compute", 0, 20 * kMs), call(1, 0, 10 * kMs, 25 * kMs)},
+                       {call(1, 0, 15 * kMs, 25 * kMs)}}));
+  EXPECT_EQ(hidden.ranks[0].figures.waiting_ns, 0);
+  EXPECT_TRUE(hidden.ranks[0].figures.waited_for_ns.empty());
+  EXPECT_EQ(hidden.ranks[1].figures.late_calls, 1);
+  const std::string text = format_text(hidden);
+  EXPECT_NE(text.find("waiting"), std::string::npos) << "matched: the columns are there";
+  EXPECT_EQ(text.find("ranks waited"), std::string::npos) << text;
+}
+
+// Nothing to compare a call with, nothing to wait for: a call only one rank recorded,
+// and spans without "comm" (point-to-point, NCCL, traces from before it) are transfer.
+TEST(Waiting, ACallRecordedOnOneRankOnlyOrWithoutItsCommunicatorIsTransfer) {
+  TimelineEvent older = event("comm", 20 * kMs, 30 * kMs, "all_reduce");
+  older.args.emplace_back("seq", "1");
+  TimelineEvent older_late = event("comm", 25 * kMs, 30 * kMs, "all_reduce");
+  older_late.args.emplace_back("seq", "1");
+  const Summary s =
+      summarize(ranks({{call(1, 0, 0, 10 * kMs), older, event("comm", 40 * kMs, 50 * kMs, "send")},
+                       {older_late, event("comm", 45 * kMs, 50 * kMs, "recv")}}));
+  EXPECT_EQ(s.ranks[0].figures.exposed_ns, 30 * kMs);
+  EXPECT_EQ(s.job.figures.waiting_ns, 0);
+  EXPECT_EQ(s.job.figures.transfer_ns(), s.job.figures.exposed_ns);
+  EXPECT_EQ(s.job.figures.late_calls, 0);
+  EXPECT_EQ(s.job.figures.matched_calls, 0);
+  EXPECT_FALSE(s.job.figures.most_waited_for().has_value());
+  EXPECT_EQ(format_text(s).find("waiting"), std::string::npos) << "unknown, not zero";
+}
+
+// The same sequence number on two communicators is two calls: each rank alone in a
+// communicator of its own (1 and 2) waits for nobody there, and in the one they share (3)
+// rank 0 waits 4 ms. Matched by sequence number alone, rank 0 would wait 5 + 4 ms.
+TEST(Waiting, CallsOnDifferentCommunicatorsAreNeverMatched) {
+  const Summary s =
+      summarize(ranks({{call(1, 0, 0, 10 * kMs), call(3, 0, 20 * kMs, 30 * kMs)},
+                       {call(2, 0, 5 * kMs, 10 * kMs), call(3, 0, 24 * kMs, 30 * kMs)}}));
+  EXPECT_EQ(s.ranks[0].figures.waited_for_ns, (std::map<int, std::int64_t>{{1, 4 * kMs}}));
+  EXPECT_EQ(s.ranks[1].figures.waiting_ns, 0);
+  EXPECT_EQ(s.ranks[1].figures.late_calls, 1);
+}
+
+// A sampled span stands for n calls: its wait outside compute counts n - 1 more times, as
+// its length does in communication; the late rank arrived last at n calls.
+TEST(Waiting, ASampledCallsWaitCountsForTheCallsItStandsFor) {
+  const Summary s = summarize(ranks({{event("compute", 0, 4), sampled(call(1, 64, 0, 20), 64)},
+                                     {sampled(call(1, 64, 10, 20), 64)}}));
+  const OverlapFigures& f = s.ranks[0].figures;
+  EXPECT_EQ(f.exposed_ns, 64 * 16);
+  EXPECT_EQ(f.waiting_ns, 64 * 6) << "[0, 10) waiting, [0, 4) of it under compute";
+  EXPECT_EQ(f.transfer_ns(), 64 * 10);
+  EXPECT_EQ(s.ranks[1].figures.late_calls, 64);
+  EXPECT_EQ(s.ranks[1].figures.transfer_ns(), 64 * 10);
+}
+
+// Two collectives in flight at once on two communicators, each waiting for another rank:
+// the time both waits cover counts once, for the one that began first.
+TEST(Waiting, WaitsThatOverlapCountOnceForTheCallThatBeganFirst) {
+  const Summary s = summarize(ranks({
+      {call(1, 0, 0, 10 * kMs), call(2, 0, 5 * kMs, 20 * kMs)},
+      {call(1, 0, 8 * kMs, 10 * kMs)},
+      {call(2, 0, 15 * kMs, 20 * kMs)},
+  }));
+  const OverlapFigures& f = s.ranks[0].figures;
+  EXPECT_EQ(f.waited_for_ns, (std::map<int, std::int64_t>{{1, 8 * kMs}, {2, 7 * kMs}}));
+  EXPECT_EQ(f.waiting_ns, 15 * kMs);
+  EXPECT_EQ(f.exposed_ns, 20 * kMs);
+}
+
+// A staged CUDA call runs its chunks one after another under one sequence number: the
+// k-th chunk on one rank is matched with the k-th on the other.
+TEST(Waiting, ChunksUnderOneSequenceNumberAreMatchedInTheirOrder) {
+  const Summary s = summarize(
+      ranks({{call(1, 3, 0, 10), call(1, 3, 10, 20)}, {call(1, 3, 5, 10), call(1, 3, 12, 20)}}));
+  EXPECT_EQ(s.ranks[0].figures.waiting_ns, 5 + 2);
+  EXPECT_EQ(s.ranks[1].figures.late_calls, 2);
+}
+
+// Figures gathered from ranks by other means add up as summarize() adds them.
+TEST(Waiting, AddingRankFiguresSumsWaitingPerLateRank) {
+  OverlapFigures job;
+  add_rank_figures(job, {.exposed_ns = 10, .waiting_ns = 6, .waited_for_ns = {{1, 6}}});
+  add_rank_figures(
+      job, {.exposed_ns = 9, .waiting_ns = 5, .waited_for_ns = {{0, 1}, {1, 4}}, .late_calls = 2});
+  EXPECT_EQ(job.waiting_ns, 11);
+  EXPECT_EQ(job.transfer_ns(), 8);
+  EXPECT_EQ(job.waited_for_ns, (std::map<int, std::int64_t>{{0, 1}, {1, 10}}));
+  EXPECT_EQ(job.late_calls, 2);
+  EXPECT_EQ(job.most_waited_for()->rank, 1);
 }
 
 }  // namespace

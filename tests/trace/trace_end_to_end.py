@@ -55,6 +55,10 @@ def check_summary(directory):
             assert abs(clock["offset_ns"]) <= clock["round_trip_ns"], clock
         names = {e["name"] for e in trace["traceEvents"]}
         assert {"all_reduce", "backward", "ring.reduce_scatter"} & names, names
+        # Every collective names its communicator (the world's is 1) beside its sequence
+        # number: what the summary matches calls across ranks by.
+        calls = [e for e in trace["traceEvents"] if e.get("name") == "all_reduce" and e["ph"] != "e"]
+        assert calls and all(e["args"]["comm"] == 1 and "seq" in e["args"] for e in calls), calls
     summary = json.loads(braid_trace("summary", "--json", directory))
     job = summary["job"]
     assert summary["world_size"] == 2
@@ -65,11 +69,17 @@ def check_summary(directory):
     assert 0 < job["overlap_percent"] < 100, job
     assert job["exposed_communication_ns"] > 0, job
     assert job["exposed_communication_ns"] == job["communication_ns"] - job["overlap_ns"]
+    # Every call is matched on both ranks; exposed time splits into waiting and transfer.
+    assert job["matched_calls"] == 2 * STEPS, job
+    assert 0 <= job["waiting_ns"] <= job["exposed_communication_ns"], job
+    assert job["waiting_ns"] + job["transfer_ns"] == job["exposed_communication_ns"], job
+    assert sum(job["waited_for_ns"].values()) == job["waiting_ns"], job
     # The compute regions carry their threads' off-core time: a sum over both ranks, never
     # more than their compute.
     assert 0 <= job["compute_off_core_ns"] <= job["compute_ns"], job
     text = braid_trace("summary", directory)
     assert "overlap%" in text and "all_reduce" in text and "off-core" in text, text
+    assert "waiting" in text and "transfer" in text, text
     print(text)
 
 
@@ -95,11 +105,15 @@ def check_sampled(directory):
     assert sampled_seqs[0] == sampled_seqs[1], "ranks recorded different calls"
     assert whole == 2 * SAMPLE_EVERY, whole
     assert 0 < len(sampled_seqs[0]) < SAMPLED_STEPS - SAMPLE_EVERY, sampled_seqs
-    all_reduce = json.loads(braid_trace("summary", "--json", directory))["job"]["collectives"]["all_reduce"]
+    job = json.loads(braid_trace("summary", "--json", directory))["job"]
+    all_reduce = job["collectives"]["all_reduce"]
     recorded = whole + 2 * len(sampled_seqs[0])
     assert all_reduce["recorded"] == recorded, all_reduce
     assert all_reduce["count"] == whole + 2 * SAMPLE_EVERY * len(sampled_seqs[0]), all_reduce
     assert all_reduce["bytes"] == all_reduce["count"] * SAMPLED_KIB * 1024, all_reduce
+    # Both ranks recorded the same calls, so every one (sampled ones for their calls) is
+    # matched across them.
+    assert job["matched_calls"] == all_reduce["count"], (job["matched_calls"], all_reduce)
     text = braid_trace("summary", directory)
     assert f"~{all_reduce['count']}" in text, text
     print(text)

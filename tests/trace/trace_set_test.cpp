@@ -215,5 +215,39 @@ TEST_F(TraceDirectory, TheCommandSummarisesMergesAndDraws) {
   EXPECT_EQ(page.find("https://"), std::string::npos);
 }
 
+// Rank 1's clock runs 3.99 ms behind rank 0's: on the aligned clock it enters the
+// all-reduce 20 us after rank 0 (10 us by the raw timestamps), and both leave together.
+TEST_F(TraceDirectory, TheCommandSplitsWaitingFromTransferOnTheAlignedClock) {
+  if (std::getenv("BRAID_TRACE_TOOL") == nullptr) GTEST_SKIP() << "BRAID_TRACE_TOOL not set";
+  auto all_reduce = [](int pid, double ts, double dur) {
+    json e = complete(pid, ts, dur, "comm", "all_reduce");
+    e["args"] = {{"comm", 1}, {"seq", 0}, {"algorithm", "ring"}};
+    return e;
+  };
+  write_rank(0, 1'000'000, 0, json::array({all_reduce(0, 10.0, 30.0)}));
+  write_rank(1, 5'000'000, -3'990'000, json::array({all_reduce(1, 20.0, 10.0)}));
+  CommandResult summary = braid_trace("summary --json " + dir_.string());
+  ASSERT_EQ(summary.status, 0) << summary.output;
+  const json figures = json::parse(summary.output);
+  EXPECT_EQ(figures["ranks"][0]["waiting_ns"], 20'000);
+  EXPECT_EQ(figures["ranks"][0]["transfer_ns"], 10'000);
+  EXPECT_EQ(figures["ranks"][1]["waiting_ns"], 0);
+  EXPECT_EQ(figures["ranks"][1]["late_calls"], 1);
+  EXPECT_EQ(figures["job"]["most_waited_for"]["rank"], 1);
+
+  CommandResult text = braid_trace("summary " + dir_.string());
+  ASSERT_EQ(text.status, 0) << text.output;
+  EXPECT_NE(text.output.find("waiting: ranks waited 20.0 us for rank 1 (50.0% of exposed)"),
+            std::string::npos)
+      << text.output;
+  const fs::path page = dir_ / "out" / "t.html";
+  fs::create_directories(page.parent_path());
+  ASSERT_EQ(braid_trace("html " + dir_.string() + " -o " + page.string()).status, 0);
+  std::ifstream html(page);
+  const std::string body((std::istreambuf_iterator<char>(html)), std::istreambuf_iterator<char>());
+  EXPECT_NE(body.find(">waiting ms</th>"), std::string::npos);
+  EXPECT_NE(body.find("waiting: ranks waited 20.0 us for rank 1"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace braid::tools::trace_tool

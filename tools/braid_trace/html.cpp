@@ -47,17 +47,28 @@ std::string percent(std::optional<double> p) {
 std::string summary_tables(const trace::Summary& summary) {
   // Off-core time (summary.hpp) where the compute spans carry it.
   const bool off_core = summary.job.figures.compute_off_core_ns.has_value();
+  // Waiting and transfer where calls were matched across ranks (summary.hpp).
+  const bool waiting = summary.job.figures.matched_calls > 0;
   std::string out =
       "<table><tr><th>rank</th><th>wall ms</th><th>compute ms</th><th>communication ms</th>"
-      "<th>overlap ms</th><th>exposed ms</th><th>overlap %</th>";
+      "<th>overlap ms</th><th>exposed ms</th>";
+  if (waiting) {
+    out +=
+        "<th title=\"exposed time in collectives before their last rank arrived\">waiting ms</th>"
+        "<th title=\"exposed time less waiting\">transfer ms</th>";
+  }
+  out += "<th>overlap %</th>";
   out += off_core ? "<th title=\"time the compute's threads spent without their core\">off-core "
                     "ms</th></tr>\n"
                   : "</tr>\n";
   auto row = [&](const std::string& label, const trace::OverlapFigures& f) {
-    out += fmt::format(
-        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>", label,
-        ms(f.wall_ns), ms(f.compute_ns), ms(f.communication_ns), ms(f.overlap_ns), ms(f.exposed_ns),
-        percent(f.overlap_percent()));
+    out += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>",
+                       label, ms(f.wall_ns), ms(f.compute_ns), ms(f.communication_ns),
+                       ms(f.overlap_ns), ms(f.exposed_ns));
+    if (waiting) {
+      out += fmt::format("<td>{}</td><td>{}</td>", ms(f.waiting_ns), ms(f.transfer_ns()));
+    }
+    out += fmt::format("<td>{}</td>", percent(f.overlap_percent()));
     if (off_core) {
       out += fmt::format("<td>{}</td>",
                          f.compute_off_core_ns ? ms(*f.compute_off_core_ns) : std::string("-"));
@@ -67,6 +78,13 @@ std::string summary_tables(const trace::Summary& summary) {
   for (const auto& rank : summary.ranks) row(std::to_string(rank.rank), rank.figures);
   row("all", summary.job.figures);
   out += "</table>\n";
+  if (waiting) {
+    out += fmt::format("<p>{}", escape_html(trace::kWaitingNote));
+    if (const std::string late = trace::waiting_text(summary); !late.empty()) {
+      out += fmt::format("<br>waiting: {}", escape_html(late));
+    }
+    out += "</p>\n";
+  }
   if (!summary.job.collectives.empty()) {
     out +=
         "<table><tr><th>collective</th><th>count</th><th>bytes</th><th>p50 us</th><th>p90 us</th>"

@@ -1,7 +1,8 @@
 // braid-trace: reads the per-rank traces a job wrote under BRAID_TRACE.
 //
 //   braid-trace merge DIR -o FILE        all ranks in one Chrome trace, clocks aligned
-//   braid-trace summary DIR [--json]     compute, communication, overlap, exposed time;
+//   braid-trace summary DIR [--json]     compute, communication, overlap, exposed time
+//                                        split into waiting for a late rank and transfer;
 //                                        per-collective and per-bucket latencies
 //   braid-trace html DIR -o FILE         a self-contained, zoomable timeline page
 //
@@ -28,7 +29,8 @@ using braid::tools::trace_tool::TraceSet;
 
 constexpr const char* kUsage = R"(usage:
   braid-trace merge DIR -o FILE      all ranks' traces in one Chrome trace, clocks aligned
-  braid-trace summary DIR [--json]   overlap, exposed communication, collective latencies
+  braid-trace summary DIR [--json]   overlap, exposed communication (waiting for a late rank,
+                                     transfer), collective latencies
   braid-trace html DIR -o FILE       a self-contained HTML timeline with the summary on top
 
 DIR is the directory given to BRAID_TRACE (rank-<r>.trace.json files), or one trace file.

@@ -434,20 +434,15 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     return 1;
   }
 
-  // The overlap summary from this process's own trace, gathered to rank 0.
+  // The overlap summary: every rank's trace of the training steps, gathered to rank 0 on
+  // rank 0's clock, so the summary can also tell waiting for a late rank from transfer.
   braid::trace::Snapshot snapshot = braid::trace::snapshot();
   std::erase_if(snapshot.records, [&](const braid::trace::Record& r) {
     return r.begin_ns < summary_from_ns || r.end_ns > summary_to_ns;
   });
-  braid::trace::Timeline mine;
-  mine.world_size = 1;
-  mine.ranks.push_back(braid::trace::rank_timeline(snapshot, {.rank = comm->rank()}));
-  const braid::trace::OverlapFigures f = braid::trace::summarize(mine).ranks.at(0).figures;
-  // -1: no compute span carried its off-core time.
-  std::vector<std::int64_t> figures{f.wall_ns,    f.compute_ns, f.communication_ns,
-                                    f.overlap_ns, f.exposed_ns, f.compute_off_core_ns.value_or(-1)};
-  std::vector<std::int64_t> all(figures.size() * static_cast<std::size_t>(comm->size()));
-  comm->launch(comm->all_gather(braid::Buffer(figures), braid::Buffer(all))).get();
+  const braid::trace::ClockAlignment clock = comm->launch(world.clock_alignment()).get();
+  const std::optional<braid::trace::Timeline> job =
+      comm->launch(braid::collectives::gather_timeline(*comm, std::move(snapshot), clock)).get();
 
   // The bare all-reduce of every gradient at once, for comparison with what DDP exposed.
   // Its CPU time too (the mean over ranks): on a node whose cores the training threads
@@ -491,21 +486,7 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     bare_shared = bare_all_reduce(reinterpret_cast<float*>(shared.get()));
   }
   if (comm->rank() != 0) return 0;
-  braid::trace::Summary summary;
-  summary.world_size = comm->size();
-  for (int r = 0; r < comm->size(); ++r) {
-    braid::trace::RankSummary rank;
-    rank.rank = r;
-    const std::int64_t* v = all.data() + figures.size() * static_cast<std::size_t>(r);
-    rank.figures = {.wall_ns = v[0],
-                    .compute_ns = v[1],
-                    .communication_ns = v[2],
-                    .overlap_ns = v[3],
-                    .exposed_ns = v[4]};
-    if (v[5] >= 0) rank.figures.compute_off_core_ns = v[5];
-    braid::trace::add_rank_figures(summary.job.figures, rank.figures);
-    summary.ranks.push_back(rank);
-  }
+  const braid::trace::Summary summary = braid::trace::summarize(*job);
   if (s.bench) {
     // Traced exposure per synchronised step (paired runs trace their no_sync() steps too,
     // which expose nothing).

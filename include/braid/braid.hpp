@@ -5,6 +5,7 @@
 #include <braid/build_config.hpp>
 #include <braid/collectives/algorithm.hpp>
 #include <braid/collectives/communicator.hpp>
+#include <braid/collectives/gather_timeline.hpp>
 #include <braid/collectives/reduce_kernels.hpp>
 #include <braid/collectives/selection.hpp>
 #include <braid/core/buffer.hpp>
@@ -31,6 +32,7 @@
 #include <braid/trace/span.hpp>
 #include <braid/trace/summary.hpp>
 #include <braid/trace/timeline.hpp>
+#include <braid/trace/timeline_bytes.hpp>
 #include <braid/transport/bootstrap.hpp>
 #include <braid/transport/store.hpp>
 #include <braid/transport/tag.hpp>

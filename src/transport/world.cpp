@@ -159,7 +159,7 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
 
 asio::awaitable<void> World::start_trace_output(std::string directory, Deadline deadline) {
   trace::TraceIdentity identity{.rank = rank(), .world_size = size()};
-  identity.clock = co_await detail::align_clocks(*ucx_, deadline);
+  identity.clock = co_await clock_alignment(deadline);
   std::array<char, 256> host{};
   if (gethostname(host.data(), host.size() - 1) == 0) identity.host = host.data();
   log::debug("tracing to {} (clock offset against rank 0: {} ns, round trip {} ns)", directory,
@@ -171,6 +171,11 @@ asio::awaitable<void> World::start_trace_output(std::string directory, Deadline 
                 {.rank = rank(), .operation = "World::join"});
   }
   writes_trace_ = true;
+}
+
+asio::awaitable<trace::ClockAlignment> World::clock_alignment(Deadline deadline) {
+  if (!clock_) clock_ = co_await detail::align_clocks(*ucx_, deadline);
+  co_return *clock_;
 }
 
 asio::awaitable<void> World::watch_peers(std::shared_ptr<PeerWatch> watch) {

@@ -35,6 +35,7 @@
 #include <braid/core/buffer.hpp>
 #include <braid/core/deadline.hpp>
 #include <braid/core/runtime.hpp>
+#include <braid/trace/chrome_trace.hpp>
 #include <braid/transport/bootstrap.hpp>
 #include <braid/transport/store.hpp>
 #include <braid/transport/ucx_worker.hpp>
@@ -88,6 +89,13 @@ class World {
   asio::awaitable<std::size_t> recv(int peer, Buffer buffer, std::uint64_t tag,
                                     Deadline deadline = kDefaultDeadline);
 
+  // How this rank's steady clock relates to rank 0's (trace/chrome_trace.hpp): measured by
+  // round trips the first time it is awaited, then kept. Collective on that first call:
+  // every rank awaits it at the same point (joining with BRAID_TRACE set makes that first
+  // call itself). Ranks of one node share their clock, so there the offset is within a few
+  // microseconds of zero; across nodes it is what lines their timelines up.
+  asio::awaitable<trace::ClockAlignment> clock_alignment(Deadline deadline = kDefaultDeadline);
+
   // The UCX tag a world message with user tag `tag` travels with.
   static Tag world_tag(std::uint64_t tag) noexcept;
 
@@ -111,6 +119,7 @@ class World {
   std::shared_ptr<PeerWatch> watch_;  // shared with watch_peers(), which may outlive us
   std::vector<int> node_of_rank_;     // world rank -> node, from what each rank published
   bool writes_trace_ = false;         // BRAID_TRACE was set: the destructor writes the trace
+  std::optional<trace::ClockAlignment> clock_;  // once measured
 };
 
 }  // namespace braid::transport

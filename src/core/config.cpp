@@ -239,8 +239,17 @@ namespace braid {
 // Read once, at first use: every send and receive without an explicit deadline asks, and
 // a getenv plus parse per message was a tenth of small-message latency.
 Clock::duration default_timeout() {
-  static const Clock::duration timeout =
-      std::chrono::duration_cast<Clock::duration>(config::seconds_value("BRAID_TIMEOUT"));
+  static const Clock::duration timeout = [] {
+    const auto seconds = config::seconds_value("BRAID_TIMEOUT");
+    // Zero would fail every wait at once, with a message about the wait, not the variable.
+    if (seconds <= std::chrono::milliseconds(0)) {
+      throw Error(Errc::invalid_environment,
+                  fmt::format("BRAID_TIMEOUT='{}' must be a positive number of seconds: every "
+                              "wait (receive, collective, store get) fails once it passes",
+                              config::string_value("BRAID_TIMEOUT")));
+    }
+    return std::chrono::duration_cast<Clock::duration>(seconds);
+  }();
   return timeout;
 }
 }  // namespace braid

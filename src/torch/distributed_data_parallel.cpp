@@ -1,3 +1,4 @@
+#include <array>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -60,6 +61,7 @@ DataParallelCore::DataParallelCore(::torch::nn::Module& module,
                                       .shape = p.sizes().vec()});
   }
   check_same_model();
+  check_same_options();
   std::vector<at::Tensor> state = parameters_;
   for (const auto& buffer : module_.buffers(/*recurse=*/true)) state.push_back(buffer);
   broadcast_from_rank0(state);
@@ -137,6 +139,40 @@ void DataParallelCore::check_same_model() {
     refuse(*comm_,
            "another rank's model differs from rank 0's (that rank's error names the "
            "parameter)");
+  }
+}
+
+void DataParallelCore::check_same_options() {
+  if (comm_->size() == 1) return;
+  struct Named {
+    const char* name;
+    std::int64_t value;
+  };
+  const DistributedDataParallelOptions& o = options_;
+  const std::array options{
+      Named{"limits.first_bucket_bytes", static_cast<std::int64_t>(o.limits.first_bucket_bytes)},
+      Named{"limits.bucket_cap_bytes", static_cast<std::int64_t>(o.limits.bucket_cap_bytes)},
+      Named{"broadcast_buffers", o.broadcast_buffers},
+      Named{"find_unused_parameters", o.find_unused_parameters},
+      Named{"rebuild_buckets", o.rebuild_buckets},
+      Named{"gradient_as_bucket_view", o.gradient_as_bucket_view},
+      Named{"shared_buckets", o.shared_buckets},
+      Named{"static_graph", o.static_graph}};
+  std::vector<std::int64_t> low, high;
+  for (const Named& option : options) low.push_back(option.value);
+  high = low;
+  comm_->launch(comm_->all_reduce(Buffer(low), ReduceOp::min)).get();
+  comm_->launch(comm_->all_reduce(Buffer(high), ReduceOp::max)).get();
+  std::vector<std::string> differing;
+  for (std::size_t i = 0; i < options.size(); ++i) {
+    if (low[i] != high[i]) {
+      differing.push_back(fmt::format("{} is {} here, between {} and {} across the ranks",
+                                      options[i].name, options[i].value, low[i], high[i]));
+    }
+  }
+  if (!differing.empty()) {
+    refuse(*comm_, fmt::format("the ranks' DistributedDataParallelOptions differ: {}",
+                               fmt::join(differing, "; ")));
   }
 }
 

@@ -177,6 +177,11 @@ LaunchInfo resolve_ranks(const Convention& c, const Reader& reader,
   auto present = *first_present(reader, c);
   auto world = read_count(reader, c.world_size, 1);
   if (!world) missing_variable(reader, c, present, c.world_size);
+  if (world->value > kMostRanks) {
+    fail("{} is more ranks than a braid job may have ({}): every rank holds a UCX address for "
+         "each of the others",
+         world->shown, kMostRanks);
+  }
   auto rank = read_count(reader, c.rank, 0);
   if (!rank) {
     // A single process should need one variable, not a launcher.

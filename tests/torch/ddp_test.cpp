@@ -740,5 +740,22 @@ TEST(DistributedDataParallelMisuse, ModelsThatDifferAcrossRanksFailOnEveryRank) 
   expect_error_on(errors, 0, "another rank's model differs");
 }
 
+TEST(DistributedDataParallelMisuse, OptionsThatDifferAcrossRanksFailOnEveryRankNamingThem) {
+  // One rank with private buckets, or another bucket cap, used to surface only as a
+  // timeout or a size mismatch in the first backward.
+  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Net net = make_net(1);
+    DistributedDataParallelOptions options;
+    options.shared_buckets = rank == 0;
+    if (rank == 1) options.limits.bucket_cap_bytes = 4 << 20;
+    DistributedDataParallel ddp(net, comm, options);
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    expect_error_on(errors, r, "DistributedDataParallelOptions differ");
+    expect_error_on(errors, r, "shared_buckets is");
+    expect_error_on(errors, r, "limits.bucket_cap_bytes is");
+  }
+}
+
 }  // namespace
 }  // namespace ddp_test

@@ -288,6 +288,11 @@ TEST(Bootstrap, MalformedNumbersNameTheVariableAndValue) {
               HasSubstr("WORLD_SIZE=0 must be at least 1"));
   EXPECT_THAT(error_for({{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}}),
               HasSubstr("WORLD_SIZE=99999999999 is too large"));
+  // Sizes an int holds but no job has: a typo, refused before anything is sized by it.
+  EXPECT_THAT(error_for({{"BRAID_RANK", "0"}, {"BRAID_WORLD_SIZE", "2147483647"}}),
+              HasSubstr("BRAID_WORLD_SIZE=2147483647 is more ranks than a braid job may have"));
+  EXPECT_THAT(error_for({{"RANK", "0"}, {"WORLD_SIZE", "100000000"}}),
+              HasSubstr("WORLD_SIZE=100000000 is more ranks"));
 }
 
 TEST(Bootstrap, RanksMustLieBelowTheirSizes) {

@@ -113,6 +113,12 @@ TEST(WorldProcesses, AMalformedEnvironmentIsAnErrorNamingTheVariable) {
   result = run_child({ring()}, env);
   EXPECT_EQ(result.status, 1);
   EXPECT_THAT(result.err, HasSubstr("BRAID_TRACE_BUFFER_MB=0 must be a positive number of MiB"));
+  // A zero timeout would fail the first wait, naming the wait and not the variable.
+  env = rank_env(0, 1, 1);
+  env["BRAID_TIMEOUT"] = "0";
+  result = run_child({ring()}, env);
+  EXPECT_EQ(result.status, 1);
+  EXPECT_THAT(result.err, HasSubstr("BRAID_TIMEOUT='0' must be a positive number of seconds"));
 }
 
 TEST(WorldThreads, ThreeRanksAsThreadsExchangeMessagesThroughTheWorld) {

@@ -104,6 +104,9 @@ class DataParallelCore final : public dp::GradientAccess {
   void on_gradient(std::size_t index);
   void end_of_backward();
   void check_same_model();
+  // Every rank's options must match (bucket sizes, shared buckets, ...): one that differs
+  // would otherwise surface later as a size mismatch or a timeout.
+  void check_same_options();
   void broadcast_from_rank0(const std::vector<at::Tensor>& tensors);
   std::vector<std::size_t> unused_parameters(const std::vector<at::Tensor>& outputs) const;
   // Uneven inputs: what the ranks say at the start of each iteration (an all-reduce(max)

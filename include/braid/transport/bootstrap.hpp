@@ -68,6 +68,10 @@ namespace braid::transport {
 // torchrun's default, so a job moved from torchrun finds its firewall holes where they were.
 inline constexpr std::uint16_t kDefaultStorePort = 29500;
 
+// The most ranks a job may have: each rank keeps every other rank's UCX address (a few
+// hundred bytes) and endpoint, so a world size past this is a typo, not a job.
+inline constexpr int kMostRanks = 1 << 20;
+
 struct LaunchInfo {
   int rank = 0;
   int world_size = 1;

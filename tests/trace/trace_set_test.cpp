@@ -1,9 +1,11 @@
 // braid-trace's reading side: ranks lined up on one clock, merge keeping that alignment,
 // and bad input refused with a message naming the file -- through the library and through
 // the braid-trace command (BRAID_TRACE_TOOL), whose exit status says what went wrong.
+#include "html.hpp"
 #include "trace_set.hpp"
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -148,6 +150,38 @@ TEST_F(TraceDirectory, BadInputIsRefusedNamingTheFileAndTheProblem) {
   expect_refused(dir_ / "missing", "does not exist");
 }
 
+TEST_F(TraceDirectory, TimesBeyondAnyClockAreRefusedNotPrintedAsNonsense) {
+  // 1e300 us overflowed the nanosecond sums; -1e15 printed a wall time of -9.2e18 ns.
+  expect_refused(write("huge_ts.json", R"({"traceEvents":[{"ph":"X","ts":1e300,"dur":1}]})"),
+                 "outside 0 to 3e15 microseconds");
+  expect_refused(write("negative_ts.json", R"({"traceEvents":[{"ph":"i","ts":-1e15}]})"),
+                 "outside 0 to 3e15 microseconds");
+  expect_refused(write("huge_dur.json", R"({"traceEvents":[{"ph":"X","ts":1,"dur":1e20}]})"),
+                 "\"dur\" from 0 to 3e15");
+  write_rank(0, 4'000'000'000'000'000'000, 0, json::array());
+  expect_refused(dir_ / "rank-0.trace.json", "beyond any clock");
+}
+
+TEST_F(TraceDirectory, FieldsOfTheWrongTypeAreRefusedNamingTheField) {
+  // These gave nlohmann's raw json.exception.type_error text.
+  expect_refused(
+      write("thread_name.json",
+            R"({"traceEvents":[{"ph":"M","name":"thread_name","pid":0,"tid":1,"args":7}]})"),
+      "\"args\" that are not an object");
+  expect_refused(
+      write("thread_name_number.json",
+            R"({"traceEvents":[{"ph":"M","name":"thread_name","pid":0,"tid":1,"args":{"name":7}}]})"),
+      "text \"name\"");
+  expect_refused(write("event_name.json", R"({"traceEvents":[{"ph":"i","ts":1,"name":5}]})"),
+                 "\"name\" that is not text");
+  json header = {{"braid",
+                  {{"format", "braid-trace"},
+                   {"rank", "zero"},
+                   {"clock", {{"origin_ns", 0}, {"offset_ns", 0}}}}},
+                 {"traceEvents", json::array()}};
+  expect_refused(write("text_rank.json", header.dump()), "no integer \"rank\"");
+}
+
 // ---------------------------------------------------------------- the command
 
 struct CommandResult {
@@ -176,6 +210,18 @@ TEST_F(TraceDirectory, TheCommandExitsOneOnBadInputAndTwoOnMisuse) {
   CommandResult bad = braid_trace("summary " + dir_.string());
   EXPECT_EQ(bad.status, 1) << bad.output;
   EXPECT_NE(bad.output.find("truncated.json"), std::string::npos) << bad.output;
+
+  // What summary refuses, merge and html refuse too (merge once wrote it out).
+  fs::remove(dir_ / "truncated.json");
+  write("lonely_end.json",
+        R"({"traceEvents":[{"ph":"e","ts":1,"name":"a","cat":"comm","id":1}]})");
+  for (const std::string command : {"summary", "html", "merge"}) {
+    CommandResult run =
+        braid_trace(command + " " + dir_.string() + " -o " + (dir_ / "merged.json").string());
+    EXPECT_EQ(run.status, 1) << command << ": " << run.output;
+    EXPECT_NE(run.output.find("never began"), std::string::npos) << command << ": " << run.output;
+  }
+  fs::remove(dir_ / "lonely_end.json");
 
   const fs::path empty = dir_ / "empty";
   fs::create_directories(empty);
@@ -247,6 +293,33 @@ TEST_F(TraceDirectory, TheCommandSplitsWaitingFromTransferOnTheAlignedClock) {
   const std::string body((std::istreambuf_iterator<char>(html)), std::istreambuf_iterator<char>());
   EXPECT_NE(body.find(">waiting ms</th>"), std::string::npos);
   EXPECT_NE(body.find("waiting: ranks waited 20.0 us for rank 1"), std::string::npos);
+}
+
+
+TEST(HtmlPage, NamesThatCouldCloseTheScriptAreEscapedInOnePass) {
+  // 40,000 names holding "</" took 22 s when each escape moved the rest of the page.
+  trace::Timeline timeline;
+  timeline.world_size = 1;
+  timeline.ranks.emplace_back();
+  constexpr int kEvents = 40'000;
+  for (int i = 0; i < kEvents; ++i) {
+    // Distinct names: the page keeps one copy of each.
+    timeline.ranks[0].events.push_back({.name = "</script><b>" + std::to_string(i),
+                                        .category = "compute",
+                                        .track = 1,
+                                        .begin_ns = i * 10, .end_ns = i * 10 + 5});
+  }
+  const auto started = std::chrono::steady_clock::now();
+  const std::string page = braid::tools::trace_tool::render_html(
+      timeline, trace::summarize(timeline), "many names");
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
+  std::size_t escaped = 0;
+  for (auto at = page.find("<\\/script><b>"); at != std::string::npos;
+       at = page.find("<\\/script><b>", at + 1)) {
+    ++escaped;
+  }
+  EXPECT_EQ(escaped, std::size_t{kEvents});
+  EXPECT_EQ(page.find("</script><b>"), std::string::npos);
 }
 
 }  // namespace

@@ -198,10 +198,14 @@ void replace(std::string& text, std::string_view marker, const std::string& with
 
 std::string render_html(const trace::Timeline& timeline, const trace::Summary& summary,
                         std::string_view title) {
-  std::string data = timeline_data(timeline).dump();
-  // Inside a <script> element only "</" can end it early.
-  for (std::size_t at = data.find("</"); at != std::string::npos; at = data.find("</", at + 3)) {
-    data.replace(at, 2, "<\\/");
+  const std::string json_text = timeline_data(timeline).dump();
+  // Inside a <script> element only "</" can end it early. One pass: replacing in place moved
+  // the rest of the text at every match (40,000 of them took 22 s).
+  std::string data;
+  data.reserve(json_text.size() + json_text.size() / 16);
+  for (std::size_t i = 0; i < json_text.size(); ++i) {
+    data += json_text[i];
+    if (json_text[i] == '<' && i + 1 < json_text.size() && json_text[i + 1] == '/') data += '\\';
   }
   std::string page(kHtmlPage);
   replace(page, "@TITLE@", escape_html(title));

@@ -105,6 +105,8 @@ int main(int argc, char** argv) {
   try {
     const TraceSet traces = TraceSet::load(args->input);
     if (args->command == "merge") {
+      // Read as summary and html read it, so merge refuses what they would refuse.
+      (void)traces.timeline();
       write_file(*args->output, traces.merged().dump() + "\n");
     } else {
       const braid::trace::Timeline timeline = traces.timeline();
@@ -120,6 +122,11 @@ int main(int argc, char** argv) {
     }
   } catch (const TraceInputError& e) {
     std::fprintf(stderr, "braid-trace: %s\n", e.what());
+    return 1;
+  } catch (const nlohmann::json::exception& e) {
+    // A field of an unexpected type that the checks above did not name.
+    std::fprintf(stderr, "braid-trace: %s: malformed trace: a field has the wrong type (%s)\n",
+                 args->input.c_str(), e.what());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "braid-trace: %s: %s\n", args->input.c_str(), e.what());

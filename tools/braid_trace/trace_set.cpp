@@ -20,6 +20,13 @@ using nlohmann::json;
   throw TraceInputError(fmt::format("{}: {}", file.string(), what));
 }
 
+// The largest time or duration a trace may give, in microseconds: 3e15 us is 95 years,
+// past any steady clock's or epoch timestamp (Chrome and PyTorch traces count from the Unix
+// epoch, 1.7e15 us now), and small enough that nanoseconds, a clock shift of up to 1e18 ns
+// and the differences between them stay inside 64 bits.
+constexpr double kMostMicroseconds = 3e15;
+constexpr std::int64_t kMostShiftNs = 1'000'000'000'000'000'000;
+
 std::int64_t to_ns(const json& microseconds) {
   return std::llround(microseconds.get<double>() * 1000.0);
 }
@@ -46,8 +53,18 @@ std::int64_t shift_of(const TraceFile& file) {
   const auto clock = braid->find("clock");
   if (clock == braid->end() || !clock->is_object())
     bad(file.path, "\"braid\" has no \"clock\" object");
-  return integer_field(file, *clock, "origin_ns", "\"braid.clock\"") +
-         integer_field(file, *clock, "offset_ns", "\"braid.clock\"");
+  if (const auto rank = braid->find("rank"); rank == braid->end() || !rank->is_number_integer()) {
+    bad(file.path, "\"braid\" has no integer \"rank\"");
+  }
+  const std::int64_t origin = integer_field(file, *clock, "origin_ns", "\"braid.clock\"");
+  const std::int64_t offset = integer_field(file, *clock, "offset_ns", "\"braid.clock\"");
+  for (const std::int64_t value : {origin, offset}) {
+    if (value < -kMostShiftNs || value > kMostShiftNs) {
+      bad(file.path, fmt::format("\"braid.clock\" holds {} ns, beyond any clock (at most 1e18)",
+                                 value));
+    }
+  }
+  return origin + offset;
 }
 
 void check_event(const TraceFile& file, const json& event, std::size_t index) {
@@ -58,15 +75,37 @@ void check_event(const TraceFile& file, const json& event, std::size_t index) {
     bad(file.path, fmt::format("{} has no \"ph\" (phase) string", where));
   }
   const std::string& phase = ph->get_ref<const std::string&>();
-  if (phase == "M") return;
+  for (const char* key : {"name", "cat"}) {
+    if (const auto text = event.find(key); text != event.end() && !text->is_string()) {
+      bad(file.path, fmt::format("{} has a \"{}\" that is not text", where, key));
+    }
+  }
+  if (phase == "M") {
+    // Metadata names threads and processes: its args must be an object whose name is text.
+    if (const auto args = event.find("args"); args != event.end()) {
+      const auto name = args->is_object() ? args->find("name") : args->end();
+      if (!args->is_object() || (name != args->end() && !name->is_string())) {
+        bad(file.path, fmt::format("{} (ph \"M\") has \"args\" that are not an object with a "
+                                   "text \"name\"",
+                                   where));
+      }
+    }
+    return;
+  }
   const auto ts = event.find("ts");
   if (ts == event.end() || !ts->is_number()) {
     bad(file.path, fmt::format("{} (ph \"{}\") has no numeric \"ts\"", where, phase));
   }
+  if (const double t = ts->get<double>(); !(t >= 0 && t <= kMostMicroseconds)) {
+    bad(file.path, fmt::format("{} has \"ts\" {}, outside 0 to 3e15 microseconds", where, t));
+  }
   if (phase == "X") {
     const auto dur = event.find("dur");
-    if (dur == event.end() || !dur->is_number() || dur->get<double>() < 0) {
-      bad(file.path, fmt::format("{} (ph \"X\") has no non-negative numeric \"dur\"", where));
+    if (dur == event.end() || !dur->is_number() || !(dur->get<double>() >= 0) ||
+        dur->get<double>() > kMostMicroseconds) {
+      bad(file.path,
+          fmt::format("{} (ph \"X\") has no numeric \"dur\" from 0 to 3e15 microseconds",
+                      where));
     }
   }
   if (const auto pid = event.find("pid"); pid != event.end() && !pid->is_number_integer()) {

@@ -169,6 +169,13 @@ asio::awaitable<std::unique_ptr<StoreClient>> StoreClient::Impl::connect(
     asio::any_io_executor executor, StoreAddress address, Deadline deadline) {
   const auto started = Clock::now();
   const std::string where = fmt::format("{}:{}", address.host, address.port);
+  // The server reads no more than this from a connection before its hello is accepted.
+  if (address.token.size() > proto::kMaxTokenBytes) {
+    throw Error(Errc::invalid_argument,
+                fmt::format("the token is {} bytes; a store accepts tokens of at most {}",
+                            address.token.size(), proto::kMaxTokenBytes),
+                {.operation = "store.connect"});
+  }
   Clock::duration pause = kFirstRetryPause;
   std::string last_failure;
   tcp::resolver resolver(executor);

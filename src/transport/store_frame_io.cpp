@@ -1,5 +1,6 @@
 #include "transport/store_frame_io.hpp"
 
+#include <algorithm>
 #include <array>
 
 #include <boost/asio/as_tuple.hpp>
@@ -11,6 +12,11 @@
 namespace braid::transport::store_protocol {
 namespace {
 
+// A frame's buffer starts at this size (or the frame's, if smaller) and then doubles as
+// bytes arrive: what a length costs before its bytes come is bounded by this, and a large
+// frame is copied O(1) times per byte on the way.
+constexpr std::size_t kFirstChunk = std::size_t{64} << 10;
+
 [[noreturn]] void truncated(std::size_t got, std::size_t want) {
   throw Error(
       Errc::protocol_error,
@@ -18,9 +24,18 @@ namespace {
       {.operation = "store.read"});
 }
 
+void grow(BufferLease& lease, const ReadLimits& limits, std::size_t more, std::size_t length) {
+  if (lease.grow(more)) return;
+  throw Error(Errc::refused,
+              fmt::format("the store's buffers are full ({} of {} bytes held across its "
+                          "connections), so this {}-byte frame cannot be read",
+                          limits.budget->used(), limits.budget->limit(), length),
+              {.operation = "store.read"});
+}
+
 }  // namespace
 
-asio::awaitable<std::optional<Frame>> read_frame(asio::ip::tcp::socket& socket) {
+asio::awaitable<std::optional<Frame>> read_frame(asio::ip::tcp::socket& socket, ReadLimits limits) {
   std::array<std::uint8_t, kLengthBytes> prefix{};
   auto [prefix_error, prefix_read] =
       co_await asio::async_read(socket, asio::buffer(prefix), asio::as_tuple(asio::use_awaitable));
@@ -31,14 +46,38 @@ asio::awaitable<std::optional<Frame>> read_frame(asio::ip::tcp::socket& socket) 
   if (prefix_error) throw boost::system::system_error(prefix_error);
 
   const std::size_t length = decode_length(prefix);
+  if (length > limits.max_body) {
+    throw Error(Errc::protocol_error,
+                fmt::format("frame length {} is over the {} bytes this connection may send now",
+                            length, limits.max_body),
+                {.operation = "store.read"});
+  }
+  const std::size_t body = length - kHeaderBytes;
+  BufferLease lease(limits.budget);
+  std::size_t have = std::min(body, kFirstChunk);
+  grow(lease, limits, kHeaderBytes + have, length);
   std::array<std::uint8_t, kHeaderBytes> header{};
-  Bytes payload(length - kHeaderBytes);
-  // One read for header and payload: the payload lands in its final buffer, no copy.
+  Bytes payload(have);
+  // The header and the first chunk in one read; the payload lands in its final buffer.
   const std::array buffers{asio::buffer(header), asio::buffer(payload)};
-  auto [body_error, body_read] =
+  auto [first_error, first_read] =
       co_await asio::async_read(socket, buffers, asio::as_tuple(asio::use_awaitable));
-  if (body_error == asio::error::eof) truncated(kLengthBytes + body_read, kLengthBytes + length);
-  if (body_error) throw boost::system::system_error(body_error);
+  if (first_error == asio::error::eof) truncated(kLengthBytes + first_read, kLengthBytes + length);
+  if (first_error) throw boost::system::system_error(first_error);
+
+  while (have < body) {
+    const std::size_t next = std::min(body, 2 * have);
+    grow(lease, limits, next - have, length);
+    payload.resize(next);
+    auto [error, read] =
+        co_await asio::async_read(socket, asio::buffer(payload.data() + have, next - have),
+                                  asio::as_tuple(asio::use_awaitable));
+    if (error == asio::error::eof) {
+      truncated(kLengthBytes + kHeaderBytes + have + read, kLengthBytes + length);
+    }
+    if (error) throw boost::system::system_error(error);
+    have = next;
+  }
 
   Frame frame = decode_header(header);
   frame.payload = std::move(payload);

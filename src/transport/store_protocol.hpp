@@ -27,11 +27,15 @@
 //   0x80 ok           as above
 //   0x81 error        u8 braid::Errc, str message
 //
-// Rules. hello comes first and only once; with a token configured, a missing or wrong one
-// gets error(refused) and the server closes the connection. Any frame that breaks the
-// protocol (unknown opcode, a payload shorter or longer than its fields, a length outside
-// [9, kMaxFrameBody], a truncated frame) gets error(protocol_error) with request id 0 where
-// none could be read, and that connection alone is closed.
+// Rules. hello comes first and only once, at most kMaxHelloBody long (so a token of at
+// most kMaxTokenBytes); with a token configured, a missing or wrong one gets error(refused)
+// and the server closes the connection. Any frame that breaks the protocol (unknown
+// opcode, a payload shorter or longer than its fields, a length outside [9, kMaxFrameBody]
+// or, before hello, over kMaxHelloBody, a truncated frame) gets error(protocol_error) with
+// request id 0 where none could be read, and that connection alone is closed. The server
+// also closes connections to keep itself available (store.hpp, StoreServer::Options): no
+// hello within the hello timeout, too many connections before hello (the oldest goes),
+// or a frame or reply that would take its buffers past their limit (error(refused)).
 //
 // Wills. set_will registers the connection's will, replacing any earlier one; clear_will
 // withdraws it. When the connection closes for any reason other than the server shutting
@@ -50,6 +54,8 @@
 // Frames are capped at 64 MiB so a stray length (an HTTP request on the port reads as a
 // length near 1 GiB) is rejected before anything is allocated. Values are rendezvous
 // metadata (addresses, ids); a client refuses to send a larger frame with invalid_argument.
+// Below the cap a reader's buffer grows with the bytes that arrive, not with the length
+// announced (store_frame_io.hpp).
 #pragma once
 
 #include <chrono>
@@ -71,6 +77,10 @@ inline constexpr std::uint16_t kVersion = 2;
 inline constexpr std::size_t kLengthBytes = 4;
 inline constexpr std::size_t kHeaderBytes = 1 + 8;  // opcode, request id
 inline constexpr std::size_t kMaxFrameBody = std::size_t{64} << 20;
+// Before its hello is accepted a connection is a stranger: its one frame may be this long.
+inline constexpr std::size_t kMaxHelloBody = 4096;
+// What fits in such a hello beside magic (4), version (2) and the token's length (4).
+inline constexpr std::size_t kMaxTokenBytes = kMaxHelloBody - kHeaderBytes - 4 - 2 - 4;
 
 enum class Opcode : std::uint8_t {
   hello = 0x01,

@@ -6,6 +6,16 @@
 // waiter); a waiter for n keys sits in n lists until each key appears, its connection
 // closes or its timeout passes, whichever comes first. A will costs nothing until its
 // connection closes, then one set.
+//
+// Strangers. The port is open to anyone who can reach it, and everything here shares the
+// thread that also does the rank's communication, so a connection earns nothing before
+// its hello is accepted: it may send one frame of at most kMaxHelloBody bytes, within
+// hello_timeout, and at most max_unauthenticated such connections are kept, the oldest
+// closed to admit a new one (a rank sends its hello the moment it connects, so it is never
+// the oldest for long, and its client retries if it was). Running out of descriptors
+// closes the oldest stranger too, so the accept that failed can succeed. Every frame's
+// buffer and every queued reply draws on one BufferBudget of buffer_limit bytes. What
+// strangers make the server do is summed up in a warn line per 10 s (SummaryLog).
 #include <algorithm>
 #include <charconv>
 #include <deque>
@@ -22,6 +32,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
 #include <fmt/format.h>
 
 #include <braid/core/log.hpp>
@@ -29,6 +40,7 @@
 
 #include "transport/store_frame_io.hpp"
 #include "transport/store_protocol.hpp"
+#include "transport/summary_log.hpp"
 
 namespace braid::transport {
 namespace {
@@ -40,6 +52,18 @@ using namespace std::chrono_literals;
 // A waiter is dropped after this long even if its client asked for longer; the client's
 // own deadline is what callers see, this only bounds what a vanished client leaves behind.
 constexpr std::chrono::milliseconds kMaxWait = std::chrono::hours(24 * 7);
+
+// After a failed accept the loop pauses this long, doubling up to the cap while accepts
+// keep failing: an acceptor with a connection pending stays ready, so without a pause a
+// process out of descriptors would spin on it.
+constexpr Clock::duration kFirstAcceptPause = 10ms;
+constexpr Clock::duration kMaxAcceptPause = 1s;
+constexpr Clock::duration kSummaryInterval = 10s;
+
+bool out_of_descriptors(const boost::system::error_code& error) {
+  return error == boost::system::errc::too_many_files_open ||
+         error == boost::system::errc::too_many_files_open_in_system;
+}
 
 // Takes time that depends only on the length of `given`, never on where the first
 // mismatch is, so a stranger cannot recover the token byte by byte from reply times.
@@ -67,8 +91,15 @@ struct Waiter {
   asio::steady_timer expiry;
 };
 
+// A reply waiting to be written, and its share of the server's BufferBudget.
+struct Outgoing {
+  Bytes frame;
+  proto::BufferLease lease;
+};
+
 struct Connection {
-  explicit Connection(tcp::socket s) : socket(std::move(s)) {}
+  Connection(tcp::socket s, const asio::any_io_executor& executor)
+      : socket(std::move(s)), hello_expiry(executor) {}
 
   tcp::socket socket;
   std::string peer;
@@ -76,7 +107,8 @@ struct Connection {
   bool open = true;
   bool writing = false;
   std::optional<std::string> close_after_flush;  // the reason, once the peer is to be dropped
-  std::deque<Bytes> outbox;
+  std::deque<Outgoing> outbox;
+  asio::steady_timer hello_expiry;  // closes the connection if no hello is accepted first
   std::vector<std::shared_ptr<Waiter>> waiters;
   // Stored when the connection closes, unless withdrawn first (store_protocol.hpp, Wills).
   std::optional<std::pair<std::string, Bytes>> will;
@@ -86,12 +118,18 @@ struct Connection {
 
 struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
   Impl(Runtime& runtime, Options options)
-      : runtime_(runtime), options_(std::move(options)), acceptor_(runtime.executor()) {}
+      : runtime_(runtime),
+        options_(std::move(options)),
+        acceptor_(runtime.executor()),
+        budget_(std::make_shared<proto::BufferBudget>(options_.buffer_limit)) {}
 
   void start();
   void stop();
 
   asio::awaitable<void> accept_loop();
+  void admit(tcp::socket socket);
+  bool close_oldest_stranger(std::string_view why);
+  void authenticate(const std::shared_ptr<Connection>& connection);
   asio::awaitable<void> serve(std::shared_ptr<Connection> connection);
   asio::awaitable<void> flush(std::shared_ptr<Connection> connection);
   void spawn(std::function<asio::awaitable<void>(Impl&)> body);
@@ -128,6 +166,10 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
   std::unordered_map<std::string, Bytes> data_;
   std::unordered_map<std::string, std::vector<std::shared_ptr<Waiter>>> waiters_by_key_;
   std::unordered_set<std::shared_ptr<Connection>> connections_;
+  // Connections whose hello is not accepted yet, oldest first.
+  std::deque<std::shared_ptr<Connection>> strangers_;
+  std::shared_ptr<proto::BufferBudget> budget_;
+  std::shared_ptr<SummaryLog> summary_;  // from start(), when the port is known
 };
 
 void StoreServer::Impl::start() {
@@ -147,6 +189,8 @@ void StoreServer::Impl::start() {
     throw Error(e.code(), fmt::format("cannot listen on {}", where), {.operation = "store.listen"});
   }
   port_ = acceptor_.local_endpoint().port();
+  summary_ = std::make_shared<SummaryLog>(acceptor_.get_executor(),
+                                          fmt::format("store on port {}", port_), kSummaryInterval);
   log::debug("store: listening on {}:{}{}", options_.host, port_,
              options_.token.empty() ? "" : " (token required)");
   spawn([](Impl& self) { return self.accept_loop(); });
@@ -160,6 +204,7 @@ void StoreServer::Impl::stop() {
   connections_.clear();
   for (const auto& connection : open) close(connection, "the store server is shutting down");
   data_.clear();
+  if (summary_) summary_->flush();
 }
 
 // Runs `body` as a detached coroutine that keeps this Impl alive until it returns: the
@@ -171,48 +216,101 @@ void StoreServer::Impl::spawn(std::function<asio::awaitable<void>(Impl&)> body) 
 }
 
 asio::awaitable<void> StoreServer::Impl::accept_loop() {
+  Clock::duration pause = kFirstAcceptPause;
   while (!stopped_) {
     auto [error, socket] = co_await acceptor_.async_accept(asio::as_tuple(asio::use_awaitable));
     if (stopped_ || error == asio::error::operation_aborted) break;
     if (error) {
-      // Out of file descriptors, typically: pause instead of spinning on a ready acceptor.
-      log::warn("store: accept on port {} failed: {}", port_, error.message());
-      asio::steady_timer pause(acceptor_.get_executor(), 100ms);
-      co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
+      summary_->count(fmt::format("accept failed: {}", error.message()));
+      // The oldest stranger's descriptor is the one to give up: then the accept that
+      // failed, perhaps a rank's, succeeds.
+      if (out_of_descriptors(error) && close_oldest_stranger("the process is out of file "
+                                                             "descriptors")) {
+        continue;
+      }
+      asio::steady_timer wait(acceptor_.get_executor(), pause);
+      co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
+      pause = std::min(pause * 2, kMaxAcceptPause);
       continue;
     }
-    auto connection = std::make_shared<Connection>(std::move(socket));
-    boost::system::error_code ignored;
-    connection->socket.set_option(tcp::no_delay(true), ignored);
-    const auto remote = connection->socket.remote_endpoint(ignored);
-    connection->peer = fmt::format("{}:{}", remote.address().to_string(), remote.port());
-    log::debug("store: port {} accepted a connection from {}", port_, connection->peer);
-    connections_.insert(connection);
-    spawn([connection](Impl& self) { return self.serve(connection); });
+    pause = kFirstAcceptPause;
+    if (strangers_.size() >= options_.max_unauthenticated) {
+      close_oldest_stranger(
+          fmt::format("over {} connections before hello", options_.max_unauthenticated));
+    }
+    admit(std::move(socket));
   }
+}
+
+void StoreServer::Impl::admit(tcp::socket socket) {
+  auto connection = std::make_shared<Connection>(std::move(socket), acceptor_.get_executor());
+  boost::system::error_code ignored;
+  connection->socket.set_option(tcp::no_delay(true), ignored);
+  const auto remote = connection->socket.remote_endpoint(ignored);
+  connection->peer = fmt::format("{}:{}", remote.address().to_string(), remote.port());
+  log::debug("store: port {} accepted a connection from {}", port_, connection->peer);
+  connections_.insert(connection);
+  strangers_.push_back(connection);
+  connection->hello_expiry.expires_after(options_.hello_timeout);
+  connection->hello_expiry.async_wait(
+      [self = shared_from_this(), weak = std::weak_ptr(connection)](boost::system::error_code e) {
+        auto late = weak.lock();
+        if (e || !late || late->authenticated || !late->open) return;
+        const double seconds = std::chrono::duration<double>(self->options_.hello_timeout).count();
+        self->summary_->count(fmt::format("closed before hello: none within {:.3g} s", seconds));
+        self->close(late, "no hello within the hello timeout");
+      });
+  spawn([connection](Impl& self) { return self.serve(connection); });
+}
+
+bool StoreServer::Impl::close_oldest_stranger(std::string_view why) {
+  if (strangers_.empty()) return false;
+  const std::shared_ptr<Connection> oldest = strangers_.front();
+  summary_->count(fmt::format("closed before hello: the oldest, {}", why));
+  close(oldest, fmt::format("closed as the oldest connection before hello: {}", why));
+  return true;
+}
+
+void StoreServer::Impl::authenticate(const std::shared_ptr<Connection>& connection) {
+  connection->authenticated = true;
+  connection->hello_expiry.cancel();
+  std::erase(strangers_, connection);
 }
 
 asio::awaitable<void> StoreServer::Impl::serve(std::shared_ptr<Connection> connection) {
   std::string reason = "the client closed the connection";
   std::uint64_t request_id = 0;  // echoed in a protocol_error reply where one was read
-  bool violated = false;
+  std::error_code violated;
   try {
     while (connection->open && !connection->close_after_flush) {
-      std::optional<proto::Frame> frame = co_await proto::read_frame(connection->socket);
+      // A stranger may send its hello and nothing bigger; a client may send any frame the
+      // protocol allows, drawing on the budget as its bytes arrive.
+      proto::ReadLimits limits{
+          .max_body = connection->authenticated ? proto::kMaxFrameBody : proto::kMaxHelloBody,
+          .budget = budget_};
+      std::optional<proto::Frame> frame = co_await proto::read_frame(connection->socket, limits);
       if (!frame) break;
       request_id = frame->request_id;
       handle(connection, std::move(*frame));
     }
   } catch (const Error& e) {
-    // Bytes that do not follow the protocol: say why, then drop this connection only.
+    // Bytes that do not follow the protocol, or a frame the budget cannot hold: say why,
+    // then drop this connection only.
     reason = e.detail();
-    violated = true;
+    violated = e.code();
   } catch (const boost::system::system_error& e) {
     reason = e.code().message();
   }
   if (violated) {
-    send(connection, proto::encode_error(request_id, Errc::protocol_error, reason));
-    drop_after_flush(connection, "protocol error: " + reason);
+    if (!connection->authenticated) {
+      summary_->count("closed before hello: broke the protocol");
+    } else if (violated == Errc::refused) {
+      summary_->count(fmt::format("closed: a frame would take the store's buffers past {} MiB",
+                                  options_.buffer_limit >> 20));
+    }
+    const Errc code = violated == Errc::refused ? Errc::refused : Errc::protocol_error;
+    send(connection, proto::encode_error(request_id, code, reason));
+    drop_after_flush(connection, fmt::format("{}: {}", violated.message(), reason));
   } else if (!connection->close_after_flush) {
     close(connection, reason);
   }
@@ -221,9 +319,15 @@ asio::awaitable<void> StoreServer::Impl::serve(std::shared_ptr<Connection> conne
 asio::awaitable<void> StoreServer::Impl::flush(std::shared_ptr<Connection> connection) {
   std::string failure;
   try {
-    co_await proto::write_frames(connection->socket, connection->outbox);
+    // Not proto::write_frames: each frame's lease goes back as the frame leaves.
+    while (!connection->outbox.empty()) {
+      co_await asio::async_write(connection->socket, asio::buffer(connection->outbox.front().frame),
+                                 asio::use_awaitable);
+      connection->outbox.pop_front();
+    }
   } catch (const boost::system::system_error& e) {
     failure = e.code().message();
+    connection->outbox.clear();  // nothing more will leave; the budget gets its share back
   }
   connection->writing = false;
   if (!failure.empty()) {
@@ -251,10 +355,11 @@ void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::ui
     const std::string why = r.token.empty() ? "this store requires a token and none was given"
                                             : "the token does not match this store's";
     send(c, proto::encode_error(id, Errc::refused, why));
+    summary_->count(fmt::format("refused: {}", why));
     drop_after_flush(c, "refused: " + why);
     return;
   }
-  c->authenticated = true;
+  authenticate(c);
   send(c, proto::encode_ok(id, {}));
 }
 
@@ -348,6 +453,9 @@ void StoreServer::Impl::store(const std::string& key, Bytes value) {
   auto node = waiters_by_key_.extract(key);
   if (node.empty()) return;
   for (const std::shared_ptr<Waiter>& waiter : node.mapped()) {
+    // Dropped by an earlier waiter's reply overflowing the budget, which closed its
+    // connection.
+    if (!waiter->connection) continue;
     std::erase(waiter->missing, key);
     if (!waiter->missing.empty()) continue;
     waiter->expiry.cancel();
@@ -399,7 +507,18 @@ void StoreServer::Impl::expire(const std::shared_ptr<Waiter>& waiter) {
 
 void StoreServer::Impl::send(const std::shared_ptr<Connection>& connection, Bytes frame) {
   if (!connection->open) return;
-  connection->outbox.push_back(std::move(frame));
+  proto::BufferLease lease(budget_);
+  if (!lease.grow(frame.size())) {
+    // A client that asks for more than it reads, or many that each ask for a large value
+    // at once.
+    summary_->count(fmt::format("closed: replies would take the store's buffers past {} MiB",
+                                options_.buffer_limit >> 20));
+    if (!connection->close_after_flush) {
+      drop_after_flush(connection, "its replies would take the store's buffers past their limit");
+    }
+    return;
+  }
+  connection->outbox.push_back(Outgoing{std::move(frame), std::move(lease)});
   if (connection->writing) return;
   connection->writing = true;
   spawn([connection](Impl& self) { return self.flush(connection); });
@@ -422,6 +541,8 @@ void StoreServer::Impl::close(const std::shared_ptr<Connection>& connection,
   boost::system::error_code ignored;
   connection->socket.shutdown(tcp::socket::shutdown_both, ignored);
   connection->socket.close(ignored);
+  connection->hello_expiry.cancel();
+  if (!connection->authenticated) std::erase(strangers_, connection);
   for (const std::shared_ptr<Waiter>& waiter : connection->waiters) {
     unpark(waiter);
     waiter->connection.reset();

@@ -15,8 +15,17 @@
 // The server closes any connection that sends garbage, an oversized or truncated frame,
 // or the wrong token, and keeps serving the others. A frame (and so a value) is capped at
 // 64 MiB; the wire format is described in src/transport/store_protocol.hpp.
+//
+// Strangers cannot make the server hold much: before its hello is accepted a connection
+// may send one frame of at most 4 KiB, and must do so within Options::hello_timeout; at
+// most Options::max_unauthenticated such connections are kept (one more closes the oldest,
+// so a rank connecting now always gets in); buffers grow with the bytes that arrive, never
+// with a length only announced, and all of them together stay under Options::buffer_limit.
+// What this does and does not protect: docs/user-guide.md, "What the store guarantees".
 #pragma once
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -44,6 +53,14 @@ class StoreServer {
     std::string host = "0.0.0.0";  // interface to listen on
     std::uint16_t port = 0;        // 0: an ephemeral port, see port()
     std::string token;             // empty: any client is accepted
+    // A connection whose hello has not been accepted this long after it was accepted is
+    // closed. Clients send their hello at once, so only a stranger or a stalled peer waits.
+    std::chrono::milliseconds hello_timeout = std::chrono::seconds(5);
+    // Connections accepted whose hello is not accepted yet; one more closes the oldest.
+    std::size_t max_unauthenticated = 64;
+    // Bytes held at once across all connections in frames still arriving and replies not
+    // yet written; a connection that would take the total past it is closed.
+    std::size_t buffer_limit = std::size_t{256} << 20;
   };
 
   // Starts listening at once; serves on `runtime`'s thread until destroyed. Throws Error

@@ -18,6 +18,7 @@
 
 #include "clock_alignment.hpp"
 #include "ptrace_permission.hpp"
+#include "rank_claim.hpp"
 
 namespace braid::transport {
 namespace {
@@ -127,6 +128,9 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   StoreAddress store_address{.host = info.store_host, .port = store_port, .token = info.token};
   world->store_ =
       co_await StoreClient::connect(runtime.executor(), std::move(store_address), deadline);
+  // A second process given a rank already taken is refused here, before its will or its
+  // address could stand in for the real rank's.
+  co_await claim_rank(*world->store_, info.rank);
   // From here on this rank's death -- even one during the rest of the join -- is announced.
   std::string failed_key = kFailedKey;
   Bytes will = decimal(info.rank);

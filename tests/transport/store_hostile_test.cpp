@@ -1,8 +1,8 @@
 // The store under strangers and misbehaving clients: what one may make the server hold,
-// how long a connection may wait before its hello, and how many may wait at once.
-// Everything runs over loopback with bounded counts and times; the strangers are plain
-// POSIX sockets (one descriptor each), so a test that counts descriptors knows what it
-// spends.
+// how long a connection may wait before its hello, how many may wait at once, and that a
+// rank cannot be claimed twice. Everything runs over loopback with bounded counts and
+// times; the strangers are plain POSIX sockets (one descriptor each), so a test that
+// counts descriptors knows what it spends.
 #include <algorithm>
 #include <arpa/inet.h>
 #include <array>
@@ -34,6 +34,7 @@
 #include <braid/core/runtime.hpp>
 #include <braid/transport/store.hpp>
 
+#include "transport/rank_claim.hpp"
 #include "transport/store_protocol.hpp"
 
 namespace braid::transport {
@@ -404,6 +405,29 @@ TEST(StoreToken, ATokenFillingAHelloWorksAndALongerOneIsRefusedByTheClient) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::invalid_argument) << e.what();
     EXPECT_THAT(e.what(), HasSubstr(fmt::format("at most {}", proto::kMaxTokenBytes)));
+  }
+}
+
+TEST(RankClaim, ASecondClaimOfATakenRankIsRefusedNamingTheRank) {
+  Runtime runtime;
+  StoreServer server(runtime, {.host = "127.0.0.1", .token = "t"});
+  auto connect = [&] {
+    return run_on(runtime,
+                  StoreClient::connect(runtime.executor(), {"127.0.0.1", server.port(), "t"},
+                                       deadline_after(5s)));
+  };
+  auto first = connect();
+  auto second = connect();
+  run_on(runtime, claim_rank(*first, 1));
+  run_on(runtime, claim_rank(*second, 0));  // another rank is free
+  try {
+    run_on(runtime, claim_rank(*second, 1));
+    FAIL() << "rank 1 was claimed twice";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::refused) << e.what();
+    EXPECT_EQ(e.context().rank, 1);
+    EXPECT_THAT(e.what(), HasSubstr("rank 1 is already taken"));
+    EXPECT_THAT(e.what(), HasSubstr(fmt::format("pid {}", ::getpid())));
   }
 }
 

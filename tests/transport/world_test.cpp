@@ -1,10 +1,13 @@
 // World end to end: real processes joining through the store and talking over UCX, and
 // ranks as threads in one process. Programs come from the build through the environment:
 // BRAID_RUN (the launcher), RING (examples/ring), WORLD_PROBE (world_probe.cpp).
+#include <braid/core/error.hpp>
 #include <braid/transport/world.hpp>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <future>
 #include <thread>
 
 #include "../support/child_process.hpp"
@@ -148,6 +151,56 @@ TEST(WorldThreads, ThreeRanksAsThreadsExchangeMessagesThroughTheWorld) {
   }
   for (auto& t : ranks) t.join();
   EXPECT_EQ(received, (std::vector<std::int64_t>{102, 100, 101}));
+}
+
+TEST(WorldThreads, ASecondClaimantOfATakenRankIsRefusedAtJoinAndTheWorldCarriesOn) {
+  constexpr int kSize = 2;
+  const auto port = find_free_port();
+  auto launch = [&](int r) {
+    return LaunchInfo{.rank = r, .world_size = kSize, .local_rank = r,
+                      .local_world_size = kSize, .store_host = "127.0.0.1",
+                      .store_port = port, .token = "claims", .source = "test"};
+  };
+  std::promise<void> both_joined_promise;
+  std::shared_future<void> both_joined = both_joined_promise.get_future().share();
+  std::promise<void> impostor_done_promise;
+  std::shared_future<void> impostor_done = impostor_done_promise.get_future().share();
+  std::atomic<int> joined{0};
+  std::vector<std::int64_t> received(kSize, -1);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kSize; ++r) {
+    ranks.emplace_back([&, r] {
+      Runtime runtime({.rank = r});
+      auto world = World::join(runtime, launch(r));
+      if (++joined == kSize) both_joined_promise.set_value();
+      impostor_done.wait();
+      std::int64_t out = 10 + r;
+      std::int64_t in = 0;
+      runtime.spawn([](World& w, Buffer send, Buffer recv) -> asio::awaitable<void> {
+        co_await w.send(1 - w.rank(), send, 9);
+        co_await w.recv(1 - w.rank(), recv, 9);
+      }(*world, Buffer(&out, 1, DType::i64), Buffer(&in, 1, DType::i64))).get();
+      received[static_cast<std::size_t>(r)] = in;
+    });
+  }
+  both_joined.wait();
+  {
+    Runtime runtime({.rank = 1});
+    World::Options options;
+    options.join_timeout = 5s;
+    options.leave_timeout = 1s;
+    try {
+      World::join(runtime, launch(1), options);
+      ADD_FAILURE() << "a second process joined as rank 1";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::refused) << e.what();
+      EXPECT_THAT(e.what(), HasSubstr("rank 1 is already taken"));
+    }
+  }
+  impostor_done_promise.set_value();
+  for (auto& t : ranks) t.join();
+  // The refused claimant left no will behind: the real ranks still talk.
+  EXPECT_EQ(received, (std::vector<std::int64_t>{11, 10}));
 }
 
 }  // namespace

@@ -67,6 +67,14 @@ def refuses_sizes_that_are_not_sizes():
              "--no-peers"], capture_output=True, text=True, timeout=30)
         assert result.returncode == 2, f"--min-bytes {bad}: exit {result.returncode}\n{result.stderr}"
         assert says in result.stderr and bad in result.stderr, f"--min-bytes {bad}: {result.stderr}"
+    # Counts likewise: a message naming the option, not a bare std::stoi.
+    for args, says in ((["collectives", "--ranks", "x"], "--ranks needs a whole number"),
+                       (["collectives", "--rounds", "-3"], "--rounds needs a whole number"),
+                       (["ddp", "--straggle-ms", "abc"], "--straggle-ms needs a number from 0")):
+        result = subprocess.run([os.environ["BRAID_BENCH"]] + args,
+                                capture_output=True, text=True, timeout=30)
+        assert result.returncode == 2, f"{args}: exit {result.returncode}\n{result.stderr}"
+        assert says in result.stderr and "stoi" not in result.stderr, f"{args}: {result.stderr}"
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ CollectivesOptions parse_options(const std::vector<std::string>& args) {
     };
     if (a == "--ranks") {
       options.ranks.clear();
-      for (const auto& r : split_list(value())) options.ranks.push_back(std::stoi(r));
+      for (const auto& r : split_list(value())) options.ranks.push_back(count_argument(a, r, 1, 4096));
     } else if (a == "--ops") {
       options.ops = split_list(value());
       for (const auto& op : options.ops) {
@@ -92,9 +92,9 @@ CollectivesOptions parse_options(const std::vector<std::string>& args) {
     } else if (a == "--max-bytes") {
       options.max_bytes = parse_bytes(value());
     } else if (a == "--iters") {
-      options.iters = std::stoi(value());
+      options.iters = count_argument(a, value(), 0, 1000000000);
     } else if (a == "--rounds") {
-      options.rounds = std::stoi(value());
+      options.rounds = count_argument(a, value(), 1, 1000);
     } else if (a == "--json") {
       options.json = true;
     } else if (a == "--no-peers") {

@@ -275,7 +275,8 @@ int run_ddp(const std::vector<std::string>& args) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     auto value = [&]() {
       if (i + 1 >= args.size()) throw std::invalid_argument(args[i] + " needs a value");
-      return std::stoi(args[++i]);
+      const std::string& option = args[i];
+      return count_argument(option, args[++i], 1, 1000000000);
     };
     if (args[i] == "--ranks")
       o.ranks = value();
@@ -292,7 +293,7 @@ int run_ddp(const std::vector<std::string>& args) {
     else if ((args[i] == "--optimizers" || args[i] == "--optimizer") && i + 1 < args.size())
       optimizers = split_list(args[++i]);
     else if (args[i] == "--straggle-ms" && i + 1 < args.size())
-      o.straggle_ms = std::stod(args[++i]);
+      o.straggle_ms = decimal_argument("--straggle-ms", args[++i], 0, 1e6);
     else
       throw std::invalid_argument("unknown option " + args[i]);
   }

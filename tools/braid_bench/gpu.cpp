@@ -23,6 +23,7 @@
 
 #include "median.hpp"
 #include "size_argument.hpp"
+#include "list_argument.hpp"
 #include "subprocess.hpp"
 
 namespace braid::bench {
@@ -54,9 +55,9 @@ GpuOptions parse_options(const std::vector<std::string>& args) {
     } else if (a == "--max-bytes") {
       options.max_bytes = parse_bytes(value());
     } else if (a == "--iters") {
-      options.iterations = std::stoi(value());
+      options.iterations = count_argument(a, value(), 0, 1000000000);
     } else if (a == "--rounds") {
-      options.rounds = std::stoi(value());
+      options.rounds = count_argument(a, value(), 1, 1000);
     } else if (a == "--json") {
       options.json = true;
     } else if (a == "--worker") {

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 namespace braid::bench {
 
 // "a,b,,c" -> {"a", "b", "c"}.
@@ -35,6 +37,24 @@ inline int count_argument(const std::string& option, const std::string& text, in
                                 " to " + std::to_string(most) + ", not '" + text + "'");
   }
   return static_cast<int>(value);
+}
+
+// A number from `least` to `most` ("2.5"); anything else is a std::invalid_argument naming
+// the option.
+inline double decimal_argument(const std::string& option, const std::string& text, double least,
+                               double most) {
+  double value = 0;
+  std::size_t used = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !(value >= least && value <= most)) {
+    throw std::invalid_argument(
+        fmt::format("{} needs a number from {:g} to {:g}, not '{}'", option, least, most, text));
+  }
+  return value;
 }
 
 }  // namespace braid::bench

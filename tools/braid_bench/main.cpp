@@ -3,6 +3,7 @@
 //
 //   braid-bench p2p [--json] [--no-peers] [--latency-iters N] [--bandwidth-iters N]
 #include <iostream>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -83,6 +84,10 @@ int main(int argc, char** argv) {
   } catch (const std::invalid_argument& e) {
     std::cerr << "braid-bench " << mode << ": " << e.what() << "\n" << kUsage;
     return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "braid-bench " << mode
+              << ": out of memory for the buffers asked for (a smaller --max-bytes, fewer --ranks)\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "braid-bench " << mode << ": " << e.what() << "\n";
     return 1;

@@ -30,6 +30,7 @@
 #include <sstream>
 #include <thread>
 
+#include "list_argument.hpp"
 #include "subprocess.hpp"
 
 namespace braid::bench {
@@ -62,7 +63,7 @@ P2pOptions parse_options(const std::vector<std::string>& args) {
     const std::string& a = args[i];
     auto value = [&]() -> int {
       if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
-      return std::stoi(args[++i]);
+      return count_argument(a, args[++i], 1, 1000000000);
     };
     if (a == "--latency-iters") {
       options.latency_iterations = value();

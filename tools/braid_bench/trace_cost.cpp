@@ -14,6 +14,7 @@
 #include <braid/braid.hpp>
 
 #include "median.hpp"
+#include "list_argument.hpp"
 #include "subprocess.hpp"
 
 namespace braid::bench {
@@ -260,13 +261,13 @@ int run_trace_cost(const std::vector<std::string>& args) {
     if (args[i] == "--worker") {
       options.worker = true;
     } else if (args[i] == "--ranks") {
-      options.ranks = std::stoi(value());
+      options.ranks = count_argument("--ranks", value(), 2, 4096);
     } else if (args[i] == "--sizes") {
       options.sizes = parse_sizes(value());
     } else if (args[i] == "--rounds") {
-      options.rounds = std::max(2, std::stoi(value()));
+      options.rounds = count_argument("--rounds", value(), 2, 1000000000);
     } else if (args[i] == "--iters") {
-      options.iters = std::stoi(value());
+      options.iters = count_argument("--iters", value(), 1, 1000000000);
     } else {
       throw std::invalid_argument("unknown option " + args[i]);
     }

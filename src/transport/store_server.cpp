@@ -1,11 +1,6 @@
-// The store's server side: an acceptor, one reader coroutine per connection, the key-value
-// map and the waiters parked on missing keys. Everything runs on the Runtime's progress
-// thread, so nothing here takes a lock.
-//
-// Cost: a set wakes only the waiters parked on its key (a hash lookup, then one reply per
-// waiter); a waiter for n keys sits in n lists until each key appears, its connection
-// closes or its timeout passes, whichever comes first. A will costs nothing until its
-// connection closes, then one set.
+// The store's server side: an acceptor, one reader coroutine per connection, and the
+// replies' way out. What each request does is in store_server_requests.cpp; the state both
+// share is in store_server_impl.hpp.
 //
 // Strangers. The port is open to anyone who can reach it, and everything here shares the
 // thread that also does the rank's communication, so a connection earns nothing before
@@ -17,13 +12,9 @@
 // buffer and every queued reply draws on one BufferBudget of buffer_limit bytes. What
 // strangers make the server do is summed up in a warn line per 10 s (SummaryLog).
 #include <algorithm>
-#include <charconv>
-#include <deque>
-#include <functional>
 #include <memory>
 #include <optional>
-#include <unordered_map>
-#include <unordered_set>
+#include <string>
 #include <utility>
 
 #include <boost/asio/as_tuple.hpp>
@@ -40,18 +31,14 @@
 
 #include "transport/store_frame_io.hpp"
 #include "transport/store_protocol.hpp"
+#include "transport/store_server_impl.hpp"
 #include "transport/summary_log.hpp"
 
 namespace braid::transport {
 namespace {
 
-namespace proto = store_protocol;
 using asio::ip::tcp;
 using namespace std::chrono_literals;
-
-// A waiter is dropped after this long even if its client asked for longer; the client's
-// own deadline is what callers see, this only bounds what a vanished client leaves behind.
-constexpr std::chrono::milliseconds kMaxWait = std::chrono::hours(24 * 7);
 
 // After a failed accept the loop pauses this long, doubling up to the cap while accepts
 // keep failing: an acceptor with a connection pending stays ready, so without a pause a
@@ -65,112 +52,7 @@ bool out_of_descriptors(const boost::system::error_code& error) {
          error == boost::system::errc::too_many_files_open_in_system;
 }
 
-// Takes time that depends only on the length of `given`, never on where the first
-// mismatch is, so a stranger cannot recover the token byte by byte from reply times.
-bool tokens_equal(std::string_view given, std::string_view expected) {
-  BRAID_ENFORCE(!expected.empty(), "tokens_equal needs the server's token");
-  unsigned difference = given.size() == expected.size() ? 0U : 1U;
-  for (std::size_t i = 0; i < given.size(); ++i) {
-    difference |= static_cast<unsigned char>(given[i]) ^
-                  static_cast<unsigned char>(expected[i % expected.size()]);
-  }
-  return difference == 0;
-}
-
-struct Connection;
-
-// A get or wait parked until its missing keys appear.
-struct Waiter {
-  Waiter(std::shared_ptr<Connection> c, std::uint64_t id, asio::any_io_executor executor)
-      : connection(std::move(c)), request_id(id), expiry(std::move(executor)) {}
-
-  std::shared_ptr<Connection> connection;  // reset once answered or dropped
-  std::uint64_t request_id;
-  std::optional<std::string> value_key;  // a get replies with this key's value
-  std::vector<std::string> missing;      // the waiter is listed under each of these keys
-  asio::steady_timer expiry;
-};
-
-// A reply waiting to be written, and its share of the server's BufferBudget.
-struct Outgoing {
-  Bytes frame;
-  proto::BufferLease lease;
-};
-
-struct Connection {
-  Connection(tcp::socket s, const asio::any_io_executor& executor)
-      : socket(std::move(s)), hello_expiry(executor) {}
-
-  tcp::socket socket;
-  std::string peer;
-  bool authenticated = false;
-  bool open = true;
-  bool writing = false;
-  std::optional<std::string> close_after_flush;  // the reason, once the peer is to be dropped
-  std::deque<Outgoing> outbox;
-  asio::steady_timer hello_expiry;  // closes the connection if no hello is accepted first
-  std::vector<std::shared_ptr<Waiter>> waiters;
-  // Stored when the connection closes, unless withdrawn first (store_protocol.hpp, Wills).
-  std::optional<std::pair<std::string, Bytes>> will;
-};
-
 }  // namespace
-
-struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
-  Impl(Runtime& runtime, Options options)
-      : runtime_(runtime),
-        options_(std::move(options)),
-        acceptor_(runtime.executor()),
-        budget_(std::make_shared<proto::BufferBudget>(options_.buffer_limit)) {}
-
-  void start();
-  void stop();
-
-  asio::awaitable<void> accept_loop();
-  void admit(tcp::socket socket);
-  bool close_oldest_stranger(std::string_view why);
-  void authenticate(const std::shared_ptr<Connection>& connection);
-  asio::awaitable<void> serve(std::shared_ptr<Connection> connection);
-  asio::awaitable<void> flush(std::shared_ptr<Connection> connection);
-  void spawn(std::function<asio::awaitable<void>(Impl&)> body);
-
-  void handle(const std::shared_ptr<Connection>& connection, proto::Frame frame);
-  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::HelloRequest r);
-  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::SetRequest r);
-  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::GetRequest r);
-  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::AddRequest r);
-  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
-                  proto::CompareSetRequest r);
-  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::EraseRequest r);
-  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::WaitRequest r);
-  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::SetWillRequest r);
-  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
-                  proto::ClearWillRequest r);
-
-  void store(const std::string& key, Bytes value);
-  void park(const std::shared_ptr<Connection>& connection, std::uint64_t id,
-            std::vector<std::string> missing, std::optional<std::string> value_key,
-            std::chrono::milliseconds timeout);
-  void unpark(const std::shared_ptr<Waiter>& waiter);
-  void expire(const std::shared_ptr<Waiter>& waiter);
-
-  void send(const std::shared_ptr<Connection>& connection, Bytes frame);
-  void drop_after_flush(const std::shared_ptr<Connection>& connection, std::string reason);
-  void close(const std::shared_ptr<Connection>& connection, std::string_view reason);
-
-  Runtime& runtime_;
-  const Options options_;
-  tcp::acceptor acceptor_;
-  std::uint16_t port_ = 0;
-  bool stopped_ = false;
-  std::unordered_map<std::string, Bytes> data_;
-  std::unordered_map<std::string, std::vector<std::shared_ptr<Waiter>>> waiters_by_key_;
-  std::unordered_set<std::shared_ptr<Connection>> connections_;
-  // Connections whose hello is not accepted yet, oldest first.
-  std::deque<std::shared_ptr<Connection>> strangers_;
-  std::shared_ptr<proto::BufferBudget> budget_;
-  std::shared_ptr<SummaryLog> summary_;  // from start(), when the port is known
-};
 
 void StoreServer::Impl::start() {
   const std::string where = fmt::format("{}:{}", options_.host, options_.port);
@@ -347,162 +229,6 @@ void StoreServer::Impl::handle(const std::shared_ptr<Connection>& connection, pr
                 {.operation = "store.serve"});
   }
   std::visit([&](auto& r) { on_request(connection, frame.request_id, std::move(r)); }, request);
-}
-
-void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
-                                   proto::HelloRequest r) {
-  if (!options_.token.empty() && !tokens_equal(r.token, options_.token)) {
-    const std::string why = r.token.empty() ? "this store requires a token and none was given"
-                                            : "the token does not match this store's";
-    send(c, proto::encode_error(id, Errc::refused, why));
-    summary_->count(fmt::format("refused: {}", why));
-    drop_after_flush(c, "refused: " + why);
-    return;
-  }
-  authenticate(c);
-  send(c, proto::encode_ok(id, {}));
-}
-
-void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
-                                   proto::SetRequest r) {
-  send(c, proto::encode_ok(id, {}));
-  store(r.key, std::move(r.value));
-}
-
-void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
-                                   proto::GetRequest r) {
-  if (auto it = data_.find(r.key); it != data_.end()) {
-    send(c, proto::encode_ok(id, it->second));
-    return;
-  }
-  std::optional<std::string> value_key = r.key;
-  park(c, id, {std::move(r.key)}, std::move(value_key), r.timeout);
-}
-
-void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
-                                   proto::AddRequest r) {
-  // Counters are stored as decimal text, so a get of a counter reads naturally.
-  std::int64_t current = 0;
-  if (auto it = data_.find(r.key); it != data_.end()) {
-    const auto* first = reinterpret_cast<const char*>(it->second.data());
-    const auto* last = first + it->second.size();
-    auto [end, error] = std::from_chars(first, last, current);
-    if (it->second.empty() || error != std::errc() || end != last) {
-      send(c, proto::encode_error(id, Errc::invalid_argument,
-                                  fmt::format("key '{}' holds {} bytes that are not a decimal "
-                                              "integer, so add cannot update it",
-                                              r.key, it->second.size())));
-      return;
-    }
-  }
-  std::int64_t updated = 0;
-  if (__builtin_add_overflow(current, r.delta, &updated)) {
-    send(c, proto::encode_error(id, Errc::invalid_argument,
-                                fmt::format("adding {} to key '{}' (now {}) overflows int64",
-                                            r.delta, r.key, current)));
-    return;
-  }
-  const std::string text = std::to_string(updated);
-  send(c, proto::encode_ok_int64(id, updated));
-  store(r.key, Bytes(text.begin(), text.end()));
-}
-
-void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
-                                   proto::CompareSetRequest r) {
-  auto it = data_.find(r.key);
-  const bool swap = it == data_.end() ? r.expected.empty() : it->second == r.expected;
-  if (!swap) {
-    send(c, proto::encode_ok(id, it == data_.end() ? Bytes{} : it->second));
-    return;
-  }
-  send(c, proto::encode_ok(id, r.desired));
-  store(r.key, std::move(r.desired));
-}
-
-void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
-                                   proto::EraseRequest r) {
-  send(c, proto::encode_ok_bool(id, data_.erase(r.key) > 0));
-}
-
-void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
-                                   proto::WaitRequest r) {
-  std::sort(r.keys.begin(), r.keys.end());
-  r.keys.erase(std::unique(r.keys.begin(), r.keys.end()), r.keys.end());
-  std::erase_if(r.keys, [&](const std::string& key) { return data_.contains(key); });
-  if (r.keys.empty()) {
-    send(c, proto::encode_ok(id, {}));
-    return;
-  }
-  park(c, id, std::move(r.keys), std::nullopt, r.timeout);
-}
-
-void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
-                                   proto::SetWillRequest r) {
-  c->will.emplace(std::move(r.key), std::move(r.value));
-  send(c, proto::encode_ok(id, {}));
-}
-
-void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
-                                   proto::ClearWillRequest /*r*/) {
-  c->will.reset();
-  send(c, proto::encode_ok(id, {}));
-}
-
-void StoreServer::Impl::store(const std::string& key, Bytes value) {
-  data_[key] = std::move(value);
-  auto node = waiters_by_key_.extract(key);
-  if (node.empty()) return;
-  for (const std::shared_ptr<Waiter>& waiter : node.mapped()) {
-    // Dropped by an earlier waiter's reply overflowing the budget, which closed its
-    // connection.
-    if (!waiter->connection) continue;
-    std::erase(waiter->missing, key);
-    if (!waiter->missing.empty()) continue;
-    waiter->expiry.cancel();
-    auto connection = std::move(waiter->connection);
-    std::erase(connection->waiters, waiter);
-    send(connection, waiter->value_key
-                         ? proto::encode_ok(waiter->request_id, data_.at(*waiter->value_key))
-                         : proto::encode_ok(waiter->request_id, {}));
-  }
-}
-
-void StoreServer::Impl::park(const std::shared_ptr<Connection>& connection, std::uint64_t id,
-                             std::vector<std::string> missing, std::optional<std::string> value_key,
-                             std::chrono::milliseconds timeout) {
-  auto waiter = std::make_shared<Waiter>(connection, id, acceptor_.get_executor());
-  waiter->value_key = std::move(value_key);
-  waiter->missing = std::move(missing);
-  for (const std::string& key : waiter->missing) waiters_by_key_[key].push_back(waiter);
-  connection->waiters.push_back(waiter);
-  waiter->expiry.expires_after(std::min(timeout, kMaxWait));
-  waiter->expiry.async_wait(
-      [self = shared_from_this(), weak = std::weak_ptr(waiter)](boost::system::error_code error) {
-        auto expired = weak.lock();
-        // Answered or dropped meanwhile: its connection was reset.
-        if (error || !expired || !expired->connection) return;
-        self->expire(expired);
-      });
-}
-
-// Takes the waiter out of every key list it sits in.
-void StoreServer::Impl::unpark(const std::shared_ptr<Waiter>& waiter) {
-  for (const std::string& key : waiter->missing) {
-    auto it = waiters_by_key_.find(key);
-    if (it == waiters_by_key_.end()) continue;
-    std::erase(it->second, waiter);
-    if (it->second.empty()) waiters_by_key_.erase(it);
-  }
-  waiter->expiry.cancel();
-}
-
-void StoreServer::Impl::expire(const std::shared_ptr<Waiter>& waiter) {
-  unpark(waiter);
-  auto connection = std::move(waiter->connection);
-  std::erase(connection->waiters, waiter);
-  send(connection, proto::encode_error(waiter->request_id, Errc::timeout,
-                                       fmt::format("{} not set before the request's timeout",
-                                                   proto::quote_keys(waiter->missing))));
 }
 
 void StoreServer::Impl::send(const std::shared_ptr<Connection>& connection, Bytes frame) {

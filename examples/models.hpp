@@ -3,6 +3,8 @@
 // their step times compare.
 #pragma once
 
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,5 +77,73 @@ struct Task {
     return {x, torch::tanh(x.mean(0).narrow(1, 0, kFeatures).matmul(teacher) * 8)};
   }
 };
+
+// A whole number of at least `least` for `option`; anything else is std::invalid_argument
+// naming the option.
+inline int whole_number(const std::string& option, const std::string& text, int least) {
+  std::size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || value < least || value > 1'000'000'000) {
+    throw std::invalid_argument(option + " needs a whole number of at least " +
+                                std::to_string(least) + ", not '" + text + "'");
+  }
+  return static_cast<int>(value);
+}
+
+// Which model, how big, and the batch: the options every program that trains these models
+// takes (--model, --hidden, --layers, --batch), with the main job's defaults.
+struct ModelChoice {
+  std::string name = "mlp";
+  int hidden = 0;  // 0 until finish(): the model's default
+  int layers = 0;
+  int batch = 32;
+
+  // Takes `option` (reading its value with `value()`) if it is one of these; false if not.
+  template <class Value>
+  bool parse(const std::string& option, Value&& value) {
+    if (option == "--model")
+      name = value();
+    else if (option == "--hidden")
+      hidden = whole_number(option, value(), 8);
+    else if (option == "--layers")
+      layers = whole_number(option, value(), 1);
+    else if (option == "--batch")
+      batch = whole_number(option, value(), 1);
+    else
+      return false;
+    return true;
+  }
+  // Checks the name and fills in the defaults: MLP 512 wide with 5 hidden layers (1.44M
+  // parameters in several buckets, enough backward to overlap), transformer 256 x 4.
+  void finish() {
+    if (name != "mlp" && name != "transformer")
+      throw std::invalid_argument("--model mlp|transformer");
+    if (hidden == 0) hidden = transformer() ? 256 : 512;
+    if (layers == 0) layers = transformer() ? 4 : 5;
+  }
+  bool transformer() const { return name == "transformer"; }
+  Mlp make_mlp() const { return Mlp(hidden, layers); }
+  Transformer make_transformer() const { return Transformer(hidden, layers); }
+};
+
+// Adam with learning rate `lr`, or SGD (lr 0.01, momentum 0.9): the cheaper step, so
+// communication is a larger share of it.
+inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(
+    const std::string& name, std::vector<torch::Tensor> parameters, double lr) {
+  if (name == "adam") {
+    return std::make_unique<torch::optim::Adam>(std::move(parameters),
+                                                torch::optim::AdamOptions(lr));
+  }
+  if (name == "sgd") {
+    return std::make_unique<torch::optim::SGD>(std::move(parameters),
+                                               torch::optim::SGDOptions(0.01).momentum(0.9));
+  }
+  throw std::invalid_argument("--optimizer adam|sgd, not '" + name + "'");
+}
 
 }  // namespace example_models

@@ -12,8 +12,6 @@
 // (its threads, its allocator policy, its hooks) shows as a ratio. Each also reports the
 // minor page faults a step takes: a step whose temporaries come back from the kernel every
 // time pays for them there (braid/core/heap_policy.hpp).
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -21,6 +19,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <sys/resource.h>
 #include <vector>
 
 #include <fmt/format.h>
@@ -40,59 +39,33 @@ constexpr const char* kUsage =
     "         [--hidden N] [--layers N] [--batch N] [--steps N] [--warmup N]\n";
 
 struct Settings {
-  std::string model = "mlp";
+  example_models::ModelChoice model;
   std::string optimizer = "adam";
-  int hidden = 0;  // 0: the main job's default for the model
-  int layers = 0;
-  int batch = 32;
   int steps = 40;
   int warmup = 5;
 };
-
-int positive(const std::string& option, const std::string& text) {
-  std::size_t used = 0;
-  int value = 0;
-  try {
-    value = std::stoi(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || value < 1) {
-    throw std::invalid_argument(fmt::format("{} needs a positive integer, not '{}'", option, text));
-  }
-  return value;
-}
 
 Settings parse(int argc, char** argv) {
   Settings s;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value (" + kUsage + ")");
-    const std::string value = argv[++i];
-    if (arg == "--model")
-      s.model = value;
-    else if (arg == "--optimizer")
-      s.optimizer = value;
-    else if (arg == "--hidden")
-      s.hidden = positive(arg, value);
-    else if (arg == "--layers")
-      s.layers = positive(arg, value);
-    else if (arg == "--batch")
-      s.batch = positive(arg, value);
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value (" + kUsage + ")");
+      return argv[++i];
+    };
+    if (s.model.parse(arg, value)) continue;
+    if (arg == "--optimizer")
+      s.optimizer = value();
     else if (arg == "--steps")
-      s.steps = positive(arg, value);
+      s.steps = example_models::whole_number(arg, value(), 1);
     else if (arg == "--warmup")
-      s.warmup = positive(arg, value);
+      s.warmup = example_models::whole_number(arg, value(), 1);
     else
       throw std::invalid_argument("unknown option " + arg);
   }
-  if (s.model != "mlp" && s.model != "transformer")
-    throw std::invalid_argument("--model mlp|transformer");
+  s.model.finish();
   if (s.optimizer != "adam" && s.optimizer != "sgd")
     throw std::invalid_argument("--optimizer adam|sgd");
-  const bool mlp = s.model == "mlp";
-  if (s.hidden == 0) s.hidden = mlp ? 512 : 256;
-  if (s.layers == 0) s.layers = mlp ? 5 : 4;
   return s;
 }
 
@@ -117,17 +90,9 @@ double median(std::vector<double> values) {
 template <class Forward, class StepScope>
 std::string time_steps(const Settings& s, torch::nn::Module& model, Forward forward,
                        StepScope step_scope, const std::string& runner) {
-  const bool transformer = s.model == "transformer";
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  if (s.optimizer == "adam") {
-    optimizer =
-        std::make_unique<torch::optim::Adam>(model.parameters(), torch::optim::AdamOptions(1e-3));
-  } else {
-    optimizer = std::make_unique<torch::optim::SGD>(model.parameters(),
-                                                    torch::optim::SGDOptions(0.01).momentum(0.9));
-  }
-  const example_models::Task task(s.hidden, transformer);
-  const auto [x, y] = task.batch(0, 0, s.batch);
+  auto optimizer = example_models::make_optimizer(s.optimizer, model.parameters(), 1e-3);
+  const example_models::Task task(s.model.hidden, s.model.transformer());
+  const auto [x, y] = task.batch(0, 0, s.model.batch);
   std::vector<double> step_ms, forward_backward_ms, optimizer_ms;
   long faults_before = 0;
   for (int step = 0; step < s.warmup + s.steps; ++step) {
@@ -152,7 +117,7 @@ std::string time_steps(const Settings& s, torch::nn::Module& model, Forward forw
       "{{\"compute_step\":\"{}\",\"model\":\"{}\",\"optimizer\":\"{}\",\"parameters\":{},"
       "\"batch\":{},\"steps\":{},\"step_ms\":{:.3f},\"forward_backward_ms\":{:.3f},"
       "\"optimizer_ms\":{:.3f},\"faults_per_step\":{:.1f}}}",
-      runner, s.model, s.optimizer, parameters, s.batch, s.steps, median(step_ms),
+      runner, s.model.name, s.optimizer, parameters, s.model.batch, s.steps, median(step_ms),
       median(forward_backward_ms), median(optimizer_ms),
       static_cast<double>(minor_faults() - faults_before) / s.steps);
 }
@@ -185,8 +150,8 @@ int main(int argc, char** argv) {
     const Settings s = parse(argc, argv);
     // One intra-op thread, as braid-run gives every rank of the main job.
     torch::set_num_threads(1);
-    std::cout << (s.model == "mlp" ? run(s, example_models::Mlp(s.hidden, s.layers))
-                                   : run(s, example_models::Transformer(s.hidden, s.layers)))
+    std::cout << (s.model.transformer() ? run(s, s.model.make_transformer())
+                                        : run(s, s.model.make_mlp()))
               << std::endl;
     return 0;
   } catch (const std::invalid_argument& e) {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <string_view>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -10,6 +9,7 @@
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -83,15 +83,16 @@ std::optional<std::string> result_line(const CommandResult& result, std::string_
     const auto brace = line.find("{\"compute_step\"");
     if (brace != std::string::npos && result.exit_code == 0) return line.substr(brace);
   }
-  std::cerr << fmt::format("braid-bench compute-tax: the {} runner printed no result (exit {}):\n{}\n",
-                           runner, result.exit_code, result.output);
+  std::cerr << fmt::format(
+      "braid-bench compute-tax: the {} runner printed no result (exit {}):\n{}\n", runner,
+      result.exit_code, result.output);
   return std::nullopt;
 }
 
 std::optional<std::string> run_runner(std::string_view runner, const std::string& model,
                                       const std::string& optimizer, int steps) {
-  const std::vector<std::string> step_arguments{"--model", model, "--optimizer", optimizer,
-                                                "--steps", std::to_string(steps)};
+  const std::vector<std::string> step_arguments{"--model", model,     "--optimizer",
+                                                optimizer, "--steps", std::to_string(steps)};
   std::vector<std::string> argv;
   if (runner == "plain") {
     argv = {sibling_program("braid-bench-compute-plain")};
@@ -170,11 +171,11 @@ int run_compute_tax(const std::vector<std::string>& args) {
       const double braid_over_fastest = figures["braid"].step_ms / fastest;
       const double braid_over_plain = figures["braid"].step_ms / figures["plain"].step_ms;
       if (o.json) {
-        std::string line =
-            fmt::format("{{\"model\":\"{}\",\"optimizer\":\"{}\"", model, optimizer);
+        std::string line = fmt::format("{{\"model\":\"{}\",\"optimizer\":\"{}\"", model, optimizer);
         for (const auto& [runner, f] : figures) {
           line += fmt::format(
-              ",\"{0}_step_ms\":{1:.3f},\"{0}_optimizer_ms\":{2:.3f},\"{0}_faults_per_step\":{3:.1f}",
+              ",\"{0}_step_ms\":{1:.3f},\"{0}_optimizer_ms\":{2:.3f},\"{0}_faults_per_step\":{3:."
+              "1f}",
               runner, f.step_ms, f.optimizer_ms, f.faults_per_step);
         }
         line += fmt::format(",\"braid_over_fastest\":{:.3f},\"braid_over_plain\":{:.3f}}}",

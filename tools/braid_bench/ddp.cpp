@@ -36,7 +36,7 @@ std::optional<double> field(const std::string& line, const std::string& key) {
   return std::stod(line.substr(at + key.size() + 3));
 }
 
-// One configuration's paired figures, the mean over its rounds (ddp_train --sync paired
+// One configuration's paired figures, the mean over its rounds (braid-bench-ddp-worker --sync paired
 // and the PyTorch peer print the same fields).
 struct PairedFigures {
   double step_ms = 0;
@@ -124,19 +124,11 @@ std::vector<std::string> model_arguments(const DdpOptions& o) {
 
 std::optional<std::string> run_braid(const DdpOptions& o, const std::string& sync,
                                      const std::vector<std::string>& extra = {}) {
-  const std::filesystem::path tools =
-      std::filesystem::path(sibling_program("braid-run")).parent_path();
-  const std::string trainer = (tools.parent_path() / "examples" / "ddp_train").string();
-  std::vector<std::string> argv{sibling_program("braid-run"),
-                                "-n",
-                                std::to_string(o.ranks),
-                                trainer,
-                                "--bench",
-                                "--sync",
-                                sync};
+  std::vector<std::string> argv{sibling_program("braid-run"), "-n", std::to_string(o.ranks),
+                                sibling_program("braid-bench-ddp-worker"), "--sync", sync};
   for (auto& a : model_arguments(o)) argv.push_back(a);
   for (auto& a : extra) argv.push_back(a);
-  return json_line(run_command(argv, std::chrono::seconds(900)), "ddp_train --sync " + sync);
+  return json_line(run_command(argv, std::chrono::seconds(900)), "braid-bench-ddp-worker --sync " + sync);
 }
 
 std::optional<std::string> run_pytorch(const DdpOptions& o,

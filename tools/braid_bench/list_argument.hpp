@@ -23,8 +23,7 @@ inline std::vector<std::string> split_list(const std::string& text) {
 
 // A whole number from `least` to `most`; anything else (a sign, a suffix, an overflow) is a
 // std::invalid_argument naming the option.
-inline int count_argument(const std::string& option, const std::string& text, int least,
-                          int most) {
+inline int count_argument(const std::string& option, const std::string& text, int least, int most) {
   long long value = 0;
   std::size_t used = 0;
   try {

@@ -12,7 +12,7 @@ broadcast_buffers, gradients copied into the buckets and back), or with
 --gradient-as-bucket-view gradient_as_bucket_view=True, as braid's default keeps them. Ranks are started here (torch.multiprocessing, spawn) on 127.0.0.1 with
 Gloo on loopback.
 
-Steps are paired as in `ddp_train --sync paired`: each pair is one synchronised step and
+Steps are paired as in `braid-bench-ddp-worker --sync paired`: each pair is one synchronised step and
 one under no_sync(), in alternating order, each started after a barrier and timed on its
 slowest rank; the exposed communication is the mean of the pairs' differences.
 
@@ -42,7 +42,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-# Student's t for a two-sided 95% interval, by degrees of freedom (as ddp_train's t95).
+# Student's t for a two-sided 95% interval, by degrees of freedom (as braid-bench-ddp-worker's t95).
 T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
        2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
@@ -78,7 +78,7 @@ def worker(rank, args, port):
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     torch.manual_seed(4242)
     teacher = torch.randn(16, 1) / 4
-    # Paired steps, as ddp_train --sync paired: pair k syncs first when k is even, second
+    # Paired steps, as braid-bench-ddp-worker --sync paired: pair k syncs first when k is even, second
     # when odd, the other step under no_sync(); every timed step starts after a barrier
     # and counts on its slowest rank.
     warmup = min(5, args.steps // 4) & ~1

@@ -1,0 +1,386 @@
+// braid-bench's DDP worker: the main job's training loop (examples/ddp_train.cpp) timed
+// for `braid-bench ddp`. Steps after a warm-up start together (a barrier left out of the
+// trace) and are timed on their slowest rank; `--sync paired` alternates a synchronised step
+// with a no_sync() step, so the exposed communication is a difference measured in pairs
+// inside one process; `--straggle-ms X` makes the last rank compute X ms more before each
+// backward. Rank 0 prints one JSON line (the fields tools/braid_bench/ddp.cpp reads).
+//
+//   braid-run -n 2 build/tools/braid-bench-ddp-worker --sync paired --steps 30
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <deque>
+#include <iostream>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <braid/braid.hpp>
+#include <braid/torch/distributed_data_parallel.hpp>
+
+#include "models.hpp"
+#include "training_checks.hpp"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: braid-run -n N braid-bench-ddp-worker [options]
+
+options: --model mlp|transformer  --hidden N  --layers N  --batch N  --steps N (>= 8)
+         --optimizer adam|sgd  --threads N  --bucket-cap-mib X  --copy-gradients
+         --private-buckets  --sync ddp|none|paired  --straggle-ms X
+)";
+
+// Keeps this thread's core busy for `ms` milliseconds (a slower rank's extra compute).
+void compute_for(double ms) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double, std::milli>(ms));
+  volatile double sink = 1.0;
+  while (std::chrono::steady_clock::now() < until) {
+    for (int i = 0; i < 1000; ++i) sink = sink * 1.0000001 + 1e-9;
+  }
+}
+
+struct Settings {
+  example_models::ModelChoice model;
+  int steps = 30;
+  std::string optimizer = "sgd";
+  int threads = 1;
+  std::string sync = "ddp";
+  braid::torch::DistributedDataParallelOptions ddp;
+  double straggle_ms = 0;
+};
+
+Settings parse(int argc, char** argv) {
+  Settings s;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
+      return argv[++i];
+    };
+    if (s.model.parse(arg, value)) continue;
+    if (arg == "--steps")
+      s.steps = example_models::whole_number(arg, value(), 8);
+    else if (arg == "--optimizer")
+      s.optimizer = value();
+    else if (arg == "--threads")
+      s.threads = example_models::whole_number(arg, value(), 1);
+    else if (arg == "--bucket-cap-mib")
+      s.ddp.limits.bucket_cap_bytes = static_cast<std::size_t>(std::stod(value()) * (1 << 20));
+    else if (arg == "--copy-gradients")
+      s.ddp.gradient_as_bucket_view = false;
+    else if (arg == "--private-buckets")
+      s.ddp.shared_buckets = false;
+    else if (arg == "--sync")
+      s.sync = value();
+    else if (arg == "--straggle-ms")
+      s.straggle_ms = std::stod(value());
+    else
+      throw std::invalid_argument("unknown option " + arg + "\n" + kUsage);
+  }
+  s.model.finish();
+  if (s.sync != "ddp" && s.sync != "none" && s.sync != "paired")
+    throw std::invalid_argument("--sync ddp|none|paired");
+  if (!(s.straggle_ms >= 0 && s.straggle_ms <= 10000))
+    throw std::invalid_argument("--straggle-ms X in [0, 10000]");
+  return s;
+}
+
+// CPU time of this process, every thread (the training thread and braid's runtime thread).
+double cpu_ms(clockid_t clock) {
+  timespec t{};
+  clock_gettime(clock, &t);
+  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) / 1e6;
+}
+double process_cpu_ms() {
+  return cpu_ms(CLOCK_PROCESS_CPUTIME_ID);
+}
+// The training thread's own (forward, backward, optimizer; not braid's runtime thread).
+double thread_cpu_ms() {
+  return cpu_ms(CLOCK_THREAD_CPUTIME_ID);
+}
+
+// What --bench reports of the timed steps: means of the synchronised steps and, paired,
+// of the no_sync() steps, and the exposed communication as the mean of the pairs'
+// differences (each pair ran back to back, so a slow spell of the machine hits both
+// halves: the difference is far steadier than two runs' step times, which drift by tens
+// of percent here), with its 95% confidence half-width.
+struct StepFigures {
+  double step_ms = 0;
+  double cpu_ms = 0;
+  double none_step_ms = 0;
+  double none_cpu_ms = 0;
+  double exposed_ms = 0;
+  double exposed_ci_ms = 0;
+  double exposed_cpu_ms = 0;
+  double progress_cpu_ms = 0;       // braid's runtime thread, per synchronised step
+  double none_progress_cpu_ms = 0;  // ... per no_sync() step
+  // How much longer the training thread was off its core in a synchronised step than in
+  // its no_sync() partner (step time minus the thread's CPU time): the core its compute
+  // lost, mostly to braid's runtime thread reducing there.
+  double exposed_off_core_ms = 0;
+  int pairs = 0;
+};
+
+// Student's t for a two-sided 95% interval with `df` degrees of freedom: 1.96 would
+// understate the interval of a mean over a dozen pairs.
+double t95(int df) {
+  static constexpr double kTable[] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306,
+                                      2.262,  2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120,
+                                      2.110,  2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+                                      2.060,  2.056, 2.052, 2.048, 2.045, 2.042};
+  if (df < 1) return 0;
+  if (df <= 30) return kTable[df - 1];
+  return df <= 60 ? 2.000 : df <= 120 ? 1.980 : 1.960;
+}
+
+StepFigures step_figures(const std::vector<double>& ms, const std::vector<double>& cpu_ms,
+                         const std::vector<double>& progress_cpu_ms,
+                         const std::vector<double>& off_core_ms, const std::vector<bool>& synced,
+                         bool paired) {
+  StepFigures f;
+  int synced_steps = 0;
+  int local_steps = 0;
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    if (synced[i] || !paired) {
+      f.step_ms += ms[i];
+      f.cpu_ms += cpu_ms[i];
+      f.progress_cpu_ms += progress_cpu_ms[i];
+      ++synced_steps;
+    } else {
+      f.none_step_ms += ms[i];
+      f.none_cpu_ms += cpu_ms[i];
+      f.none_progress_cpu_ms += progress_cpu_ms[i];
+      ++local_steps;
+    }
+  }
+  if (synced_steps > 0) {
+    f.step_ms /= synced_steps;
+    f.cpu_ms /= synced_steps;
+    f.progress_cpu_ms /= synced_steps;
+  }
+  if (local_steps > 0) {
+    f.none_step_ms /= local_steps;
+    f.none_cpu_ms /= local_steps;
+    f.none_progress_cpu_ms /= local_steps;
+  }
+  if (!paired) return f;
+  std::vector<double> differences;
+  for (std::size_t i = 0; i + 1 < ms.size(); i += 2) {
+    const std::size_t with = synced[i] ? i : i + 1;
+    const std::size_t without = synced[i] ? i + 1 : i;
+    differences.push_back(ms[with] - ms[without]);
+    f.exposed_cpu_ms += cpu_ms[with] - cpu_ms[without];
+    f.exposed_off_core_ms += off_core_ms[with] - off_core_ms[without];
+  }
+  f.pairs = static_cast<int>(differences.size());
+  if (f.pairs == 0) return f;
+  f.exposed_ms = std::accumulate(differences.begin(), differences.end(), 0.0) / f.pairs;
+  f.exposed_cpu_ms /= f.pairs;
+  f.exposed_off_core_ms /= f.pairs;
+  if (f.pairs > 1) {
+    double squares = 0;
+    for (double d : differences) squares += (d - f.exposed_ms) * (d - f.exposed_ms);
+    f.exposed_ci_ms = t95(f.pairs - 1) * std::sqrt(squares / (f.pairs - 1) / f.pairs);
+  }
+  return f;
+}
+
+template <class Model>
+int train(braid::transport::World& world, const Settings& s, Model model) {
+  auto comm = braid::collectives::Communicator::world(world);
+  const example_models::Task task(s.model.hidden, s.model.transformer());
+  std::int64_t parameters = 0;
+  for (const auto& p : model->parameters()) parameters += p.numel();
+  const bool paired = s.sync == "paired";
+  const bool sync = s.sync != "none";
+  std::optional<braid::torch::DistributedDataParallel<Model>> ddp;
+  if (sync) ddp.emplace(model, comm, s.ddp);
+  auto optimizer = example_models::make_optimizer(s.optimizer, model->parameters(), 1e-3);
+  // Paired steps come in pairs (2k, 2k + 1); the warm-up ends on a pair boundary.
+  const int warmup = std::min(5, s.steps / 4) & (paired ? ~1 : ~0);
+  double last_loss = 0;
+  std::deque<double> recent;  // the last 5 losses: one batch's loss is noisy
+  // Each timed step's wall time and process CPU time (every thread: training and
+  // braid's runtime thread), and whether it synchronised gradients.
+  std::vector<double> timed_ms;
+  std::vector<double> timed_cpu_ms;
+  std::vector<double> timed_progress_cpu_ms;  // braid's runtime thread alone
+  std::vector<double> timed_off_core_ms;      // the training thread: wall - its CPU time
+  std::vector<bool> timed_synced;
+  // The summary covers the training steps from the second on (the first builds buckets).
+  std::int64_t summary_from_ns = 0;
+  int summarized_synced_steps = 0;
+  // --straggle-ms: the last rank is the slower one; it busies its core, as a slower
+  // device or a heavier share of the batch would, rather than sleeping.
+  const bool straggler = s.straggle_ms > 0 && comm->rank() == comm->size() - 1;
+  for (int step = 0; step < s.steps; ++step) {
+    // Paired: pair k syncs first when k is even, second when odd, so neither kind of step
+    // always follows the other.
+    const bool synced = sync && (!paired || step % 2 == (step / 2) % 2);
+    if (step >= warmup) {
+      // Every timed step starts together, so its time on the slowest rank is what the job
+      // waited for. The barrier is left out of the trace: it is the benchmark's, not DDP's.
+      braid::trace::set_enabled(false);
+      comm->launch(comm->barrier()).get();
+      braid::trace::set_enabled(true);
+    }
+    if (step == 1) summary_from_ns = braid::trace::now_ns();
+    if (step >= 1 && synced) ++summarized_synced_steps;
+    const auto started = std::chrono::steady_clock::now();
+    const double cpu_started = process_cpu_ms();
+    const double thread_cpu_started = thread_cpu_ms();
+    const auto progress_cpu_started = comm->runtime().progress_cpu_time();
+    auto [x, y] = task.batch(comm->rank(), step, s.model.batch);
+    torch::Tensor loss;
+    auto train_step = [&] {
+      optimizer->zero_grad();
+      torch::Tensor prediction = sync ? ddp->forward(x) : model->forward(x);
+      loss = torch::mse_loss(prediction, y);
+      if (straggler) compute_for(s.straggle_ms);
+      loss.backward();
+      braid::trace::ComputeRegion region("optimizer");
+      optimizer->step();
+    };
+    if (sync && !synced) {
+      auto local_only = ddp->no_sync();
+      train_step();
+    } else {
+      train_step();
+    }
+    const double value = loss.item<double>();
+    recent.push_back(value);
+    if (recent.size() > 5) recent.pop_front();
+    last_loss =
+        std::accumulate(recent.begin(), recent.end(), 0.0) / static_cast<double>(recent.size());
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
+            .count();
+    if (step >= warmup) {
+      timed_ms.push_back(ms);
+      timed_cpu_ms.push_back(process_cpu_ms() - cpu_started);
+      timed_progress_cpu_ms.push_back(
+          std::chrono::duration<double, std::milli>(comm->runtime().progress_cpu_time() -
+                                                    progress_cpu_started)
+              .count());
+      timed_off_core_ms.push_back(ms - (thread_cpu_ms() - thread_cpu_started));
+      timed_synced.push_back(synced);
+    }
+  }
+  const std::int64_t summary_to_ns = braid::trace::now_ns();
+  // Each timed step's time on its slowest rank; CPU times as the mean over ranks.
+  comm->launch(comm->all_reduce(braid::Buffer(timed_ms), braid::ReduceOp::max)).get();
+  comm->launch(comm->all_reduce(braid::Buffer(timed_cpu_ms), braid::ReduceOp::avg)).get();
+  comm->launch(comm->all_reduce(braid::Buffer(timed_progress_cpu_ms), braid::ReduceOp::avg)).get();
+  comm->launch(comm->all_reduce(braid::Buffer(timed_off_core_ms), braid::ReduceOp::avg)).get();
+  const StepFigures figures_of_steps = step_figures(timed_ms, timed_cpu_ms, timed_progress_cpu_ms,
+                                                    timed_off_core_ms, timed_synced, paired);
+  const double step_ms = figures_of_steps.step_ms;
+  // Every rank holds the same weights after DDP (paired runs skip synchronisation on
+  // purpose).
+  const bool same_weights = example_models::ranks_hold_the_same_weights(*comm, model->parameters());
+  if (sync && !paired && !same_weights) {
+    std::cerr << "braid-bench-ddp-worker: the ranks disagree on the weights\n";
+    return 1;
+  }
+  const auto job =
+      example_models::gather_steps_timeline(world, *comm, summary_from_ns, summary_to_ns);
+
+  // The bare all-reduce of every gradient at once, for comparison with what DDP exposed.
+  // Its CPU time too (the mean over ranks): on a node whose cores the training threads
+  // already fill, that CPU time is what overlapping can at best hide nothing of.
+  // Measured twice: on a plain buffer, as a user's own all-reduce of its gradients would
+  // run, and on memory the ranks share (Communicator::allocate_shared), as DDP's buckets are.
+  struct Bare {
+    double ms = 0;
+    double cpu_ms = 0;  // mean over ranks
+  };
+  auto bare_all_reduce = [&](float* data) {
+    const braid::Buffer gradients(data, static_cast<std::size_t>(parameters), braid::DType::f32);
+    // Two untimed calls: the first maps the arena, the second moves a plain buffer onto
+    // huge pages (huge_page_advice.hpp), as a training loop's gradients are after step 2.
+    for (int i = 0; i < 2; ++i)
+      comm->launch(comm->all_reduce(gradients, braid::ReduceOp::sum)).get();
+    constexpr int kRounds = 5;
+    const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = process_cpu_ms();
+    for (int i = 0; i < kRounds; ++i) {
+      comm->launch(comm->all_reduce(gradients, braid::ReduceOp::sum)).get();
+    }
+    Bare bare;
+    bare.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                  .count() /
+              kRounds;
+    std::vector<double> cpu{(process_cpu_ms() - cpu_start) / kRounds};
+    comm->launch(comm->all_reduce(braid::Buffer(cpu), braid::ReduceOp::avg)).get();
+    bare.cpu_ms = cpu[0];
+    return bare;
+  };
+  Bare bare;
+  Bare bare_shared;
+  {
+    std::vector<float> gradients(static_cast<std::size_t>(parameters), 1.0f);
+    bare = bare_all_reduce(gradients.data());
+    std::shared_ptr<std::byte[]> shared =
+        comm->launch(comm->allocate_shared(static_cast<std::size_t>(parameters) * sizeof(float)))
+            .get();
+    std::fill_n(reinterpret_cast<float*>(shared.get()), parameters, 1.0f);
+    bare_shared = bare_all_reduce(reinterpret_cast<float*>(shared.get()));
+  }
+  if (comm->rank() != 0) return 0;
+  const braid::trace::Summary summary = braid::trace::summarize(*job);
+  {
+    // Traced exposure per synchronised step (paired runs trace their no_sync() steps too,
+    // which expose nothing).
+    const int traced_steps = std::max(paired ? summarized_synced_steps : s.steps - 1, 1);
+    const double traced_exposed_ms =
+        static_cast<double>(summary.job.figures.exposed_ns) / 1e6 / comm->size() / traced_steps;
+    const StepFigures& g = figures_of_steps;
+    std::string line = fmt::format(
+        "{{\"sync\":\"{}\",\"model\":\"{}\",\"parameters\":{},\"ranks\":{},"
+        "\"step_ms\":{:.3f},\"cpu_ms\":{:.3f},\"progress_cpu_ms\":{:.3f},"
+        "\"exposed_ms_per_step\":{:.3f},"
+        "\"bare_all_reduce_ms\":{:.3f},\"bare_cpu_ms\":{:.3f},"
+        "\"bare_shared_all_reduce_ms\":{:.3f},\"bare_shared_cpu_ms\":{:.3f},\"loss\":{:.6f}",
+        s.sync, s.model.name, parameters, comm->size(), step_ms, g.cpu_ms, g.progress_cpu_ms,
+        traced_exposed_ms, bare.ms, bare.cpu_ms, bare_shared.ms, bare_shared.cpu_ms, last_loss);
+    if (paired) {
+      line += fmt::format(
+          ",\"pairs\":{},\"none_step_ms\":{:.3f},\"none_cpu_ms\":{:.3f},"
+          "\"none_progress_cpu_ms\":{:.3f},\"exposed_ms\":{:.3f},\"exposed_ci_ms\":{:.3f},"
+          "\"exposed_cpu_ms\":{:.3f},\"exposed_off_core_ms\":{:.3f}",
+          g.pairs, g.none_step_ms, g.none_cpu_ms, g.none_progress_cpu_ms, g.exposed_ms,
+          g.exposed_ci_ms, g.exposed_cpu_ms, g.exposed_off_core_ms);
+    }
+    std::cout << line << "}\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Settings settings = parse(argc, argv);
+    torch::set_num_threads(settings.threads);
+    braid::trace::set_enabled(true);  // the traced exposure; BRAID_TRACE also writes files
+    braid::Runtime runtime;
+    auto world = braid::transport::World::join(runtime);
+    if (settings.model.transformer()) {
+      return train(*world, settings, settings.model.make_transformer());
+    }
+    return train(*world, settings, settings.model.make_mlp());
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "braid-bench-ddp-worker: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "braid-bench-ddp-worker: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -28,32 +28,28 @@ std::string describe(const ParameterSpec& p, std::size_t index) {
   return fmt::format("'{}' (parameter {})", p.name.empty() ? "?" : p.name, index);
 }
 
-}  // namespace
-
 // One bucket's reduction done, for the next bucket's hook to wait on (hooks that issue
 // several collectives run one bucket at a time). Touched only on the runtime thread.
-struct Reducer::Turn {
-  explicit Turn(asio::any_io_executor executor) : timer(std::move(executor)) {
+struct ReductionTurn {
+  explicit ReductionTurn(asio::any_io_executor executor) : timer(std::move(executor)) {
     timer.expires_at(asio::steady_timer::time_point::max());
   }
   bool done = false;
   asio::steady_timer timer;  // cancelled when done: wakes the waiter
 };
 
-namespace {
-
 // The reduction of one bucket, on the runtime thread: the span runs from the moment the
 // bucket was full to the moment its sum is back.
 asio::awaitable<void> reduce_bucket(std::shared_ptr<Communicator> comm,
                                     std::shared_ptr<CommHook> hook, BucketView bucket,
-                                    trace::AsyncSpan span, std::shared_ptr<Reducer::Turn> previous,
-                                    std::shared_ptr<Reducer::Turn> mine) {
+                                    trace::AsyncSpan span, std::shared_ptr<ReductionTurn> previous,
+                                    std::shared_ptr<ReductionTurn> mine) {
   if (previous && !previous->done) {
     boost::system::error_code ignored;
     co_await previous->timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
   }
   struct Finish {
-    Reducer::Turn* turn;
+    ReductionTurn* turn;
     ~Finish() {
       if (turn != nullptr) {
         turn->done = true;
@@ -76,7 +72,7 @@ struct Reducer::Bucket {
   bool full = false;
   bool launched = false;
   std::optional<Future<void>> reduction;
-  std::shared_ptr<Turn> turn;  // with hooks that run one bucket at a time
+  std::shared_ptr<ReductionTurn> turn;  // with hooks that run one bucket at a time
   trace::AsyncSpan lifetime;   // "bucket": from full (every gradient in) to reduced
 
   Buffer slot(std::size_t position, std::size_t count) const {
@@ -441,11 +437,11 @@ void Reducer::launch_ready_buckets() {
                     .parameters = parameters_,
                     .combine = averaged_in_reduction(bucket) ? ReduceOp::avg : ReduceOp::sum,
                     .shadow = shadowing_};
-    std::shared_ptr<Turn> previous;
-    std::shared_ptr<Turn> mine;
+    std::shared_ptr<ReductionTurn> previous;
+    std::shared_ptr<ReductionTurn> mine;
     if (!hook_->single_collective()) {
       previous = next_launch_ > 0 ? buckets_[next_launch_ - 1]->turn : nullptr;
-      mine = std::make_shared<Turn>(comm_->runtime().executor());
+      mine = std::make_shared<ReductionTurn>(comm_->runtime().executor());
     }
     bucket.turn = mine;
     bucket.reduction = comm_->launch(

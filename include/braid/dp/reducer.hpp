@@ -141,7 +141,6 @@ class Reducer {
 
   // True between prepare_for_backward(sync = true) and the end of finalize().
   bool in_backward() const noexcept { return state_ == State::backward; }
-  struct Turn;  // (reducer.cpp) one bucket's reduction done, for hooks run one at a time
   std::size_t bucket_count() const;
   const BucketLayout& bucket(std::size_t index) const;
   bool buckets_rebuilt() const noexcept { return rebuilt_; }

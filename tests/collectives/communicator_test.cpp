@@ -1,5 +1,5 @@
 // The Communicator's collectives against serial references, on worlds of threads-as-ranks
-// (thread_ranks.hpp): every op, dtype and reduce op, awkward counts, in-place forms,
+// (tests/support/rank_threads.hpp): every op, dtype and reduce op, awkward counts, in-place forms,
 // operations in flight together, split communicators, and the errors for bad input.
 #include <array>
 #include <cstring>
@@ -25,7 +25,7 @@
 #include "../support/expect_error.hpp"
 #include "../support/scoped_env.hpp"
 #include "all_reduce_check.hpp"
-#include "thread_ranks.hpp"
+#include "../support/rank_threads.hpp"
 #include "typed_values.hpp"
 
 namespace braid::collectives {
@@ -33,8 +33,8 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::Mismatch;
-using testing::run_ranks;
-using testing::run_ranks_collecting;
+using braid::testing::run_ranks;
+using braid::testing::run_ranks_collecting;
 using testing::TypedVector;
 
 constexpr DType kAllDtypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16,
@@ -98,7 +98,7 @@ TEST_P(AllReduce, EveryAlgorithmDtypeAndOpMatchesTheSerialReference) {
 INSTANTIATE_TEST_SUITE_P(Worlds, AllReduce, ::testing::Values(1, 2, 3, 4, 8),
                          [](const auto& info) { return fmt::format("ranks{}", info.param); });
 
-// Ranks on pretend nodes (thread_ranks.hpp): 2 nodes x 2, uneven 2 + 1, round-robin
+// Ranks on pretend nodes (tests/support/rank_threads.hpp): 2 nodes x 2, uneven 2 + 1, round-robin
 // placement, and 3 nodes x 2.
 struct NodeLayout {
   const char* name;
@@ -959,6 +959,24 @@ TEST(BadInput, ArgumentErrorsAreThrownAtTheCallAndTakeNoPlaceInTheOrder) {
     braid::testing::expect_invalid_argument(
         [&] { (void)comm->all_to_all_v(Buffer(a), wrapping, Buffer(b), eight); },
         "the send counts add up to 18446744073709551615");
+    // all_gather_v's 8 + SIZE_MAX wraps around to 7, which would match a 7-element output.
+    const std::size_t max = std::numeric_limits<std::size_t>::max();
+    const std::vector<std::size_t> mine_then_max =
+        comm->rank() == 0 ? std::vector<std::size_t>{8, max} : std::vector<std::size_t>{max, 8};
+    braid::testing::expect_invalid_argument(
+        [&] { (void)comm->all_gather_v(Buffer(a), Buffer(b), mine_then_max); },
+        "the counts add up to 18446744073709551615");
+    // In place is this rank's block of the whole buffer; any other block that overlaps it
+    // (the other rank's, one straddling two) is refused, the first block included.
+    const std::size_t other = static_cast<std::size_t>(1 - comm->rank());
+    braid::testing::expect_invalid_argument(
+        [&] { (void)comm->reduce_scatter(Buffer(a), Buffer(a).slice(other * 4, 4), ReduceOp::sum); },
+        "overlap");
+    braid::testing::expect_invalid_argument(
+        [&] { (void)comm->all_gather(Buffer(a).slice(2, 4), Buffer(a)); }, "overlap");
+    braid::testing::expect_invalid_argument(
+        [&] { (void)comm->gather(Buffer(a).slice(other * 4, 4), Buffer(a), comm->rank()); },
+        "overlap");
     // Nothing above took a sequence number: the ranks are still in step.
     std::vector<float> ones(3, 1.0f);
     co_await comm->all_reduce(Buffer(ones), ReduceOp::sum);

@@ -21,7 +21,7 @@
 #include "../support/cuda_device.hpp"
 #include "../support/expect_error.hpp"
 #include "../support/spin_kernel.hpp"
-#include "thread_ranks.hpp"
+#include "../support/rank_threads.hpp"
 #include "typed_values.hpp"
 
 namespace braid::collectives {
@@ -87,7 +87,7 @@ class NcclCommunicatorTest : public ::testing::Test {
   // Runs `body` with a one-rank NCCL communicator on device 0.
   template <class Body>
   void with_nccl(Body body) {
-    testing::run_ranks(1, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    braid::testing::run_ranks(1, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
       auto nccl = co_await NcclCommunicator::create(*comm, 0, {.timeout = 60s});
       EXPECT_EQ(nccl->rank(), 0);
       EXPECT_EQ(nccl->size(), 1);
@@ -215,7 +215,7 @@ TEST_F(NcclCommunicatorTest, TheCommunicationStreamsGpuSpanOverlapsAComputeKerne
   trace::clear();
   std::vector<trace::Record> records;
   trace::Track compute_track{};
-  testing::run_ranks(1, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+  braid::testing::run_ranks(1, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
     CudaStream compute(0);
     auto nccl = co_await NcclCommunicator::create(
         *comm, 0, {.timeout = 60s, .compute_stream = compute.native()});

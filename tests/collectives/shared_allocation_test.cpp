@@ -1,5 +1,5 @@
 // Communicator::allocate_shared: memory every member on a node maps, and the collectives
-// that reach peers' buffers through it. Worlds of threads-as-ranks (thread_ranks.hpp):
+// that reach peers' buffers through it. Worlds of threads-as-ranks (tests/support/rank_threads.hpp):
 // every rank still maps the segment itself, as a process would.
 #include <atomic>
 #include <chrono>
@@ -23,7 +23,7 @@
 #include "../support/reduce_spans.hpp"
 #include "../support/scoped_env.hpp"
 #include "all_reduce_check.hpp"
-#include "thread_ranks.hpp"
+#include "../support/rank_threads.hpp"
 #include "typed_values.hpp"
 
 namespace braid::collectives {
@@ -31,7 +31,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::Mismatch;
-using testing::run_ranks;
+using braid::testing::run_ranks;
 using testing::TypedVector;
 
 Communicator::Options shared_memory_only() {
@@ -43,7 +43,7 @@ Communicator::Options shared_memory_only() {
 }
 
 // The names of the collective phases recorded while `body` ran on every rank.
-std::set<std::string> phases_recorded(int world, const testing::RankBody& body,
+std::set<std::string> phases_recorded(int world, const braid::testing::RankBody& body,
                                       Communicator::Options options,
                                       std::vector<int> node_of_rank = {}) {
   // Every op's steps, however small the op.
@@ -153,7 +153,7 @@ struct ReductionShares {
   std::uint64_t bytes = 0;
 };
 
-ReductionShares reduction_shares(int world, const testing::RankBody& body) {
+ReductionShares reduction_shares(int world, const braid::testing::RankBody& body) {
   const braid::testing::ScopedEnv every_step("BRAID_TRACE_STEPS_KIB", "0");
   trace::clear();
   trace::set_enabled(true);
@@ -176,7 +176,7 @@ constexpr std::size_t kSharedCount = 300007;  // f32: ~1.1 MiB, several pieces p
 // Rank `computing` (or every rank, with -1) says it computes, then all-reduces kSharedCount
 // floats, out of place and in place, checked against the reference: in memory from
 // allocate_shared, or in private memory (reached by cross-memory attach).
-testing::RankBody reduce_while_computing(int computing, bool shared = true) {
+braid::testing::RankBody reduce_while_computing(int computing, bool shared = true) {
   return [computing, shared](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
     // Not a co_await inside ?: (GCC 12 resumes such frames wrongly: architecture.md,
     // Known pitfalls).

@@ -17,7 +17,7 @@
 #include <braid/collectives/communicator.hpp>
 #include <braid/core/error.hpp>
 
-#include "thread_ranks.hpp"
+#include "../support/rank_threads.hpp"
 
 namespace braid::collectives {
 namespace {
@@ -233,7 +233,7 @@ Communicator::Options host_staging() {
 TEST(StagedCommunicator, EveryCollectiveOnCudaLabelledBuffersMatchesTheReference) {
   ASSERT_TRUE(kSmallChunks);
   for (int world : {2, 3}) {
-    testing::run_ranks(
+    braid::testing::run_ranks(
         world,
         [world](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
           const int r = comm->rank();
@@ -293,7 +293,7 @@ TEST(StagedCommunicator, EveryCollectiveOnCudaLabelledBuffersMatchesTheReference
 }
 
 TEST(StagedCommunicator, SendAndRecvStageAndAShortMessageLeavesTheRestOfTheBufferAlone) {
-  testing::run_ranks(
+  braid::testing::run_ranks(
       2,
       [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
         if (comm->rank() == 0) {
@@ -314,7 +314,7 @@ TEST(StagedCommunicator, RanksThatDisagreeOnWhereTheBuffersAreFailAsADesyncWithF
   Communicator::Options options = host_staging();
   options.check_fingerprints = true;
   options.timeout = std::chrono::seconds(10);
-  const auto failures = testing::run_ranks_collecting(
+  const auto failures = braid::testing::run_ranks_collecting(
       2,
       [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
         std::vector<float> values(1000, 1.0F);
@@ -335,7 +335,7 @@ TEST(StagedCommunicator, RanksThatDisagreeOnWhereTheBuffersAreFailAsADesyncWithF
 }
 
 TEST(StagedCommunicator, BuffersInDifferentPlacesAreRejectedAtTheCall) {
-  testing::run_ranks(
+  braid::testing::run_ranks(
       1,
       [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
         std::vector<float> host(4), device(4);

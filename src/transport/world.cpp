@@ -1,5 +1,5 @@
 #include <array>
-#include <charconv>
+#include <exception>
 #include <optional>
 #include <string>
 #include <unistd.h>
@@ -7,6 +7,9 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <fmt/format.h>
 
 #include <braid/core/config.hpp>
@@ -17,36 +20,18 @@
 #include <braid/transport/world.hpp>
 
 #include "clock_alignment.hpp"
+#include "join_wait.hpp"
 #include "ptrace_permission.hpp"
 #include "rank_claim.hpp"
+#include "world_keys.hpp"
 
 namespace braid::transport {
 namespace {
 
-std::string address_key(int rank) {
-  return fmt::format("braid/world/ucx_address/{}", rank);
-}
-std::string left_key(int rank) {
-  return fmt::format("braid/world/left/{}", rank);
-}
-std::string gone_key(int rank) {
-  return fmt::format("braid/world/gone/{}", rank);
-}
-// Every rank's will sets this key to its rank number; the first death wins.
-constexpr const char* kFailedKey = "braid/world/failed";
-
-Bytes decimal(int value) {
-  const std::string text = std::to_string(value);
-  return Bytes(text.begin(), text.end());
-}
-
-// The rank a will names, or -1 for bytes that are not one.
-int rank_in(const Bytes& value) {
-  const auto* first = reinterpret_cast<const char*>(value.data());
-  int rank = -1;
-  auto [end, error] = std::from_chars(first, first + value.size(), rank);
-  return error == std::errc() && end == first + value.size() ? rank : -1;
-}
+using detail::address_key;
+using detail::gone_key;
+using detail::kFailedKey;
+using detail::left_key;
 
 // A published address: the publishing rank's node (4 bytes, little-endian) and then its
 // UCX worker address.
@@ -126,14 +111,14 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   // A named argument, not a braced temporary: GCC 12 destroys a braced temporary passed
   // by value to a coroutine twice.
   StoreAddress store_address{.host = info.store_host, .port = store_port, .token = info.token};
-  world->store_ =
-      co_await StoreClient::connect(runtime.executor(), std::move(store_address), deadline);
+  world->store_ = co_await detail::connect_to_store(runtime.executor(), std::move(store_address),
+                                                    deadline, world->options_);
   // A second process given a rank already taken is refused here, before its will or its
   // address could stand in for the real rank's.
   co_await claim_rank(*world->store_, info.rank);
   // From here on this rank's death -- even one during the rest of the join -- is announced.
   std::string failed_key = kFailedKey;
-  Bytes will = decimal(info.rank);
+  Bytes will = detail::will_value(info.rank);
   co_await world->store_->set_will(std::move(failed_key), std::move(will));
 
   // Shared memory for small messages is safe now: the watcher (watch_peers) notices a
@@ -146,12 +131,12 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   // runs (hierarchical collectives need it) without another round of store traffic.
   co_await world->store_->set(address_key(info.rank),
                               with_node(info.node_rank, world->ucx_->address()));
-  std::vector<Bytes> addresses(static_cast<std::size_t>(info.world_size));
+  std::vector<Bytes> addresses =
+      co_await detail::await_addresses(*world->store_, info.world_size, deadline, world->options_);
   world->node_of_rank_.resize(static_cast<std::size_t>(info.world_size));
   for (int r = 0; r < info.world_size; ++r) {
-    Bytes published = co_await world->store_->get(address_key(r), deadline);
-    world->node_of_rank_[static_cast<std::size_t>(r)] = take_node(published, r);
-    addresses[static_cast<std::size_t>(r)] = std::move(published);
+    world->node_of_rank_[static_cast<std::size_t>(r)] =
+        take_node(addresses[static_cast<std::size_t>(r)], r);
   }
   world->ucx_->connect(addresses, info.rank);
   if (!trace_directory.empty()) co_await world->start_trace_output(trace_directory, deadline);
@@ -211,52 +196,112 @@ asio::awaitable<void> World::watch_peers(std::shared_ptr<PeerWatch> watch) {
     }
     co_return;
   }
-  const int dead = rank_in(failed);
-  if (dead == rank() || dead < 0 || dead >= size()) {
+  detail::Failure dead = detail::failure_in(failed);
+  if (dead.rank == rank()) co_return;  // this rank announced its own failure: it is leaving
+  if (dead.rank < 0 || dead.rank >= size()) {
     log::warn("the store's '{}' holds {} bytes that name no other rank; not watching peers",
               kFailedKey, failed.size());
     co_return;
   }
-  std::string reason = "its store connection closed (process exited or was killed)";
-  ucx_->fail_peer(dead, std::move(reason));
+  ucx_->fail_peer(dead.rank, std::move(dead.why));
 }
 
-// Two phases. (1) Every rank waits until every rank has started leaving: a rank that
-// tore its UCX worker down while a slower peer was still connecting to it (endpoints are
-// created eagerly) or still draining its messages would fail that peer. (2) Rank 0, whose
-// runtime serves the store, keeps serving until every rank has seen phase 1 complete.
-asio::awaitable<void> World::leave() {
-  const Deadline deadline = deadline_after(options_.leave_timeout);
-  auto all_keys = [this](std::string (*key)(int)) {
-    std::vector<std::string> keys;
-    for (int r = 0; r < size(); ++r) keys.push_back(key(r));
-    return keys;
+asio::awaitable<void> World::wait_for_live_ranks(std::string (*key_of)(int), Deadline deadline) {
+  // Touched only on the runtime thread. A store wait cannot be withdrawn, so one a failure
+  // overtook runs on to its end unheeded (`round` tells it apart).
+  struct Waiting {
+    explicit Waiting(const asio::any_io_executor& e) : wake(e) {}
+    asio::steady_timer wake;  // cancelled by a peer's failure or the current wait's end
+    int round = 0;            // the current wait
+    bool finished = false;    // it ended
+    std::exception_ptr error;
   };
-  // Withdrawn before the barrier, so that a clean exit never reads as a death: past it,
-  // ranks close their store connections (and rank 0 its store).
-  co_await store_->clear_will();
+  const asio::any_io_executor executor = runtime_.executor();
+  auto waiting = std::make_shared<Waiting>(executor);
+  // UcxWorker's listeners hear every detector: UCX, the watcher's wills and announcements.
+  const std::uint64_t listener = ucx_->add_peer_failure_listener(
+      [waiting](int, const std::string&) { waiting->wake.cancel(); });
+  struct Unlisten {
+    UcxWorker& ucx;
+    std::uint64_t id;
+    ~Unlisten() { ucx.remove_peer_failure_listener(id); }
+  } unlisten{*ucx_, listener};
+  for (;;) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank() || !ucx_->peer_failure(r)) keys.push_back(key_of(r));
+    }
+    const int round = ++waiting->round;
+    waiting->finished = false;
+    asio::co_spawn(executor, store_->wait(std::move(keys), deadline),
+                   [waiting, round](std::exception_ptr error) {
+                     if (waiting->round != round) return;
+                     waiting->finished = true;
+                     waiting->error = error;
+                     waiting->wake.cancel();
+                   });
+    waiting->wake.expires_at(Clock::time_point::max());
+    boost::system::error_code ignored;
+    co_await waiting->wake.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+    if (!waiting->finished) continue;  // a rank failed: wait again, for those still alive
+    if (waiting->error) std::rethrow_exception(waiting->error);
+    co_return;
+  }
+}
+
+// Two phases. (1) Every live rank waits until every live rank has started leaving: a
+// rank that tore its UCX worker down while a slower peer was still connecting to it
+// (endpoints are created eagerly) or still draining its messages would fail that peer.
+// (2) Rank 0, whose runtime serves the store, keeps serving until every live rank has seen
+// phase 1 complete. A rank known to have failed is waited for in neither: it will never
+// come, and waiting for it would keep every survivor for the whole leave timeout.
+asio::awaitable<void> World::leave(bool after_error) {
+  const Deadline deadline = deadline_after(options_.leave_timeout);
   // Named arguments, not braced temporaries, in co_await (the GCC 12 pitfall; see
   // async_join).
   Bytes no_value;
+  if (after_error) {
+    // Peers still waiting on this rank in a collective learn now that it will never come,
+    // as they would from its will had it died. The first failure keeps the key.
+    std::string key = kFailedKey;
+    Bytes announcement = detail::announcement(
+        rank(), "it left the job through an error (its own output says which)");
+    co_await store_->compare_set(std::move(key), no_value, std::move(announcement));
+  }
+  // Withdrawn before the barrier, so that a clean exit never reads as a death: past it,
+  // ranks close their store connections (and rank 0 its store).
+  co_await store_->clear_will();
   co_await store_->set(left_key(rank()), no_value);
-  co_await store_->wait(all_keys(&left_key), deadline);
+  // The watcher runs on through phase 1: a rank that dies now is a failure, and its will
+  // stops the wait for it.
+  co_await wait_for_live_ranks(&left_key, deadline);
+  watch_->stopped = true;
   co_await store_->set(gone_key(rank()), no_value);
-  if (rank() == 0) co_await store_->wait(all_keys(&gone_key), deadline);
+  if (rank() == 0) co_await wait_for_live_ranks(&gone_key, deadline);
 }
 
 World::~World() {
-  // The watcher stops first: from here on, ranks leaving and the store closing are
-  // expected, not failures.
-  runtime_.run([this] { watch_->stopped = true; });
+  // Destroyed while an exception unwinds: the program is leaving through an error.
+  const bool after_error = std::uncaught_exceptions() > 0;
   // Only when the world finished joining (a failed join never reaches here) and we are
   // not on the runtime thread, where waiting would deadlock.
   if (store_ && !runtime_.on_runtime_thread()) {
     try {
-      runtime_.spawn(leave()).get();
+      runtime_.spawn(leave(after_error)).get();
     } catch (const std::exception& e) {
-      log::warn("leaving the world: {}", e.what());
+      // A dead rank 0 took the store with it: the failure was reported already.
+      const bool store_gone =
+          rank() != 0 && runtime_.run([this] { return ucx_->peer_failure(0).has_value(); });
+      if (store_gone) {
+        log::debug("leaving the world without rank 0's store: {}", e.what());
+      } else {
+        log::warn("leaving the world: {}", e.what());
+      }
     }
   }
+  // The watcher stops, if leaving has not stopped it: from here on, ranks leaving and the
+  // store closing are expected, not failures.
+  runtime_.run([this] { watch_->stopped = true; });
   // Destroy in reverse order of use: endpoints first, then the store client, then the
   // server other ranks may have been reading from until the leave barrier.
   ucx_.reset();

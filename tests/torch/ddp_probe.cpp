@@ -1,10 +1,15 @@
-// A DDP training loop as one rank of a braid-run job, for the process tests of what a
-// rank's death does to the others (ddp_process_test.cpp). Usage:
+// A DDP training loop as one rank of a job, under braid-run or started by hand, for the
+// process tests of what a rank's death does to the others (ddp_process_test.cpp). It
+// leaves the World with the default leave timeout, so a survivor that waited on a dead
+// peer would show as a slow exit. Usage:
 //   ddp_probe backward D   every rank trains; at step 2 rank D kills itself (SIGKILL) in
 //                          the middle of backward, when its first layer's gradient is
 //                          computed (its earlier buckets launched, the last not)
 //   ddp_probe joined D     rank 0 has no batch and waits in join(); rank D (not 0) trains
 //                          two steps and kills itself before the third forward
+//   ddp_probe train        every rank trains 100,000 steps, rank 0 printing "step N" on
+//                          stdout after each: a test kills a rank from outside, at a moment
+//                          of its choosing
 // A survivor whose DDP call fails prints "rank R saw: <what>" on stderr, then tries one more
 // step and prints "rank R then: <what>" for the error that refuses it, and exits 3; one
 // that never sees a failure says so and exits 1; other errors exit 2. Survivors ignore
@@ -22,8 +27,6 @@
 
 namespace {
 
-using namespace std::chrono_literals;
-
 struct NetImpl : torch::nn::Module {
   NetImpl() {
     fc1 = register_module("fc1", torch::nn::Linear(64, 256));
@@ -38,27 +41,26 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 int usage() {
-  std::cerr << "usage: ddp_probe backward|joined DOOMED_RANK\n";
+  std::cerr << "usage: ddp_probe backward|joined DOOMED_RANK, or ddp_probe train\n";
   return 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string mode = argc > 2 ? argv[1] : "";
-  if (mode != "backward" && mode != "joined") return usage();
-  const int doomed = std::stoi(argv[2]);
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "train" ? argc != 2 : (mode != "backward" && mode != "joined") || argc != 3) {
+    return usage();
+  }
+  const int doomed = mode == "train" ? -1 : std::stoi(argv[2]);
   std::signal(SIGTERM, SIG_IGN);
   try {
     torch::set_num_threads(1);
     braid::Runtime runtime;
-    braid::transport::World::Options options;
-    options.leave_timeout = 2s;  // a dead peer never leaves; don't wait long for it
-    auto world =
-        braid::transport::World::join(runtime, braid::transport::parse_launch_env(), options);
+    auto world = braid::transport::World::join(runtime);
     auto comm = braid::collectives::Communicator::world(*world);
     const int rank = comm->rank();
-    if (doomed <= 0 || doomed >= comm->size()) return usage();
+    if (mode != "train" && (doomed <= 0 || doomed >= comm->size())) return usage();
     Net net;
     braid::torch::DistributedDataParallelOptions ddp_options;
     // Small buckets: several in flight when the doomed rank dies.
@@ -74,12 +76,13 @@ int main(int argc, char** argv) {
     }
     try {
       if (mode == "joined") ddp.allow_uneven_inputs();
-      const int steps = mode == "joined" && rank == 0 ? 0 : 100;
+      const int steps = mode == "train" ? 100'000 : mode == "joined" && rank == 0 ? 0 : 100;
       for (int step = 0; step < steps; ++step) {
         if (mode == "joined" && rank == doomed && step == 2) std::raise(SIGKILL);
         opt.zero_grad();
         torch::mse_loss(ddp.forward(torch::randn({32, 64})), torch::randn({32, 1})).backward();
         opt.step();
+        if (mode == "train" && rank == 0) std::cout << "step " << step << std::endl;
       }
       if (mode == "joined") ddp.join();
     } catch (const std::exception& e) {
@@ -94,7 +97,7 @@ int main(int argc, char** argv) {
       }
       return 3;
     }
-    std::cerr << "rank " << rank << ": training went on after rank " << doomed << " was killed\n";
+    std::cerr << "rank " << rank << ": training went on after a rank was killed\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";

@@ -5,12 +5,16 @@
 //   host-dies-after-ready  rank 1 tells rank 0 it is ready, then waits for a second
 //                     message; rank 0, which serves the store, kills itself on hearing it.
 //   fail-after-join   rank 1 exits with code 3; rank 0 waits for a message that never comes.
+//   throw-after-join  rank 1 throws past its World (leaving through an error); rank 0 waits
+//                     for a message that never comes.
 //   join              joins and leaves.
-// Errors are printed as "error: <what>" on stderr, with exit code 3.
+// Errors are printed as "error: <what>" on stderr, with exit code 3. The World leaves with
+// its default leave timeout, so a survivor that waited on a dead peer shows as a slow exit.
 #include <braid/braid.hpp>
 
 #include <csignal>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -56,16 +60,16 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "join";
   try {
     braid::Runtime runtime;
-    braid::transport::World::Options options;
-    options.leave_timeout = 2s;  // a dead peer never leaves; don't wait long for it
-    auto world = braid::transport::World::join(runtime, braid::transport::parse_launch_env(),
-                                               options);
+    auto world = braid::transport::World::join(runtime);
     if (mode == "die-after-ready") {
       runtime.spawn(die_after_ready(*world)).get();
     } else if (mode == "host-dies-after-ready") {
       runtime.spawn(host_dies_after_ready(*world)).get();
     } else if (mode == "fail-after-join") {
       if (world->rank() == 1) std::_Exit(3);
+      runtime.spawn(wait_forever_on_rank_zero(*world)).get();
+    } else if (mode == "throw-after-join") {
+      if (world->rank() == 1) throw std::runtime_error("rank 1 gave up");
       runtime.spawn(wait_forever_on_rank_zero(*world)).get();
     }
     std::cout << "rank " << world->rank() << " done\n";

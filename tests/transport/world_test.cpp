@@ -78,6 +78,99 @@ TEST(WorldProcesses, AKilledStoreHostFailsItsPeersPendingReceiveNamingRankZero) 
   EXPECT_LT(survivor.elapsed, 20s);
 }
 
+// A rank leaving through an error (an exception past its World) announces its failure:
+// a peer waiting on it learns at once, rather than at its deadline (60 s here).
+TEST(WorldProcesses, ARankLeavingThroughAnErrorFailsItsPeersWaitAtOnceNamingIt) {
+  const auto port = find_free_port();
+  ChildProcess rank0({probe(), "throw-after-join"}, rank_env(0, 2, port), 40s);
+  ChildProcess rank1({probe(), "throw-after-join"}, rank_env(1, 2, port), 40s);
+  auto failing = rank1.wait();
+  auto survivor = rank0.wait();
+  EXPECT_EQ(failing.status, 3) << failing.err;
+  EXPECT_THAT(failing.err, HasSubstr("error: rank 1 gave up"));
+  EXPECT_EQ(survivor.status, 3) << survivor.out << survivor.err;
+  EXPECT_THAT(survivor.err, HasSubstr("rank 0: recv (peer rank 1"));
+  EXPECT_THAT(survivor.err, HasSubstr("peer failed: it left the job through an error"));
+  EXPECT_LT(survivor.elapsed, 10s);
+}
+
+// Without a launcher nobody knows a rank that never reached the store is dead: the others
+// say whom they wait for while they wait, and the error at the deadline names the ranks
+// and BRAID_TIMEOUT.
+TEST(WorldProcesses, RanksThatNeverJoinAreNamedWhileWaitingAndWithBraidTimeoutAtTheEnd) {
+  const auto port = find_free_port();
+  Env env = rank_env(0, 3, port);
+  env["BRAID_TIMEOUT"] = "3";
+  auto alone = ChildProcess({probe(), "join"}, env).wait();
+  EXPECT_EQ(alone.status, 3) << alone.err;
+  EXPECT_THAT(alone.err, HasSubstr("waiting for rank(s) 1-2 of 3 to join"));
+  EXPECT_THAT(alone.err, HasSubstr("ranks 1-2 of 3 never joined"));
+  EXPECT_THAT(alone.err, HasSubstr("within BRAID_TIMEOUT=3 s"));
+  EXPECT_LT(alone.elapsed, 10s);
+  // Rank 0 never came, so neither did its store.
+  env = rank_env(1, 3, find_free_port());
+  env["BRAID_TIMEOUT"] = "3";
+  alone = ChildProcess({probe(), "join"}, env).wait();
+  EXPECT_EQ(alone.status, 3) << alone.err;
+  EXPECT_THAT(alone.err, HasSubstr("still waiting for rank 0's store"));
+  EXPECT_THAT(alone.err, HasSubstr("rank 0 never served the store"));
+  EXPECT_THAT(alone.err, HasSubstr("BRAID_TIMEOUT=3 s"));
+  EXPECT_LT(alone.elapsed, 10s);
+}
+
+// braid-run sees its child die, wherever it was: a rank killed before it reached the store
+// stops the job at once, named with its signal, not after BRAID_TIMEOUT (60 s here).
+TEST(WorldProcesses, BraidRunNamesARankKilledBeforeItJoinedAndStopsTheJob) {
+  auto result =
+      run_child({braid_run(), "-n", "2", "/bin/bash", "-c",
+                 "if [ \"$BRAID_RANK\" = 1 ]; then kill -9 $$; fi; exec \"$0\" join", probe()},
+                {{"BRAID_TIMEOUT", "60"}});
+  EXPECT_EQ(result.status, 128 + SIGKILL) << result.err;
+  EXPECT_THAT(result.err, HasSubstr("braid-run: rank 1 (pid "));
+  EXPECT_THAT(result.err, HasSubstr("was killed by signal 9 (SIGKILL)"));
+  EXPECT_LT(result.elapsed, 10s) << result.err;
+}
+
+// A rank that reached the store and died before publishing its address: its will fires,
+// and the ranks waiting for its address fail at once naming it. (A store client with the
+// rank's will stands in for the dying rank.)
+TEST(WorldThreads, ARankThatDiesAfterReachingTheStoreFailsTheJoinAtOnce) {
+  const auto port = find_free_port();
+  const LaunchInfo launch{.rank = 0,
+                          .world_size = 2,
+                          .local_rank = 0,
+                          .local_world_size = 2,
+                          .store_host = "127.0.0.1",
+                          .store_port = port,
+                          .token = "wills",
+                          .source = "test"};
+  Runtime runtime({.rank = 0});
+  World::Options options;
+  options.join_timeout = 30s;
+  auto joining =
+      std::async(std::launch::async, [&] { return World::join(runtime, launch, options); });
+  Runtime other({.rank = 1});
+  other
+      .spawn([](asio::any_io_executor executor, std::uint16_t port) -> asio::awaitable<void> {
+        StoreAddress address{.host = "127.0.0.1", .port = port, .token = "wills"};
+        auto store =
+            co_await StoreClient::connect(executor, std::move(address), deadline_after(10s));
+        std::string key = "braid/world/failed";
+        Bytes rank{'1'};
+        co_await store->set_will(std::move(key), std::move(rank));
+      }(other.executor(), port))
+      .get();  // the client and its connection are gone: the will fires
+  const auto started = Clock::now();
+  try {
+    joining.get();
+    ADD_FAILURE() << "rank 0 joined without rank 1";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::peer_failed) << e.what();
+    EXPECT_THAT(e.what(), HasSubstr("rank 1 failed while the job was joining"));
+  }
+  EXPECT_LT(Clock::now() - started, 10s);
+}
+
 TEST(WorldProcesses, ARankFailingAfterJoinStopsTheOthersAndBraidRunNamesIt) {
   auto result =
       run_child({braid_run(), "-n", "2", "--timeout", "60", probe(), "fail-after-join"});

@@ -17,9 +17,21 @@
 // destructor writes rank-<r>.trace.json there once the ranks have left.
 //
 // Leaving: the destructor is a barrier (bounded by Options::leave_timeout). No rank tears
-// its UCX worker down until every rank has started leaving, so a slower peer never finds
-// it gone while still connecting or receiving, and rank 0 serves the store until every
-// rank is past the barrier. A rank that died is not waited for past the bound.
+// its UCX worker down until every live rank has started leaving, so a slower peer never
+// finds it gone while still connecting or receiving, and rank 0 serves the store until
+// every live rank is past the barrier. A rank known to have failed (UCX saw it go, its
+// store will fired, or it announced its own failure) is not waited for, and one that
+// fails during the wait stops being waited for then.
+//
+// Failures: a World destroyed while an exception unwinds (the program is leaving through
+// an error) announces this rank's failure in the store before the barrier, so peers
+// still waiting on it in a collective fail at once, naming it, rather than at their
+// deadline. A rank that dies is announced by its store will.
+//
+// Joining waits for every rank's address until Options::join_timeout (BRAID_TIMEOUT):
+// meanwhile it logs which ranks have not arrived, and at the deadline names them and the
+// setting. A rank that reached the store and died before publishing its address fails
+// the join at once, by its will.
 #pragma once
 
 #include <chrono>
@@ -46,7 +58,7 @@ struct WorldOptions {
   // How long joining may take: ranks start in any order, so rank 1 may wait for rank
   // 0's store to come up. nullopt: BRAID_TIMEOUT.
   std::optional<Clock::duration> join_timeout;
-  // How long the destructor waits for the other ranks to leave.
+  // How long the destructor waits for the other live ranks to leave.
   Clock::duration leave_timeout = std::chrono::seconds(30);
   UcxWorker::Options ucx;
 };
@@ -57,7 +69,8 @@ class World {
 
   // Joins the job described by `launch` (default: parse_launch_env()). Throws braid::Error:
   // invalid_environment from parsing, timeout when the store or a peer's address does not
-  // appear in time, refused for a wrong BRAID_TOKEN.
+  // appear in time (naming the ranks and the setting), peer_failed when a rank dies while
+  // the job joins, refused for a wrong BRAID_TOKEN.
   static std::unique_ptr<World> join(Runtime& runtime, const LaunchInfo& launch,
                                      Options options = {});
   static std::unique_ptr<World> join(Runtime& runtime) {
@@ -103,7 +116,11 @@ class World {
   struct PeerWatch;
 
   World(Runtime& runtime, LaunchInfo launch, Options options);
-  asio::awaitable<void> leave();
+  // The barrier above; `after_error`: announce this rank's failure first.
+  asio::awaitable<void> leave(bool after_error);
+  // Waits until `key_of(r)` is set for every rank r not known to have failed, re-counting
+  // the ranks when one fails meanwhile.
+  asio::awaitable<void> wait_for_live_ranks(std::string (*key_of)(int), Deadline deadline);
   // BRAID_TRACE: measures the clock offset against rank 0 and sets the trace output.
   asio::awaitable<void> start_trace_output(std::string directory, Deadline deadline);
   // Waits for a rank's will to fire and fails that rank; see "Dead peers" above. Touches

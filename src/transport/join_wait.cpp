@@ -1,0 +1,194 @@
+#include "join_wait.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <braid/core/error.hpp>
+#include <braid/core/log.hpp>
+#include <braid/transport/bootstrap.hpp>
+
+#include "world_keys.hpp"
+
+namespace braid::transport::detail {
+namespace {
+
+// "1, 3-5, 9": the ranks as runs, and past `shown` runs how many ranks more.
+std::string list_ranks(const std::vector<int>& ranks, std::size_t shown = 16) {
+  std::string text;
+  std::size_t runs = 0;
+  std::size_t i = 0;
+  while (i < ranks.size() && runs < shown) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (runs++ > 0) text += ", ";
+    text += j == i ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]);
+    i = j + 1;
+  }
+  if (i < ranks.size()) text += fmt::format(" and {} more", ranks.size() - i);
+  return text;
+}
+
+// What bounds the join, for messages: the program's join timeout or BRAID_TIMEOUT.
+std::string join_bound(const WorldOptions& options, Clock::duration timeout) {
+  const double seconds = std::chrono::duration<double>(timeout).count();
+  return options.join_timeout ? fmt::format("the join timeout of {:g} s", seconds)
+                              : fmt::format("BRAID_TIMEOUT={:g} s", seconds);
+}
+
+// How often a join still waiting says for whom: every 10 s, or three times within a
+// shorter timeout, so a short BRAID_TIMEOUT still shows progress before it fails.
+Clock::duration report_interval(Clock::duration timeout) {
+  return std::min<Clock::duration>(std::chrono::seconds(10), timeout / 3);
+}
+
+// Says every `every` that this rank still waits for the store, until `done`.
+struct StoreWaitReport {
+  explicit StoreWaitReport(const asio::any_io_executor& e) : timer(e) {}
+  asio::steady_timer timer;  // cancelled when done
+  bool done = false;
+};
+
+asio::awaitable<void> report_store_wait(std::shared_ptr<StoreWaitReport> report, std::string where,
+                                        Clock::duration every) {
+  const auto started = Clock::now();
+  while (!report->done) {
+    report->timer.expires_after(every);
+    boost::system::error_code ignored;
+    co_await report->timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+    if (report->done) break;
+    log::warn("still waiting for rank 0's store at {} ({:.1f} s so far)", where,
+              std::chrono::duration<double>(Clock::now() - started).count());
+  }
+}
+
+}  // namespace
+
+asio::awaitable<std::unique_ptr<StoreClient>> connect_to_store(asio::any_io_executor executor,
+                                                               StoreAddress address,
+                                                               Deadline deadline,
+                                                               const WorldOptions& options) {
+  const Clock::duration timeout = options.join_timeout.value_or(default_timeout());
+  const std::string where = format_host_port(address.host, address.port);
+  auto report = std::make_shared<StoreWaitReport>(executor);
+  asio::co_spawn(executor, report_store_wait(report, where, report_interval(timeout)),
+                 asio::detached);
+  struct Stop {
+    StoreWaitReport& report;
+    ~Stop() {
+      report.done = true;
+      report.timer.cancel();
+    }
+  } stop{*report};
+  try {
+    co_return co_await StoreClient::connect(executor, std::move(address), deadline);
+  } catch (const Error& e) {
+    if (e.code() != Errc::timeout) throw;
+    throw Error(Errc::timeout,
+                fmt::format("rank 0 never served the store: {} (bounded by {})", e.detail(),
+                            join_bound(options, timeout)),
+                e.context());
+  }
+}
+
+asio::awaitable<std::vector<Bytes>> await_addresses(StoreClient& store, int world_size,
+                                                    Deadline deadline,
+                                                    const WorldOptions& options) {
+  const Clock::duration timeout = options.join_timeout.value_or(default_timeout());
+  const std::string bound = join_bound(options, timeout);
+  const asio::any_io_executor executor = co_await asio::this_coro::executor;
+  // Touched only on the runtime thread, by this coroutine and the gets' completions.
+  struct Arrivals {
+    Arrivals(const asio::any_io_executor& e, int n)
+        : wake(e), addresses(static_cast<std::size_t>(n)) {}
+    asio::steady_timer wake;  // cancelled by every completion
+    std::vector<std::optional<Bytes>> addresses;
+    int outstanding = 0;          // address gets not finished
+    std::exception_ptr failure;   // the first get that failed other than by timing out
+    std::optional<Bytes> failed;  // the failure key, once set
+  };
+  auto arrivals = std::make_shared<Arrivals>(executor, world_size);
+  for (int r = 0; r < world_size; ++r) {
+    ++arrivals->outstanding;
+    asio::co_spawn(executor, store.get(address_key(r), deadline),
+                   [arrivals, r](std::exception_ptr error, Bytes value) {
+                     --arrivals->outstanding;
+                     if (!error) {
+                       arrivals->addresses[static_cast<std::size_t>(r)] = std::move(value);
+                     } else if (!arrivals->failure) {
+                       try {
+                         std::rethrow_exception(error);
+                       } catch (const Error& e) {
+                         if (e.code() != Errc::timeout) arrivals->failure = error;
+                       } catch (...) {
+                         arrivals->failure = error;
+                       }
+                     }
+                     arrivals->wake.cancel();
+                   });
+  }
+  // Outlives the join when nobody dies; its completion touches only `arrivals`.
+  asio::co_spawn(executor, store.get(kFailedKey, deadline),
+                 [arrivals](std::exception_ptr error, Bytes value) {
+                   if (!error) arrivals->failed = std::move(value);
+                   arrivals->wake.cancel();
+                 });
+  auto missing = [&arrivals] {
+    std::vector<int> ranks;
+    for (std::size_t r = 0; r < arrivals->addresses.size(); ++r) {
+      if (!arrivals->addresses[r]) ranks.push_back(static_cast<int>(r));
+    }
+    return ranks;
+  };
+  const auto started = Clock::now();
+  const Clock::duration every = report_interval(timeout);
+  auto next_report = started + every;
+  while (arrivals->outstanding > 0 && !arrivals->failure && !arrivals->failed) {
+    arrivals->wake.expires_at(next_report);
+    boost::system::error_code ignored;
+    co_await arrivals->wake.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+    if (const auto now = Clock::now(); now >= next_report && now < deadline) {
+      const std::vector<int> absent = missing();
+      if (!absent.empty()) {
+        log::warn("waiting for rank(s) {} of {} to join ({:.1f} s of {})", list_ranks(absent),
+                  world_size, std::chrono::duration<double>(now - started).count(), bound);
+      }
+      next_report = now + every;
+    }
+  }
+  if (arrivals->failed) {
+    const Failure dead = failure_in(*arrivals->failed);
+    throw Error(Errc::peer_failed,
+                fmt::format("rank {} failed while the job was joining: {}", dead.rank, dead.why),
+                {.peer = dead.rank, .operation = "World::join"});
+  }
+  if (arrivals->failure) std::rethrow_exception(arrivals->failure);
+  if (const std::vector<int> absent = missing(); !absent.empty()) {
+    const bool one = absent.size() == 1;
+    throw Error(
+        Errc::timeout,
+        fmt::format("{} {} of {} never joined: {} ('{}'{}) {} not in the store within "
+                    "{}; {} started, with this job's BRAID_STORE and BRAID_TOKEN?",
+                    one ? "rank" : "ranks", list_ranks(absent), world_size,
+                    one ? "its address" : "their addresses", address_key(absent.front()),
+                    one ? "" : ", ...", one ? "was" : "were", bound, one ? "was it" : "were they"),
+        {.operation = "World::join"});
+  }
+  std::vector<Bytes> addresses;
+  for (auto& address : arrivals->addresses) addresses.push_back(std::move(*address));
+  co_return addresses;
+}
+
+}  // namespace braid::transport::detail

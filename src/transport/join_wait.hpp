@@ -1,0 +1,38 @@
+// Joining's two waits, each saying whom it waits for: for rank 0's store, and for every
+// rank's address. Ranks start in any order and a launcher-less job has no one else to tell
+// a dead rank from a slow one, so while a wait goes on it logs (warn) every 10 s, or three
+// times within a shorter timeout, which ranks have not arrived; when it times out, its
+// error names them and the setting that bounded it (BRAID_TIMEOUT, or the program's
+// WorldOptions::join_timeout).
+//
+// Cost: one store get per rank, all outstanding at once, and one on the failure key.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include <braid/core/deadline.hpp>
+#include <braid/transport/store.hpp>
+#include <braid/transport/world.hpp>
+
+namespace braid::transport::detail {
+
+// StoreClient::connect, reporting while it retries. Its timeout is Errc::timeout naming
+// rank 0, which serves the store. `options` outlive the wait.
+asio::awaitable<std::unique_ptr<StoreClient>> connect_to_store(asio::any_io_executor executor,
+                                                               StoreAddress address,
+                                                               Deadline deadline,
+                                                               const WorldOptions& options);
+
+// Every rank's published address (address_key), in rank order, waiting for the ranks still
+// joining. A will firing meanwhile (a rank that reached the store died) ends the wait at
+// once with Errc::peer_failed naming that rank; at `deadline`, Errc::timeout names the
+// ranks still missing. A broken store connection is thrown as the store reports it.
+// `store` and `options` outlive the wait.
+asio::awaitable<std::vector<Bytes>> await_addresses(StoreClient& store, int world_size,
+                                                    Deadline deadline, const WorldOptions& options);
+
+}  // namespace braid::transport::detail

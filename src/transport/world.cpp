@@ -101,8 +101,12 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
 
   std::uint16_t store_port = info.store_port;
   if (info.rank == 0) {
+    // The store serves on a thread of its own, so what its clients send (strangers
+    // included) never queues ahead of this rank's communication on the runtime thread.
+    world->store_runtime_ =
+        std::make_unique<Runtime>(Runtime::Options{.rank = info.rank, .thread_name = "braid-store"});
     world->server_ = std::make_unique<StoreServer>(
-        runtime, StoreServer::Options{.host = listen_host_for(info.store_host),
+        *world->store_runtime_, StoreServer::Options{.host = listen_host_for(info.store_host),
                                       .port = info.store_port,
                                       .token = info.token});
     store_port = world->server_->port();
@@ -307,6 +311,7 @@ World::~World() {
   ucx_.reset();
   store_.reset();
   server_.reset();
+  store_runtime_.reset();
   if (writes_trace_) {
     try {
       trace::write();

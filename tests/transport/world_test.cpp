@@ -6,7 +6,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -244,6 +247,35 @@ TEST(WorldThreads, ThreeRanksAsThreadsExchangeMessagesThroughTheWorld) {
   }
   for (auto& t : ranks) t.join();
   EXPECT_EQ(received, (std::vector<std::int64_t>{102, 100, 101}));
+}
+
+// The names of this process's threads (/proc/self/task/*/comm), one per thread.
+std::vector<std::string> thread_names() {
+  std::vector<std::string> names;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    names.push_back(name);
+  }
+  return names;
+}
+
+TEST(WorldThreads, RankZeroServesTheStoreOnAThreadOfItsOwnNotItsRuntimes) {
+  // What strangers send the store must not queue ahead of rank 0's communication.
+  const auto port = find_free_port();
+  const auto store_threads = [] {
+    const auto names = thread_names();
+    return std::count(names.begin(), names.end(), "braid-store");
+  };
+  const auto before = store_threads();
+  {
+    Runtime runtime({.rank = 0});
+    auto world = World::join(runtime, LaunchInfo{.rank = 0, .world_size = 1, .store_host = "127.0.0.1",
+                                                 .store_port = port, .source = "test"});
+    EXPECT_EQ(store_threads(), before + 1);
+  }
+  EXPECT_EQ(store_threads(), before) << "the store's thread ends with the World";
 }
 
 TEST(WorldThreads, ASecondClaimantOfATakenRankIsRefusedAtJoinAndTheWorldCarriesOn) {

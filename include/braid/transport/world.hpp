@@ -1,5 +1,6 @@
 // World: this process's place in a job. Joining reads what the launcher left in the
-// environment (bootstrap.hpp), serves the rendezvous store on rank 0 (store.hpp), connects
+// environment (bootstrap.hpp), serves the rendezvous store on rank 0 (store.hpp, on a
+// thread of its own, "braid-store"), connects
 // to it, publishes this rank's UCX address and connects a UCX worker to every rank
 // (ucx_worker.hpp). It is the one object a program needs before it can talk to its peers.
 //
@@ -130,7 +131,8 @@ class World {
   Runtime& runtime_;
   LaunchInfo launch_;
   Options options_;
-  std::unique_ptr<StoreServer> server_;  // rank 0 only
+  std::unique_ptr<Runtime> store_runtime_;  // rank 0 only: the store's own thread
+  std::unique_ptr<StoreServer> server_;     // rank 0 only, served on store_runtime_
   std::unique_ptr<StoreClient> store_;
   std::unique_ptr<UcxWorker> ucx_;
   std::shared_ptr<PeerWatch> watch_;  // shared with watch_peers(), which may outlive us

@@ -1,4 +1,5 @@
-// One checked call to a collective, from its Communicator entry point to its algorithm.
+// One call to a collective, as its entry point describes it: the checks both communicators
+// share read it (call_checks.hpp), and Communicator carries it on to its algorithm.
 #pragma once
 
 #include <cstddef>

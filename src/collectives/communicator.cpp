@@ -1,6 +1,7 @@
-// The Communicator's entry points check their arguments, take a sequence number and hand
-// a CollectiveCall to run(), which exchanges fingerprints (BRAID_DEBUG=detail), runs the
-// selected algorithm and puts the operation's name on any error.
+// The Communicator's entry points describe their call in a CollectiveCall; submit() checks
+// it (call_checks.hpp), takes a sequence number and hands it to run(), which exchanges
+// fingerprints (BRAID_DEBUG=detail), runs the selected algorithm and puts the operation's
+// name on any error.
 #include <algorithm>
 #include <limits>
 #include <numeric>
@@ -16,6 +17,7 @@
 #include <braid/transport/world.hpp>
 
 #include "algorithms/algorithms.hpp"
+#include "call_checks.hpp"
 #include "collective_call.hpp"
 #include "collective_op.hpp"
 #include "communicator_ids.hpp"
@@ -35,17 +37,6 @@ using detail::CollectiveOp;
 using detail::Message;
 
 namespace {
-
-// The sum of counts, or SIZE_MAX where it would wrap around: no buffer holds that many
-// elements, so the size checks that compare with it fail instead of passing on a wrapped
-// sum (which would send the shared-memory paths outside the buffers).
-std::size_t sum_of_counts(std::span<const std::size_t> counts) {
-  std::size_t sum = 0;
-  for (const std::size_t count : counts) {
-    if (__builtin_add_overflow(sum, count, &sum)) return std::numeric_limits<std::size_t>::max();
-  }
-  return sum;
-}
 
 // Span names are the kinds' own names, interned once (intern() locks; a span must not).
 trace::Name span_name(CollectiveKind kind) {
@@ -74,67 +65,6 @@ bool fingerprints_from_environment() {
               fmt::format("BRAID_DEBUG='{}': expected off or detail", value),
               {.operation = "collectives"});
 }
-
-// The checks every entry point makes, with the error naming the call.
-class ArgumentCheck {
- public:
-  ArgumentCheck(const Communicator& comm, std::string_view operation)
-      : comm_(comm), operation_(operation) {}
-
-  void that(bool condition, std::string_view what) const {
-    if (!condition) fail(std::string(what));
-  }
-  template <class... Args>
-  void that(bool condition, fmt::format_string<Args...> format, Args&&... args) const {
-    if (!condition) fail(fmt::format(format, std::forward<Args>(args)...));
-  }
-  // Host memory, or CUDA memory where the communicator can stage it.
-  void host(const Buffer& buffer, std::string_view name) const {
-    that(buffer.memory() == MemoryKind::host || comm_.accepts_cuda_buffers(),
-         "the {} is {} memory (device {}), and this build of braid has no CUDA", name,
-         to_string(buffer.memory()), buffer.device());
-  }
-  // Same dtype, and the same kind of memory on the same device.
-  void same_dtype(const Buffer& a, const Buffer& b) const {
-    that(a.dtype() == b.dtype(), "input is {} and output is {}", to_string(a.dtype()),
-         to_string(b.dtype()));
-    that(a.memory() == b.memory() && a.device() == b.device(),
-         "input is {} memory (device {}) and output is {} memory (device {}); both must be "
-         "in the same place",
-         to_string(a.memory()), a.device(), to_string(b.memory()), b.device());
-  }
-  void rank(int r, std::string_view name) const {
-    that(r >= 0 && r < comm_.size(), "{} {} is outside a communicator of {} ranks", name, r,
-         comm_.size());
-  }
-  // `block` is `whole`'s elements from `offset` on (in place), or shares no memory with it.
-  void block_or_disjoint(const Buffer& block, const Buffer& whole, std::size_t offset) const {
-    const bool in_place =
-        block.count() == 0 || block.data() == whole.slice(offset, block.count()).data();
-    if (!in_place) same_or_disjoint(block, whole);
-  }
-  // The same memory (in place) or none in common.
-  void same_or_disjoint(const Buffer& a, const Buffer& b) const {
-    const auto* a_begin = static_cast<const std::byte*>(a.data());
-    const auto* b_begin = static_cast<const std::byte*>(b.data());
-    const bool disjoint = a.size_bytes() == 0 || b.size_bytes() == 0 ||
-                          a_begin + a.size_bytes() <= b_begin ||
-                          b_begin + b.size_bytes() <= a_begin;
-    that(disjoint || a_begin == b_begin,
-         "input and output overlap without being the same memory (in place means the same "
-         "buffer)");
-  }
-
-  [[noreturn]] void fail(std::string what) const {
-    throw Error(Errc::invalid_argument, std::move(what),
-                {.rank = comm_.size() > 0 ? comm_.world_rank(comm_.rank()) : -1,
-                 .operation = std::string(operation_)});
-  }
-
- private:
-  const Communicator& comm_;
-  std::string_view operation_;
-};
 
 std::uint64_t hash_counts(std::span<const std::size_t> counts) {
   std::uint64_t hash = 1469598103934665603ull;  // FNV-1a
@@ -656,9 +586,22 @@ Deadline deadline_for(Clock::duration timeout) {
   return deadline_after(timeout);
 }
 
+// The calls' checks (call_checks.hpp): the error names the world rank; buffers are host
+// memory, or CUDA memory where the communicator can stage it.
+detail::CallSite site_of(const Communicator& comm) {
+  return {.rank = comm.rank(),
+          .size = comm.size(),
+          .world_rank = comm.size() > 0 ? comm.world_rank(comm.rank()) : -1};
+}
+
+detail::MemoryRule memory_rule_of(const Communicator& comm) {
+  return detail::host_or_staged_memory(comm.accepts_cuda_buffers());
+}
+
 }  // namespace
 
 asio::awaitable<void> Communicator::submit(CollectiveCall call) {
+  detail::check_call(call, site_of(*this), memory_rule_of(*this));
   const bool on_cuda =
       call.input.memory() == MemoryKind::cuda || call.output.memory() == MemoryKind::cuda;
   const Buffer& placed = call.input.memory() == MemoryKind::cuda ? call.input : call.output;
@@ -699,20 +642,15 @@ asio::awaitable<void> Communicator::submit(CollectiveCall call) {
   return run(std::move(self), std::move(call));
 }
 
+// Each entry point describes its call; submit() checks it. A rooted call's other ranks
+// pass no root buffer on (they may pass anything there).
+
 asio::awaitable<void> Communicator::all_reduce(Buffer input, Buffer output, ReduceOp op) {
-  const ArgumentCheck check(*this, "all_reduce");
-  check.host(input, "input");
-  check.host(output, "output");
-  check.same_dtype(input, output);
-  check.that(input.count() == output.count(), "input has {} elements and output {}", input.count(),
-             output.count());
-  check.same_or_disjoint(input, output);
-  auto call = prepare(CollectiveKind::all_reduce);
-  call.input = input;
-  call.output = output;
-  call.reduce_op = op;
-  call.bytes = input.size_bytes();
-  return submit(std::move(call));
+  return submit({.kind = CollectiveKind::all_reduce,
+                 .input = input,
+                 .output = output,
+                 .reduce_op = op,
+                 .bytes = input.size_bytes()});
 }
 
 asio::awaitable<void> Communicator::all_reduce(Buffer data, ReduceOp op) {
@@ -720,49 +658,25 @@ asio::awaitable<void> Communicator::all_reduce(Buffer data, ReduceOp op) {
 }
 
 asio::awaitable<void> Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op) {
-  const ArgumentCheck check(*this, "reduce_scatter");
-  check.host(input, "input");
-  check.host(output, "output");
-  check.same_dtype(input, output);
-  check.that(input.count() == output.count() * static_cast<std::size_t>(size()),
-             "input has {} elements; it must hold {} blocks of the output's {}", input.count(),
-             size(), output.count());
-  check.block_or_disjoint(output, input, static_cast<std::size_t>(rank_) * output.count());
-  auto call = prepare(CollectiveKind::reduce_scatter);
-  call.input = input;
-  call.output = output;
-  call.reduce_op = op;
-  call.bytes = input.size_bytes();
-  return submit(std::move(call));
+  return submit({.kind = CollectiveKind::reduce_scatter,
+                 .input = input,
+                 .output = output,
+                 .reduce_op = op,
+                 .bytes = input.size_bytes()});
 }
 
 asio::awaitable<void> Communicator::reduce_scatter(Buffer data, ReduceOp op) {
-  const ArgumentCheck check(*this, "reduce_scatter");
-  check.that(data.count() % static_cast<std::size_t>(size()) == 0,
-             "in place, the buffer's {} elements must split into {} equal blocks", data.count(),
-             size());
-  const std::size_t block = data.count() / static_cast<std::size_t>(size());
-  return reduce_scatter(data, data.slice(static_cast<std::size_t>(rank_) * block, block), op);
+  return reduce_scatter(
+      data, detail::rank_block(CollectiveKind::reduce_scatter, data, site_of(*this)), op);
 }
 
 asio::awaitable<void> Communicator::reduce(Buffer input, Buffer output, ReduceOp op, int root) {
-  const ArgumentCheck check(*this, "reduce");
-  check.rank(root, "root");
-  check.host(input, "input");
-  if (rank_ == root) {
-    check.host(output, "output");
-    check.same_dtype(input, output);
-    check.that(input.count() == output.count(), "input has {} elements and output {}",
-               input.count(), output.count());
-    check.same_or_disjoint(input, output);
-  }
-  auto call = prepare(CollectiveKind::reduce);
-  call.input = input;
-  call.output = rank_ == root ? output : Buffer{};
-  call.reduce_op = op;
-  call.root = root;
-  call.bytes = input.size_bytes();
-  return submit(std::move(call));
+  return submit({.kind = CollectiveKind::reduce,
+                 .input = input,
+                 .output = rank_ == root ? output : Buffer{},
+                 .reduce_op = op,
+                 .root = root,
+                 .bytes = input.size_bytes()});
 }
 
 asio::awaitable<void> Communicator::reduce(Buffer data, ReduceOp op, int root) {
@@ -770,123 +684,55 @@ asio::awaitable<void> Communicator::reduce(Buffer data, ReduceOp op, int root) {
 }
 
 asio::awaitable<void> Communicator::all_gather(Buffer input, Buffer output) {
-  const ArgumentCheck check(*this, "all_gather");
-  check.host(input, "input");
-  check.host(output, "output");
-  check.same_dtype(input, output);
-  check.that(output.count() == input.count() * static_cast<std::size_t>(size()),
-             "output has {} elements; it must hold {} blocks of the input's {}", output.count(),
-             size(), input.count());
-  check.block_or_disjoint(input, output, static_cast<std::size_t>(rank_) * input.count());
-  auto call = prepare(CollectiveKind::all_gather);
-  call.input = input;
-  call.output = output;
-  call.bytes = output.size_bytes();
-  return submit(std::move(call));
+  return submit({.kind = CollectiveKind::all_gather,
+                 .input = input,
+                 .output = output,
+                 .bytes = output.size_bytes()});
 }
 
 asio::awaitable<void> Communicator::all_gather(Buffer data) {
-  const ArgumentCheck check(*this, "all_gather");
-  check.that(data.count() % static_cast<std::size_t>(size()) == 0,
-             "in place, the buffer's {} elements must split into {} equal blocks", data.count(),
-             size());
-  const std::size_t block = data.count() / static_cast<std::size_t>(size());
-  return all_gather(data.slice(static_cast<std::size_t>(rank_) * block, block), data);
+  return all_gather(detail::rank_block(CollectiveKind::all_gather, data, site_of(*this)), data);
 }
 
 asio::awaitable<void> Communicator::all_gather_v(Buffer input, Buffer output,
                                                  std::span<const std::size_t> counts) {
-  const ArgumentCheck check(*this, "all_gather_v");
-  check.host(input, "input");
-  check.host(output, "output");
-  check.same_dtype(input, output);
-  check.that(counts.size() == static_cast<std::size_t>(size()),
-             "{} counts for a communicator of {} ranks", counts.size(), size());
-  check.that(input.count() == counts[static_cast<std::size_t>(rank_)],
-             "input has {} elements but counts[{}] is {}", input.count(), rank_,
-             counts[static_cast<std::size_t>(rank_)]);
-  const std::size_t total = sum_of_counts(counts);
-  check.that(output.count() == total, "output has {} elements; the counts add up to {}",
-             output.count(), total);
-  const std::size_t offset =
-      std::accumulate(counts.begin(), counts.begin() + rank_, std::size_t{0});
-  check.block_or_disjoint(input, output, offset);
-  auto call = prepare(CollectiveKind::all_gather);
-  call.input = input;
-  call.output = output;
-  call.counts = counts;
-  call.variable = true;
-  call.bytes = output.size_bytes();
-  return submit(std::move(call));
+  return submit({.kind = CollectiveKind::all_gather,
+                 .input = input,
+                 .output = output,
+                 .counts = counts,
+                 .variable = true,
+                 .bytes = output.size_bytes()});
 }
 
 asio::awaitable<void> Communicator::broadcast(Buffer data, int root) {
-  const ArgumentCheck check(*this, "broadcast");
-  check.rank(root, "root");
-  check.host(data, "buffer");
-  auto call = prepare(CollectiveKind::broadcast);
-  call.input = data;
-  call.output = data;
-  call.root = root;
-  call.bytes = data.size_bytes();
-  return submit(std::move(call));
+  return submit({.kind = CollectiveKind::broadcast,
+                 .input = data,
+                 .output = data,
+                 .root = root,
+                 .bytes = data.size_bytes()});
 }
 
 asio::awaitable<void> Communicator::gather(Buffer input, Buffer output, int root) {
-  const ArgumentCheck check(*this, "gather");
-  check.rank(root, "root");
-  check.host(input, "input");
-  if (rank_ == root) {
-    check.host(output, "output");
-    check.same_dtype(input, output);
-    check.that(output.count() == input.count() * static_cast<std::size_t>(size()),
-               "output has {} elements; it must hold {} blocks of the input's {}", output.count(),
-               size(), input.count());
-    check.block_or_disjoint(input, output, static_cast<std::size_t>(rank_) * input.count());
-  }
-  auto call = prepare(CollectiveKind::gather);
-  call.input = input;
-  call.output = rank_ == root ? output : Buffer{};
-  call.root = root;
-  call.bytes = input.size_bytes() * static_cast<std::size_t>(size());
-  return submit(std::move(call));
+  return submit({.kind = CollectiveKind::gather,
+                 .input = input,
+                 .output = rank_ == root ? output : Buffer{},
+                 .root = root,
+                 .bytes = input.size_bytes() * static_cast<std::size_t>(size())});
 }
 
 asio::awaitable<void> Communicator::scatter(Buffer input, Buffer output, int root) {
-  const ArgumentCheck check(*this, "scatter");
-  check.rank(root, "root");
-  check.host(output, "output");
-  if (rank_ == root) {
-    check.host(input, "input");
-    check.same_dtype(input, output);
-    check.that(input.count() == output.count() * static_cast<std::size_t>(size()),
-               "input has {} elements; it must hold {} blocks of the output's {}", input.count(),
-               size(), output.count());
-    check.block_or_disjoint(output, input, static_cast<std::size_t>(rank_) * output.count());
-  }
-  auto call = prepare(CollectiveKind::scatter);
-  call.input = rank_ == root ? input : Buffer{};
-  call.output = output;
-  call.root = root;
-  call.bytes = output.size_bytes() * static_cast<std::size_t>(size());
-  return submit(std::move(call));
+  return submit({.kind = CollectiveKind::scatter,
+                 .input = rank_ == root ? input : Buffer{},
+                 .output = output,
+                 .root = root,
+                 .bytes = output.size_bytes() * static_cast<std::size_t>(size())});
 }
 
 asio::awaitable<void> Communicator::all_to_all(Buffer input, Buffer output) {
-  const ArgumentCheck check(*this, "all_to_all");
-  check.host(input, "input");
-  check.host(output, "output");
-  check.same_dtype(input, output);
-  check.that(input.count() == output.count(), "input has {} elements and output {}", input.count(),
-             output.count());
-  check.that(input.count() % static_cast<std::size_t>(size()) == 0,
-             "the buffers' {} elements must split into {} equal blocks", input.count(), size());
-  check.same_or_disjoint(input, output);
-  auto call = prepare(CollectiveKind::all_to_all);
-  call.input = input;
-  call.output = output;
-  call.bytes = input.size_bytes();
-  return submit(std::move(call));
+  return submit({.kind = CollectiveKind::all_to_all,
+                 .input = input,
+                 .output = output,
+                 .bytes = input.size_bytes()});
 }
 
 asio::awaitable<void> Communicator::all_to_all(Buffer data) {
@@ -897,36 +743,17 @@ asio::awaitable<void> Communicator::all_to_all_v(Buffer input,
                                                  std::span<const std::size_t> send_counts,
                                                  Buffer output,
                                                  std::span<const std::size_t> recv_counts) {
-  const ArgumentCheck check(*this, "all_to_all_v");
-  check.host(input, "input");
-  check.host(output, "output");
-  check.same_dtype(input, output);
-  check.that(send_counts.size() == static_cast<std::size_t>(size()) &&
-                 recv_counts.size() == static_cast<std::size_t>(size()),
-             "{} send counts and {} receive counts for a communicator of {} ranks",
-             send_counts.size(), recv_counts.size(), size());
-  const std::size_t sent = sum_of_counts(send_counts);
-  const std::size_t received = sum_of_counts(recv_counts);
-  check.that(input.count() == sent, "input has {} elements; the send counts add up to {}",
-             input.count(), sent);
-  check.that(output.count() == received, "output has {} elements; the receive counts add up to {}",
-             output.count(), received);
-  check.that(input.data() != output.data() || input.count() == 0 || output.count() == 0,
-             "all_to_all_v cannot run in place");
-  check.same_or_disjoint(input, output);
-  auto call = prepare(CollectiveKind::all_to_all);
-  call.input = input;
-  call.output = output;
-  call.counts = send_counts;
-  call.recv_counts = recv_counts;
-  call.variable = true;
-  call.bytes = input.size_bytes();
-  return submit(std::move(call));
+  return submit({.kind = CollectiveKind::all_to_all,
+                 .input = input,
+                 .output = output,
+                 .counts = send_counts,
+                 .recv_counts = recv_counts,
+                 .variable = true,
+                 .bytes = input.size_bytes()});
 }
 
 asio::awaitable<void> Communicator::barrier() {
-  auto call = prepare(CollectiveKind::barrier);
-  return submit(std::move(call));
+  return submit({.kind = CollectiveKind::barrier});
 }
 
 // ---------------------------------------------------------------- point to point
@@ -997,9 +824,7 @@ asio::awaitable<std::size_t> Communicator::staged_point_to_point(std::shared_ptr
 }
 
 asio::awaitable<void> Communicator::send(Buffer data, int peer) {
-  const ArgumentCheck check(*this, "send");
-  check.rank(peer, "peer");
-  check.host(data, "buffer");
+  detail::check_point_to_point("send", data, peer, site_of(*this), memory_rule_of(*this));
   const std::uint64_t sequence = send_sequence_[static_cast<std::size_t>(peer)].fetch_add(1);
   auto op = std::make_unique<CollectiveOp>(world_.transport(), world_ranks_, rank_, id_, sequence,
                                            deadline_for(timeout_), timeout_, *scratch_);
@@ -1016,9 +841,7 @@ asio::awaitable<void> Communicator::send(Buffer data, int peer) {
 }
 
 asio::awaitable<std::size_t> Communicator::recv(Buffer data, int peer) {
-  const ArgumentCheck check(*this, "recv");
-  check.rank(peer, "peer");
-  check.host(data, "buffer");
+  detail::check_point_to_point("recv", data, peer, site_of(*this), memory_rule_of(*this));
   const std::uint64_t sequence = recv_sequence_[static_cast<std::size_t>(peer)].fetch_add(1);
   auto op = std::make_unique<CollectiveOp>(world_.transport(), world_ranks_, rank_, id_, sequence,
                                            deadline_for(timeout_), timeout_, *scratch_);

@@ -3,7 +3,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <numeric>
 #include <thread>
 
 #include <boost/asio/post.hpp>
@@ -24,6 +23,7 @@
 #include <braid/transport/world.hpp>
 
 #include "../core/cuda_support.hpp"
+#include "call_checks.hpp"
 
 namespace braid::collectives {
 namespace {
@@ -91,47 +91,16 @@ std::uint64_t next_generation(std::int64_t bootstrap_serial) {
   return made[bootstrap_serial]++;
 }
 
-// Argument checks for the NCCL entry points, with the error naming the call.
-class Check {
- public:
-  Check(const NcclCommunicator& comm, int world_rank, std::string_view operation)
-      : comm_(comm), world_rank_(world_rank), operation_(operation) {}
+// The calls' checks (call_checks.hpp), shared with Communicator: the error names the world
+// rank and "nccl <operation>"; buffers are CUDA memory of the communicator's device.
+detail::CallSite site_of(const NcclCommunicator& comm, int world_rank) {
+  return {
+      .rank = comm.rank(), .size = comm.size(), .world_rank = world_rank, .communicator = "nccl"};
+}
 
-  void that(bool condition, std::string what) const {
-    if (!condition) {
-      throw Error(Errc::invalid_argument, std::move(what),
-                  {.rank = world_rank_, .operation = fmt::format("nccl {}", operation_)});
-    }
-  }
-  void on_device(const Buffer& buffer, std::string_view name) const {
-    that(buffer.empty() ||
-             (buffer.memory() == MemoryKind::cuda && buffer.device() == comm_.device()),
-         fmt::format("the {} is {} memory (device {}); this NCCL communicator moves CUDA "
-                     "memory of device {}",
-                     name, to_string(buffer.memory()), buffer.device(), comm_.device()));
-  }
-  void alike(const Buffer& input, const Buffer& output) const {
-    on_device(input, "input");
-    on_device(output, "output");
-    that(input.dtype() == output.dtype(),
-         fmt::format("input is {} and output is {}", to_string(input.dtype()),
-                     to_string(output.dtype())));
-  }
-  void rank(int r, std::string_view name) const {
-    that(r >= 0 && r < comm_.size(),
-         fmt::format("{} {} is outside a communicator of {} ranks", name, r, comm_.size()));
-  }
-  void blocks(std::size_t whole, std::size_t block, std::string_view whole_name) const {
-    that(whole == block * static_cast<std::size_t>(comm_.size()),
-         fmt::format("{} has {} elements; it must hold {} blocks of {}", whole_name, whole,
-                     comm_.size(), block));
-  }
-
- private:
-  const NcclCommunicator& comm_;
-  int world_rank_;
-  std::string_view operation_;
-};
+void check(const NcclCommunicator& comm, int world_rank, const detail::CollectiveCall& call) {
+  detail::check_call(call, site_of(comm, world_rank), detail::device_memory(comm.device()));
+}
 
 // A rank's own block in gather/scatter: a device copy on the stream, in NCCL's terms.
 ncclResult_t copy_on(cudaStream_t stream, void* dst, const void* src, std::size_t bytes) {
@@ -443,10 +412,8 @@ asio::awaitable<void> NcclCommunicator::issue(trace::Name name, std::size_t byte
 // ---------------------------------------------------------------- operations
 
 asio::awaitable<void> NcclCommunicator::all_reduce(Buffer input, Buffer output, ReduceOp op) {
-  const Check check(*this, world_rank_, "all_reduce");
-  check.alike(input, output);
-  check.that(input.count() == output.count(),
-             fmt::format("input has {} elements and output {}", input.count(), output.count()));
+  check(*this, world_rank_,
+        {.kind = CollectiveKind::all_reduce, .input = input, .output = output, .reduce_op = op});
   return issue("all_reduce", input.size_bytes(), [this, input, output, op] {
     return ncclAllReduce(input.data(), output.data(), input.count(), nccl_type(input.dtype()),
                          nccl_op(op), comm_, stream_.native());
@@ -458,24 +425,28 @@ asio::awaitable<void> NcclCommunicator::all_reduce(Buffer data, ReduceOp op) {
 }
 
 asio::awaitable<void> NcclCommunicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op) {
-  const Check check(*this, world_rank_, "reduce_scatter");
-  check.alike(input, output);
-  check.blocks(input.count(), output.count(), "input");
+  check(
+      *this, world_rank_,
+      {.kind = CollectiveKind::reduce_scatter, .input = input, .output = output, .reduce_op = op});
   return issue("reduce_scatter", input.size_bytes(), [this, input, output, op] {
     return ncclReduceScatter(input.data(), output.data(), output.count(), nccl_type(input.dtype()),
                              nccl_op(op), comm_, stream_.native());
   });
 }
 
+asio::awaitable<void> NcclCommunicator::reduce_scatter(Buffer data, ReduceOp op) {
+  const Buffer block =
+      detail::rank_block(CollectiveKind::reduce_scatter, data, site_of(*this, world_rank_));
+  return reduce_scatter(data, block, op);
+}
+
 asio::awaitable<void> NcclCommunicator::reduce(Buffer input, Buffer output, ReduceOp op, int root) {
-  const Check check(*this, world_rank_, "reduce");
-  check.rank(root, "root");
-  check.on_device(input, "input");
-  if (rank_ == root) {
-    check.alike(input, output);
-    check.that(input.count() == output.count(),
-               fmt::format("input has {} elements and output {}", input.count(), output.count()));
-  }
+  check(*this, world_rank_,
+        {.kind = CollectiveKind::reduce,
+         .input = input,
+         .output = output,
+         .reduce_op = op,
+         .root = root});
   // The receive buffer matters at the root only.
   void* received = rank_ == root ? output.data() : input.data();
   return issue("reduce", input.size_bytes(), [this, input, received, op, root] {
@@ -484,28 +455,32 @@ asio::awaitable<void> NcclCommunicator::reduce(Buffer input, Buffer output, Redu
   });
 }
 
+asio::awaitable<void> NcclCommunicator::reduce(Buffer data, ReduceOp op, int root) {
+  return reduce(data, data, op, root);
+}
+
 asio::awaitable<void> NcclCommunicator::all_gather(Buffer input, Buffer output) {
-  const Check check(*this, world_rank_, "all_gather");
-  check.alike(input, output);
-  check.blocks(output.count(), input.count(), "output");
+  check(*this, world_rank_, {.kind = CollectiveKind::all_gather, .input = input, .output = output});
   return issue("all_gather", output.size_bytes(), [this, input, output] {
     return ncclAllGather(input.data(), output.data(), input.count(), nccl_type(input.dtype()),
                          comm_, stream_.native());
   });
 }
 
+asio::awaitable<void> NcclCommunicator::all_gather(Buffer data) {
+  const Buffer block =
+      detail::rank_block(CollectiveKind::all_gather, data, site_of(*this, world_rank_));
+  return all_gather(block, data);
+}
+
 asio::awaitable<void> NcclCommunicator::all_gather_v(Buffer input, Buffer output,
                                                      std::span<const std::size_t> counts) {
-  const Check check(*this, world_rank_, "all_gather_v");
-  check.alike(input, output);
-  check.that(counts.size() == static_cast<std::size_t>(size_),
-             fmt::format("{} counts for a communicator of {} ranks", counts.size(), size_));
-  check.that(input.count() == counts[static_cast<std::size_t>(rank_)],
-             fmt::format("input has {} elements but counts[{}] is {}", input.count(), rank_,
-                         counts[static_cast<std::size_t>(rank_)]));
-  const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-  check.that(output.count() == total,
-             fmt::format("output has {} elements; the counts add up to {}", output.count(), total));
+  check(*this, world_rank_,
+        {.kind = CollectiveKind::all_gather,
+         .input = input,
+         .output = output,
+         .counts = counts,
+         .variable = true});
   // One broadcast per rank's block, launched together.
   return issue("all_gather_v", output.size_bytes(), [this, input, output, counts] {
     return grouped([&] {
@@ -525,9 +500,8 @@ asio::awaitable<void> NcclCommunicator::all_gather_v(Buffer input, Buffer output
 }
 
 asio::awaitable<void> NcclCommunicator::broadcast(Buffer data, int root) {
-  const Check check(*this, world_rank_, "broadcast");
-  check.rank(root, "root");
-  check.on_device(data, "buffer");
+  check(*this, world_rank_,
+        {.kind = CollectiveKind::broadcast, .input = data, .output = data, .root = root});
   return issue("broadcast", data.size_bytes(), [this, data, root] {
     return ncclBroadcast(data.data(), data.data(), data.count(), nccl_type(data.dtype()), root,
                          comm_, stream_.native());
@@ -535,13 +509,8 @@ asio::awaitable<void> NcclCommunicator::broadcast(Buffer data, int root) {
 }
 
 asio::awaitable<void> NcclCommunicator::gather(Buffer input, Buffer output, int root) {
-  const Check check(*this, world_rank_, "gather");
-  check.rank(root, "root");
-  check.on_device(input, "input");
-  if (rank_ == root) {
-    check.alike(input, output);
-    check.blocks(output.count(), input.count(), "output");
-  }
+  check(*this, world_rank_,
+        {.kind = CollectiveKind::gather, .input = input, .output = output, .root = root});
   return issue(
       "gather", input.size_bytes() * static_cast<std::size_t>(size_), [this, input, output, root] {
         return grouped([&] {
@@ -562,13 +531,8 @@ asio::awaitable<void> NcclCommunicator::gather(Buffer input, Buffer output, int 
 }
 
 asio::awaitable<void> NcclCommunicator::scatter(Buffer input, Buffer output, int root) {
-  const Check check(*this, world_rank_, "scatter");
-  check.rank(root, "root");
-  check.on_device(output, "output");
-  if (rank_ == root) {
-    check.alike(input, output);
-    check.blocks(input.count(), output.count(), "input");
-  }
+  check(*this, world_rank_,
+        {.kind = CollectiveKind::scatter, .input = input, .output = output, .root = root});
   return issue(
       "scatter", output.size_bytes() * static_cast<std::size_t>(size_),
       [this, input, output, root] {
@@ -590,12 +554,7 @@ asio::awaitable<void> NcclCommunicator::scatter(Buffer input, Buffer output, int
 }
 
 asio::awaitable<void> NcclCommunicator::all_to_all(Buffer input, Buffer output) {
-  const Check check(*this, world_rank_, "all_to_all");
-  check.alike(input, output);
-  check.that(
-      input.count() == output.count() && input.count() % static_cast<std::size_t>(size_) == 0,
-      fmt::format("input has {} and output {} elements; both must be {} equal blocks",
-                  input.count(), output.count(), size_));
+  check(*this, world_rank_, {.kind = CollectiveKind::all_to_all, .input = input, .output = output});
   const std::size_t block = input.count() / static_cast<std::size_t>(size_);
   // In place, the blocks to send are copied aside first: NCCL would otherwise receive
   // into a block it has yet to send. The copy is freed in stream order once the calls have
@@ -633,23 +592,21 @@ asio::awaitable<void> NcclCommunicator::all_to_all(Buffer input, Buffer output) 
              std::move(free_aside));
 }
 
+asio::awaitable<void> NcclCommunicator::all_to_all(Buffer data) {
+  return all_to_all(data, data);
+}
+
 asio::awaitable<void> NcclCommunicator::all_to_all_v(Buffer input,
                                                      std::span<const std::size_t> send_counts,
                                                      Buffer output,
                                                      std::span<const std::size_t> recv_counts) {
-  const Check check(*this, world_rank_, "all_to_all_v");
-  check.alike(input, output);
-  check.that(send_counts.size() == static_cast<std::size_t>(size_) &&
-                 recv_counts.size() == static_cast<std::size_t>(size_),
-             fmt::format("{} send counts and {} receive counts for a communicator of {} ranks",
-                         send_counts.size(), recv_counts.size(), size_));
-  const std::size_t sent = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});
-  const std::size_t received =
-      std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
-  check.that(input.count() == sent && output.count() == received,
-             fmt::format("input has {} and output {} elements; the counts add up to {} and {}",
-                         input.count(), output.count(), sent, received));
-  check.that(input.data() != output.data() || input.empty(), "all_to_all_v cannot run in place");
+  check(*this, world_rank_,
+        {.kind = CollectiveKind::all_to_all,
+         .input = input,
+         .output = output,
+         .counts = send_counts,
+         .recv_counts = recv_counts,
+         .variable = true});
   return issue("all_to_all_v", input.size_bytes(), [this, input, output, send_counts, recv_counts] {
     return grouped([&] {
       const ncclDataType_t type = nccl_type(input.dtype());
@@ -681,9 +638,8 @@ asio::awaitable<void> NcclCommunicator::barrier() {
 }
 
 asio::awaitable<void> NcclCommunicator::send(Buffer data, int peer) {
-  const Check check(*this, world_rank_, "send");
-  check.rank(peer, "peer");
-  check.on_device(data, "buffer");
+  detail::check_point_to_point("send", data, peer, site_of(*this, world_rank_),
+                               detail::device_memory(device_));
   return issue("send", data.size_bytes(), [this, data, peer] {
     return grouped([&] {
       return ncclSend(data.data(), data.count(), nccl_type(data.dtype()), peer, comm_,
@@ -700,9 +656,8 @@ asio::awaitable<std::size_t> counted(asio::awaitable<void> operation, std::size_
 }  // namespace
 
 asio::awaitable<std::size_t> NcclCommunicator::recv(Buffer data, int peer) {
-  const Check check(*this, world_rank_, "recv");
-  check.rank(peer, "peer");
-  check.on_device(data, "buffer");
+  detail::check_point_to_point("recv", data, peer, site_of(*this, world_rank_),
+                               detail::device_memory(device_));
   auto receiving = issue("recv", data.size_bytes(), [this, data, peer] {
     return grouped([&] {
       return ncclRecv(data.data(), data.count(), nccl_type(data.dtype()), peer, comm_,

@@ -970,7 +970,9 @@ TEST(BadInput, ArgumentErrorsAreThrownAtTheCallAndTakeNoPlaceInTheOrder) {
     // (the other rank's, one straddling two) is refused, the first block included.
     const std::size_t other = static_cast<std::size_t>(1 - comm->rank());
     braid::testing::expect_invalid_argument(
-        [&] { (void)comm->reduce_scatter(Buffer(a), Buffer(a).slice(other * 4, 4), ReduceOp::sum); },
+        [&] {
+          (void)comm->reduce_scatter(Buffer(a), Buffer(a).slice(other * 4, 4), ReduceOp::sum);
+        },
         "overlap");
     braid::testing::expect_invalid_argument(
         [&] { (void)comm->all_gather(Buffer(a).slice(2, 4), Buffer(a)); }, "overlap");

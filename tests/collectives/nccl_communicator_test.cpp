@@ -20,8 +20,8 @@
 
 #include "../support/cuda_device.hpp"
 #include "../support/expect_error.hpp"
-#include "../support/spin_kernel.hpp"
 #include "../support/rank_threads.hpp"
+#include "../support/spin_kernel.hpp"
 #include "typed_values.hpp"
 
 namespace braid::collectives {
@@ -159,6 +159,70 @@ TEST_F(NcclCommunicatorTest, DataMovementOfOneRankCopiesInPlaceAndOutOfPlace) {
       expect_same(input.download(), values, "in-place all_to_all");
       co_await nccl->barrier();
     }
+  });
+}
+
+// In place as NCCL defines it: reduce_scatter's result and all_gather's contribution are
+// the rank's block of the buffer, which on one rank is the whole of it.
+TEST_F(NcclCommunicatorTest, InPlaceFormsOfOneRankLeaveTheBufferAsItWas) {
+  with_nccl([](std::shared_ptr<Communicator>,
+               std::shared_ptr<NcclCommunicator> nccl) -> asio::awaitable<void> {
+    for (DType dtype : {DType::f32, DType::i64, DType::u8}) {
+      TypedVector values = counting(dtype, 4099, 3);
+      DeviceVector data(values);
+      const std::string what = fmt::format(" {}", to_string(dtype));
+      co_await nccl->reduce_scatter(data.buffer(), ReduceOp::sum);
+      expect_same(data.download(), values, "in-place reduce_scatter" + what);
+      co_await nccl->reduce(data.buffer(), ReduceOp::max, 0);
+      expect_same(data.download(), values, "in-place reduce" + what);
+      co_await nccl->all_gather(data.buffer());
+      expect_same(data.download(), values, "in-place all_gather" + what);
+      co_await nccl->all_to_all(data.buffer());
+      expect_same(data.download(), values, "in-place all_to_all" + what);
+    }
+  });
+}
+
+// The detail of the invalid_argument error `call` throws.
+template <class Call>
+std::string refusal(Call call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument) << e.what();
+    return e.detail();
+  }
+  ADD_FAILURE() << "the call was accepted";
+  return {};
+}
+
+// Both communicators check a call with the same checks (call_checks_test.cpp has them
+// all, on two ranks): the NCCL one refuses what the Communicator refuses, in its words.
+TEST_F(NcclCommunicatorTest, PartialOverlapsAreRefusedInTheCommunicatorsWords) {
+  with_nccl([](std::shared_ptr<Communicator> communicator,
+               std::shared_ptr<NcclCommunicator> gpu) -> asio::awaitable<void> {
+    // Locals for the lambdas below, not the coroutine's parameters (GCC 12).
+    const std::shared_ptr<Communicator> comm = communicator;
+    const std::shared_ptr<NcclCommunicator> nccl = gpu;
+    DeviceVector device(DType::f32, 8);
+    const Buffer whole = device.buffer();
+    const std::string ours = refusal(
+        [&] { (void)comm->all_reduce(whole.slice(0, 4), whole.slice(2, 4), ReduceOp::sum); });
+    const std::string theirs = refusal(
+        [&] { (void)nccl->all_reduce(whole.slice(0, 4), whole.slice(2, 4), ReduceOp::sum); });
+    EXPECT_THAT(theirs, ::testing::HasSubstr("overlap without being the same memory"));
+    EXPECT_EQ(theirs, ours);
+    EXPECT_EQ(refusal([&] { (void)nccl->all_gather(whole.slice(1, 4), whole.slice(0, 4)); }),
+              refusal([&] { (void)comm->all_gather(whole.slice(1, 4), whole.slice(0, 4)); }));
+    const std::vector<std::size_t> four{4};
+    EXPECT_EQ(refusal([&] {
+                (void)nccl->all_to_all_v(whole.slice(0, 4), four, whole.slice(2, 4), four);
+              }),
+              refusal([&] {
+                (void)comm->all_to_all_v(whole.slice(0, 4), four, whole.slice(2, 4), four);
+              }));
+    // Still usable afterwards.
+    co_await nccl->barrier();
   });
 }
 

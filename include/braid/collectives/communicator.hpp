@@ -271,8 +271,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
  private:
   friend struct detail::CollectiveCall;
 
-  // Checks done: picks the algorithm, takes the call's place in the order (sequence
-  // number, shared-memory turn) now, and returns run().
+  // Checks the call (the checks both communicators share), picks the algorithm, takes the
+  // call's place in the order (sequence number, shared-memory turn) now, and returns run().
   asio::awaitable<void> submit(detail::CollectiveCall call);
   // Runs the call (fingerprints, algorithm, error context, settling after a failure).
   asio::awaitable<void> run(std::shared_ptr<Communicator> self, detail::CollectiveCall call);

@@ -42,7 +42,8 @@
 //
 // Errors (braid::Error, context: world rank and "nccl all_reduce"):
 //   invalid_argument  a buffer that is not CUDA memory on this communicator's device, and
-//                     the size checks of the Communicator;
+//                     every other argument check of the Communicator (the same checks, in
+//                     the same words);
 //   nccl_category     NCCL reported an error (value: the ncclResult_t), synchronously or
 //                     through ncclCommGetAsyncError while an operation was in flight;
 //   timeout           an operation or the initialisation did not finish within the
@@ -117,19 +118,24 @@ class NcclCommunicator : public std::enable_shared_from_this<NcclCommunicator> {
   void set_compute_stream(cudaStream_t stream) noexcept { compute_stream_ = stream; }
   Runtime& runtime() noexcept { return runtime_; }
 
-  // The same operations and argument rules as Communicator (communicator.hpp), on CUDA
-  // buffers of device().
+  // The same operations as Communicator (communicator.hpp), checked by the same argument
+  // checks, on CUDA buffers of device(). In place is NCCL's: the in-place reduce_scatter's
+  // result and the in-place all_gather's contribution are this rank's block of `data`.
   asio::awaitable<void> all_reduce(Buffer input, Buffer output, ReduceOp op);
   asio::awaitable<void> all_reduce(Buffer data, ReduceOp op);
   asio::awaitable<void> reduce_scatter(Buffer input, Buffer output, ReduceOp op);
+  asio::awaitable<void> reduce_scatter(Buffer data, ReduceOp op);
   asio::awaitable<void> reduce(Buffer input, Buffer output, ReduceOp op, int root);
+  asio::awaitable<void> reduce(Buffer data, ReduceOp op, int root);
   asio::awaitable<void> all_gather(Buffer input, Buffer output);
+  asio::awaitable<void> all_gather(Buffer data);
   asio::awaitable<void> all_gather_v(Buffer input, Buffer output,
                                      std::span<const std::size_t> counts);
   asio::awaitable<void> broadcast(Buffer data, int root);
   asio::awaitable<void> gather(Buffer input, Buffer output, int root);
   asio::awaitable<void> scatter(Buffer input, Buffer output, int root);
   asio::awaitable<void> all_to_all(Buffer input, Buffer output);
+  asio::awaitable<void> all_to_all(Buffer data);
   asio::awaitable<void> all_to_all_v(Buffer input, std::span<const std::size_t> send_counts,
                                      Buffer output, std::span<const std::size_t> recv_counts);
   asio::awaitable<void> barrier();

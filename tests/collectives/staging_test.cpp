@@ -18,6 +18,7 @@
 #include <braid/core/error.hpp>
 
 #include "../support/rank_threads.hpp"
+#include "collectives/staging_engine_override.hpp"
 
 namespace braid::collectives {
 namespace {
@@ -222,20 +223,19 @@ TEST(WholeStaging, HostViewsAliasLikeTheCallersBuffersAndOnlyProducedBytesComeBa
 
 // ---- the communicator's staged paths, end to end over UCX
 
-Communicator::Options host_staging() {
-  Communicator::Options options;
-  options.staging_engine = [](int) -> std::unique_ptr<detail::CopyEngine> {
+// Before its first call: `comm` stages through host memory (staging_engine_override.hpp).
+void stage_on_host(Communicator& comm) {
+  detail::StagingEngineOverride::install(comm, [](int) -> std::unique_ptr<detail::CopyEngine> {
     return std::make_unique<HostCopyEngine>();
-  };
-  return options;
+  });
 }
 
 TEST(StagedCommunicator, EveryCollectiveOnCudaLabelledBuffersMatchesTheReference) {
   ASSERT_TRUE(kSmallChunks);
   for (int world : {2, 3}) {
     braid::testing::run_ranks(
-        world,
-        [world](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        world, [world](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+          stage_on_host(*comm);
           const int r = comm->rank();
           const auto P = static_cast<std::size_t>(world);
           for (std::size_t count :
@@ -287,36 +287,34 @@ TEST(StagedCommunicator, EveryCollectiveOnCudaLabelledBuffersMatchesTheReference
           for (std::size_t i = 0; i < exchanged.size(); ++i) {
             EXPECT_EQ(exchanged[i], static_cast<float>(static_cast<int>(i / 2) * 100 + r));
           }
-        },
-        host_staging());
+        });
   }
 }
 
 TEST(StagedCommunicator, SendAndRecvStageAndAShortMessageLeavesTheRestOfTheBufferAlone) {
-  braid::testing::run_ranks(
-      2,
-      [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
-        if (comm->rank() == 0) {
-          std::vector<float> message(5000, 2.5F);
-          co_await comm->send(as_device(message), 1);
-        } else {
-          std::vector<float> inbox(6000, -1.0F);
-          const std::size_t got = co_await comm->recv(as_device(inbox), 0);
-          EXPECT_EQ(got, 5000u);
-          EXPECT_EQ(inbox[4999], 2.5F);
-          EXPECT_EQ(inbox[5000], -1.0F);
-        }
-      },
-      host_staging());
+  braid::testing::run_ranks(2, [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    stage_on_host(*comm);
+    if (comm->rank() == 0) {
+      std::vector<float> message(5000, 2.5F);
+      co_await comm->send(as_device(message), 1);
+    } else {
+      std::vector<float> inbox(6000, -1.0F);
+      const std::size_t got = co_await comm->recv(as_device(inbox), 0);
+      EXPECT_EQ(got, 5000u);
+      EXPECT_EQ(inbox[4999], 2.5F);
+      EXPECT_EQ(inbox[5000], -1.0F);
+    }
+  });
 }
 
 TEST(StagedCommunicator, RanksThatDisagreeOnWhereTheBuffersAreFailAsADesyncWithFingerprints) {
-  Communicator::Options options = host_staging();
+  Communicator::Options options;
   options.check_fingerprints = true;
   options.timeout = std::chrono::seconds(10);
   const auto failures = braid::testing::run_ranks_collecting(
       2,
       [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        stage_on_host(*comm);
         std::vector<float> values(1000, 1.0F);
         // Rank 0 passes CUDA memory (staged), rank 1 host memory, same count and dtype.
         co_await comm->all_reduce(comm->rank() == 0 ? as_device(values) : Buffer(values),
@@ -335,19 +333,17 @@ TEST(StagedCommunicator, RanksThatDisagreeOnWhereTheBuffersAreFailAsADesyncWithF
 }
 
 TEST(StagedCommunicator, BuffersInDifferentPlacesAreRejectedAtTheCall) {
-  braid::testing::run_ranks(
-      1,
-      [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
-        std::vector<float> host(4), device(4);
-        try {
-          co_await comm->all_reduce(Buffer(host), as_device(device), ReduceOp::sum);
-          ADD_FAILURE() << "host input with a CUDA output was accepted";
-        } catch (const Error& e) {
-          EXPECT_EQ(e.code(), make_error_code(Errc::invalid_argument));
-          EXPECT_THAT(e.what(), ::testing::HasSubstr("both must be in the same place"));
-        }
-      },
-      host_staging());
+  braid::testing::run_ranks(1, [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    stage_on_host(*comm);
+    std::vector<float> host(4), device(4);
+    try {
+      co_await comm->all_reduce(Buffer(host), as_device(device), ReduceOp::sum);
+      ADD_FAILURE() << "host input with a CUDA output was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), make_error_code(Errc::invalid_argument));
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("both must be in the same place"));
+    }
+  });
 }
 
 }  // namespace

@@ -99,6 +99,7 @@ class CommunicatorIds;
 class CopyEngine;
 class ScratchPool;
 class SharedMemoryArena;
+struct StagingEngineOverride;
 struct StagingResources;
 }  // namespace detail
 
@@ -116,10 +117,6 @@ struct CommunicatorOptions {
   // copies wait for what was enqueued on it before the call. null: the legacy default
   // stream.
   void* cuda_stream = nullptr;
-  // Makes the copy engine that stages CUDA buffers of a device. Empty: CUDA's (a copy
-  // stream and pinned memory), in builds with CUDA. Tests pass a host engine to run the
-  // staged paths on machines without a GPU.
-  std::function<std::unique_ptr<detail::CopyEngine>(int device)> staging_engine;
 };
 
 class NcclCommunicator;
@@ -250,7 +247,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Algorithm algorithm_for(CollectiveKind kind, std::size_t bytes) const;
   // How the members group into nodes (World::node_of): what hierarchical algorithms use.
   const HierarchyPlan& hierarchy() const noexcept { return hierarchy_; }
-  // Whether calls may pass CUDA buffers (built with CUDA, or a staging engine was given).
+  // Whether calls may pass CUDA buffers (built with CUDA, or a test gave a host staging
+  // engine).
   bool accepts_cuda_buffers() const noexcept;
 
  private:
@@ -270,6 +268,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
  private:
   friend struct detail::CollectiveCall;
+  friend struct detail::StagingEngineOverride;
 
   // Checks the call (the checks both communicators share), picks the algorithm, takes the
   // call's place in the order (sequence number, shared-memory turn) now, and returns run().
@@ -324,6 +323,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::unique_ptr<detail::ScratchPool> scratch_;
   std::unique_ptr<detail::SharedMemoryArena> arena_;  // null unless every member is on this node
   HierarchyPlan hierarchy_;
+  // Makes the copy engine that stages CUDA buffers of a device. Empty: CUDA's (a copy
+  // stream and pinned memory), in builds with CUDA. Tests give a host engine
+  // (staging_engine_override.hpp).
   std::function<std::unique_ptr<detail::CopyEngine>(int device)> staging_engine_;
   void* cuda_stream_ = nullptr;
   std::vector<std::pair<int, std::unique_ptr<detail::StagingResources>>> staging_;  // by device

@@ -1,0 +1,129 @@
+// Communicator::send and recv (communicator.hpp): matched per pair of ranks in call order,
+// on per-pair, per-direction sequence numbers and a reserved tag step, so they never
+// disturb the collectives' order. CUDA memory goes to the NCCL communicator where
+// route_cuda_to() says so, to UCX directly where UCX moves it, and through host staging
+// copies otherwise.
+#include <cstdint>
+#include <exception>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include <braid/build_config.hpp>
+#include <braid/collectives/communicator.hpp>
+#include <braid/core/error.hpp>
+#include <braid/transport/world.hpp>
+
+#include "call_checks.hpp"
+#include "collective_op.hpp"
+#include "communicator_internal.hpp"
+#include "staging.hpp"
+#if BRAID_WITH_CUDA
+#include <braid/collectives/nccl_communicator.hpp>
+#endif
+
+namespace braid::collectives {
+
+using detail::CollectiveOp;
+using detail::memory_rule_of;
+using detail::Message;
+using detail::site_of;
+
+namespace {
+
+asio::awaitable<std::size_t> run_point_to_point(std::shared_ptr<Communicator> self,
+                                                std::unique_ptr<CollectiveOp> op, bool sending,
+                                                Buffer data, int peer) {
+  std::exception_ptr failure;
+  std::size_t bytes = 0;
+  try {
+    Message message = sending ? op->send_reserved(peer, data, detail::kPointToPointStep)
+                              : op->recv_reserved(peer, data, detail::kPointToPointStep, false);
+    bytes = co_await op->wait(message);
+  } catch (const Error& error) {
+    ErrorContext context{.rank = op->world_rank(op->rank()),
+                         .peer = op->world_rank(peer),
+                         .operation = sending ? "send" : "recv",
+                         .sequence = op->sequence()};
+    failure = std::make_exception_ptr(Error(error.code(), error.detail(), std::move(context)));
+  }
+  if (failure) std::rethrow_exception(failure);
+  const std::size_t element = dtype_size(data.dtype());
+  if (!sending && bytes % element != 0) {
+    throw Error(Errc::size_mismatch,
+                fmt::format("rank {} sent {} bytes, not a whole number of {} elements",
+                            op->world_rank(peer), bytes, to_string(data.dtype())),
+                {.rank = op->world_rank(op->rank()),
+                 .peer = op->world_rank(peer),
+                 .operation = "recv",
+                 .sequence = op->sequence()});
+  }
+  (void)self;
+  co_return bytes / element;
+}
+
+asio::awaitable<void> discard_count(asio::awaitable<std::size_t> operation) {
+  co_await std::move(operation);
+}
+
+}  // namespace
+
+asio::awaitable<std::size_t> Communicator::staged_point_to_point(std::shared_ptr<Communicator> self,
+                                                                 std::unique_ptr<CollectiveOp> op,
+                                                                 bool sending, Buffer data,
+                                                                 int peer) {
+  // Locals for the lambda to capture, not the parameters (see run_staged).
+  std::shared_ptr<Communicator> owner = self;
+  std::unique_ptr<CollectiveOp> owned_op = std::move(op);
+  const bool is_send = sending;
+  const Buffer buffer = data;
+  const int partner = peer;
+  detail::StagingResources& staging = staging_for(buffer.device());
+  const Deadline deadline = owned_op->deadline();
+  const Buffer nothing(nullptr, 0, buffer.dtype());
+  std::size_t elements = 0;
+  detail::WholeRunner transfer = [&owner, &owned_op, &elements, is_send, buffer, partner](
+                                     Buffer host_in,
+                                     Buffer host_out) -> asio::awaitable<std::size_t> {
+    elements = co_await run_point_to_point(owner, std::move(owned_op), is_send,
+                                           is_send ? host_in : host_out, partner);
+    co_return elements* dtype_size(buffer.dtype());
+  };
+  co_await detail::run_whole_staged(*staging.engine, *staging.pool, is_send ? buffer : nothing,
+                                    is_send ? nothing : buffer, std::move(transfer), deadline);
+  co_return elements;
+}
+
+asio::awaitable<void> Communicator::send(Buffer data, int peer) {
+  detail::check_point_to_point("send", data, peer, site_of(*this), memory_rule_of(*this));
+  const std::uint64_t sequence = send_sequence_[static_cast<std::size_t>(peer)].fetch_add(1);
+  auto op = std::make_unique<CollectiveOp>(world_.transport(), world_ranks_, rank_, id_, sequence,
+                                           deadline_after(timeout_), timeout_, *scratch_);
+  std::shared_ptr<Communicator> self = shared_from_this();
+#if BRAID_WITH_CUDA
+  if (routes_to_nccl(data)) return detail::holding(nccl_, nccl_->send(data, peer));
+#endif
+  if (data.memory() == MemoryKind::cuda && !world_.transport().moves_cuda_memory()) {
+    return discard_count(staged_point_to_point(std::move(self), std::move(op), true, data, peer));
+  }
+  asio::awaitable<std::size_t> sending =
+      run_point_to_point(std::move(self), std::move(op), true, data, peer);
+  return discard_count(std::move(sending));
+}
+
+asio::awaitable<std::size_t> Communicator::recv(Buffer data, int peer) {
+  detail::check_point_to_point("recv", data, peer, site_of(*this), memory_rule_of(*this));
+  const std::uint64_t sequence = recv_sequence_[static_cast<std::size_t>(peer)].fetch_add(1);
+  auto op = std::make_unique<CollectiveOp>(world_.transport(), world_ranks_, rank_, id_, sequence,
+                                           deadline_after(timeout_), timeout_, *scratch_);
+  std::shared_ptr<Communicator> self = shared_from_this();
+#if BRAID_WITH_CUDA
+  if (routes_to_nccl(data)) return detail::holding(nccl_, nccl_->recv(data, peer));
+#endif
+  if (data.memory() == MemoryKind::cuda && !world_.transport().moves_cuda_memory()) {
+    return staged_point_to_point(std::move(self), std::move(op), false, data, peer);
+  }
+  return run_point_to_point(std::move(self), std::move(op), false, data, peer);
+}
+
+}  // namespace braid::collectives

@@ -169,7 +169,7 @@ class NcclCommunicator : public std::enable_shared_from_this<NcclCommunicator> {
   // When the ticket's turn comes: follows the compute stream, calls `enqueue` (the NCCL
   // calls; returns the last one's result), waits for them to settle, calls
   // `settled_calls`, passes the turn on and awaits completion. Templates defined (and only
-  // used) in nccl_communicator.cpp.
+  // used) in nccl_communicator_entry_points.cpp; poll() in nccl_communicator_polling.cpp.
   template <class Enqueue, class Settled>
   asio::awaitable<void> run(std::uint64_t ticket, trace::Name name, std::size_t bytes,
                             Enqueue enqueue, Settled settled_calls);

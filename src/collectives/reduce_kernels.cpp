@@ -1,489 +1,26 @@
-// How the kernels are built. Every loop is written once, as plain C++ over one element type,
-// and instantiated three times: for the x86-64 baseline (SSE2), and inside functions marked
-// target("avx2,f16c") and target("avx512f,...") so that GCC vectorises the same source for
-// wider registers. Only f16 has hand-written vector code (F16C conversions). A table of
-// function pointers per instruction set, one entry per (DType, ReduceOp), is chosen at the
-// first call from CPUID; after that a call costs an indirect call and a few range checks.
-//
-// GCC 12 at -O2 (the project's debugoptimized build) vectorises with the "very cheap" cost
-// model: only loops whose trip count is a known multiple of the vector width, and no run-time
-// alias checks. Hence the loop shape used throughout (see kVectorStep), and
-// BRAID_INDEPENDENT_ITERATIONS to tell the compiler that dst may equal a or b without a
-// loop-carried dependence; restrict would be undefined behaviour for the in-place call, which
-// is the common one in all-reduce.
+// The reduction kernels' entry points (<braid/collectives/reduce_kernels.hpp>): operand
+// checks, and the instruction set's kernel table (reduce_kernel_table.hpp) chosen at the first
+// call from CPUID; after that a call costs an indirect call and a few range checks. The
+// loops themselves are in reduce_loops.hpp, compiled once per instruction set.
+#include <cstdint>
+#include <string_view>
+
 #include <braid/collectives/reduce_kernels.hpp>
 #include <braid/core/enforce.hpp>
 
-#include <algorithm>
-#include <array>
-#include <bit>
-#include <cmath>
-#include <cstdint>
-#include <string_view>
-#include <type_traits>
-#include <utility>
-
 #if defined(__x86_64__)
 #include <cpuid.h>
-#include <immintrin.h>
 #endif
 
-#if defined(__clang__)
-#define BRAID_INDEPENDENT_ITERATIONS _Pragma("clang loop vectorize(assume_safety)")
-#elif defined(__GNUC__)
-#define BRAID_INDEPENDENT_ITERATIONS _Pragma("GCC ivdep")
-#else
-#define BRAID_INDEPENDENT_ITERATIONS
-#endif
-
-// Helpers are always_inline so that they are compiled inside, and for the instruction set of,
-// the kernel that calls them.
-#define BRAID_INLINE [[gnu::always_inline]] inline
+#include "reduce_kernel_table.hpp"
+#include "reduce_loops.hpp"
 
 namespace braid::collectives {
 namespace {
 
-// Each vectorised loop is an outer loop over groups of kVectorStep elements around an inner
-// loop with that constant trip count, then a scalar tail. 64 is a multiple of every vector
-// width used here (64 u8 fill a 512-bit register). A plain loop over count & ~63 vectorises
-// too, until inlining puts several in a row: GCC then loses track of the count's low zero
-// bits and leaves them scalar (measured: bf16 at a tenth of the speed).
-constexpr std::size_t kVectorStep = 64;
-
-// ------------------------------------------------------------------ scalar conversions
-
-BRAID_INLINE float half_to_float(std::uint16_t half) {
-  const std::uint32_t sign = std::uint32_t{half & 0x8000u} << 16;
-  const std::uint32_t exponent = (half >> 10) & 0x1Fu;
-  const std::uint32_t mantissa = half & 0x3FFu;
-  if (exponent == 0x1F) {
-    // Infinity, or NaN made quiet with its payload kept: what F16C's vcvtph2ps does.
-    const std::uint32_t quiet = mantissa != 0 ? 0x400000u : 0;
-    return std::bit_cast<float>(sign | 0x7F800000u | quiet | (mantissa << 13));
-  }
-  if (exponent == 0) {
-    // Zero or subnormal: mantissa * 2^-24, exact in f32.
-    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
-    return sign != 0 ? -magnitude : magnitude;
-  }
-  return std::bit_cast<float>(sign | ((exponent + (127 - 15)) << 23) | (mantissa << 13));
-}
-
-BRAID_INLINE std::uint16_t float_to_half(float value) {
-  const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
-  const auto sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
-  const std::uint32_t magnitude = bits & 0x7FFFFFFFu;
-  if (magnitude > 0x7F800000u) {
-    // NaN: quiet, sign and top payload bits kept, as F16C's vcvtps2ph does.
-    return static_cast<std::uint16_t>(sign | 0x7E00u | ((magnitude >> 13) & 0x3FFu));
-  }
-  // 65520 is halfway between the largest f16 (65504) and the next step, 65536; the tie goes
-  // to the even neighbour, which is infinity.
-  if (magnitude >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);
-  if (magnitude >= 0x38800000u) {
-    // Normal f16 (>= 2^-14): rebias the exponent and round away 13 mantissa bits to nearest
-    // even; a carry out of the mantissa correctly bumps the exponent.
-    const std::uint32_t rounded = magnitude + 0xFFFu + ((magnitude >> 13) & 1u);
-    return static_cast<std::uint16_t>(sign | ((rounded - ((127u - 15u) << 23)) >> 13));
-  }
-  // Subnormal f16: the result is round(value / 2^-24). Below 2^-25 that rounds to zero.
-  const std::uint32_t exponent = magnitude >> 23;
-  if (exponent < 102) return sign;
-  const std::uint32_t significand = (magnitude & 0x7FFFFFu) | 0x800000u;
-  const std::uint32_t shift = 126 - exponent;  // 14..24
-  const std::uint32_t kept = significand >> shift;
-  const std::uint32_t dropped = significand & ((1u << shift) - 1);
-  const std::uint32_t half_step = 1u << (shift - 1);
-  const bool round_up = dropped > half_step || (dropped == half_step && (kept & 1u) != 0);
-  // Rounding 0x3FF up gives 0x400: the smallest normal, which is the right bit pattern.
-  return static_cast<std::uint16_t>(sign | (kept + (round_up ? 1u : 0u)));
-}
-
-BRAID_INLINE float bfloat_to_float(std::uint16_t bfloat) {
-  return std::bit_cast<float>(std::uint32_t{bfloat} << 16);
-}
-
-// Branch-free, in 32-bit lanes until one final shift, so that loops over it vectorise tightly.
-BRAID_INLINE std::uint16_t float_to_bfloat(float value) {
-  const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
-  // A NaN is made quiet and its low half cleared, so that rounding cannot carry it into
-  // infinity.
-  const std::uint32_t kept = std::isnan(value) ? (bits | 0x400000u) & 0xFFFF0000u : bits;
-  // Adding just under half a bf16 step, plus one when the kept part is odd, rounds to nearest
-  // even; overflow carries into the exponent and ends at infinity, as it should.
-  const std::uint32_t rounded = kept + 0x7FFFu + ((kept >> 16) & 1u);
-  return static_cast<std::uint16_t>(rounded >> 16);
-}
-
-// ------------------------------------------------------------------ element operations
-
-template <DType D>
-struct Storage;
-template <> struct Storage<DType::f32> { using type = float; };
-template <> struct Storage<DType::f64> { using type = double; };
-template <> struct Storage<DType::f16> { using type = std::uint16_t; };
-template <> struct Storage<DType::bf16> { using type = std::uint16_t; };
-template <> struct Storage<DType::i32> { using type = std::int32_t; };
-template <> struct Storage<DType::i64> { using type = std::int64_t; };
-template <> struct Storage<DType::u8> { using type = std::uint8_t; };
-
-// avg reduces like sum; its division is divide()'s job.
-constexpr ReduceOp reduced_as(ReduceOp op) { return op == ReduceOp::avg ? ReduceOp::sum : op; }
-
-template <ReduceOp Op, class T>
-BRAID_INLINE T combine(T a, T b) {
-  static_assert(Op != ReduceOp::avg, "avg is instantiated as sum");
-  if constexpr (std::is_integral_v<T>) {
-    // Wrap-around arithmetic in an unsigned type at least as wide as unsigned int (u8 would
-    // otherwise promote to signed int); converting back to T is modular since C++20.
-    using Wide = decltype(std::make_unsigned_t<T>{} + 0u);
-    if constexpr (Op == ReduceOp::sum) {
-      return static_cast<T>(static_cast<Wide>(a) + static_cast<Wide>(b));
-    } else if constexpr (Op == ReduceOp::prod) {
-      return static_cast<T>(static_cast<Wide>(a) * static_cast<Wide>(b));
-    } else if constexpr (Op == ReduceOp::min) {
-      return b < a ? b : a;
-    } else {
-      return a < b ? b : a;
-    }
-  } else {
-    if constexpr (Op == ReduceOp::sum) {
-      return a + b;
-    } else if constexpr (Op == ReduceOp::prod) {
-      return a * b;
-    } else if constexpr (Op == ReduceOp::min) {
-      // `b < a ? b : a` is one vminps, which returns a when either is NaN; the NaN test on b
-      // completes the propagation for one compare and blend more.
-      return std::isnan(b) ? b : (b < a ? b : a);
-    } else {
-      return std::isnan(b) ? b : (a < b ? b : a);
-    }
-  }
-}
-
-// How a stored element becomes the value an operation works on, and back: itself for the
-// native types; f32 for bf16, converted inside the loop, since shifts and integer rounding
-// vectorise as well as the operation does. (f16 needs F16C to vectorise; see below.)
-template <class T>
-struct AsIs {
-  using Stored = T;
-  BRAID_INLINE static T load(T value) { return value; }
-  BRAID_INLINE static T store(T value) { return value; }
-};
-
-struct Bf16AsF32 {
-  using Stored = std::uint16_t;
-  BRAID_INLINE static float load(std::uint16_t bits) { return bfloat_to_float(bits); }
-  BRAID_INLINE static std::uint16_t store(float value) { return float_to_bfloat(value); }
-};
-
-template <class Element, ReduceOp Op>
-BRAID_INLINE typename Element::Stored reduce_one(typename Element::Stored a,
-                                                 typename Element::Stored b) {
-  return Element::store(combine<Op>(Element::load(a), Element::load(b)));
-}
-
-template <class Element, ReduceOp Op>
-BRAID_INLINE void reduce_elements(typename Element::Stored* dst,
-                                  const typename Element::Stored* a,
-                                  const typename Element::Stored* b, std::size_t count) {
-  std::size_t i = 0;
-  for (; i + kVectorStep <= count; i += kVectorStep) {
-    BRAID_INDEPENDENT_ITERATIONS
-    for (std::size_t j = i; j < i + kVectorStep; ++j) dst[j] = reduce_one<Element, Op>(a[j], b[j]);
-  }
-  for (; i < count; ++i) dst[i] = reduce_one<Element, Op>(a[i], b[i]);
-}
-
-// Calls body with how a float is divided by divisor. Division, not a multiply by the
-// reciprocal: it rounds once, so avg of equal values gives that value back. Rank counts are
-// exact in float. A power of two has an exact reciprocal, so there the multiply gives the
-// same bits, at a fraction of the cost (a 512-bit divide issues every ~10 cycles, a
-// multiply every cycle; measured in a DDP step, the division was a third of the
-// reduction's time).
-template <class Value, class Body>
-BRAID_INLINE void with_division_by(int divisor, Body body) {
-  if ((divisor & (divisor - 1)) == 0) {
-    const Value reciprocal = Value{1} / static_cast<Value>(divisor);
-    body([reciprocal](Value x) { return x * reciprocal; });
-  } else {
-    const auto scale = static_cast<Value>(divisor);
-    body([scale](Value x) { return x / scale; });
-  }
-}
-
-template <class Element>
-BRAID_INLINE void divide_elements(typename Element::Stored* data, std::size_t count,
-                                  int divisor) {
-  using Value = decltype(Element::load(*data));
-  if constexpr (std::is_floating_point_v<Value>) {
-    with_division_by<Value>(divisor, [&](auto divided) {
-      std::size_t i = 0;
-      for (; i + kVectorStep <= count; i += kVectorStep) {
-        for (std::size_t j = i; j < i + kVectorStep; ++j) {
-          data[j] = Element::store(divided(Element::load(data[j])));
-        }
-      }
-      for (; i < count; ++i) data[i] = Element::store(divided(Element::load(data[i])));
-    });
-  } else {
-    // Truncates toward zero. No SIMD integer division exists, so this runs scalar; integer
-    // avg is rare. divisor > 0 rules out the one overflow, INT_MIN / -1.
-    using Wide = std::common_type_t<Value, int>;
-    const auto scale = static_cast<Wide>(divisor);
-    for (std::size_t i = 0; i < count; ++i) {
-      data[i] = static_cast<Value>(static_cast<Wide>(data[i]) / scale);
-    }
-  }
-}
-
-// reduce_elements<Element, sum> then divide_elements, in one pass: the sum is stored
-// (rounded to the element type) and loaded again before the division, so the bits are
-// those of the two passes.
-template <class Element>
-BRAID_INLINE void sum_and_divide_elements(typename Element::Stored* dst,
-                                          const typename Element::Stored* a,
-                                          const typename Element::Stored* b, std::size_t count,
-                                          int divisor) {
-  using Value = decltype(Element::load(*dst));
-  with_division_by<Value>(divisor, [&](auto divided) {
-    auto one = [&](std::size_t j) {
-      return Element::store(divided(Element::load(reduce_one<Element, ReduceOp::sum>(a[j], b[j]))));
-    };
-    std::size_t i = 0;
-    for (; i + kVectorStep <= count; i += kVectorStep) {
-      BRAID_INDEPENDENT_ITERATIONS
-      for (std::size_t j = i; j < i + kVectorStep; ++j) dst[j] = one(j);
-    }
-    for (; i < count; ++i) dst[i] = one(i);
-  });
-}
-
-// ------------------------------------------------------------------ f16 through f32
-
-// f16 codecs widen blocks of bit patterns to f32 and narrow them back: with F16C on x86, one
-// element at a time elsewhere (its exponent and subnormal cases make portable code branchy).
-struct ScalarF16Codec {
-  BRAID_INLINE static void widen(float* dst, const std::uint16_t* src, std::size_t count) {
-    for (std::size_t i = 0; i < count; ++i) dst[i] = half_to_float(src[i]);
-  }
-  BRAID_INLINE static void narrow(std::uint16_t* dst, const float* src, std::size_t count) {
-    for (std::size_t i = 0; i < count; ++i) dst[i] = float_to_half(src[i]);
-  }
-};
-
-#if defined(__x86_64__)
-// Not always_inline: the helpers between a kernel and its codec carry no target attribute,
-// and GCC refuses to force a target function into them. Once those helpers are inlined into
-// the kernel, the codec may be inlined too; if not, it is one call per block.
-#define BRAID_TARGET_AVX2 [[gnu::target("avx2,f16c")]]
-#define BRAID_TARGET_AVX512 [[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx2,f16c")]]
-
-struct Avx2F16Codec {
-  BRAID_TARGET_AVX2 static void widen(float* dst, const std::uint16_t* src, std::size_t count) {
-    std::size_t i = 0;
-    for (; i + 8 <= count; i += 8) {
-      const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(half));
-    }
-    for (; i < count; ++i) dst[i] = half_to_float(src[i]);
-  }
-  BRAID_TARGET_AVX2 static void narrow(std::uint16_t* dst, const float* src, std::size_t count) {
-    std::size_t i = 0;
-    for (; i + 8 <= count; i += 8) {
-      const __m128i half = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), half);
-    }
-    for (; i < count; ++i) dst[i] = float_to_half(src[i]);
-  }
-};
-
-struct Avx512F16Codec {
-  // The masked forms with every lane on: GCC 12's unmasked _mm512_cvtph_ps/_mm512_cvtps_ph
-  // start from _mm512_undefined_*, which trips -Wmaybe-uninitialized (GCC bug 105593).
-  static constexpr __mmask16 kAllLanes = 0xFFFF;
-  BRAID_TARGET_AVX512 static void widen(float* dst, const std::uint16_t* src, std::size_t count) {
-    std::size_t i = 0;
-    for (; i + 16 <= count; i += 16) {
-      const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-      _mm512_storeu_ps(dst + i, _mm512_maskz_cvtph_ps(kAllLanes, half));
-    }
-    Avx2F16Codec::widen(dst + i, src + i, count - i);
-  }
-  BRAID_TARGET_AVX512 static void narrow(std::uint16_t* dst, const float* src, std::size_t count) {
-    std::size_t i = 0;
-    for (; i + 16 <= count; i += 16) {
-      const __m256i half =
-          _mm512_maskz_cvtps_ph(kAllLanes, _mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), half);
-    }
-    Avx2F16Codec::narrow(dst + i, src + i, count - i);
-  }
-};
-#endif
-
-// f16 is widened a block at a time into f32 buffers on the stack: 2 x 2 KiB stays
-// in L1, so the extra passes over them cost cache bandwidth, not memory bandwidth.
-constexpr std::size_t kWideBlock = 512;
-
-template <class Codec, ReduceOp Op>
-BRAID_INLINE void reduce_through_f32(std::uint16_t* dst, const std::uint16_t* a,
-                                     const std::uint16_t* b, std::size_t count) {
-  alignas(64) float wide_a[kWideBlock];
-  alignas(64) float wide_b[kWideBlock];
-  // Block k of dst is written only after block k of a and b has been read, so dst == a or
-  // dst == b is safe.
-  for (std::size_t start = 0; start < count; start += kWideBlock) {
-    const std::size_t n = std::min(kWideBlock, count - start);
-    Codec::widen(wide_a, a + start, n);
-    Codec::widen(wide_b, b + start, n);
-    reduce_elements<AsIs<float>, Op>(wide_a, wide_a, wide_b, n);
-    Codec::narrow(dst + start, wide_a, n);
-  }
-}
-
-template <class Codec>
-BRAID_INLINE void divide_through_f32(std::uint16_t* data, std::size_t count, int divisor) {
-  alignas(64) float wide[kWideBlock];
-  for (std::size_t start = 0; start < count; start += kWideBlock) {
-    const std::size_t n = std::min(kWideBlock, count - start);
-    Codec::widen(wide, data + start, n);
-    divide_elements<AsIs<float>>(wide, n, divisor);
-    Codec::narrow(data + start, wide, n);
-  }
-}
-
-template <class F16Codec, DType D, ReduceOp Op>
-BRAID_INLINE void reduce_any(void* dst, const void* a, const void* b, std::size_t count) {
-  using T = typename Storage<D>::type;
-  auto* typed_dst = static_cast<T*>(dst);
-  const auto* typed_a = static_cast<const T*>(a);
-  const auto* typed_b = static_cast<const T*>(b);
-  if constexpr (D == DType::f16) {
-    reduce_through_f32<F16Codec, Op>(typed_dst, typed_a, typed_b, count);
-  } else if constexpr (D == DType::bf16) {
-    reduce_elements<Bf16AsF32, Op>(typed_dst, typed_a, typed_b, count);
-  } else {
-    reduce_elements<AsIs<T>, Op>(typed_dst, typed_a, typed_b, count);
-  }
-}
-
-template <class F16Codec, DType D>
-BRAID_INLINE void divide_any(void* data, std::size_t count, int divisor) {
-  using T = typename Storage<D>::type;
-  auto* typed = static_cast<T*>(data);
-  if constexpr (D == DType::f16) {
-    divide_through_f32<F16Codec>(typed, count, divisor);
-  } else if constexpr (D == DType::bf16) {
-    divide_elements<Bf16AsF32>(typed, count, divisor);
-  } else {
-    divide_elements<AsIs<T>>(typed, count, divisor);
-  }
-}
-
-template <class F16Codec, DType D>
-BRAID_INLINE void reduce_and_divide_any(void* dst, const void* a, const void* b,
-                                        std::size_t count, int divisor) {
-  using T = typename Storage<D>::type;
-  if constexpr (D == DType::f32 || D == DType::f64) {
-    sum_and_divide_elements<AsIs<T>>(static_cast<T*>(dst), static_cast<const T*>(a),
-                                     static_cast<const T*>(b), count, divisor);
-  } else if constexpr (D == DType::bf16) {
-    sum_and_divide_elements<Bf16AsF32>(static_cast<T*>(dst), static_cast<const T*>(a),
-                                       static_cast<const T*>(b), count, divisor);
-  } else {
-    reduce_any<F16Codec, D, ReduceOp::sum>(dst, a, b, count);
-    divide_any<F16Codec, D>(dst, count, divisor);
-  }
-}
-
-// ------------------------------------------------------------------ one kernel set per ISA
-
-struct BaselineKernels {
-  template <DType D, ReduceOp Op>
-  static void reduce(void* dst, const void* a, const void* b, std::size_t count) {
-    reduce_any<ScalarF16Codec, D, Op>(dst, a, b, count);
-  }
-  template <DType D>
-  static void divide(void* data, std::size_t count, int divisor) {
-    divide_any<ScalarF16Codec, D>(data, count, divisor);
-  }
-  template <DType D>
-  static void reduce_and_divide(void* dst, const void* a, const void* b,
-                                std::size_t count, int divisor) {
-    reduce_and_divide_any<ScalarF16Codec, D>(dst, a, b, count, divisor);
-  }
-};
-
-#if defined(__x86_64__)
-struct Avx2Kernels {
-  template <DType D, ReduceOp Op>
-  BRAID_TARGET_AVX2 static void reduce(void* dst, const void* a, const void* b,
-                                       std::size_t count) {
-    reduce_any<Avx2F16Codec, D, Op>(dst, a, b, count);
-  }
-  template <DType D>
-  BRAID_TARGET_AVX2 static void divide(void* data, std::size_t count, int divisor) {
-    divide_any<Avx2F16Codec, D>(data, count, divisor);
-  }
-  template <DType D>
-  BRAID_TARGET_AVX2 static void reduce_and_divide(void* dst, const void* a, const void* b,
-                                                  std::size_t count, int divisor) {
-    reduce_and_divide_any<Avx2F16Codec, D>(dst, a, b, count, divisor);
-  }
-};
-
-struct Avx512Kernels {
-  template <DType D, ReduceOp Op>
-  BRAID_TARGET_AVX512 static void reduce(void* dst, const void* a, const void* b,
-                                         std::size_t count) {
-    reduce_any<Avx512F16Codec, D, Op>(dst, a, b, count);
-  }
-  template <DType D>
-  BRAID_TARGET_AVX512 static void divide(void* data, std::size_t count, int divisor) {
-    divide_any<Avx512F16Codec, D>(data, count, divisor);
-  }
-  template <DType D>
-  BRAID_TARGET_AVX512 static void reduce_and_divide(void* dst, const void* a, const void* b,
-                                                    std::size_t count, int divisor) {
-    reduce_and_divide_any<Avx512F16Codec, D>(dst, a, b, count, divisor);
-  }
-};
-#endif
-
-// ------------------------------------------------------------------ dispatch
-
-constexpr std::size_t kDTypeCount = static_cast<std::size_t>(DType::u8) + 1;
-constexpr std::size_t kReduceOpCount = static_cast<std::size_t>(ReduceOp::prod) + 1;
-
-using ReduceKernel = void (*)(void* dst, const void* a, const void* b, std::size_t count);
-using DivideKernel = void (*)(void* data, std::size_t count, int divisor);
-using ReduceAndDivideKernel = void (*)(void* dst, const void* a, const void* b, std::size_t count,
-                                       int divisor);
-
-struct KernelTable {
-  std::array<std::array<ReduceKernel, kReduceOpCount>, kDTypeCount> reduce;  // [dtype][op]
-  std::array<DivideKernel, kDTypeCount> divide;                              // [dtype]
-  std::array<ReduceAndDivideKernel, kDTypeCount> reduce_and_divide;          // [dtype]
-};
-
-template <class Kernels, DType D, std::size_t... Ops>
-constexpr std::array<ReduceKernel, kReduceOpCount> reduce_row(std::index_sequence<Ops...>) {
-  return {&Kernels::template reduce<D, reduced_as(static_cast<ReduceOp>(Ops))>...};
-}
-
-template <class Kernels, std::size_t... DTypes>
-constexpr KernelTable make_table(std::index_sequence<DTypes...>) {
-  return {
-      .reduce = {reduce_row<Kernels, static_cast<DType>(DTypes)>(
-          std::make_index_sequence<kReduceOpCount>{})...},
-      .divide = {&Kernels::template divide<static_cast<DType>(DTypes)>...},
-      .reduce_and_divide = {&Kernels::template reduce_and_divide<static_cast<DType>(DTypes)>...},
-  };
-}
-
-template <class Kernels>
-constexpr KernelTable kTable = make_table<Kernels>(std::make_index_sequence<kDTypeCount>{});
+using detail::kDTypeCount;
+using detail::KernelTable;
+using detail::kReduceOpCount;
 
 #if defined(__x86_64__)
 // F16C is read from CPUID directly: not every compiler's __builtin_cpu_supports knows it
@@ -502,11 +39,11 @@ const KernelTable& table_for_this_cpu() {
   const bool avx2 = __builtin_cpu_supports("avx2") && cpu_has_f16c();
   if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
-    return kTable<Avx512Kernels>;
+    return detail::avx512_kernels();
   }
-  if (avx2) return kTable<Avx2Kernels>;
+  if (avx2) return detail::avx2_kernels();
 #endif
-  return kTable<BaselineKernels>;
+  return detail::baseline_kernels();
 }
 
 const KernelTable& kernels() {
@@ -537,8 +74,7 @@ std::size_t checked_operands(std::string_view what, const void* dst, const void*
 
 }  // namespace
 
-void reduce(void* dst, const void* a, const void* b, std::size_t count, DType dtype,
-            ReduceOp op) {
+void reduce(void* dst, const void* a, const void* b, std::size_t count, DType dtype, ReduceOp op) {
   const auto op_index = static_cast<std::size_t>(op);
   BRAID_ENFORCE(op_index < kReduceOpCount, "reduce: unknown ReduceOp {}", op_index);
   const std::size_t dtype_index = checked_operands("reduce", dst, a, b, count, dtype);
@@ -562,9 +98,17 @@ void reduce_and_divide(void* dst, const void* a, const void* b, std::size_t coun
   kernels().reduce_and_divide[dtype_index](dst, a, b, count, divisor);
 }
 
-float f16_to_f32(std::uint16_t bits) noexcept { return half_to_float(bits); }
-std::uint16_t f32_to_f16(float value) noexcept { return float_to_half(value); }
-float bf16_to_f32(std::uint16_t bits) noexcept { return bfloat_to_float(bits); }
-std::uint16_t f32_to_bf16(float value) noexcept { return float_to_bfloat(value); }
+float f16_to_f32(std::uint16_t bits) noexcept {
+  return reduce_loops::half_to_float(bits);
+}
+std::uint16_t f32_to_f16(float value) noexcept {
+  return reduce_loops::float_to_half(value);
+}
+float bf16_to_f32(std::uint16_t bits) noexcept {
+  return reduce_loops::bfloat_to_float(bits);
+}
+std::uint16_t f32_to_bf16(float value) noexcept {
+  return reduce_loops::float_to_bfloat(value);
+}
 
 }  // namespace braid::collectives

@@ -12,7 +12,7 @@ namespace {
 
 // dst may be src (scaling in place), never a partial overlap. Written in blocks of a
 // constant trip count, with ivdep for the exact alias, because GCC 12 at -O2 vectorises
-// nothing else (src/collectives/reduce_kernels.cpp): the plain loop ran scalar, at about
+// nothing else (src/collectives/reduce_loops.hpp): the plain loop ran scalar, at about
 // 4 GB/s.
 template <class T>
 void scale_loop(T* dst, const T* src, std::size_t count, T factor) {

@@ -59,12 +59,6 @@ trace::Name span_name(Algorithm algorithm) {
 
 namespace detail {
 
-// GCC 12 misreports asio's coroutine frame allocator as a mismatched new/delete once this
-// switch grows past a size it inlines differently (GCC bug 109224); the frame is allocated
-// and freed by asio's own matching operators.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-
 asio::awaitable<void> run_message_algorithm(CollectiveOp& op, const CollectiveCall& call) {
   using enum CollectiveKind;
   switch (call.kind) {
@@ -124,7 +118,6 @@ asio::awaitable<void> run_message_algorithm(CollectiveOp& op, const CollectiveCa
       co_return;
   }
 }
-#pragma GCC diagnostic pop
 
 }  // namespace detail
 

@@ -112,12 +112,6 @@ MapNotice open_segment(SharedMemoryArena& arena, const MapNotice& name, int rank
 // and the communicator's next shared-memory collective tries again. Then every rank tests
 // reading each peer's probe word, and single copy is used only if every rank could and
 // its policy wants it.
-// GCC 12 reports its own coroutine frame's deallocation as mismatched here (GCC bug
-// 109224, a false positive; braid-bench is built without the warning for the same reason).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
 asio::awaitable<void> ArenaTurn::map() {
   const int world = op_.size();
   const int me = op_.rank();
@@ -235,8 +229,5 @@ asio::awaitable<void> ArenaTurn::map() {
   }
   arena_.publish_hints(me);
 }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 }  // namespace braid::collectives::detail

@@ -37,6 +37,8 @@
 #include "transport/rank_claim.hpp"
 #include "transport/store_protocol.hpp"
 
+#include "store_test_helpers.hpp"
+
 namespace braid::transport {
 namespace {
 
@@ -44,14 +46,6 @@ using namespace std::chrono_literals;
 using ::testing::HasSubstr;
 namespace proto = store_protocol;
 
-Bytes bytes(std::string_view text) {
-  return Bytes(text.begin(), text.end());
-}
-
-template <class T>
-T run_on(Runtime& runtime, asio::awaitable<T> work) {
-  return runtime.spawn(std::move(work)).get();
-}
 
 // A little-endian length prefix announcing `length` bytes, then one byte of them.
 Bytes announce(std::uint32_t length, std::uint8_t then = 0x02) {

@@ -20,6 +20,8 @@
 
 #include "transport/store_protocol.hpp"
 
+#include "store_test_helpers.hpp"
+
 namespace braid::transport {
 namespace {
 
@@ -29,15 +31,6 @@ using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 namespace proto = store_protocol;
 
-Bytes bytes(std::string_view text) {
-  return Bytes(text.begin(), text.end());
-}
-
-// Runs `work` on the runtime and waits for it; the Error it throws comes back here.
-template <class T>
-T run_on(Runtime& runtime, asio::awaitable<T> work) {
-  return runtime.spawn(std::move(work)).get();
-}
 
 // Asserts that `work` throws braid::Error with `code` and returns it for more checks.
 template <class T>

@@ -5,10 +5,10 @@
 //
 // The shape of every braid program: a Runtime (the thread all communication runs on), a
 // World joined from the launcher's environment, and coroutines spawned on the runtime.
-#include <braid/braid.hpp>
-
 #include <cstdlib>
 #include <iostream>
+
+#include <braid/braid.hpp>
 
 namespace {
 
@@ -53,8 +53,8 @@ int main(int argc, char** argv) {
     }
     const std::int64_t expected =
         static_cast<std::int64_t>(laps) * world->size() * (world->size() - 1) / 2;
-    std::cout << "rank 0: the token came back as " << token << " after " << laps
-              << " lap(s) of " << world->size() << " rank(s); expected " << expected << "\n";
+    std::cout << "rank 0: the token came back as " << token << " after " << laps << " lap(s) of "
+              << world->size() << " rank(s); expected " << expected << "\n";
     return token == expected ? 0 : 1;
   } catch (const std::exception& e) {
     std::cerr << "ring: " << e.what() << "\n";

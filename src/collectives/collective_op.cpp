@@ -59,7 +59,7 @@ Message CollectiveOp::send_reserved(int peer, Buffer data, std::uint32_t step) {
   if (abort_) throw_aborted();
   transfers_.push_back({transport_.start_send(message.world_peer, data,
                                               tag_of(communicator_, sequence_, step), deadline()),
-                         message.world_peer});
+                        message.world_peer});
   message.transfer = &transfers_.back().transfer;
   return message;
 }
@@ -76,7 +76,7 @@ Message CollectiveOp::recv_reserved(int peer, Buffer data, std::uint32_t step, b
   try {
     transfers_.push_back({transport_.start_recv(message.world_peer, data,
                                                 tag_of(communicator_, sequence_, step), deadline()),
-                           message.world_peer});
+                          message.world_peer});
   } catch (const Error& error) {
     // A larger message that had already arrived: refused at the start, not at the wait.
     if (error.code() != Errc::size_mismatch) throw;
@@ -133,9 +133,8 @@ void CollectiveOp::abort(int peer, std::string why) {
 
 asio::awaitable<void> CollectiveOp::settle(std::string why) {
   auto in_flight = [this] {
-    return std::any_of(transfers_.begin(), transfers_.end(), [](const Started& s) {
-      return s.transfer.valid() && !s.transfer.ready();
-    });
+    return std::any_of(transfers_.begin(), transfers_.end(),
+                       [](const Started& s) { return s.transfer.valid() && !s.transfer.ready(); });
   };
   for (Started& started : transfers_) {
     if (started.transfer.valid()) transport_.cancel(started.transfer);

@@ -1,11 +1,11 @@
-#include <braid/collectives/gather_timeline.hpp>
-#include <braid/trace/timeline_bytes.hpp>
-
 #include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
+
+#include <braid/collectives/gather_timeline.hpp>
+#include <braid/trace/timeline_bytes.hpp>
 
 namespace braid::collectives {
 

@@ -46,8 +46,8 @@ class HugePageAdvice {
   struct Seen {
     std::uintptr_t begin = 0;
     std::size_t bytes = 0;
-    bool advised = false;    // collapsed, or given up on: never tried again
-    int tries = 0;           // collapses the kernel could not finish for want of a free page
+    bool advised = false;  // collapsed, or given up on: never tried again
+    int tries = 0;         // collapses the kernel could not finish for want of a free page
   };
   bool enabled_;
   // The buffers seen most recently: a gradient bucket set or a benchmark's vectors fit.

@@ -76,9 +76,9 @@ ScratchPool::Lease ScratchPool::acquire(std::size_t bytes) {
 void ScratchPool::give_back(std::unique_ptr<std::byte[]> memory, std::size_t capacity) noexcept {
   if (free_.size() >= max_cached_) {
     // Keep the largest blocks: they are the expensive ones to fault in again.
-    auto smallest = std::min_element(free_.begin(), free_.end(), [](const Block& a, const Block& b) {
-      return a.capacity < b.capacity;
-    });
+    auto smallest =
+        std::min_element(free_.begin(), free_.end(),
+                         [](const Block& a, const Block& b) { return a.capacity < b.capacity; });
     if (smallest->capacity >= capacity) return;  // `memory` is freed on return
     free_.erase(smallest);
   }

@@ -1,6 +1,7 @@
+#include <fmt/format.h>
+
 #include <braid/core/enforce.hpp>
 #include <braid/core/error.hpp>
-#include <fmt/format.h>
 
 namespace braid {
 namespace {
@@ -10,16 +11,26 @@ class BraidCategory final : public std::error_category {
   const char* name() const noexcept override { return "braid"; }
   std::string message(int value) const override {
     switch (static_cast<Errc>(value)) {
-      case Errc::timeout: return "timed out";
-      case Errc::peer_failed: return "peer failed";
-      case Errc::size_mismatch: return "size mismatch";
-      case Errc::invalid_argument: return "invalid argument";
-      case Errc::invalid_environment: return "invalid environment";
-      case Errc::protocol_error: return "protocol error";
-      case Errc::refused: return "refused";
-      case Errc::closed: return "closed";
-      case Errc::cancelled: return "cancelled";
-      case Errc::desync: return "collective desync";
+      case Errc::timeout:
+        return "timed out";
+      case Errc::peer_failed:
+        return "peer failed";
+      case Errc::size_mismatch:
+        return "size mismatch";
+      case Errc::invalid_argument:
+        return "invalid argument";
+      case Errc::invalid_environment:
+        return "invalid environment";
+      case Errc::protocol_error:
+        return "protocol error";
+      case Errc::refused:
+        return "refused";
+      case Errc::closed:
+        return "closed";
+      case Errc::cancelled:
+        return "cancelled";
+      case Errc::desync:
+        return "collective desync";
     }
     return fmt::format("unknown braid error {}", value);
   }
@@ -32,7 +43,9 @@ const std::error_category& braid_category() noexcept {
   return category;
 }
 
-std::error_code make_error_code(Errc e) noexcept { return {static_cast<int>(e), braid_category()}; }
+std::error_code make_error_code(Errc e) noexcept {
+  return {static_cast<int>(e), braid_category()};
+}
 
 std::string format_error_message(const std::error_code& code, const std::string& detail,
                                  const ErrorContext& context) {
@@ -41,7 +54,8 @@ std::string format_error_message(const std::error_code& code, const std::string&
   std::string where = context.operation;
   std::string extra;
   if (context.peer >= 0) extra = fmt::format("peer rank {}", context.peer);
-  if (context.sequence) extra += fmt::format("{}seq {}", extra.empty() ? "" : ", ", *context.sequence);
+  if (context.sequence)
+    extra += fmt::format("{}seq {}", extra.empty() ? "" : ", ", *context.sequence);
   if (!extra.empty()) where += (where.empty() ? "(" : " (") + extra + ")";
   if (!where.empty()) out += where + ": ";
   out += code.message();

@@ -1,11 +1,11 @@
-#include <braid/core/heap_policy.hpp>
-#include <braid/core/log.hpp>
-
-#include <fmt/format.h>
-
 #include <array>
 #include <mutex>
 #include <string_view>
+
+#include <fmt/format.h>
+
+#include <braid/core/heap_policy.hpp>
+#include <braid/core/log.hpp>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -63,9 +63,10 @@ const HeapPolicy& apply_heap_policy() {
     }
 #endif
     if (policy.applied) {
-      log::debug("heap: blocks under {} MiB from the heap, up to {} MiB kept free at its top "
-                 "(BRAID_KEEP_HEAP=0: glibc's defaults)",
-                 policy.mmap_threshold_bytes >> 20, policy.trim_threshold_bytes >> 20);
+      log::debug(
+          "heap: blocks under {} MiB from the heap, up to {} MiB kept free at its top "
+          "(BRAID_KEEP_HEAP=0: glibc's defaults)",
+          policy.mmap_threshold_bytes >> 20, policy.trim_threshold_bytes >> 20);
     } else {
       log::debug("heap: glibc's defaults ({})", policy.reason);
     }

@@ -1,16 +1,17 @@
-#include <braid/core/config.hpp>
-#include <braid/core/error.hpp>
-#include <braid/core/log.hpp>
+#include <array>
+#include <atomic>
+
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include <array>
-#include <atomic>
+#include <braid/core/config.hpp>
+#include <braid/core/error.hpp>
+#include <braid/core/log.hpp>
 
 namespace braid::log {
 namespace {
 
-constexpr std::array<std::string_view, 7> kLevelNames{"trace", "debug", "info", "warn",
+constexpr std::array<std::string_view, 7> kLevelNames{"trace", "debug",    "info", "warn",
                                                       "error", "critical", "off"};
 
 Level parse_level(std::string_view text) {
@@ -52,13 +53,25 @@ spdlog::logger& logger() {
 
 }  // namespace
 
-void configure_from_env() { set_level(parse_level(config::string_value("BRAID_LOG_LEVEL"))); }
-void set_level(Level level) { current_level().store(level, std::memory_order_relaxed); }
-Level level() { return current_level().load(std::memory_order_relaxed); }
-bool enabled(Level l) { return l != Level::off && l >= current_level().load(std::memory_order_relaxed); }
+void configure_from_env() {
+  set_level(parse_level(config::string_value("BRAID_LOG_LEVEL")));
+}
+void set_level(Level level) {
+  current_level().store(level, std::memory_order_relaxed);
+}
+Level level() {
+  return current_level().load(std::memory_order_relaxed);
+}
+bool enabled(Level l) {
+  return l != Level::off && l >= current_level().load(std::memory_order_relaxed);
+}
 
-void set_process_rank(int rank) { process_rank.store(rank, std::memory_order_relaxed); }
-void set_thread_rank(int rank) { thread_rank = rank; }
+void set_process_rank(int rank) {
+  process_rank.store(rank, std::memory_order_relaxed);
+}
+void set_thread_rank(int rank) {
+  thread_rank = rank;
+}
 int current_rank() {
   return thread_rank >= 0 ? thread_rank : process_rank.load(std::memory_order_relaxed);
 }

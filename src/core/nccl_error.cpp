@@ -1,7 +1,8 @@
-#include <braid/core/nccl_error.hpp>
+#include <cstring>
+
 #include <fmt/format.h>
 
-#include <cstring>
+#include <braid/core/nccl_error.hpp>
 
 namespace braid {
 namespace {

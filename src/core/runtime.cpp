@@ -1,17 +1,17 @@
+#include <cstring>
+#include <future>
+#include <optional>
+#include <pthread.h>
+#include <time.h>
+#include <type_traits>
+
+#include <fmt/format.h>
+
 #include <braid/core/config.hpp>
 #include <braid/core/error.hpp>
 #include <braid/core/heap_policy.hpp>
 #include <braid/core/log.hpp>
 #include <braid/core/runtime.hpp>
-#include <pthread.h>
-#include <time.h>
-
-#include <fmt/format.h>
-
-#include <cstring>
-#include <future>
-#include <optional>
-#include <type_traits>
 
 namespace braid {
 

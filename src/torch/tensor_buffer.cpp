@@ -1,9 +1,10 @@
-#include <braid/core/error.hpp>
-#include <braid/torch/tensor_buffer.hpp>
+#include <sstream>
+
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include <sstream>
+#include <braid/core/error.hpp>
+#include <braid/torch/tensor_buffer.hpp>
 
 namespace braid::torch {
 namespace {
@@ -19,26 +20,41 @@ std::string describe(const at::Tensor& tensor) {
 
 std::optional<DType> dtype_of(c10::ScalarType type) noexcept {
   switch (type) {
-    case c10::ScalarType::Float: return DType::f32;
-    case c10::ScalarType::Double: return DType::f64;
-    case c10::ScalarType::Half: return DType::f16;
-    case c10::ScalarType::BFloat16: return DType::bf16;
-    case c10::ScalarType::Int: return DType::i32;
-    case c10::ScalarType::Long: return DType::i64;
-    case c10::ScalarType::Byte: return DType::u8;
-    default: return std::nullopt;
+    case c10::ScalarType::Float:
+      return DType::f32;
+    case c10::ScalarType::Double:
+      return DType::f64;
+    case c10::ScalarType::Half:
+      return DType::f16;
+    case c10::ScalarType::BFloat16:
+      return DType::bf16;
+    case c10::ScalarType::Int:
+      return DType::i32;
+    case c10::ScalarType::Long:
+      return DType::i64;
+    case c10::ScalarType::Byte:
+      return DType::u8;
+    default:
+      return std::nullopt;
   }
 }
 
 c10::ScalarType scalar_type_of(DType dtype) noexcept {
   switch (dtype) {
-    case DType::f32: return c10::ScalarType::Float;
-    case DType::f64: return c10::ScalarType::Double;
-    case DType::f16: return c10::ScalarType::Half;
-    case DType::bf16: return c10::ScalarType::BFloat16;
-    case DType::i32: return c10::ScalarType::Int;
-    case DType::i64: return c10::ScalarType::Long;
-    case DType::u8: return c10::ScalarType::Byte;
+    case DType::f32:
+      return c10::ScalarType::Float;
+    case DType::f64:
+      return c10::ScalarType::Double;
+    case DType::f16:
+      return c10::ScalarType::Half;
+    case DType::bf16:
+      return c10::ScalarType::BFloat16;
+    case DType::i32:
+      return c10::ScalarType::Int;
+    case DType::i64:
+      return c10::ScalarType::Long;
+    case DType::u8:
+      return c10::ScalarType::Byte;
   }
   return c10::ScalarType::Undefined;
 }

@@ -288,9 +288,9 @@ class Registry {
 
   // Counts the records `chunk` still holds as overwritten and empties it for reuse.
   Chunk* overwrite(Chunk* chunk) noexcept {
-    overwritten_.fetch_add(chunk->count.load(std::memory_order_relaxed) -
-                               chunk->first.load(std::memory_order_relaxed),
-                           std::memory_order_relaxed);
+    overwritten_.fetch_add(
+        chunk->count.load(std::memory_order_relaxed) - chunk->first.load(std::memory_order_relaxed),
+        std::memory_order_relaxed);
     chunk->first.store(0, std::memory_order_relaxed);
     chunk->count.store(0, std::memory_order_release);
     return chunk;
@@ -307,7 +307,7 @@ class Registry {
   std::vector<std::unique_ptr<ThreadBuffer>> buffers_;
   std::vector<TrackInfo> tracks_;
   std::unordered_map<std::string, std::uint32_t> named_;
-  std::unordered_set<std::string> names_;  // node-based: the strings never move
+  std::unordered_set<std::string> names_;      // node-based: the strings never move
   std::atomic<std::uint64_t> overwritten_{0};  // records recycled since the last clear()
 };
 

@@ -1,10 +1,10 @@
-#include <braid/core/error.hpp>
-#include <braid/trace/timeline_bytes.hpp>
-
 #include <cstring>
 #include <type_traits>
 
 #include <fmt/format.h>
+
+#include <braid/core/error.hpp>
+#include <braid/trace/timeline_bytes.hpp>
 
 namespace braid::trace {
 namespace {

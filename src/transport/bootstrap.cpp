@@ -1,14 +1,13 @@
 #include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <array>
 #include <cerrno>
 #include <charconv>
-#include <random>
 #include <climits>
+#include <netinet/in.h>
 #include <optional>
+#include <random>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -178,9 +177,10 @@ LaunchInfo resolve_ranks(const Convention& c, const Reader& reader,
   auto world = read_count(reader, c.world_size, 1);
   if (!world) missing_variable(reader, c, present, c.world_size);
   if (world->value > kMostRanks) {
-    fail("{} is more ranks than a braid job may have ({}): every rank holds a UCX address for "
-         "each of the others",
-         world->shown, kMostRanks);
+    fail(
+        "{} is more ranks than a braid job may have ({}): every rank holds a UCX address for "
+        "each of the others",
+        world->shown, kMostRanks);
   }
   auto rank = read_count(reader, c.rank, 0);
   if (!rank) {

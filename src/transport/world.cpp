@@ -103,12 +103,12 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   if (info.rank == 0) {
     // The store serves on a thread of its own, so what its clients send (strangers
     // included) never queues ahead of this rank's communication on the runtime thread.
-    world->store_runtime_ =
-        std::make_unique<Runtime>(Runtime::Options{.rank = info.rank, .thread_name = "braid-store"});
+    world->store_runtime_ = std::make_unique<Runtime>(
+        Runtime::Options{.rank = info.rank, .thread_name = "braid-store"});
     world->server_ = std::make_unique<StoreServer>(
         *world->store_runtime_, StoreServer::Options{.host = listen_host_for(info.store_host),
-                                      .port = info.store_port,
-                                      .token = info.token});
+                                                     .port = info.store_port,
+                                                     .token = info.token});
     store_port = world->server_->port();
     log::debug("serving the store on port {}", store_port);
   }

@@ -26,7 +26,6 @@
 #include <braid/braid.hpp>
 #include <braid/collectives/communicator.hpp>
 
-
 namespace {
 
 using braid::Buffer;

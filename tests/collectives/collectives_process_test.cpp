@@ -116,12 +116,11 @@ struct Paths {
 std::vector<Paths> reuse_paths(const char* single_copy) {
   const std::filesystem::path traces =
       std::filesystem::temp_directory_path() / fmt::format("braid-reuse-{}", getpid());
-  auto result = ChildProcess({braid_run(), "-n", std::to_string(kReuseRanks), "--timeout", "120",
-                              probe(), "reuse"},
-                             {{"BRAID_SHM_SINGLE_COPY", single_copy},
-                              {"BRAID_TRACE", traces.string()}},
-                             150s)
-                    .wait();
+  auto result =
+      ChildProcess(
+          {braid_run(), "-n", std::to_string(kReuseRanks), "--timeout", "120", probe(), "reuse"},
+          {{"BRAID_SHM_SINGLE_COPY", single_copy}, {"BRAID_TRACE", traces.string()}}, 150s)
+          .wait();
   EXPECT_EQ(result.status, 0) << result.out << result.err;
   std::vector<Paths> paths;
   for (int r = 0; r < kReuseRanks; ++r) {

@@ -44,32 +44,34 @@ trace::Snapshot all_reduces(std::int64_t skew, std::int64_t late, int calls) {
 
 TEST(GatherTimeline, TheRootGetsEveryRanksEventsOnItsClockAndSeesTheLateRank) {
   constexpr int kCalls = 4;
-  const auto errors = testing::run_blocking_ranks(2, [](int rank, std::shared_ptr<Communicator> comm) {
-    // Rank 1 runs 5 s ahead on its own clock and arrives 4 ms late at every call.
-    const std::int64_t skew = rank == 1 ? 5000 * kMs : 0;
-    const std::int64_t late = rank == 1 ? 4 * kMs : 0;
-    const trace::ClockAlignment clock{.reference_rank = 0, .offset_ns = -skew};
-    auto timeline = comm->launch(gather_timeline(*comm, all_reduces(skew, late, kCalls), clock)).get();
-    if (rank != 0) {
-      EXPECT_FALSE(timeline.has_value());
-      return;
-    }
-    ASSERT_TRUE(timeline.has_value());
-    ASSERT_EQ(timeline->ranks.size(), 2u);
-    EXPECT_EQ(timeline->ranks[1].rank, 1);
-    ASSERT_EQ(timeline->ranks[1].events.size(), std::size_t{kCalls});
-    // On one base: rank 1's first call begins 4 ms after rank 0's, and both end together.
-    EXPECT_EQ(timeline->ranks[0].events[0].begin_ns, 0);
-    EXPECT_EQ(timeline->ranks[1].events[0].begin_ns, 4 * kMs);
-    EXPECT_EQ(timeline->ranks[1].events[0].end_ns, timeline->ranks[0].events[0].end_ns);
-    EXPECT_EQ(timeline->ranks[1].track_names.at(1), "comm 0");
-    const trace::Summary summary = trace::summarize(*timeline);
-    // Rank 0 waited 4 ms a call for rank 1, then both moved the bytes for 6 ms.
-    EXPECT_EQ(summary.ranks[0].figures.exposed_ns, kCalls * 10 * kMs);
-    EXPECT_EQ(summary.ranks[0].figures.waiting_ns, kCalls * 4 * kMs);
-    EXPECT_EQ(summary.ranks[1].figures.waiting_ns, 0);
-    EXPECT_EQ(summary.ranks[1].figures.transfer_ns(), kCalls * 6 * kMs);
-  });
+  const auto errors =
+      testing::run_blocking_ranks(2, [](int rank, std::shared_ptr<Communicator> comm) {
+        // Rank 1 runs 5 s ahead on its own clock and arrives 4 ms late at every call.
+        const std::int64_t skew = rank == 1 ? 5000 * kMs : 0;
+        const std::int64_t late = rank == 1 ? 4 * kMs : 0;
+        const trace::ClockAlignment clock{.reference_rank = 0, .offset_ns = -skew};
+        auto timeline =
+            comm->launch(gather_timeline(*comm, all_reduces(skew, late, kCalls), clock)).get();
+        if (rank != 0) {
+          EXPECT_FALSE(timeline.has_value());
+          return;
+        }
+        ASSERT_TRUE(timeline.has_value());
+        ASSERT_EQ(timeline->ranks.size(), 2u);
+        EXPECT_EQ(timeline->ranks[1].rank, 1);
+        ASSERT_EQ(timeline->ranks[1].events.size(), std::size_t{kCalls});
+        // On one base: rank 1's first call begins 4 ms after rank 0's, and both end together.
+        EXPECT_EQ(timeline->ranks[0].events[0].begin_ns, 0);
+        EXPECT_EQ(timeline->ranks[1].events[0].begin_ns, 4 * kMs);
+        EXPECT_EQ(timeline->ranks[1].events[0].end_ns, timeline->ranks[0].events[0].end_ns);
+        EXPECT_EQ(timeline->ranks[1].track_names.at(1), "comm 0");
+        const trace::Summary summary = trace::summarize(*timeline);
+        // Rank 0 waited 4 ms a call for rank 1, then both moved the bytes for 6 ms.
+        EXPECT_EQ(summary.ranks[0].figures.exposed_ns, kCalls * 10 * kMs);
+        EXPECT_EQ(summary.ranks[0].figures.waiting_ns, kCalls * 4 * kMs);
+        EXPECT_EQ(summary.ranks[1].figures.waiting_ns, 0);
+        EXPECT_EQ(summary.ranks[1].figures.transfer_ns(), kCalls * 6 * kMs);
+      });
   for (const auto& e : errors) EXPECT_EQ(e, "");
 }
 
@@ -79,11 +81,22 @@ TEST(TimelineBytes, RoundTripsEveryField) {
   rank.host = "node7";
   rank.overwritten_records = 12;
   rank.track_names = {{1, "main"}, {9, "comm 2"}};
-  rank.events.push_back({.name = "backward", .category = "compute", .track = 1, .begin_ns = 5,
-                         .end_ns = 50, .bytes = 0, .instant = false,
+  rank.events.push_back({.name = "backward",
+                         .category = "compute",
+                         .track = 1,
+                         .begin_ns = 5,
+                         .end_ns = 50,
+                         .bytes = 0,
+                         .instant = false,
                          .args = {{"off_core_ns", "7"}}});
-  rank.events.push_back({.name = "marker", .category = "user", .track = 9, .begin_ns = 60,
-                         .end_ns = 60, .bytes = 8, .instant = true, .args = {}});
+  rank.events.push_back({.name = "marker",
+                         .category = "user",
+                         .track = 9,
+                         .begin_ns = 60,
+                         .end_ns = 60,
+                         .bytes = 8,
+                         .instant = true,
+                         .args = {}});
   const auto back = trace::timeline_from_bytes(trace::timeline_to_bytes(rank, -42));
   EXPECT_EQ(back.origin_reference_ns, -42);
   EXPECT_EQ(back.rank.rank, 3);

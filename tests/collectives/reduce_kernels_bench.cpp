@@ -3,14 +3,15 @@
 // (dst = a + b) and in place (a += b, what all-reduce does); GB/s counts the bytes of
 // dst + a + b, memcpy's its source + destination. Each figure is the best of several timed
 // rounds, since other processes share the machine.
-#include <braid/collectives/reduce_kernels.hpp>
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <vector>
+
+#include <fmt/format.h>
+
+#include <braid/collectives/reduce_kernels.hpp>
 
 namespace {
 
@@ -45,13 +46,27 @@ std::vector<std::byte> operand(DType dtype, int seed) {
     std::byte* element = bytes.data() + i * braid::dtype_size(dtype);
     auto store = [element](auto typed) { std::memcpy(element, &typed, sizeof typed); };
     switch (dtype) {
-      case DType::f32: store(static_cast<float>(value)); break;
-      case DType::f64: store(static_cast<double>(value)); break;
-      case DType::f16: store(collectives::f32_to_f16(static_cast<float>(value))); break;
-      case DType::bf16: store(collectives::f32_to_bf16(static_cast<float>(value))); break;
-      case DType::i32: store(static_cast<std::int32_t>(value)); break;
-      case DType::i64: store(static_cast<std::int64_t>(value)); break;
-      case DType::u8: store(static_cast<std::uint8_t>(value + 6)); break;
+      case DType::f32:
+        store(static_cast<float>(value));
+        break;
+      case DType::f64:
+        store(static_cast<double>(value));
+        break;
+      case DType::f16:
+        store(collectives::f32_to_f16(static_cast<float>(value)));
+        break;
+      case DType::bf16:
+        store(collectives::f32_to_bf16(static_cast<float>(value)));
+        break;
+      case DType::i32:
+        store(static_cast<std::int32_t>(value));
+        break;
+      case DType::i64:
+        store(static_cast<std::int64_t>(value));
+        break;
+      case DType::u8:
+        store(static_cast<std::uint8_t>(value + 6));
+        break;
     }
   }
   return bytes;
@@ -62,8 +77,8 @@ std::vector<std::byte> operand(DType dtype, int seed) {
 int main() {
   fmt::print("reduce sum, {} MiB per operand, GB/s of dst + a + b\n", kOperandBytes >> 20);
   fmt::print("{:<6}{:>10}{:>10}\n", "dtype", "dst=a+b", "a+=b");
-  for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64,
-                      DType::u8}) {
+  for (DType dtype :
+       {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8}) {
     std::vector<std::byte> a = operand(dtype, 1);
     std::vector<std::byte> b = operand(dtype, 2);
     std::vector<std::byte> dst(kOperandBytes);
@@ -79,8 +94,7 @@ int main() {
   }
   std::vector<std::byte> source = operand(DType::u8, 1);
   std::vector<std::byte> destination(kOperandBytes);
-  const double copy = best_gigabytes_per_second(2 * kOperandBytes, [&] {
-    std::memcpy(destination.data(), source.data(), kOperandBytes);
-  });
+  const double copy = best_gigabytes_per_second(
+      2 * kOperandBytes, [&] { std::memcpy(destination.data(), source.data(), kOperandBytes); });
   fmt::print("memcpy{:>10.1f}   (GB/s of source + destination)\n", copy);
 }

@@ -1,7 +1,3 @@
-#include <braid/collectives/reduce_kernels.hpp>
-#include <braid/core/enforce.hpp>
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -14,11 +10,16 @@
 #include <type_traits>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include <braid/collectives/reduce_kernels.hpp>
+#include <braid/core/enforce.hpp>
+
 namespace braid::collectives {
 namespace {
 
-constexpr DType kAllDTypes[] = {DType::f32,  DType::f64, DType::f16, DType::bf16,
-                                DType::i32,  DType::i64, DType::u8};
+constexpr DType kAllDTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16,
+                                DType::i32, DType::i64, DType::u8};
 constexpr ReduceOp kAllOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max,
                                 ReduceOp::prod};
 
@@ -37,10 +38,14 @@ T reference_op(ReduceOp op, T a, T b) {
     const auto wide_b = static_cast<std::uint64_t>(b);
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::avg: return static_cast<T>(wide_a + wide_b);
-      case ReduceOp::prod: return static_cast<T>(wide_a * wide_b);
-      case ReduceOp::min: return std::min(a, b);
-      case ReduceOp::max: return std::max(a, b);
+      case ReduceOp::avg:
+        return static_cast<T>(wide_a + wide_b);
+      case ReduceOp::prod:
+        return static_cast<T>(wide_a * wide_b);
+      case ReduceOp::min:
+        return std::min(a, b);
+      case ReduceOp::max:
+        return std::max(a, b);
     }
   } else {
     if (op == ReduceOp::min || op == ReduceOp::max) {
@@ -67,13 +72,20 @@ void store(std::vector<std::byte>& bytes, std::size_t i, T value) {
 // Element i as a double (f16/bf16 decoded), for messages and NaN checks.
 double element(const std::vector<std::byte>& bytes, std::size_t i, DType dtype) {
   switch (dtype) {
-    case DType::f32: return load<float>(bytes, i);
-    case DType::f64: return load<double>(bytes, i);
-    case DType::f16: return f16_to_f32(load<std::uint16_t>(bytes, i));
-    case DType::bf16: return bf16_to_f32(load<std::uint16_t>(bytes, i));
-    case DType::i32: return load<std::int32_t>(bytes, i);
-    case DType::i64: return static_cast<double>(load<std::int64_t>(bytes, i));
-    case DType::u8: return load<std::uint8_t>(bytes, i);
+    case DType::f32:
+      return load<float>(bytes, i);
+    case DType::f64:
+      return load<double>(bytes, i);
+    case DType::f16:
+      return f16_to_f32(load<std::uint16_t>(bytes, i));
+    case DType::bf16:
+      return bf16_to_f32(load<std::uint16_t>(bytes, i));
+    case DType::i32:
+      return load<std::int32_t>(bytes, i);
+    case DType::i64:
+      return static_cast<double>(load<std::int64_t>(bytes, i));
+    case DType::u8:
+      return load<std::uint8_t>(bytes, i);
   }
   return 0;
 }
@@ -84,17 +96,21 @@ std::vector<std::byte> reference_reduce(const std::vector<std::byte>& a,
   std::vector<std::byte> dst(a.size());
   for (std::size_t i = 0; i < count; ++i) {
     switch (dtype) {
-      case DType::f32: store(dst, i, reference_op(op, load<float>(a, i), load<float>(b, i))); break;
+      case DType::f32:
+        store(dst, i, reference_op(op, load<float>(a, i), load<float>(b, i)));
+        break;
       case DType::f64:
         store(dst, i, reference_op(op, load<double>(a, i), load<double>(b, i)));
         break;
       case DType::f16:
-        store(dst, i, f32_to_f16(reference_op(op, static_cast<float>(element(a, i, dtype)),
-                                              static_cast<float>(element(b, i, dtype)))));
+        store(dst, i,
+              f32_to_f16(reference_op(op, static_cast<float>(element(a, i, dtype)),
+                                      static_cast<float>(element(b, i, dtype)))));
         break;
       case DType::bf16:
-        store(dst, i, f32_to_bf16(reference_op(op, static_cast<float>(element(a, i, dtype)),
-                                               static_cast<float>(element(b, i, dtype)))));
+        store(dst, i,
+              f32_to_bf16(reference_op(op, static_cast<float>(element(a, i, dtype)),
+                                       static_cast<float>(element(b, i, dtype)))));
         break;
       case DType::i32:
         store(dst, i, reference_op(op, load<std::int32_t>(a, i), load<std::int32_t>(b, i)));
@@ -124,20 +140,28 @@ std::vector<std::byte> random_operand(DType dtype, std::size_t count, std::uint3
     const double fraction = small + static_cast<double>((bits >> 40) & 0xFF) / 256;
     switch (dtype) {
       case DType::f32:
-        if (ordinary) store(bytes, i, static_cast<float>(fraction));
-        else store(bytes, i, static_cast<std::uint32_t>(bits >> 1));
+        if (ordinary)
+          store(bytes, i, static_cast<float>(fraction));
+        else
+          store(bytes, i, static_cast<std::uint32_t>(bits >> 1));
         break;
       case DType::f64:
-        if (ordinary) store(bytes, i, fraction);
-        else store(bytes, i, bits >> 1 | bits << 63);
+        if (ordinary)
+          store(bytes, i, fraction);
+        else
+          store(bytes, i, bits >> 1 | bits << 63);
         break;
       case DType::f16:
-        if (ordinary) store(bytes, i, f32_to_f16(static_cast<float>(fraction)));
-        else store(bytes, i, static_cast<std::uint16_t>(bits >> 1));
+        if (ordinary)
+          store(bytes, i, f32_to_f16(static_cast<float>(fraction)));
+        else
+          store(bytes, i, static_cast<std::uint16_t>(bits >> 1));
         break;
       case DType::bf16:
-        if (ordinary) store(bytes, i, f32_to_bf16(static_cast<float>(fraction)));
-        else store(bytes, i, static_cast<std::uint16_t>(bits >> 1));
+        if (ordinary)
+          store(bytes, i, f32_to_bf16(static_cast<float>(fraction)));
+        else
+          store(bytes, i, static_cast<std::uint16_t>(bits >> 1));
         break;
       case DType::i32:
         store(bytes, i, ordinary ? small : static_cast<std::int32_t>(bits >> 1));
@@ -154,15 +178,14 @@ std::vector<std::byte> random_operand(DType dtype, std::size_t count, std::uint3
 }
 
 bool is_float(DType dtype) {
-  return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 ||
-         dtype == DType::bf16;
+  return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16;
 }
 
 // Bit-for-bit equal, except that any NaN equals any NaN: which payload a NaN carries after
 // an operation is the hardware's choice.
 ::testing::AssertionResult same_elements(const std::vector<std::byte>& expected,
-                                         const std::vector<std::byte>& actual,
-                                         std::size_t count, DType dtype) {
+                                         const std::vector<std::byte>& actual, std::size_t count,
+                                         DType dtype) {
   const std::size_t size = dtype_size(dtype);
   for (std::size_t i = 0; i < count; ++i) {
     const double want = element(expected, i, dtype);
@@ -215,13 +238,13 @@ TEST_P(ReduceEveryDTypeAndOp, InPlaceIntoEitherOperandMatchesReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ReduceKernels, ReduceEveryDTypeAndOp,
-    ::testing::Combine(::testing::ValuesIn(kAllDTypes), ::testing::ValuesIn(kAllOps)),
-    [](const auto& info) {
-      return std::string(to_string(std::get<0>(info.param))) + "_" +
-             std::string(to_string(std::get<1>(info.param)));
-    });
+INSTANTIATE_TEST_SUITE_P(ReduceKernels, ReduceEveryDTypeAndOp,
+                         ::testing::Combine(::testing::ValuesIn(kAllDTypes),
+                                            ::testing::ValuesIn(kAllOps)),
+                         [](const auto& info) {
+                           return std::string(to_string(std::get<0>(info.param))) + "_" +
+                                  std::string(to_string(std::get<1>(info.param)));
+                         });
 
 // ------------------------------------------------------------------ integer and float semantics
 
@@ -292,8 +315,8 @@ TEST(ReduceKernels, F16AndBf16KernelsConvertEveryBitPatternLikeTheScalarConversi
            ReduceOp::sum);
     for (std::size_t i = 0; i < dst.size(); ++i) {
       const auto pattern = static_cast<std::uint16_t>(i);
-      const std::uint16_t expected = dtype == DType::f16 ? f32_to_f16(f16_to_f32(pattern))
-                                                         : f32_to_bf16(bf16_to_f32(pattern));
+      const std::uint16_t expected =
+          dtype == DType::f16 ? f32_to_f16(f16_to_f32(pattern)) : f32_to_bf16(bf16_to_f32(pattern));
       ASSERT_EQ(dst[i], expected) << to_string(dtype) << " pattern " << i;
     }
   }
@@ -336,15 +359,20 @@ TEST(ReduceKernels, DivideFloatsRoundsTheQuotientOnce) {
         std::vector<std::byte> expected(data.size());
         for (std::size_t i = 0; i < count; ++i) {
           switch (dtype) {
-            case DType::f32: store(expected, i, load<float>(data, i) / by); break;
-            case DType::f64: store(expected, i, load<double>(data, i) / divisor); break;
+            case DType::f32:
+              store(expected, i, load<float>(data, i) / by);
+              break;
+            case DType::f64:
+              store(expected, i, load<double>(data, i) / divisor);
+              break;
             case DType::f16:
               store(expected, i, f32_to_f16(f16_to_f32(load<std::uint16_t>(data, i)) / by));
               break;
             case DType::bf16:
               store(expected, i, f32_to_bf16(bf16_to_f32(load<std::uint16_t>(data, i)) / by));
               break;
-            default: FAIL() << "not a float dtype";
+            default:
+              FAIL() << "not a float dtype";
           }
         }
         divide(data.data(), count, dtype, divisor);
@@ -398,10 +426,8 @@ TEST(ReduceKernels, ReduceAndDivideEqualsReduceThenDivide) {
 
 TEST(ReduceKernels, RejectsUnknownEnumeratorsPartialOverlapAndNonPositiveDivisors) {
   float data[8] = {};
-  EXPECT_THROW(reduce(data, data, data, 1, static_cast<DType>(99), ReduceOp::sum),
-               InvariantError);
-  EXPECT_THROW(reduce(data, data, data, 1, DType::f32, static_cast<ReduceOp>(99)),
-               InvariantError);
+  EXPECT_THROW(reduce(data, data, data, 1, static_cast<DType>(99), ReduceOp::sum), InvariantError);
+  EXPECT_THROW(reduce(data, data, data, 1, DType::f32, static_cast<ReduceOp>(99)), InvariantError);
   EXPECT_THROW(reduce(data + 1, data, data + 4, 2, DType::f32, ReduceOp::sum), InvariantError);
   EXPECT_THROW(reduce(data, data + 4, data + 1, 2, DType::f32, ReduceOp::sum), InvariantError);
   EXPECT_NO_THROW(reduce(data, data + 4, data + 5, 2, DType::f32, ReduceOp::sum))
@@ -413,8 +439,12 @@ TEST(ReduceKernels, RejectsUnknownEnumeratorsPartialOverlapAndNonPositiveDivisor
 
 // ------------------------------------------------------------------ scalar conversions
 
-bool is_f16_nan(std::uint16_t bits) { return (bits & 0x7C00) == 0x7C00 && (bits & 0x3FF) != 0; }
-bool is_bf16_nan(std::uint16_t bits) { return (bits & 0x7F80) == 0x7F80 && (bits & 0x7F) != 0; }
+bool is_f16_nan(std::uint16_t bits) {
+  return (bits & 0x7C00) == 0x7C00 && (bits & 0x3FF) != 0;
+}
+bool is_bf16_nan(std::uint16_t bits) {
+  return (bits & 0x7F80) == 0x7F80 && (bits & 0x7F) != 0;
+}
 
 TEST(HalfConversions, F16DecodesAndRoundTripsEveryBitPattern) {
   for (std::uint32_t pattern = 0; pattern <= 0xFFFF; ++pattern) {
@@ -454,18 +484,18 @@ TEST(HalfConversions, Bf16DecodesAndRoundTripsEveryBitPattern) {
 
 TEST(HalfConversions, F16RoundsToNearestEven) {
   // Exactly halfway between two f16 values goes to the one with an even mantissa.
-  EXPECT_EQ(f32_to_f16(1.0f + 0x1p-11f), 0x3C00);           // 1.0 (even) vs 1 + 2^-10
-  EXPECT_EQ(f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3C02);       // 1 + 2^-10 (odd) vs 1 + 2^-9
+  EXPECT_EQ(f32_to_f16(1.0f + 0x1p-11f), 0x3C00);             // 1.0 (even) vs 1 + 2^-10
+  EXPECT_EQ(f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3C02);         // 1 + 2^-10 (odd) vs 1 + 2^-9
   EXPECT_EQ(f32_to_f16(1.0f + 0x1p-11f + 0x1p-20f), 0x3C01);  // just past halfway
   EXPECT_EQ(f32_to_f16(1.0f + 0x1p-11f - 0x1p-20f), 0x3C00);  // just short of it
   EXPECT_EQ(f32_to_f16(-(1.0f + 3 * 0x1p-11f)), 0xBC02);
   // Subnormals: steps of 2^-24.
-  EXPECT_EQ(f32_to_f16(0x1p-25f), 0x0000);               // halfway to the smallest: to zero
+  EXPECT_EQ(f32_to_f16(0x1p-25f), 0x0000);  // halfway to the smallest: to zero
   EXPECT_EQ(f32_to_f16(0x1p-25f * 1.0001f), 0x0001);
-  EXPECT_EQ(f32_to_f16(3 * 0x1p-25f), 0x0002);           // 1 (odd) vs 2
-  EXPECT_EQ(f32_to_f16(0x1p-14f - 0x1p-25f), 0x0400);    // largest subnormal up to normal
+  EXPECT_EQ(f32_to_f16(3 * 0x1p-25f), 0x0002);         // 1 (odd) vs 2
+  EXPECT_EQ(f32_to_f16(0x1p-14f - 0x1p-25f), 0x0400);  // largest subnormal up to normal
   EXPECT_EQ(f32_to_f16(0x1p-30f), 0x0000);
-  EXPECT_EQ(f32_to_f16(-0x1p-30f), 0x8000);              // the sign survives underflow
+  EXPECT_EQ(f32_to_f16(-0x1p-30f), 0x8000);  // the sign survives underflow
 }
 
 TEST(HalfConversions, F16OverflowsToInfinity) {

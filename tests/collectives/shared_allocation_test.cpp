@@ -1,6 +1,6 @@
 // Communicator::allocate_shared: memory every member on a node maps, and the collectives
-// that reach peers' buffers through it. Worlds of threads-as-ranks (tests/support/rank_threads.hpp):
-// every rank still maps the segment itself, as a process would.
+// that reach peers' buffers through it. Worlds of threads-as-ranks
+// (tests/support/rank_threads.hpp): every rank still maps the segment itself, as a process would.
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -20,18 +20,18 @@
 #include <braid/core/error.hpp>
 #include <braid/trace/recorder.hpp>
 
+#include "../support/rank_threads.hpp"
 #include "../support/reduce_spans.hpp"
 #include "../support/scoped_env.hpp"
 #include "all_reduce_check.hpp"
-#include "../support/rank_threads.hpp"
 #include "typed_values.hpp"
 
 namespace braid::collectives {
 namespace {
 
+using braid::testing::run_ranks;
 using ::testing::HasSubstr;
 using testing::Mismatch;
-using braid::testing::run_ranks;
 using testing::TypedVector;
 
 Communicator::Options shared_memory_only() {

@@ -32,25 +32,46 @@ class TypedVector {
   void set(std::size_t i, double value) {
     std::byte* at = data_ + i * dtype_size(dtype_);
     switch (dtype_) {
-      case DType::f32: store(at, static_cast<float>(value)); break;
-      case DType::f64: store(at, value); break;
-      case DType::f16: store(at, f32_to_f16(static_cast<float>(value))); break;
-      case DType::bf16: store(at, f32_to_bf16(static_cast<float>(value))); break;
-      case DType::i32: store(at, static_cast<std::int32_t>(static_cast<std::int64_t>(value))); break;
-      case DType::i64: store(at, static_cast<std::int64_t>(value)); break;
-      case DType::u8: store(at, static_cast<std::uint8_t>(static_cast<std::int64_t>(value))); break;
+      case DType::f32:
+        store(at, static_cast<float>(value));
+        break;
+      case DType::f64:
+        store(at, value);
+        break;
+      case DType::f16:
+        store(at, f32_to_f16(static_cast<float>(value)));
+        break;
+      case DType::bf16:
+        store(at, f32_to_bf16(static_cast<float>(value)));
+        break;
+      case DType::i32:
+        store(at, static_cast<std::int32_t>(static_cast<std::int64_t>(value)));
+        break;
+      case DType::i64:
+        store(at, static_cast<std::int64_t>(value));
+        break;
+      case DType::u8:
+        store(at, static_cast<std::uint8_t>(static_cast<std::int64_t>(value)));
+        break;
     }
   }
   double get(std::size_t i) const {
     const std::byte* at = data_ + i * dtype_size(dtype_);
     switch (dtype_) {
-      case DType::f32: return load<float>(at);
-      case DType::f64: return load<double>(at);
-      case DType::f16: return f16_to_f32(load<std::uint16_t>(at));
-      case DType::bf16: return bf16_to_f32(load<std::uint16_t>(at));
-      case DType::i32: return load<std::int32_t>(at);
-      case DType::i64: return static_cast<double>(load<std::int64_t>(at));
-      case DType::u8: return load<std::uint8_t>(at);
+      case DType::f32:
+        return load<float>(at);
+      case DType::f64:
+        return load<double>(at);
+      case DType::f16:
+        return f16_to_f32(load<std::uint16_t>(at));
+      case DType::bf16:
+        return bf16_to_f32(load<std::uint16_t>(at));
+      case DType::i32:
+        return load<std::int32_t>(at);
+      case DType::i64:
+        return static_cast<double>(load<std::int64_t>(at));
+      case DType::u8:
+        return load<std::uint8_t>(at);
     }
     return 0;
   }
@@ -60,7 +81,9 @@ class TypedVector {
 
  private:
   template <class T>
-  static void store(std::byte* at, T value) { std::memcpy(at, &value, sizeof(T)); }
+  static void store(std::byte* at, T value) {
+    std::memcpy(at, &value, sizeof(T));
+  }
   template <class T>
   static T load(const std::byte* at) {
     T value;
@@ -93,13 +116,22 @@ inline double reference(int world, std::size_t i, DType dtype, ReduceOp op) {
     const double v = value_for(r, i, dtype, op);
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::avg: acc += v; break;
-      case ReduceOp::prod: acc *= v; break;
-      case ReduceOp::min: acc = std::min(acc, v); break;
-      case ReduceOp::max: acc = std::max(acc, v); break;
+      case ReduceOp::avg:
+        acc += v;
+        break;
+      case ReduceOp::prod:
+        acc *= v;
+        break;
+      case ReduceOp::min:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::max:
+        acc = std::max(acc, v);
+        break;
     }
   }
-  if (dtype == DType::u8) acc = static_cast<double>(static_cast<std::uint8_t>(static_cast<std::int64_t>(acc)));
+  if (dtype == DType::u8)
+    acc = static_cast<double>(static_cast<std::uint8_t>(static_cast<std::int64_t>(acc)));
   if (op == ReduceOp::avg) {
     if (is_float(dtype)) {
       // Divided once, in f32 for f16/bf16 and f32, then rounded to the dtype.

@@ -1,6 +1,7 @@
+#include <gtest/gtest.h>
+
 #include <braid/core/buffer.hpp>
 #include <braid/core/reduce_op.hpp>
-#include <gtest/gtest.h>
 
 namespace braid {
 namespace {

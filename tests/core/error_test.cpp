@@ -1,7 +1,8 @@
-#include <braid/core/enforce.hpp>
-#include <braid/core/error.hpp>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <braid/core/enforce.hpp>
+#include <braid/core/error.hpp>
 
 using ::testing::HasSubstr;
 
@@ -9,8 +10,8 @@ namespace braid {
 namespace {
 
 TEST(Error, MessageNamesRankOperationPeerAndSequence) {
-  Error e(Errc::peer_failed, "connection reset", {.rank = 0, .peer = 3, .operation = "recv",
-                                                   .sequence = 7});
+  Error e(Errc::peer_failed, "connection reset",
+          {.rank = 0, .peer = 3, .operation = "recv", .sequence = 7});
   EXPECT_STREQ(e.what(), "rank 0: recv (peer rank 3, seq 7): peer failed: connection reset");
   EXPECT_EQ(e.code(), Errc::peer_failed);
   EXPECT_EQ(e.context().peer, 3);
@@ -47,7 +48,9 @@ TEST(Enforce, ThrowsInvariantErrorWithConditionFileAndMessage) {
   }
 }
 
-TEST(Enforce, DoesNothingWhenTheConditionHolds) { EXPECT_NO_THROW(BRAID_ENFORCE(1 + 1 == 2, "math")); }
+TEST(Enforce, DoesNothingWhenTheConditionHolds) {
+  EXPECT_NO_THROW(BRAID_ENFORCE(1 + 1 == 2, "math"));
+}
 
 }  // namespace
 }  // namespace braid

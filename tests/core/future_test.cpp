@@ -1,8 +1,9 @@
-#include <braid/core/future.hpp>
-#include <gtest/gtest.h>
-
 #include <stdexcept>
 #include <thread>
+
+#include <gtest/gtest.h>
+
+#include <braid/core/future.hpp>
 
 namespace braid {
 namespace {

@@ -1,7 +1,8 @@
 // NCCL's error strings are host-side: these run without a GPU.
-#include <braid/core/nccl_error.hpp>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <braid/core/nccl_error.hpp>
 
 using ::testing::HasSubstr;
 

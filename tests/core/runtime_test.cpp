@@ -1,18 +1,19 @@
-#include <braid/core/deadline.hpp>
-#include <braid/core/error.hpp>
-#include <braid/core/log.hpp>
-#include <braid/core/runtime.hpp>
+#include <atomic>
+#include <ctime>
+#include <sched.h>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <sched.h>
-#include <string>
-#include <vector>
-#include <ctime>
-#include <thread>
+#include <braid/core/deadline.hpp>
+#include <braid/core/error.hpp>
+#include <braid/core/log.hpp>
+#include <braid/core/runtime.hpp>
 
 namespace braid {
 namespace {
@@ -116,8 +117,7 @@ TEST(Runtime, ProgressThreadRunsOnTheCpusItIsGiven) {
     FAIL() << "a CPU outside the process's set was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::invalid_argument);
-    EXPECT_NE(std::string(e.what()).find("names no CPU this process may run on"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("names no CPU this process may run on"), std::string::npos)
         << e.what();
   }
 }

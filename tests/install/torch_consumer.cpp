@@ -1,9 +1,10 @@
 // A libtorch user's program, built against an installed braid through pkg-config
 // braid-torch alone: it must find braid's, libtorch's and the adapter's headers and libraries.
-#include <ATen/ATen.h>
-#include <braid/torch/tensor_buffer.hpp>
-
 #include <iostream>
+
+#include <ATen/ATen.h>
+
+#include <braid/torch/tensor_buffer.hpp>
 
 int main() {
   const at::Tensor tensor = at::arange(6, at::kFloat);

@@ -2,21 +2,21 @@
 // environment (the job's BRAID_* come from the test alone) and a hard time limit.
 #pragma once
 
-#include <fcntl.h>
-#include <gtest/gtest.h>
-#include <poll.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <fcntl.h>
 #include <map>
+#include <poll.h>
+#include <spawn.h>
 #include <string>
 #include <string_view>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 extern char** environ;
 
@@ -121,8 +121,8 @@ class ChildProcess {
       if (fd >= 0) fds.push_back({fd, POLLIN, 0});
     }
     if (fds.empty()) return false;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        started_ + limit_ - Clock::now());
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(started_ + limit_ - Clock::now());
     if (left.count() <= 0 || ::poll(fds.data(), fds.size(), static_cast<int>(left.count())) == 0) {
       ADD_FAILURE() << argv0_ << " still running after " << limit_.count() << " s; stdout:\n"
                     << out_ << "stderr:\n"
@@ -152,7 +152,6 @@ class ChildProcess {
   std::string out_, err_;
   Clock::time_point started_;
 };
-
 
 inline Outcome run_child(std::vector<std::string> args, const Env& env = {}) {
   return ChildProcess(std::move(args), env).wait();

@@ -49,7 +49,8 @@ inline transport::LaunchInfo thread_rank_launch(int rank, int size, std::uint16_
 // The one way tests make thread ranks: thread r joins a world of `size` as rank r (rank 0
 // serving the store), makes the world Communicator with `options`, and runs `body` on
 // itself with it. Returns each rank's exception, null where it passed.
-using ThreadRankBody = std::function<void(int rank, Runtime&, std::shared_ptr<collectives::Communicator>)>;
+using ThreadRankBody =
+    std::function<void(int rank, Runtime&, std::shared_ptr<collectives::Communicator>)>;
 
 inline std::vector<std::exception_ptr> for_each_thread_rank(
     int size, const ThreadRankBody& body, collectives::Communicator::Options options = {},
@@ -61,7 +62,8 @@ inline std::vector<std::exception_ptr> for_each_thread_rank(
     threads.emplace_back([&, r] {
       try {
         Runtime runtime({.rank = r});
-        auto world = transport::World::join(runtime, thread_rank_launch(r, size, port, node_of_rank));
+        auto world =
+            transport::World::join(runtime, thread_rank_launch(r, size, port, node_of_rank));
         auto comm = collectives::Communicator::world(*world, options);
         body(r, runtime, std::move(comm));
       } catch (...) {

@@ -1,8 +1,9 @@
-#include <braid/core/error.hpp>
-#include <braid/torch/tensor_buffer.hpp>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <braid/core/error.hpp>
+#include <braid/torch/tensor_buffer.hpp>
 
 using ::testing::HasSubstr;
 
@@ -21,8 +22,8 @@ TEST(TensorBuffer, AContiguousCpuTensorIsViewedInPlaceWithItsType) {
 }
 
 TEST(TensorBuffer, EveryBraidTypeMapsToATorchTypeAndBack) {
-  for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64,
-                      DType::u8}) {
+  for (DType dtype :
+       {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8}) {
     auto tensor = ::torch::zeros({3}, ::torch::TensorOptions().dtype(scalar_type_of(dtype)));
     EXPECT_EQ(as_buffer(tensor).dtype(), dtype) << to_string(dtype);
     EXPECT_EQ(as_buffer(tensor).size_bytes(), 3 * dtype_size(dtype));

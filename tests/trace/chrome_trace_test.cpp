@@ -87,9 +87,9 @@ TEST(ChromeTrace, NamesTheProcessAndEveryTrackAndSaysWhoWroteIt) {
   Snapshot snap = two_tracks();
   snap.overwritten = 12288;  // records lost to BRAID_TRACE_BUFFER_MB
   const json trace = exported(snap, {.rank = 3,
-                                             .world_size = 4,
-                                             .host = "node7",
-                                             .clock = {.offset_ns = -250, .round_trip_ns = 900}});
+                                     .world_size = 4,
+                                     .host = "node7",
+                                     .clock = {.offset_ns = -250, .round_trip_ns = 900}});
   EXPECT_EQ(trace["distributedInfo"]["rank"], 3);
   EXPECT_EQ(trace["distributedInfo"]["world_size"], 4);
   EXPECT_EQ(trace["braid"]["format"], "braid-trace");

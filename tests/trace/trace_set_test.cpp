@@ -1,7 +1,6 @@
 // braid-trace's reading side: ranks lined up on one clock, merge keeping that alignment,
 // and bad input refused with a message naming the file -- through the library and through
 // the braid-trace command (BRAID_TRACE_TOOL), whose exit status says what went wrong.
-#include "html.hpp"
 #include "trace_set.hpp"
 
 #include <array>
@@ -16,6 +15,8 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+
+#include "html.hpp"
 
 namespace braid::tools::trace_tool {
 namespace {
@@ -169,8 +170,9 @@ TEST_F(TraceDirectory, FieldsOfTheWrongTypeAreRefusedNamingTheField) {
             R"({"traceEvents":[{"ph":"M","name":"thread_name","pid":0,"tid":1,"args":7}]})"),
       "\"args\" that are not an object");
   expect_refused(
-      write("thread_name_number.json",
-            R"({"traceEvents":[{"ph":"M","name":"thread_name","pid":0,"tid":1,"args":{"name":7}}]})"),
+      write(
+          "thread_name_number.json",
+          R"({"traceEvents":[{"ph":"M","name":"thread_name","pid":0,"tid":1,"args":{"name":7}}]})"),
       "text \"name\"");
   expect_refused(write("event_name.json", R"({"traceEvents":[{"ph":"i","ts":1,"name":5}]})"),
                  "\"name\" that is not text");
@@ -213,8 +215,7 @@ TEST_F(TraceDirectory, TheCommandExitsOneOnBadInputAndTwoOnMisuse) {
 
   // What summary refuses, merge and html refuse too (merge once wrote it out).
   fs::remove(dir_ / "truncated.json");
-  write("lonely_end.json",
-        R"({"traceEvents":[{"ph":"e","ts":1,"name":"a","cat":"comm","id":1}]})");
+  write("lonely_end.json", R"({"traceEvents":[{"ph":"e","ts":1,"name":"a","cat":"comm","id":1}]})");
   for (const std::string command : {"summary", "html", "merge"}) {
     CommandResult run =
         braid_trace(command + " " + dir_.string() + " -o " + (dir_ / "merged.json").string());
@@ -295,7 +296,6 @@ TEST_F(TraceDirectory, TheCommandSplitsWaitingFromTransferOnTheAlignedClock) {
   EXPECT_NE(body.find("waiting: ranks waited 20.0 us for rank 1"), std::string::npos);
 }
 
-
 TEST(HtmlPage, NamesThatCouldCloseTheScriptAreEscapedInOnePass) {
   // 40,000 names holding "</" took 22 s when each escape moved the rest of the page.
   trace::Timeline timeline;
@@ -307,11 +307,12 @@ TEST(HtmlPage, NamesThatCouldCloseTheScriptAreEscapedInOnePass) {
     timeline.ranks[0].events.push_back({.name = "</script><b>" + std::to_string(i),
                                         .category = "compute",
                                         .track = 1,
-                                        .begin_ns = i * 10, .end_ns = i * 10 + 5});
+                                        .begin_ns = i * 10,
+                                        .end_ns = i * 10 + 5});
   }
   const auto started = std::chrono::steady_clock::now();
-  const std::string page = braid::tools::trace_tool::render_html(
-      timeline, trace::summarize(timeline), "many names");
+  const std::string page =
+      braid::tools::trace_tool::render_html(timeline, trace::summarize(timeline), "many names");
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
   std::size_t escaped = 0;
   for (auto at = page.find("<\\/script><b>"); at != std::string::npos;

@@ -1,10 +1,9 @@
 #include <arpa/inet.h>
+#include <map>
 #include <netinet/in.h>
+#include <string>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <map>
-#include <string>
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>

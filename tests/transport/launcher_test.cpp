@@ -31,8 +31,12 @@ using braid::testing::Env;
 using braid::testing::Outcome;
 using Clock = std::chrono::steady_clock;
 
-std::string braid_run() { return braid::testing::program_from_env("BRAID_RUN"); }
-std::string probe() { return braid::testing::program_from_env("RANK_PROBE"); }
+std::string braid_run() {
+  return braid::testing::program_from_env("BRAID_RUN");
+}
+std::string probe() {
+  return braid::testing::program_from_env("RANK_PROBE");
+}
 
 // braid-run as a child of the test (see tests/support/child_process.hpp).
 class Launch : public ChildProcess {

@@ -34,10 +34,9 @@
 #include <braid/core/runtime.hpp>
 #include <braid/transport/store.hpp>
 
+#include "store_test_helpers.hpp"
 #include "transport/rank_claim.hpp"
 #include "transport/store_protocol.hpp"
-
-#include "store_test_helpers.hpp"
 
 namespace braid::transport {
 namespace {
@@ -45,7 +44,6 @@ namespace {
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
 namespace proto = store_protocol;
-
 
 // A little-endian length prefix announcing `length` bytes, then one byte of them.
 Bytes announce(std::uint32_t length, std::uint8_t then = 0x02) {

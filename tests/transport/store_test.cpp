@@ -18,9 +18,8 @@
 #include <braid/transport/bootstrap.hpp>
 #include <braid/transport/store.hpp>
 
-#include "transport/store_protocol.hpp"
-
 #include "store_test_helpers.hpp"
+#include "transport/store_protocol.hpp"
 
 namespace braid::transport {
 namespace {
@@ -30,7 +29,6 @@ using asio::ip::tcp;
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 namespace proto = store_protocol;
-
 
 // Asserts that `work` throws braid::Error with `code` and returns it for more checks.
 template <class T>

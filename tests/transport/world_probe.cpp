@@ -10,13 +10,13 @@
 //   join              joins and leaves.
 // Errors are printed as "error: <what>" on stderr, with exit code 3. The World leaves with
 // its default leave timeout, so a survivor that waited on a dead peer shows as a slow exit.
-#include <braid/braid.hpp>
-
 #include <csignal>
 #include <iostream>
 #include <stdexcept>
 #include <string>
 #include <thread>
+
+#include <braid/braid.hpp>
 
 namespace {
 

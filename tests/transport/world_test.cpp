@@ -1,11 +1,6 @@
 // World end to end: real processes joining through the store and talking over UCX, and
 // ranks as threads in one process. Programs come from the build through the environment:
 // BRAID_RUN (the launcher), RING (examples/ring), WORLD_PROBE (world_probe.cpp).
-#include <braid/core/error.hpp>
-#include <braid/transport/world.hpp>
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
@@ -13,21 +8,33 @@
 #include <future>
 #include <thread>
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <braid/core/error.hpp>
+#include <braid/transport/world.hpp>
+
 #include "../support/child_process.hpp"
 
 namespace braid::transport {
 namespace {
 
-using ::testing::HasSubstr;
 using braid::testing::ChildProcess;
 using braid::testing::Env;
 using braid::testing::program_from_env;
 using braid::testing::run_child;
+using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-std::string braid_run() { return program_from_env("BRAID_RUN"); }
-std::string ring() { return program_from_env("RING"); }
-std::string probe() { return program_from_env("WORLD_PROBE"); }
+std::string braid_run() {
+  return program_from_env("BRAID_RUN");
+}
+std::string ring() {
+  return program_from_env("RING");
+}
+std::string probe() {
+  return program_from_env("WORLD_PROBE");
+}
 
 // The environment braid-run would give rank `rank` of `size`.
 Env rank_env(int rank, int size, std::uint16_t port, const std::string& token = "t0ken") {
@@ -175,8 +182,7 @@ TEST(WorldThreads, ARankThatDiesAfterReachingTheStoreFailsTheJoinAtOnce) {
 }
 
 TEST(WorldProcesses, ARankFailingAfterJoinStopsTheOthersAndBraidRunNamesIt) {
-  auto result =
-      run_child({braid_run(), "-n", "2", "--timeout", "60", probe(), "fail-after-join"});
+  auto result = run_child({braid_run(), "-n", "2", "--timeout", "60", probe(), "fail-after-join"});
   EXPECT_EQ(result.status, 3) << result.out << result.err;
   EXPECT_THAT(result.err, HasSubstr("rank 1"));
   EXPECT_THAT(result.err, HasSubstr("exited with code 3"));
@@ -228,20 +234,27 @@ TEST(WorldThreads, ThreeRanksAsThreadsExchangeMessagesThroughTheWorld) {
   for (int r = 0; r < kSize; ++r) {
     ranks.emplace_back([&, r] {
       Runtime runtime({.rank = r});
-      LaunchInfo launch{.rank = r, .world_size = kSize, .local_rank = r,
-                        .local_world_size = kSize, .store_host = "127.0.0.1",
-                        .store_port = port, .token = "threads", .source = "test"};
+      LaunchInfo launch{.rank = r,
+                        .world_size = kSize,
+                        .local_rank = r,
+                        .local_world_size = kSize,
+                        .store_host = "127.0.0.1",
+                        .store_port = port,
+                        .token = "threads",
+                        .source = "test"};
       auto world = World::join(runtime, launch);
       EXPECT_EQ(world->rank(), r);
       EXPECT_EQ(world->size(), kSize);
       std::int64_t out = 100 + r;
       std::int64_t in = 0;
-      runtime.spawn([](World& w, Buffer send, Buffer recv) -> asio::awaitable<void> {
-        const int next = (w.rank() + 1) % w.size();
-        const int prev = (w.rank() + w.size() - 1) % w.size();
-        co_await w.send(next, send, 5);
-        co_await w.recv(prev, recv, 5);
-      }(*world, Buffer(&out, 1, DType::i64), Buffer(&in, 1, DType::i64))).get();
+      runtime
+          .spawn([](World& w, Buffer send, Buffer recv) -> asio::awaitable<void> {
+            const int next = (w.rank() + 1) % w.size();
+            const int prev = (w.rank() + w.size() - 1) % w.size();
+            co_await w.send(next, send, 5);
+            co_await w.recv(prev, recv, 5);
+          }(*world, Buffer(&out, 1, DType::i64), Buffer(&in, 1, DType::i64)))
+          .get();
       received[static_cast<std::size_t>(r)] = in;
     });
   }
@@ -271,8 +284,11 @@ TEST(WorldThreads, RankZeroServesTheStoreOnAThreadOfItsOwnNotItsRuntimes) {
   const auto before = store_threads();
   {
     Runtime runtime({.rank = 0});
-    auto world = World::join(runtime, LaunchInfo{.rank = 0, .world_size = 1, .store_host = "127.0.0.1",
-                                                 .store_port = port, .source = "test"});
+    auto world = World::join(runtime, LaunchInfo{.rank = 0,
+                                                 .world_size = 1,
+                                                 .store_host = "127.0.0.1",
+                                                 .store_port = port,
+                                                 .source = "test"});
     EXPECT_EQ(store_threads(), before + 1);
   }
   EXPECT_EQ(store_threads(), before) << "the store's thread ends with the World";
@@ -282,9 +298,14 @@ TEST(WorldThreads, ASecondClaimantOfATakenRankIsRefusedAtJoinAndTheWorldCarriesO
   constexpr int kSize = 2;
   const auto port = find_free_port();
   auto launch = [&](int r) {
-    return LaunchInfo{.rank = r, .world_size = kSize, .local_rank = r,
-                      .local_world_size = kSize, .store_host = "127.0.0.1",
-                      .store_port = port, .token = "claims", .source = "test"};
+    return LaunchInfo{.rank = r,
+                      .world_size = kSize,
+                      .local_rank = r,
+                      .local_world_size = kSize,
+                      .store_host = "127.0.0.1",
+                      .store_port = port,
+                      .token = "claims",
+                      .source = "test"};
   };
   std::promise<void> both_joined_promise;
   std::shared_future<void> both_joined = both_joined_promise.get_future().share();
@@ -301,10 +322,12 @@ TEST(WorldThreads, ASecondClaimantOfATakenRankIsRefusedAtJoinAndTheWorldCarriesO
       impostor_done.wait();
       std::int64_t out = 10 + r;
       std::int64_t in = 0;
-      runtime.spawn([](World& w, Buffer send, Buffer recv) -> asio::awaitable<void> {
-        co_await w.send(1 - w.rank(), send, 9);
-        co_await w.recv(1 - w.rank(), recv, 9);
-      }(*world, Buffer(&out, 1, DType::i64), Buffer(&in, 1, DType::i64))).get();
+      runtime
+          .spawn([](World& w, Buffer send, Buffer recv) -> asio::awaitable<void> {
+            co_await w.send(1 - w.rank(), send, 9);
+            co_await w.recv(1 - w.rank(), recv, 9);
+          }(*world, Buffer(&out, 1, DType::i64), Buffer(&in, 1, DType::i64)))
+          .get();
       received[static_cast<std::size_t>(r)] = in;
     });
   }

@@ -21,13 +21,6 @@
 // braid runs under braid-run, OpenMPI under mpirun with shared memory only (vader, CMA),
 // Gloo as torch 1.13's ProcessGroupGloo over loopback TCP.
 #include "collectives.hpp"
-#include "median.hpp"
-#include "size_argument.hpp"
-
-#include <braid/braid.hpp>
-#include <braid/collectives/communicator.hpp>
-#include <boost/asio/use_awaitable.hpp>
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
@@ -38,10 +31,17 @@
 #include <regex>
 #include <sstream>
 #include <stdexcept>
-
 #include <unistd.h>
 
+#include <boost/asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <braid/braid.hpp>
+#include <braid/collectives/communicator.hpp>
+
 #include "list_argument.hpp"
+#include "median.hpp"
+#include "size_argument.hpp"
 #include "subprocess.hpp"
 
 namespace braid::bench {
@@ -79,7 +79,8 @@ CollectivesOptions parse_options(const std::vector<std::string>& args) {
     };
     if (a == "--ranks") {
       options.ranks.clear();
-      for (const auto& r : split_list(value())) options.ranks.push_back(count_argument(a, r, 1, 4096));
+      for (const auto& r : split_list(value()))
+        options.ranks.push_back(count_argument(a, r, 1, 4096));
     } else if (a == "--ops") {
       options.ops = split_list(value());
       for (const auto& op : options.ops) {
@@ -148,10 +149,11 @@ void set_bandwidths(Row& row) {
 }
 
 std::string to_json(const Row& row) {
-  return fmt::format(R"({{"peer":"{}","op":"{}","ranks":{},"bytes":{},"count":{},"dtype":"f32",)"
-                     R"("iters":{},"time_us":{:.3f},"algbw_gbps":{:.6g},"busbw_gbps":{:.6g},"wrong":{}}})",
-                     row.peer, row.op, row.ranks, row.bytes, row.bytes / sizeof(float), row.iters,
-                     row.time_us, row.algbw_gbps, row.busbw_gbps, row.wrong);
+  return fmt::format(
+      R"({{"peer":"{}","op":"{}","ranks":{},"bytes":{},"count":{},"dtype":"f32",)"
+      R"("iters":{},"time_us":{:.3f},"algbw_gbps":{:.6g},"busbw_gbps":{:.6g},"wrong":{}}})",
+      row.peer, row.op, row.ranks, row.bytes, row.bytes / sizeof(float), row.iters, row.time_us,
+      row.algbw_gbps, row.busbw_gbps, row.wrong);
 }
 
 std::optional<Row> parse_row(const std::string& line) {
@@ -165,8 +167,15 @@ std::optional<Row> parse_row(const std::string& line) {
              iters = text("iters"), time = text("time_us"), algbw = text("algbw_gbps"),
              busbw = text("busbw_gbps"), wrong = text("wrong");
   if (!peer || !op || !ranks || !bytes || !time || !busbw || !wrong) return std::nullopt;
-  return Row{*peer, *op, std::stoi(*ranks), std::stoull(*bytes), iters ? std::stoi(*iters) : 0,
-             std::stod(*time), algbw ? std::stod(*algbw) : 0, std::stod(*busbw), std::stoll(*wrong)};
+  return Row{*peer,
+             *op,
+             std::stoi(*ranks),
+             std::stoull(*bytes),
+             iters ? std::stoi(*iters) : 0,
+             std::stod(*time),
+             algbw ? std::stod(*algbw) : 0,
+             std::stod(*busbw),
+             std::stoll(*wrong)};
 }
 
 // ---------------------------------------------------------------- the measured ranks
@@ -213,7 +222,8 @@ class Case {
     } else if (op_ == "all_to_all_v") {
       send_counts_ = uneven_counts(count_, ranks_, rank_);
       for (int source = 0; source < ranks_; ++source) {
-        recv_counts_.push_back(uneven_counts(count_, ranks_, source)[static_cast<std::size_t>(rank_)]);
+        recv_counts_.push_back(
+            uneven_counts(count_, ranks_, source)[static_cast<std::size_t>(rank_)]);
       }
     }
   }
@@ -225,7 +235,8 @@ class Case {
     if (shared) {
       std::vector<std::int64_t> largest{static_cast<std::int64_t>(elements)};
       co_await comm_.all_reduce(Buffer(largest), ReduceOp::max);
-      storage_ = co_await comm_.allocate_shared(static_cast<std::size_t>(largest[0]) * sizeof(float));
+      storage_ =
+          co_await comm_.allocate_shared(static_cast<std::size_t>(largest[0]) * sizeof(float));
     } else {
       storage_ = std::make_shared<std::byte[]>(std::max<std::size_t>(elements, 1) * sizeof(float));
     }
@@ -318,7 +329,8 @@ class Case {
   float expected(std::size_t i) const {
     const auto rank = static_cast<std::size_t>(rank_);
     if (op_ == "all_reduce" || op_ == "reduce") return reduced_value(ranks_, i);
-    if (op_ == "all_gather" || op_ == "gather") return input_value(static_cast<int>(i / block_), i % block_);
+    if (op_ == "all_gather" || op_ == "gather")
+      return input_value(static_cast<int>(i / block_), i % block_);
     if (op_ == "reduce_scatter") return reduced_value(ranks_, rank * block_ + i);
     if (op_ == "broadcast") return input_value(0, i);
     if (op_ == "scatter") return input_value(0, rank * block_ + i);
@@ -382,7 +394,8 @@ awaitable<Row> measure(Communicator& comm, const std::string& op, std::size_t by
   const double warm = std::chrono::duration<double>(Clock::now() - start).count() / (kWarmup - 1);
   std::vector<std::int64_t> iters{options.iters};
   if (options.iters <= 0) {
-    iters[0] = std::clamp<std::int64_t>(static_cast<std::int64_t>(0.2 / std::max(warm, 1e-7)), 5, 100000);
+    iters[0] =
+        std::clamp<std::int64_t>(static_cast<std::int64_t>(0.2 / std::max(warm, 1e-7)), 5, 100000);
   }
   co_await comm.broadcast(Buffer(iters), 0);
   // A tenth of the loop again, untimed (~20 ms), as the peers do: the first size of a run
@@ -412,7 +425,8 @@ awaitable<void> measure_all(Communicator& comm, const CollectivesOptions& option
       if (comm.rank() == 0) std::cout << to_json(row) << std::endl;
       continue;
     }
-    const std::size_t granule = sizeof(float) * (splits_across_ranks(op) ? static_cast<std::size_t>(comm.size()) : 1);
+    const std::size_t granule =
+        sizeof(float) * (splits_across_ranks(op) ? static_cast<std::size_t>(comm.size()) : 1);
     for (std::size_t size = options.min_bytes; size <= options.max_bytes; size *= 2) {
       const std::size_t bytes = size / granule * granule;
       if (bytes == 0) continue;
@@ -435,7 +449,8 @@ int run_worker(const CollectivesOptions& options) {
 std::vector<std::string> common_arguments(const CollectivesOptions& options) {
   std::string ops;
   for (const auto& op : options.ops) ops += (ops.empty() ? "" : ",") + op;
-  std::vector<std::string> args{"--ops", ops, "--min-bytes", std::to_string(options.min_bytes),
+  std::vector<std::string> args{"--ops",       ops,
+                                "--min-bytes", std::to_string(options.min_bytes),
                                 "--max-bytes", std::to_string(options.max_bytes)};
   if (options.iters > 0) {
     args.push_back("--iters");
@@ -455,15 +470,21 @@ std::vector<Row> rows_from(const CommandResult& result, const std::string& who) 
   }
   if (result.exit_code != 0) {
     std::cerr << "braid-bench collectives: " << who << " exited with " << result.exit_code
-              << "; its output:\n" << result.output << "\n";
+              << "; its output:\n"
+              << result.output << "\n";
   }
   return rows;
 }
 
 std::vector<Row> run_braid(const CollectivesOptions& options, int ranks) {
-  std::vector<std::string> argv{sibling_program("braid-run"), "-n", std::to_string(ranks),
-                                "--timeout", "1200", sibling_program("braid-bench"),
-                                "collectives", "--worker"};
+  std::vector<std::string> argv{sibling_program("braid-run"),
+                                "-n",
+                                std::to_string(ranks),
+                                "--timeout",
+                                "1200",
+                                sibling_program("braid-bench"),
+                                "collectives",
+                                "--worker"};
   for (auto& a : common_arguments(options)) argv.push_back(a);
   if (options.shared_buffers) argv.push_back("--shared-buffers");
   return rows_from(run_command(argv, std::chrono::seconds(1300)), "braid");
@@ -475,11 +496,29 @@ std::vector<Row> run_openmpi(const CollectivesOptions& options, int ranks) {
     std::cerr << "braid-bench collectives: no OpenMPI peer (mpirun or " << peer << " missing)\n";
     return {};
   }
-  std::vector<std::string> argv{"env", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                                "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to",
-                                "none", "-np", std::to_string(ranks), "--mca", "pml", "ob1",
-                                "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo",
-                                "--mca", "mpi_yield_when_idle", "1", peer};
+  std::vector<std::string> argv{"env",
+                                "OMPI_ALLOW_RUN_AS_ROOT=1",
+                                "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                                "mpirun",
+                                "--allow-run-as-root",
+                                "--oversubscribe",
+                                "--bind-to",
+                                "none",
+                                "-np",
+                                std::to_string(ranks),
+                                "--mca",
+                                "pml",
+                                "ob1",
+                                "--mca",
+                                "btl",
+                                "self,vader",
+                                "--mca",
+                                "oob_tcp_if_include",
+                                "lo",
+                                "--mca",
+                                "mpi_yield_when_idle",
+                                "1",
+                                peer};
   for (auto& a : common_arguments(options)) argv.push_back(a);
   return rows_from(run_command(argv, std::chrono::seconds(1300)), "mpirun");
 }
@@ -488,8 +527,8 @@ std::vector<Row> run_gloo(const CollectivesOptions& options, int ranks) {
   const std::string script = sibling_program("braid-bench-gloo-peer.py");
   const std::optional<std::string> python = torch_python();
   if (!python || access(script.c_str(), R_OK) != 0) {
-    std::cerr << "braid-bench collectives: no Gloo peer (a python3 with torch, or "
-              << script << ", missing)\n";
+    std::cerr << "braid-bench collectives: no Gloo peer (a python3 with torch, or " << script
+              << ", missing)\n";
     return {};
   }
   std::vector<std::string> argv{*python, script, "--ranks", std::to_string(ranks)};
@@ -580,8 +619,9 @@ int run_driver(const CollectivesOptions& options) {
                          R"({{"bench":"collectives","op":"{}","ranks":{},"bytes":{},"rounds":{},)"
                          R"("braid":{},"openmpi":{},"gloo":{},"speedup_openmpi":{},)"
                          R"("speedup_gloo":{}}})",
-                         row.op, row.ranks, row.bytes, options.rounds, peer_json(row), peer_json(mpi),
-                         peer_json(torch), optional_number(speedup(row, mpi), "{:.3f}", "null"),
+                         row.op, row.ranks, row.bytes, options.rounds, peer_json(row),
+                         peer_json(mpi), peer_json(torch),
+                         optional_number(speedup(row, mpi), "{:.3f}", "null"),
                          optional_number(speedup(row, torch), "{:.3f}", "null"))
                   << "\n";
         continue;
@@ -594,9 +634,10 @@ int run_driver(const CollectivesOptions& options) {
             options.rounds > 1
                 ? fmt::format("; median of {} rounds, braid and peers taking turns", options.rounds)
                 : "");
-        std::cout << fmt::format("{:>9} | {:>10} {:>8} {:>8} {:>5} | {:>10} {:>8} {:>7} | {:>10} {:>8} {:>7}\n",
-                                 "size", "braid us", "algbw", "busbw", "wrong", "ompi us",
-                                 "busbw", "x ompi", "gloo us", "busbw", "x gloo");
+        std::cout << fmt::format(
+            "{:>9} | {:>10} {:>8} {:>8} {:>5} | {:>10} {:>8} {:>7} | {:>10} {:>8} {:>7}\n", "size",
+            "braid us", "algbw", "busbw", "wrong", "ompi us", "busbw", "x ompi", "gloo us", "busbw",
+            "x gloo");
       }
       std::cout << fmt::format(
           "{:>9} | {:>10.2f} {:>8.3f} {:>8.3f} {:>5} | {:>10} {:>8} {:>7} | {:>10} {:>8} {:>7}\n",

@@ -36,8 +36,8 @@ std::optional<double> field(const std::string& line, const std::string& key) {
   return std::stod(line.substr(at + key.size() + 3));
 }
 
-// One configuration's paired figures, the mean over its rounds (braid-bench-ddp-worker --sync paired
-// and the PyTorch peer print the same fields).
+// One configuration's paired figures, the mean over its rounds (braid-bench-ddp-worker --sync
+// paired and the PyTorch peer print the same fields).
 struct PairedFigures {
   double step_ms = 0;
   double none_step_ms = 0;
@@ -124,11 +124,16 @@ std::vector<std::string> model_arguments(const DdpOptions& o) {
 
 std::optional<std::string> run_braid(const DdpOptions& o, const std::string& sync,
                                      const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> argv{sibling_program("braid-run"), "-n", std::to_string(o.ranks),
-                                sibling_program("braid-bench-ddp-worker"), "--sync", sync};
+  std::vector<std::string> argv{sibling_program("braid-run"),
+                                "-n",
+                                std::to_string(o.ranks),
+                                sibling_program("braid-bench-ddp-worker"),
+                                "--sync",
+                                sync};
   for (auto& a : model_arguments(o)) argv.push_back(a);
   for (auto& a : extra) argv.push_back(a);
-  return json_line(run_command(argv, std::chrono::seconds(900)), "braid-bench-ddp-worker --sync " + sync);
+  return json_line(run_command(argv, std::chrono::seconds(900)),
+                   "braid-bench-ddp-worker --sync " + sync);
 }
 
 std::optional<std::string> run_pytorch(const DdpOptions& o,
@@ -257,7 +262,6 @@ int report_ddp(const DdpOptions& o) {
   if (copy) ratios("braid DDP, copy mode", *copy, std::nullopt);
   return 0;
 }
-
 
 }  // namespace
 

@@ -21,9 +21,9 @@
 #include <braid/collectives/communicator.hpp>
 #include <braid/collectives/nccl_communicator.hpp>
 
+#include "list_argument.hpp"
 #include "median.hpp"
 #include "size_argument.hpp"
-#include "list_argument.hpp"
 #include "subprocess.hpp"
 
 namespace braid::bench {

@@ -85,8 +85,9 @@ int main(int argc, char** argv) {
     std::cerr << "braid-bench " << mode << ": " << e.what() << "\n" << kUsage;
     return 2;
   } catch (const std::bad_alloc&) {
-    std::cerr << "braid-bench " << mode
-              << ": out of memory for the buffers asked for (a smaller --max-bytes, fewer --ranks)\n";
+    std::cerr
+        << "braid-bench " << mode
+        << ": out of memory for the buffers asked for (a smaller --max-bytes, fewer --ranks)\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "braid-bench " << mode << ": " << e.what() << "\n";

@@ -13,14 +13,6 @@
 // (without -e) uses shared memory and cma.
 #include "p2p.hpp"
 
-#include <braid/braid.hpp>
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/deferred.hpp>
-#include <boost/asio/experimental/parallel_group.hpp>
-#include <boost/asio/this_coro.hpp>
-#include <boost/asio/use_awaitable.hpp>
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
@@ -29,6 +21,15 @@
 #include <regex>
 #include <sstream>
 #include <thread>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/deferred.hpp>
+#include <boost/asio/experimental/parallel_group.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <braid/braid.hpp>
 
 #include "list_argument.hpp"
 #include "subprocess.hpp"
@@ -168,8 +169,9 @@ awaitable<Figures> measure(transport::World& world, const P2pOptions& options) {
   co_await ping_pong(world, small_buffer, options.latency_warmup, 0);
   auto round_trips = co_await ping_pong(world, small_buffer, options.latency_iterations, 1u << 24);
 
-  std::vector<std::vector<std::uint8_t>> slots(static_cast<std::size_t>(options.window),
-                                               std::vector<std::uint8_t>(options.bandwidth_bytes, 1));
+  std::vector<std::vector<std::uint8_t>> slots(
+      static_cast<std::size_t>(options.window),
+      std::vector<std::uint8_t>(options.bandwidth_bytes, 1));
   co_await stream(world, slots, options.bandwidth_warmup, options.window, 2u << 24);
   const double seconds =
       co_await stream(world, slots, options.bandwidth_iterations, options.window, 3u << 24);
@@ -180,8 +182,8 @@ awaitable<Figures> measure(transport::World& world, const P2pOptions& options) {
     figures.latency_median_us = round_trips[round_trips.size() / 2] / 2;
     figures.latency_mean_us =
         std::accumulate(round_trips.begin(), round_trips.end(), 0.0) / round_trips.size() / 2;
-    figures.bandwidth_gbps = static_cast<double>(options.bandwidth_bytes) *
-                             options.bandwidth_iterations / seconds / 1e9;
+    figures.bandwidth_gbps =
+        static_cast<double>(options.bandwidth_bytes) * options.bandwidth_iterations / seconds / 1e9;
   }
   co_return figures;
 }
@@ -206,17 +208,28 @@ int run_worker(const P2pOptions& options) {
 // ---------------------------------------------------------------- the driver
 
 std::optional<Figures> run_braid(const P2pOptions& options) {
-  std::vector<std::string> argv{sibling_program("braid-run"), "-n", "2", "--timeout", "300",
-                                sibling_program("braid-bench"), "p2p", "--worker",
-                                "--latency-iters", std::to_string(options.latency_iterations),
-                                "--bandwidth-iters", std::to_string(options.bandwidth_iterations),
-                                "--window", std::to_string(options.window)};
+  std::vector<std::string> argv{sibling_program("braid-run"),
+                                "-n",
+                                "2",
+                                "--timeout",
+                                "300",
+                                sibling_program("braid-bench"),
+                                "p2p",
+                                "--worker",
+                                "--latency-iters",
+                                std::to_string(options.latency_iterations),
+                                "--bandwidth-iters",
+                                std::to_string(options.bandwidth_iterations),
+                                "--window",
+                                std::to_string(options.window)};
   const auto result = run_command(argv, std::chrono::seconds(320));
   std::smatch match;
-  const std::regex line(std::string(kResultMarker) + R"( ([0-9.eE+-]+) ([0-9.eE+-]+) ([0-9.eE+-]+))");
+  const std::regex line(std::string(kResultMarker) +
+                        R"( ([0-9.eE+-]+) ([0-9.eE+-]+) ([0-9.eE+-]+))");
   if (result.exit_code != 0 || !std::regex_search(result.output, match, line)) {
     std::cerr << "braid-bench p2p: the braid measurement failed (exit " << result.exit_code
-              << "):\n" << result.output;
+              << "):\n"
+              << result.output;
     return std::nullopt;
   }
   return Figures{std::stod(match[1]), std::stod(match[2]), std::stod(match[3])};
@@ -251,10 +264,10 @@ std::optional<Figures> run_ucx_perftest(const P2pOptions& options) {
   auto latency = perftest_final_row({"-t", "tag_lat", "-s", std::to_string(options.latency_bytes),
                                      "-n", std::to_string(options.latency_iterations), "-w",
                                      std::to_string(options.latency_warmup)});
-  auto bandwidth = perftest_final_row({"-t", "tag_bw", "-s", std::to_string(options.bandwidth_bytes),
-                                       "-n", std::to_string(options.bandwidth_iterations), "-w",
-                                       std::to_string(options.bandwidth_warmup), "-O",
-                                       std::to_string(options.window)});
+  auto bandwidth = perftest_final_row(
+      {"-t", "tag_bw", "-s", std::to_string(options.bandwidth_bytes), "-n",
+       std::to_string(options.bandwidth_iterations), "-w", std::to_string(options.bandwidth_warmup),
+       "-O", std::to_string(options.window)});
   if (!latency || !bandwidth) return std::nullopt;
   // MB/s in ucx_perftest is 2^20 bytes per second.
   return Figures{(*latency)[1], (*latency)[2], (*bandwidth)[5] * (1 << 20) / 1e9};

@@ -14,7 +14,8 @@ std::size_t parse_bytes(const std::string& text) {
   try {
     value = std::stoull(text, &end);
   } catch (const std::out_of_range&) {
-    throw std::invalid_argument("'" + text + "' is larger than " + std::to_string(kMostBytes >> 30) + "G");
+    throw std::invalid_argument("'" + text + "' is larger than " +
+                                std::to_string(kMostBytes >> 30) + "G");
   }
   std::string suffix = text.substr(end);
   for (const char* unit : {"iB", "B"}) {
@@ -33,7 +34,8 @@ std::size_t parse_bytes(const std::string& text) {
     throw std::invalid_argument("'" + text + "' is not a size");
   }
   if (value > kMostBytes / multiplier) {
-    throw std::invalid_argument("'" + text + "' is larger than " + std::to_string(kMostBytes >> 30) + "G");
+    throw std::invalid_argument("'" + text + "' is larger than " +
+                                std::to_string(kMostBytes >> 30) + "G");
   }
   return static_cast<std::size_t>(value) * multiplier;
 }

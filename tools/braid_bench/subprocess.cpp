@@ -186,7 +186,8 @@ std::optional<std::string> torch_python() {
     candidates.emplace_back("/usr/bin/python3");
     for (const std::string& python : candidates) {
       if (access(python.c_str(), X_OK) != 0) continue;
-      const auto probe = run_command({python, "-c", "import torch.distributed"}, std::chrono::seconds(60));
+      const auto probe =
+          run_command({python, "-c", "import torch.distributed"}, std::chrono::seconds(60));
       if (probe.exit_code == 0) return python;
     }
     return std::nullopt;

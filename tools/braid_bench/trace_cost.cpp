@@ -13,8 +13,8 @@
 
 #include <braid/braid.hpp>
 
-#include "median.hpp"
 #include "list_argument.hpp"
+#include "median.hpp"
 #include "subprocess.hpp"
 
 namespace braid::bench {

@@ -60,8 +60,8 @@ std::int64_t shift_of(const TraceFile& file) {
   const std::int64_t offset = integer_field(file, *clock, "offset_ns", "\"braid.clock\"");
   for (const std::int64_t value : {origin, offset}) {
     if (value < -kMostShiftNs || value > kMostShiftNs) {
-      bad(file.path, fmt::format("\"braid.clock\" holds {} ns, beyond any clock (at most 1e18)",
-                                 value));
+      bad(file.path,
+          fmt::format("\"braid.clock\" holds {} ns, beyond any clock (at most 1e18)", value));
     }
   }
   return origin + offset;
@@ -104,8 +104,7 @@ void check_event(const TraceFile& file, const json& event, std::size_t index) {
     if (dur == event.end() || !dur->is_number() || !(dur->get<double>() >= 0) ||
         dur->get<double>() > kMostMicroseconds) {
       bad(file.path,
-          fmt::format("{} (ph \"X\") has no numeric \"dur\" from 0 to 3e15 microseconds",
-                      where));
+          fmt::format("{} (ph \"X\") has no numeric \"dur\" from 0 to 3e15 microseconds", where));
     }
   }
   if (const auto pid = event.find("pid"); pid != event.end() && !pid->is_number_integer()) {

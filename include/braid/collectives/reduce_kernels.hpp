@@ -34,11 +34,11 @@
 // for sum, prod and divide.
 #pragma once
 
-#include <braid/core/dtype.hpp>
-#include <braid/core/reduce_op.hpp>
-
 #include <cstddef>
 #include <cstdint>
+
+#include <braid/core/dtype.hpp>
+#include <braid/core/reduce_op.hpp>
 
 namespace braid::collectives {
 
@@ -51,8 +51,7 @@ namespace braid::collectives {
 // torch.minimum / torch.maximum); sum and prod follow IEEE 754.
 //
 // Throws InvariantError for a DType or ReduceOp outside its enumeration, or a partial overlap.
-void reduce(void* dst, const void* a, const void* b, std::size_t count, DType dtype,
-            ReduceOp op);
+void reduce(void* dst, const void* a, const void* b, std::size_t count, DType dtype, ReduceOp op);
 
 // data[i] = data[i] / divisor: how avg finishes. Floats divide in their own precision (f16
 // and bf16 through f32, then rounded to nearest even); integers divide truncating toward

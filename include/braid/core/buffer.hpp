@@ -2,14 +2,14 @@
 // memory alive and unmodified until every operation using the Buffer has completed.
 #pragma once
 
-#include <braid/core/dtype.hpp>
-#include <braid/core/enforce.hpp>
-
 #include <cstddef>
 #include <span>
 #include <string_view>
 #include <type_traits>
 #include <vector>
+
+#include <braid/core/dtype.hpp>
+#include <braid/core/enforce.hpp>
 
 namespace braid {
 
@@ -34,13 +34,13 @@ class Buffer {
   }
 
   template <class T>
-    requires requires { DTypeOf<std::remove_const_t<T>>::value; }
+  requires requires { DTypeOf<std::remove_const_t<T>>::value; }
   explicit Buffer(std::span<T> elements)
       : Buffer(const_cast<std::remove_const_t<T>*>(elements.data()), elements.size(),
                dtype_of<std::remove_const_t<T>>) {}
 
   template <class T>
-    requires requires { DTypeOf<T>::value; }
+  requires requires { DTypeOf<T>::value; }
   explicit Buffer(std::vector<T>& elements) : Buffer(std::span<T>(elements)) {}
 
   void* data() const noexcept { return data_; }

@@ -45,8 +45,7 @@ bool bool_value(std::string_view name, const EnvLookup& env = process_env());
 std::size_t kib_value(std::string_view name, std::int64_t min_kib, std::int64_t max_kib,
                       const EnvLookup& env = process_env());
 // Seconds, fractional allowed ("2.5").
-std::chrono::nanoseconds seconds_value(std::string_view name,
-                                       const EnvLookup& env = process_env());
+std::chrono::nanoseconds seconds_value(std::string_view name, const EnvLookup& env = process_env());
 
 // `text` without the blanks (spaces, tabs, newlines) around it: how every reader of the
 // environment and of its files takes a value.

@@ -9,12 +9,16 @@ namespace braid {
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
-inline Deadline deadline_after(Clock::duration timeout) { return Clock::now() + timeout; }
+inline Deadline deadline_after(Clock::duration timeout) {
+  return Clock::now() + timeout;
+}
 
 // The timeout in force for operations that were not given one: BRAID_TIMEOUT, read at
 // the first call (a malformed value throws Error(invalid_environment) there).
 Clock::duration default_timeout();
-inline Deadline default_deadline() { return deadline_after(default_timeout()); }
+inline Deadline default_deadline() {
+  return deadline_after(default_timeout());
+}
 
 // "The default timeout, from when the operation first has to wait": the transport reads
 // the clock only for an operation that does not complete at once (a read is 44 ns on the

@@ -4,10 +4,10 @@
 // builds): these checks sit at API boundaries, never in inner loops.
 #pragma once
 
-#include <fmt/format.h>
-
 #include <stdexcept>
 #include <string>
+
+#include <fmt/format.h>
 
 namespace braid {
 
@@ -23,10 +23,10 @@ namespace detail {
 
 }  // namespace braid
 
-#define BRAID_ENFORCE(condition, ...)                                                  \
-  do {                                                                                 \
-    if (!(condition)) [[unlikely]] {                                                   \
-      ::braid::detail::throw_invariant_error(#condition, __FILE__, __LINE__,           \
-                                             ::fmt::format(__VA_ARGS__));              \
-    }                                                                                  \
+#define BRAID_ENFORCE(condition, ...)                                        \
+  do {                                                                       \
+    if (!(condition)) [[unlikely]] {                                         \
+      ::braid::detail::throw_invariant_error(#condition, __FILE__, __LINE__, \
+                                             ::fmt::format(__VA_ARGS__));    \
+    }                                                                        \
   } while (false)

@@ -17,16 +17,16 @@ namespace braid {
 
 // braid's own failure conditions, independent of any transport.
 enum class Errc {
-  timeout = 1,        // a deadline passed before the operation completed
-  peer_failed,        // a remote rank died or its connection broke
-  size_mismatch,      // ranks disagree on a size, count or dtype
-  invalid_argument,   // a caller passed something the operation cannot accept
+  timeout = 1,          // a deadline passed before the operation completed
+  peer_failed,          // a remote rank died or its connection broke
+  size_mismatch,        // ranks disagree on a size, count or dtype
+  invalid_argument,     // a caller passed something the operation cannot accept
   invalid_environment,  // a launcher or BRAID_* environment variable is missing or malformed
-  protocol_error,     // a peer sent bytes that do not follow the wire protocol
-  refused,            // the other side refused us (wrong token, for example)
-  closed,             // the object or connection was shut down while the operation waited
-  cancelled,          // the operation was cancelled by its caller
-  desync,             // ranks called different collectives at the same point of a communicator
+  protocol_error,       // a peer sent bytes that do not follow the wire protocol
+  refused,              // the other side refused us (wrong token, for example)
+  closed,               // the object or connection was shut down while the operation waited
+  cancelled,            // the operation was cancelled by its caller
+  desync,               // ranks called different collectives at the same point of a communicator
 };
 
 const std::error_category& braid_category() noexcept;
@@ -34,10 +34,10 @@ std::error_code make_error_code(Errc e) noexcept;
 
 // Where an error happened. Fields left at their defaults are omitted from messages.
 struct ErrorContext {
-  int rank = -1;                         // the rank that observed the failure
-  int peer = -1;                         // the remote rank involved, if any
-  std::string operation;                 // e.g. "recv", "store.get", "all_reduce"
-  std::optional<std::uint64_t> sequence; // the operation's sequence number, if any
+  int rank = -1;                          // the rank that observed the failure
+  int peer = -1;                          // the remote rank involved, if any
+  std::string operation;                  // e.g. "recv", "store.get", "all_reduce"
+  std::optional<std::uint64_t> sequence;  // the operation's sequence number, if any
 };
 
 // Thrown by every awaitable and Future in braid for recoverable failures. what() reads

@@ -6,8 +6,6 @@
 // InvariantError instead (co_await the awaitable there).
 #pragma once
 
-#include <braid/core/enforce.hpp>
-
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -18,6 +16,8 @@
 #include <type_traits>
 #include <utility>
 #include <variant>
+
+#include <braid/core/enforce.hpp>
 
 namespace braid {
 

@@ -5,10 +5,10 @@
 // Cost: a disabled level is one relaxed atomic load; arguments are not formatted.
 #pragma once
 
-#include <fmt/format.h>
-
 #include <string_view>
 #include <utility>
+
+#include <fmt/format.h>
 
 namespace braid::log {
 

@@ -8,10 +8,11 @@
 // non-blocking communicators poll for it explicitly rather than through this macro.
 #pragma once
 
-#include <braid/core/error.hpp>
+#include <system_error>
+
 #include <nccl.h>
 
-#include <system_error>
+#include <braid/core/error.hpp>
 
 namespace braid {
 
@@ -28,10 +29,10 @@ namespace detail {
 
 }  // namespace braid
 
-#define BRAID_NCCL_CHECK(expr)                                                            \
-  do {                                                                                    \
-    const ncclResult_t braid_nccl_result_ = (expr);                                       \
-    if (braid_nccl_result_ != ncclSuccess) [[unlikely]] {                                 \
-      ::braid::detail::throw_nccl_error(braid_nccl_result_, #expr, __FILE__, __LINE__);   \
-    }                                                                                     \
+#define BRAID_NCCL_CHECK(expr)                                                          \
+  do {                                                                                  \
+    const ncclResult_t braid_nccl_result_ = (expr);                                     \
+    if (braid_nccl_result_ != ncclSuccess) [[unlikely]] {                               \
+      ::braid::detail::throw_nccl_error(braid_nccl_result_, #expr, __FILE__, __LINE__); \
+    }                                                                                   \
   } while (false)

@@ -12,13 +12,6 @@
 // must be destroyed before it.
 #pragma once
 
-#include <braid/core/future.hpp>
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/awaitable.hpp>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
-
 #include <chrono>
 #include <exception>
 #include <string>
@@ -26,6 +19,14 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+
+#include <braid/core/future.hpp>
 
 namespace braid {
 

@@ -8,11 +8,12 @@
 // until every operation using the Buffer has completed.
 #pragma once
 
-#include <braid/core/buffer.hpp>
-#include <braid/core/dtype.hpp>
+#include <optional>
+
 #include <c10/core/ScalarType.h>
 
-#include <optional>
+#include <braid/core/buffer.hpp>
+#include <braid/core/dtype.hpp>
 
 namespace at {
 class Tensor;

@@ -8,10 +8,10 @@
 //   ceil(log2 P) n bytes
 // Small vectors: log2(P) latencies, the fewest for a broadcast. Large: the root's
 // log2(P) copies bound it; a scatter + all-gather would move 2n instead (not built yet).
-#include "algorithms.hpp"
-
 #include <algorithm>
 #include <bit>
+
+#include "algorithms.hpp"
 
 namespace braid::collectives::detail {
 namespace {
@@ -33,9 +33,9 @@ asio::awaitable<void> binomial_tree_broadcast(CollectiveOp& op, Buffer data, int
   auto piece = [&](std::size_t k) { return all.slice(split.offset(k), split.size(k)); };
 
   // The root's "lowest bit" is above every rank, so it sends to every level.
-  const int lowest_bit =
-      relative == 0 ? static_cast<int>(std::bit_ceil(static_cast<unsigned>(world)))
-                    : (relative & -relative);
+  const int lowest_bit = relative == 0
+                             ? static_cast<int>(std::bit_ceil(static_cast<unsigned>(world)))
+                             : (relative & -relative);
   std::vector<Message> receiving;
   if (relative != 0) {
     const int parent = actual(relative - lowest_bit);

@@ -16,8 +16,7 @@ asio::awaitable<void> binomial_tree_reduce(CollectiveOp& op, Buffer input, Buffe
   const int relative = (op.rank() - root + world) % world;
   const Buffer in = input;
   ScratchPool::Lease partial_memory = op.scratch(relative == 0 ? 0 : in.size_bytes());
-  const Buffer partial =
-      relative == 0 ? output : partial_memory.buffer(in.dtype(), in.count());
+  const Buffer partial = relative == 0 ? output : partial_memory.buffer(in.dtype(), in.count());
   copy(partial, in);
   ScratchPool::Lease arrived_memory = op.scratch(in.size_bytes());
   const Buffer arrived = arrived_memory.buffer(in.dtype(), in.count());

@@ -25,8 +25,8 @@ asio::awaitable<void> halving_doubling_all_reduce(CollectiveOp& op, Buffer input
     auto window = [&](std::size_t lo, std::size_t hi) {
       return data.slice(blocks.offset(lo), blocks.offset(hi) - blocks.offset(lo));
     };
-    ScratchPool::Lease scratch = op.scratch(blocks.offset(static_cast<std::size_t>(fold.power) / 2 + 1) *
-                                            dtype_size(data.dtype()));
+    ScratchPool::Lease scratch = op.scratch(
+        blocks.offset(static_cast<std::size_t>(fold.power) / 2 + 1) * dtype_size(data.dtype()));
     const auto me = static_cast<std::size_t>(fold.new_rank);
     std::size_t lo = 0;
     std::size_t hi = static_cast<std::size_t>(fold.power);

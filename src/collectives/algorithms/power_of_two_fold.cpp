@@ -38,7 +38,8 @@ asio::awaitable<void> fold_out(CollectiveOp& op, const PowerOfTwoFold& fold, con
                                std::uint32_t step) {
   const int rank = op.rank();
   if (rank >= 2 * fold.extra) co_return;
-  Message message = fold.new_rank < 0 ? op.recv(rank + 1, data, step) : op.send(rank - 1, data, step);
+  Message message =
+      fold.new_rank < 0 ? op.recv(rank + 1, data, step) : op.send(rank - 1, data, step);
   co_await op.wait(message);
 }
 

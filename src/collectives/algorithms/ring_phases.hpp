@@ -4,8 +4,8 @@
 // The vector is cut into P blocks, one per rank; each block into `pieces` pieces that
 // travel as separate messages, so that a rank reduces or forwards piece k while piece
 // k+1 is still on the wire (the pipelining that keeps a ring near link speed). Pieces
-// are about ring_piece_bytes() (BRAID_RING_PIECE_KIB); fewer, larger ones when a whole operation would otherwise
-// need more message steps than the tag holds.
+// are about ring_piece_bytes() (BRAID_RING_PIECE_KIB); fewer, larger ones when a whole operation
+// would otherwise need more message steps than the tag holds.
 //
 // Reduce-scatter phase: P-1 steps. At step s rank r sends block r-s-1 (its input at step
 // 0, its running partial after) to rank r+1 and receives block r-s-2 from rank r-1, which

@@ -29,8 +29,8 @@ asio::awaitable<void> ring_reduce_scatter(CollectiveOp& op, Buffer input, Buffer
   const PartialBlock partial = [&](int block, int step) {
     if (in_place) return layout.block(in, block);
     if (layout.wrap(block) == static_cast<std::size_t>(rank)) return out;
-    return Buffer(partials.data() + static_cast<std::size_t>(step % 2) * block_bytes,
-                  out.count(), dtype);
+    return Buffer(partials.data() + static_cast<std::size_t>(step % 2) * block_bytes, out.count(),
+                  dtype);
   };
   co_await ring_reduce_scatter_phase(op, in, layout, reduce_op, partial, 0);
   finish_average(out, reduce_op, world);

@@ -214,11 +214,11 @@ asio::awaitable<bool> shared_memory_inline_all_to_all_v(ArenaTurn& turn, Collect
     const std::uint64_t* counts = words_of(sender) + 1;
     const std::size_t first = std::accumulate(counts, counts + me, std::size_t{0});
     const std::size_t count = call.recv_counts[sender];
-    const InlineSlot& slot =
-        turn.arena().inline_slot(static_cast<int>(sender), turn.generation());
+    const InlineSlot& slot = turn.arena().inline_slot(static_cast<int>(sender), turn.generation());
     const std::byte* from = slot.data + header + first * element;
-    if (count != 0) std::memcpy(static_cast<std::byte*>(call.output.data()) + at * element, from,
-                                count * element);
+    if (count != 0)
+      std::memcpy(static_cast<std::byte*>(call.output.data()) + at * element, from,
+                  count * element);
     at += count;
   }
   co_return true;

@@ -47,17 +47,28 @@
 #include <string.h>
 
 enum Op {
-  ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE, GATHER, SCATTER, ALL_TO_ALL,
-  ALL_GATHER_V, ALL_TO_ALL_V, BARRIER, OP_COUNT
+  ALL_REDUCE,
+  ALL_GATHER,
+  REDUCE_SCATTER,
+  BROADCAST,
+  REDUCE,
+  GATHER,
+  SCATTER,
+  ALL_TO_ALL,
+  ALL_GATHER_V,
+  ALL_TO_ALL_V,
+  BARRIER,
+  OP_COUNT
 };
 
-static const char *const op_names[OP_COUNT] = {
+static const char* const op_names[OP_COUNT] = {
     "all_reduce", "all_gather", "reduce_scatter", "broadcast",    "reduce", "gather",
     "scatter",    "all_to_all", "all_gather_v",   "all_to_all_v", "barrier"};
 
 enum { WARMUP_ITERS = 3, MIN_ITERS = 5, MAX_ITERS = 100000 };
 static const double target_seconds = 0.2; /* timed work per size when --iters is not given */
-static const float sentinel = -1.0f;      /* outputs are cleared to this; no expected value is negative */
+static const float sentinel =
+    -1.0f; /* outputs are cleared to this; no expected value is negative */
 
 typedef struct {
   int ops[OP_COUNT]; /* in the order asked for */
@@ -71,8 +82,8 @@ typedef struct {
  * the per-rank share for the ops that split it (count / P). The variable-count ops carry
  * their counts and displacements, in elements (MPI's ints). */
 typedef struct {
-  float *send;
-  float *recv;
+  float* send;
+  float* recv;
   size_t count;
   size_t block;
   int *send_counts, *send_displs; /* all_gather_v: send_counts[0] is this rank's part */
@@ -80,23 +91,38 @@ typedef struct {
 } Buffers;
 
 /* Exact in f32 for any sum of P of them while P stays below a few hundred thousand. */
-static float input_value(int rank, size_t i) { return (float)((rank + 1) * (int)(i % 7 + 1)); }
+static float input_value(int rank, size_t i) {
+  return (float)((rank + 1) * (int)(i % 7 + 1));
+}
 
 static float reduced_value(int ranks, size_t i) {
   return (float)(ranks * (ranks + 1) / 2 * (int)(i % 7 + 1));
 }
 
 /* "64M" -> 67108864. Suffixes K, M, G are powers of 1024; a trailing "B" or "iB" is accepted. */
-static int parse_bytes(const char *text, size_t *out) {
-  char *end = NULL;
+static int parse_bytes(const char* text, size_t* out) {
+  char* end = NULL;
   unsigned long long value = strtoull(text, &end, 10);
   if (end == text) return 0;
   unsigned long long scale = 1;
   switch (*end) {
-    case 'k': case 'K': scale = 1ULL << 10; ++end; break;
-    case 'm': case 'M': scale = 1ULL << 20; ++end; break;
-    case 'g': case 'G': scale = 1ULL << 30; ++end; break;
-    default: break;
+    case 'k':
+    case 'K':
+      scale = 1ULL << 10;
+      ++end;
+      break;
+    case 'm':
+    case 'M':
+      scale = 1ULL << 20;
+      ++end;
+      break;
+    case 'g':
+    case 'G':
+      scale = 1ULL << 30;
+      ++end;
+      break;
+    default:
+      break;
   }
   if (scale > 1 && *end == 'i') ++end;
   if (*end == 'B' || *end == 'b') ++end;
@@ -105,9 +131,9 @@ static int parse_bytes(const char *text, size_t *out) {
   return 1;
 }
 
-static int parse_ops(const char *list, Options *options) {
+static int parse_ops(const char* list, Options* options) {
   options->op_count = 0;
-  for (const char *name = list;; ++name) {
+  for (const char* name = list;; ++name) {
     const size_t length = strcspn(name, ",");
     int found = -1;
     for (int op = 0; op < OP_COUNT; ++op)
@@ -120,26 +146,29 @@ static int parse_ops(const char *list, Options *options) {
 }
 
 /* Every rank parses the same arguments; only rank 0 (`loud`) says what is wrong. */
-static int parse_options(int argc, char **argv, int loud, Options *options) {
+static int parse_options(int argc, char** argv, int loud, Options* options) {
   options->op_count = OP_COUNT;
   for (int op = 0; op < OP_COUNT; ++op) options->ops[op] = op;
   options->min_bytes = 8;
   options->max_bytes = 64u << 20;
   options->iters = 0;
   for (int i = 1; i < argc; ++i) {
-    const char *flag = argv[i];
+    const char* flag = argv[i];
     if (strcmp(flag, "--help") == 0) return 0;
     if (i + 1 >= argc) {
       if (loud) fprintf(stderr, "braid-bench-mpi-peer: %s needs a value\n", flag);
       return 0;
     }
-    const char *value = argv[++i];
+    const char* value = argv[++i];
     int ok = 0;
-    if (strcmp(flag, "--ops") == 0) ok = parse_ops(value, options);
-    else if (strcmp(flag, "--min-bytes") == 0) ok = parse_bytes(value, &options->min_bytes);
-    else if (strcmp(flag, "--max-bytes") == 0) ok = parse_bytes(value, &options->max_bytes);
+    if (strcmp(flag, "--ops") == 0)
+      ok = parse_ops(value, options);
+    else if (strcmp(flag, "--min-bytes") == 0)
+      ok = parse_bytes(value, &options->min_bytes);
+    else if (strcmp(flag, "--max-bytes") == 0)
+      ok = parse_bytes(value, &options->max_bytes);
     else if (strcmp(flag, "--iters") == 0) {
-      char *end = NULL;
+      char* end = NULL;
       long iters = strtol(value, &end, 10);
       ok = *end == '\0' && iters > 0 && iters <= INT_MAX;
       options->iters = (int)iters;
@@ -186,7 +215,7 @@ static size_t uneven_offset(size_t total, int ranks, int shift, int j) {
   return offset;
 }
 
-static void run_once(int op, const Buffers *b) {
+static void run_once(int op, const Buffers* b) {
   const int count = (int)b->count, block = (int)b->block;
   switch (op) {
     case ALL_REDUCE:
@@ -198,7 +227,9 @@ static void run_once(int op, const Buffers *b) {
     case REDUCE_SCATTER:
       MPI_Reduce_scatter_block(b->send, b->recv, block, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       break;
-    case BROADCAST: MPI_Bcast(b->recv, count, MPI_FLOAT, 0, MPI_COMM_WORLD); break;
+    case BROADCAST:
+      MPI_Bcast(b->recv, count, MPI_FLOAT, 0, MPI_COMM_WORLD);
+      break;
     case REDUCE:
       MPI_Reduce(b->send, b->recv, count, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
       break;
@@ -212,42 +243,58 @@ static void run_once(int op, const Buffers *b) {
       MPI_Alltoall(b->send, block, MPI_FLOAT, b->recv, block, MPI_FLOAT, MPI_COMM_WORLD);
       break;
     case ALL_GATHER_V:
-      MPI_Allgatherv(b->send, b->send_counts[0], MPI_FLOAT, b->recv, b->recv_counts,
-                     b->recv_displs, MPI_FLOAT, MPI_COMM_WORLD);
+      MPI_Allgatherv(b->send, b->send_counts[0], MPI_FLOAT, b->recv, b->recv_counts, b->recv_displs,
+                     MPI_FLOAT, MPI_COMM_WORLD);
       break;
     case ALL_TO_ALL_V:
       MPI_Alltoallv(b->send, b->send_counts, b->send_displs, MPI_FLOAT, b->recv, b->recv_counts,
                     b->recv_displs, MPI_FLOAT, MPI_COMM_WORLD);
       break;
-    case BARRIER: MPI_Barrier(MPI_COMM_WORLD); break;
-    default: break;
+    case BARRIER:
+      MPI_Barrier(MPI_COMM_WORLD);
+      break;
+    default:
+      break;
   }
 }
 
 /* Element counts of the two buffers, as each MPI call reads and writes them. The root's
  * buffer of gather and scatter is `count` elements; the others' is unused. */
-static size_t send_elements(int op, const Buffers *b, int rank) {
+static size_t send_elements(int op, const Buffers* b, int rank) {
   switch (op) {
-    case ALL_GATHER: case GATHER: return b->block;
-    case ALL_GATHER_V: return (size_t)b->send_counts[0];
-    case SCATTER: return rank == 0 ? b->count : 0;
-    case BROADCAST: case BARRIER: return 0;
-    default: return b->count;
+    case ALL_GATHER:
+    case GATHER:
+      return b->block;
+    case ALL_GATHER_V:
+      return (size_t)b->send_counts[0];
+    case SCATTER:
+      return rank == 0 ? b->count : 0;
+    case BROADCAST:
+    case BARRIER:
+      return 0;
+    default:
+      return b->count;
   }
 }
 
-static size_t recv_elements(int op, const Buffers *b, int rank, int ranks) {
+static size_t recv_elements(int op, const Buffers* b, int rank, int ranks) {
   switch (op) {
-    case REDUCE_SCATTER: case SCATTER: return b->block;
-    case GATHER: return rank == 0 ? b->count : 0;
-    case ALL_TO_ALL_V: return (size_t)b->recv_displs[ranks - 1] + (size_t)b->recv_counts[ranks - 1];
-    case BARRIER: return 0;
-    default: return b->count;
+    case REDUCE_SCATTER:
+    case SCATTER:
+      return b->block;
+    case GATHER:
+      return rank == 0 ? b->count : 0;
+    case ALL_TO_ALL_V:
+      return (size_t)b->recv_displs[ranks - 1] + (size_t)b->recv_counts[ranks - 1];
+    case BARRIER:
+      return 0;
+    default:
+      return b->count;
   }
 }
 
 /* The counts and displacements of the variable-count ops (NULL for the others). */
-static void plan_counts(int op, Buffers *b, int rank, int ranks) {
+static void plan_counts(int op, Buffers* b, int rank, int ranks) {
   if (op != ALL_GATHER_V && op != ALL_TO_ALL_V) return;
   const size_t n = (size_t)ranks;
   b->send_counts = calloc(n, sizeof(int));
@@ -273,7 +320,7 @@ static void plan_counts(int op, Buffers *b, int rank, int ranks) {
   if (op == ALL_GATHER_V) b->send_counts[0] = b->recv_counts[rank];
 }
 
-static void free_buffers(Buffers *b) {
+static void free_buffers(Buffers* b) {
   free(b->send);
   free(b->recv);
   free(b->send_counts);
@@ -282,13 +329,13 @@ static void free_buffers(Buffers *b) {
   free(b->recv_displs);
 }
 
-static void fill_inputs(int op, const Buffers *b, int rank) {
+static void fill_inputs(int op, const Buffers* b, int rank) {
   for (size_t i = 0; i < send_elements(op, b, rank); ++i) b->send[i] = input_value(rank, i);
   if (op == BROADCAST && rank == 0)
     for (size_t i = 0; i < b->count; ++i) b->recv[i] = input_value(0, i);
 }
 
-static void clear_outputs(int op, const Buffers *b, int rank, int ranks) {
+static void clear_outputs(int op, const Buffers* b, int rank, int ranks) {
   if (op == BROADCAST && rank == 0) return; /* the root's buffer is its input */
   for (size_t i = 0; i < recv_elements(op, b, rank, ranks); ++i) b->recv[i] = sentinel;
 }
@@ -296,31 +343,40 @@ static void clear_outputs(int op, const Buffers *b, int rank, int ranks) {
 /* Part s of the output came from rank s: all_gather_v, its whole input; all_to_all_v, the
  * piece of its input it cut for this rank. Checked part by part, so where each part's
  * values start is worked out once per part, not per element. */
-static long long count_wrong_variable(int op, const Buffers *b, int rank, int ranks) {
+static long long count_wrong_variable(int op, const Buffers* b, int rank, int ranks) {
   long long wrong = 0;
   for (int source = 0; source < ranks; ++source) {
     const size_t first = op == ALL_GATHER_V ? 0 : uneven_offset(b->count, ranks, source, rank);
-    const float *part = b->recv + b->recv_displs[source];
+    const float* part = b->recv + b->recv_displs[source];
     for (size_t k = 0; k < (size_t)b->recv_counts[source]; ++k)
       wrong += part[k] != input_value(source, first + k);
   }
   return wrong;
 }
 
-static float expected_value(int op, const Buffers *b, int rank, int ranks, size_t i) {
+static float expected_value(int op, const Buffers* b, int rank, int ranks, size_t i) {
   switch (op) {
-    case ALL_REDUCE: case REDUCE: return reduced_value(ranks, i);
-    case ALL_GATHER: case GATHER: return input_value((int)(i / b->block), i % b->block);
-    case REDUCE_SCATTER: return reduced_value(ranks, (size_t)rank * b->block + i);
-    case BROADCAST: return input_value(0, i);
-    case SCATTER: return input_value(0, (size_t)rank * b->block + i);
+    case ALL_REDUCE:
+    case REDUCE:
+      return reduced_value(ranks, i);
+    case ALL_GATHER:
+    case GATHER:
+      return input_value((int)(i / b->block), i % b->block);
+    case REDUCE_SCATTER:
+      return reduced_value(ranks, (size_t)rank * b->block + i);
+    case BROADCAST:
+      return input_value(0, i);
+    case SCATTER:
+      return input_value(0, (size_t)rank * b->block + i);
     /* block s came from rank s, which sent its elements [rank*block, (rank+1)*block) here */
-    case ALL_TO_ALL: return input_value((int)(i / b->block), (size_t)rank * b->block + i % b->block);
-    default: return 0.0f;
+    case ALL_TO_ALL:
+      return input_value((int)(i / b->block), (size_t)rank * b->block + i % b->block);
+    default:
+      return 0.0f;
   }
 }
 
-static long long count_wrong(int op, const Buffers *b, int rank, int ranks) {
+static long long count_wrong(int op, const Buffers* b, int rank, int ranks) {
   if (op == BARRIER || ((op == REDUCE || op == GATHER) && rank != 0)) return 0;
   if (op == ALL_GATHER_V || op == ALL_TO_ALL_V) return count_wrong_variable(op, b, rank, ranks);
   long long wrong = 0;
@@ -338,7 +394,7 @@ static double max_over_ranks(double seconds) {
 
 /* Runs the warm-up; without --iters, rank 0 sizes the timed loop from the slowest rank's
  * last two warm-up calls (the first pays for page faults) and every rank takes its count. */
-static int warm_up(int op, const Buffers *b, const Options *options, int rank) {
+static int warm_up(int op, const Buffers* b, const Options* options, int rank) {
   run_once(op, b);
   MPI_Barrier(MPI_COMM_WORLD);
   const double start = MPI_Wtime();
@@ -354,9 +410,9 @@ static int warm_up(int op, const Buffers *b, const Options *options, int rank) {
   return iters;
 }
 
-static void measure(int op, size_t bytes, int rank, int ranks, const Options *options) {
-  Buffers b = {NULL, NULL, bytes / sizeof(float), bytes / sizeof(float) / (size_t)ranks,
-               NULL, NULL, NULL, NULL};
+static void measure(int op, size_t bytes, int rank, int ranks, const Options* options) {
+  Buffers b = {NULL, NULL, bytes / sizeof(float), bytes / sizeof(float) / (size_t)ranks, NULL, NULL,
+               NULL, NULL};
   plan_counts(op, &b, rank, ranks);
   if (bytes > 0) {
     b.send = malloc(send_elements(op, &b, rank) * sizeof(float) + 1);
@@ -388,18 +444,19 @@ static void measure(int op, size_t bytes, int rank, int ranks, const Options *op
   if (rank != 0) return;
   const double time_us = slowest / iters * 1e6;
   const double algbw = bytes == 0 ? 0.0 : (double)bytes / time_us / 1e3; /* GB/s, 1e9 bytes */
-  printf("{\"peer\":\"openmpi\",\"op\":\"%s\",\"ranks\":%d,\"bytes\":%zu,\"count\":%zu,"
-         "\"dtype\":\"f32\",\"iters\":%d,\"time_us\":%.3f,\"algbw_gbps\":%.6g,"
-         "\"busbw_gbps\":%.6g,\"wrong\":%lld}\n",
-         op_names[op], ranks, bytes, b.count, iters, time_us, algbw, algbw * bus_factor(op, ranks),
-         wrong);
+  printf(
+      "{\"peer\":\"openmpi\",\"op\":\"%s\",\"ranks\":%d,\"bytes\":%zu,\"count\":%zu,"
+      "\"dtype\":\"f32\",\"iters\":%d,\"time_us\":%.3f,\"algbw_gbps\":%.6g,"
+      "\"busbw_gbps\":%.6g,\"wrong\":%lld}\n",
+      op_names[op], ranks, bytes, b.count, iters, time_us, algbw, algbw * bus_factor(op, ranks),
+      wrong);
   fflush(stdout);
 }
 
 /* Sizes double from --min-bytes to --max-bytes. Ops that split the buffer across ranks
  * round it down to whole f32 elements per rank and skip it when a rank would get none;
  * the others need one element. Barrier runs once, with no buffer. */
-static void measure_op(int op, int rank, int ranks, const Options *options) {
+static void measure_op(int op, int rank, int ranks, const Options* options) {
   if (op == BARRIER) {
     measure(op, 0, rank, ranks, options);
     return;
@@ -412,7 +469,7 @@ static void measure_op(int op, int rank, int ranks, const Options *options) {
   }
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rank = 0, ranks = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -420,10 +477,11 @@ int main(int argc, char **argv) {
   Options options;
   if (!parse_options(argc, argv, rank == 0, &options)) {
     if (rank == 0)
-      fprintf(stderr, "usage: braid-bench-mpi-peer [--ops all_reduce,all_gather,reduce_scatter,"
-                      "broadcast,reduce,gather,scatter,all_to_all,all_gather_v,all_to_all_v,barrier] "
-                      "[--min-bytes 8] [--max-bytes 64M] "
-                      "[--iters N]\n");
+      fprintf(stderr,
+              "usage: braid-bench-mpi-peer [--ops all_reduce,all_gather,reduce_scatter,"
+              "broadcast,reduce,gather,scatter,all_to_all,all_gather_v,all_to_all_v,barrier] "
+              "[--min-bytes 8] [--max-bytes 64M] "
+              "[--iters N]\n");
     MPI_Finalize();
     return 2;
   }

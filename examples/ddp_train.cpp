@@ -58,10 +58,8 @@ struct Settings {
   example_models::ModelChoice model;
   int steps = 0;  // 0: the model's default
   double lr = 1e-3;
-  std::string optimizer = "adam";
-  int threads = 1;
+  example_models::TrainingChoice training;
   bool sync = true;
-  braid::torch::DistributedDataParallelOptions ddp;
   int uneven = 0;
   bool help = false;
 };
@@ -78,21 +76,11 @@ Settings parse(int argc, char** argv) {
       s.help = true;
       return s;
     }
-    if (s.model.parse(arg, value)) continue;
+    if (s.model.parse(arg, value) || s.training.parse(arg, value)) continue;
     if (arg == "--steps")
       s.steps = example_models::whole_number(arg, value(), 2);
     else if (arg == "--lr")
       s.lr = std::stod(value());
-    else if (arg == "--optimizer")
-      s.optimizer = value();
-    else if (arg == "--threads")
-      s.threads = example_models::whole_number(arg, value(), 1);
-    else if (arg == "--bucket-cap-mib")
-      s.ddp.limits.bucket_cap_bytes = static_cast<std::size_t>(std::stod(value()) * (1 << 20));
-    else if (arg == "--copy-gradients")
-      s.ddp.gradient_as_bucket_view = false;
-    else if (arg == "--private-buckets")
-      s.ddp.shared_buckets = false;
     else if (arg == "--sync") {
       const std::string sync = value();
       if (sync != "ddp" && sync != "none") throw std::invalid_argument("--sync ddp|none");
@@ -104,7 +92,7 @@ Settings parse(int argc, char** argv) {
   }
   s.model.finish();
   if (s.steps == 0) s.steps = s.model.transformer() ? 60 : 100;
-  if (s.optimizer != "adam" && s.optimizer != "sgd")
+  if (s.training.optimizer != "adam" && s.training.optimizer != "sgd")
     throw std::invalid_argument("--optimizer adam|sgd");
   if (s.uneven != 0 && !s.sync) throw std::invalid_argument("--uneven needs --sync ddp");
   return s;
@@ -116,8 +104,9 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   const example_models::Task task(s.model.hidden, s.model.transformer());
   std::optional<braid::torch::DistributedDataParallel<Model>> ddp;
   if (s.sync)
-    ddp.emplace(model, comm, s.ddp);  // checks the ranks agree, broadcasts rank 0's weights
-  auto optimizer = example_models::make_optimizer(s.optimizer, model->parameters(), s.lr);
+    ddp.emplace(model, comm,
+                s.training.ddp);  // checks the ranks agree, broadcasts rank 0's weights
+  auto optimizer = example_models::make_optimizer(s.training.optimizer, model->parameters(), s.lr);
   std::int64_t parameters = 0;
   for (const auto& p : model->parameters()) parameters += p.numel();
   if (comm->rank() == 0) {
@@ -125,9 +114,9 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
         "ddp_train: {} with {:.2f}M parameters on {} rank(s), batch {} per rank, {} steps, "
         "gradient sync: {}\n",
         s.model.name, static_cast<double>(parameters) / 1e6, comm->size(), s.model.batch, s.steps,
-        !s.sync                         ? "none"
-        : s.ddp.gradient_as_bucket_view ? "braid DDP, gradients in the buckets"
-                                        : "braid DDP, copy mode");
+        !s.sync                                  ? "none"
+        : s.training.ddp.gradient_as_bucket_view ? "braid DDP, gradients in the buckets"
+                                                 : "braid DDP, copy mode");
   }
   // --uneven: this rank's share of the steps; the ranks that stop early join().
   const int my_steps = s.steps - s.uneven * comm->rank();
@@ -220,14 +209,9 @@ int main(int argc, char** argv) {
       std::cout << kUsage;
       return 0;
     }
-    torch::set_num_threads(settings.threads);
-    braid::trace::set_enabled(true);  // for the closing summary; BRAID_TRACE also writes files
-    braid::Runtime runtime;
-    auto world = braid::transport::World::join(runtime);
-    if (settings.model.transformer()) {
-      return train(*world, settings, settings.model.make_transformer());
-    }
-    return train(*world, settings, settings.model.make_mlp());
+    return example_models::join_and_train(
+        settings.model, settings.training.threads,
+        [&](braid::transport::World& world, auto model) { return train(world, settings, model); });
   } catch (const std::invalid_argument& e) {
     std::cerr << "ddp_train: " << e.what() << "\nrun 'ddp_train --help' for usage\n";
     return 2;

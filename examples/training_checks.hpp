@@ -1,15 +1,20 @@
-// What a data-parallel training program checks and reports at its end, shared by the main
-// job (examples/ddp_train.cpp) and braid-bench's DDP worker: that every rank holds the same
-// weights, and the job's timeline of the training steps, gathered to rank 0.
+// What a data-parallel training program does around its loop, shared by the main job
+// (examples/ddp_train.cpp) and braid-bench's DDP worker: joining the job, and at the end
+// checking that every rank holds the same weights and gathering the job's timeline of the
+// training steps to rank 0.
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include <braid/braid.hpp>
+#include <braid/torch/distributed_data_parallel.hpp>
+
+#include "models.hpp"
 
 namespace example_models {
 
@@ -37,6 +42,45 @@ inline std::optional<braid::trace::Timeline> gather_steps_timeline(
   });
   const braid::trace::ClockAlignment clock = comm.launch(world.clock_alignment()).get();
   return comm.launch(braid::collectives::gather_timeline(comm, std::move(snapshot), clock)).get();
+}
+
+// How the model is trained: the optimizer, libtorch's intra-op threads and DDP's options,
+// as the main job and braid-bench's DDP worker take them on their command lines.
+struct TrainingChoice {
+  std::string optimizer = "adam";
+  int threads = 1;
+  braid::torch::DistributedDataParallelOptions ddp;
+
+  // Takes `option` (reading its value with `value()`) if it is one of these; false if not.
+  template <class Value>
+  bool parse(const std::string& option, Value&& value) {
+    if (option == "--optimizer")
+      optimizer = value();
+    else if (option == "--threads")
+      threads = whole_number(option, value(), 1);
+    else if (option == "--bucket-cap-mib")
+      ddp.limits.bucket_cap_bytes = static_cast<std::size_t>(std::stod(value()) * (1 << 20));
+    else if (option == "--copy-gradients")
+      ddp.gradient_as_bucket_view = false;
+    else if (option == "--private-buckets")
+      ddp.shared_buckets = false;
+    else
+      return false;
+    return true;
+  }
+};
+
+// Joins the job as the launcher's environment says, with tracing on (for the closing summary;
+// BRAID_TRACE also writes files) and `threads` intra-op threads, and calls
+// train(world, model) with the model `choice` names. Returns what train returns.
+template <class Train>
+int join_and_train(const ModelChoice& choice, int threads, Train train) {
+  torch::set_num_threads(threads);
+  braid::trace::set_enabled(true);
+  braid::Runtime runtime;
+  auto world = braid::transport::World::join(runtime);
+  if (choice.transformer()) return train(*world, choice.make_transformer());
+  return train(*world, choice.make_mlp());
 }
 
 }  // namespace example_models

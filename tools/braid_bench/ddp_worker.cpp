@@ -49,10 +49,8 @@ void compute_for(double ms) {
 struct Settings {
   example_models::ModelChoice model;
   int steps = 30;
-  std::string optimizer = "sgd";
-  int threads = 1;
+  example_models::TrainingChoice training{.optimizer = "sgd"};
   std::string sync = "ddp";
-  braid::torch::DistributedDataParallelOptions ddp;
   double straggle_ms = 0;
 };
 
@@ -64,19 +62,9 @@ Settings parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
       return argv[++i];
     };
-    if (s.model.parse(arg, value)) continue;
+    if (s.model.parse(arg, value) || s.training.parse(arg, value)) continue;
     if (arg == "--steps")
       s.steps = example_models::whole_number(arg, value(), 8);
-    else if (arg == "--optimizer")
-      s.optimizer = value();
-    else if (arg == "--threads")
-      s.threads = example_models::whole_number(arg, value(), 1);
-    else if (arg == "--bucket-cap-mib")
-      s.ddp.limits.bucket_cap_bytes = static_cast<std::size_t>(std::stod(value()) * (1 << 20));
-    else if (arg == "--copy-gradients")
-      s.ddp.gradient_as_bucket_view = false;
-    else if (arg == "--private-buckets")
-      s.ddp.shared_buckets = false;
     else if (arg == "--sync")
       s.sync = value();
     else if (arg == "--straggle-ms")
@@ -201,8 +189,8 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   const bool paired = s.sync == "paired";
   const bool sync = s.sync != "none";
   std::optional<braid::torch::DistributedDataParallel<Model>> ddp;
-  if (sync) ddp.emplace(model, comm, s.ddp);
-  auto optimizer = example_models::make_optimizer(s.optimizer, model->parameters(), 1e-3);
+  if (sync) ddp.emplace(model, comm, s.training.ddp);
+  auto optimizer = example_models::make_optimizer(s.training.optimizer, model->parameters(), 1e-3);
   // Paired steps come in pairs (2k, 2k + 1); the warm-up ends on a pair boundary.
   const int warmup = std::min(5, s.steps / 4) & (paired ? ~1 : ~0);
   double last_loss = 0;
@@ -368,14 +356,9 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
 int main(int argc, char** argv) {
   try {
     const Settings settings = parse(argc, argv);
-    torch::set_num_threads(settings.threads);
-    braid::trace::set_enabled(true);  // the traced exposure; BRAID_TRACE also writes files
-    braid::Runtime runtime;
-    auto world = braid::transport::World::join(runtime);
-    if (settings.model.transformer()) {
-      return train(*world, settings, settings.model.make_transformer());
-    }
-    return train(*world, settings, settings.model.make_mlp());
+    return example_models::join_and_train(
+        settings.model, settings.training.threads,
+        [&](braid::transport::World& world, auto model) { return train(world, settings, model); });
   } catch (const std::invalid_argument& e) {
     std::cerr << "braid-bench-ddp-worker: " << e.what() << "\n";
     return 2;

@@ -13,17 +13,9 @@ asio::awaitable<std::optional<trace::Timeline>> gather_timeline(Communicator& co
                                                                 trace::Snapshot snapshot,
                                                                 trace::ClockAlignment clock,
                                                                 int root) {
-  std::int64_t origin_ns = 0;  // the earliest record's begin, on this rank's clock
-  if (!snapshot.records.empty()) {
-    origin_ns = std::min_element(snapshot.records.begin(), snapshot.records.end(),
-                                 [](const trace::Record& a, const trace::Record& b) {
-                                   return a.begin_ns < b.begin_ns;
-                                 })
-                    ->begin_ns;
-  }
   const trace::RankTimeline mine = trace::rank_timeline(
       snapshot, {.rank = comm.rank(), .world_size = comm.size(), .clock = clock});
-  std::string bytes = trace::timeline_to_bytes(mine, origin_ns + clock.offset_ns);
+  std::string bytes = trace::timeline_to_bytes(mine, trace::origin_of(snapshot) + clock.offset_ns);
 
   const auto ranks = static_cast<std::size_t>(comm.size());
   std::vector<std::int64_t> sizes(ranks);

@@ -124,13 +124,6 @@ class EventWriter {
   bool first_ = true;
 };
 
-std::int64_t origin_of(const Snapshot& snapshot) {
-  if (snapshot.records.empty()) return now_ns();
-  std::int64_t origin = snapshot.records.front().begin_ns;
-  for (const Record& record : snapshot.records) origin = std::min(origin, record.begin_ns);
-  return origin;
-}
-
 }  // namespace
 
 std::string trace_file_name(int rank) {

@@ -432,4 +432,11 @@ void append(const Record& record) noexcept {
 
 }  // namespace detail
 
+std::int64_t origin_of(const Snapshot& snapshot) {
+  if (snapshot.records.empty()) return now_ns();
+  std::int64_t origin = snapshot.records.front().begin_ns;
+  for (const Record& record : snapshot.records) origin = std::min(origin, record.begin_ns);
+  return origin;
+}
+
 }  // namespace braid::trace

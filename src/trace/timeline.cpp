@@ -18,13 +18,7 @@ RankTimeline rank_timeline(const Snapshot& snapshot, const TraceIdentity& identi
   rank.clock = identity.clock;
   rank.overwritten_records = snapshot.overwritten;
   for (const TrackInfo& track : snapshot.tracks) rank.track_names[track.id] = track.name;
-  std::int64_t origin = 0;
-  if (!snapshot.records.empty()) {
-    origin =
-        std::min_element(snapshot.records.begin(), snapshot.records.end(),
-                         [](const Record& a, const Record& b) { return a.begin_ns < b.begin_ns; })
-            ->begin_ns;
-  }
+  const std::int64_t origin = origin_of(snapshot);
   rank.events.reserve(snapshot.records.size());
   for (const Record& record : snapshot.records) {
     TimelineEvent event;

@@ -170,6 +170,10 @@ ClockSource clock_source();
 // in the next snapshot.
 Snapshot snapshot();
 
+// The earliest record's begin (steady-clock ns): where a rank's trace counts its times from.
+// now_ns() for a snapshot without records.
+std::int64_t origin_of(const Snapshot& snapshot);
+
 // The limit on the records' memory, in chunks of records: BRAID_TRACE_BUFFER_MB, read at
 // the first record that needs a new chunk; set_buffer_limit overrides it (tests, tools).
 // At least one chunk per recording thread is always kept.

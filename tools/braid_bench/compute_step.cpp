@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "median.hpp"
 #include "models.hpp"
 
 #if BRAID_COMPUTE_WITH_BRAID
@@ -80,11 +81,6 @@ double ms_since(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
 // Times s.steps steps after s.warmup untimed ones. `forward` runs the model (through the
 // DDP wrapper in the braid process), `step_scope` wraps each whole step (no_sync() there).
 template <class Forward, class StepScope>
@@ -117,8 +113,9 @@ std::string time_steps(const Settings& s, torch::nn::Module& model, Forward forw
       "{{\"compute_step\":\"{}\",\"model\":\"{}\",\"optimizer\":\"{}\",\"parameters\":{},"
       "\"batch\":{},\"steps\":{},\"step_ms\":{:.3f},\"forward_backward_ms\":{:.3f},"
       "\"optimizer_ms\":{:.3f},\"faults_per_step\":{:.1f}}}",
-      runner, s.model.name, s.optimizer, parameters, s.model.batch, s.steps, median(step_ms),
-      median(forward_backward_ms), median(optimizer_ms),
+      runner, s.model.name, s.optimizer, parameters, s.model.batch, s.steps,
+      braid::bench::median(step_ms), braid::bench::median(forward_backward_ms),
+      braid::bench::median(optimizer_ms),
       static_cast<double>(minor_faults() - faults_before) / s.steps);
 }
 

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "json_fields.hpp"
 #include "list_argument.hpp"
 #include "median.hpp"
 #include "subprocess.hpp"
@@ -66,16 +67,6 @@ ComputeTaxOptions parse_options(const std::vector<std::string>& args) {
 // The runners, in the order they take turns and are printed.
 constexpr std::array<std::string_view, 3> kRunners{"plain", "braid", "python"};
 
-std::optional<double> field(const std::string& line, const std::string& key) {
-  const auto at = line.find("\"" + key + "\":");
-  if (at == std::string::npos) return std::nullopt;
-  try {
-    return std::stod(line.substr(at + key.size() + 3));
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
-
 // The worker's JSON line (braid-run prefixes the braid worker's with "[0] ").
 std::optional<std::string> result_line(const CommandResult& result, std::string_view runner) {
   std::stringstream lines(result.output);
@@ -118,9 +109,9 @@ struct RunnerFigures {
 RunnerFigures medians(const std::vector<std::string>& lines) {
   std::vector<double> step, optimizer, faults;
   for (const auto& line : lines) {
-    step.push_back(field(line, "step_ms").value_or(0));
-    optimizer.push_back(field(line, "optimizer_ms").value_or(0));
-    faults.push_back(field(line, "faults_per_step").value_or(0));
+    step.push_back(json_number(line, "step_ms").value_or(0));
+    optimizer.push_back(json_number(line, "optimizer_ms").value_or(0));
+    faults.push_back(json_number(line, "faults_per_step").value_or(0));
   }
   return {median(step), median(optimizer), median(faults)};
 }

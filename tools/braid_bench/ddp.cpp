@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "json_fields.hpp"
 #include "list_argument.hpp"
 #include "subprocess.hpp"
 
@@ -28,13 +29,6 @@ struct DdpOptions {
   std::string optimizer = "sgd";
   double straggle_ms = 0;  // the last rank computes this much more before each backward
 };
-
-// The number after "key": in a one-line JSON object.
-std::optional<double> field(const std::string& line, const std::string& key) {
-  const auto at = line.find("\"" + key + "\":");
-  if (at == std::string::npos) return std::nullopt;
-  return std::stod(line.substr(at + key.size() + 3));
-}
 
 // One configuration's paired figures, the mean over its rounds (braid-bench-ddp-worker --sync
 // paired and the PyTorch peer print the same fields).
@@ -65,26 +59,26 @@ PairedFigures mean_over_rounds(const std::vector<std::string>& runs) {
   double off_core = 0;
   bool has_off_core = false;
   for (const std::string& run : runs) {
-    f.step_ms += field(run, "step_ms").value_or(0);
-    f.none_step_ms += field(run, "none_step_ms").value_or(0);
-    f.exposed_ms += field(run, "exposed_ms").value_or(0);
-    const double ci = field(run, "exposed_ci_ms").value_or(0);
+    f.step_ms += json_number(run, "step_ms").value_or(0);
+    f.none_step_ms += json_number(run, "none_step_ms").value_or(0);
+    f.exposed_ms += json_number(run, "exposed_ms").value_or(0);
+    const double ci = json_number(run, "exposed_ci_ms").value_or(0);
     ci_squares += ci * ci;
-    f.cpu_ms += field(run, "cpu_ms").value_or(0);
-    f.exposed_cpu_ms += field(run, "exposed_cpu_ms").value_or(0);
-    f.bare_ms += field(run, "bare_all_reduce_ms").value_or(0);
-    f.bare_cpu_ms += field(run, "bare_cpu_ms").value_or(0);
-    f.bare_shared_ms += field(run, "bare_shared_all_reduce_ms").value_or(0);
-    f.bare_shared_cpu_ms += field(run, "bare_shared_cpu_ms").value_or(0);
-    if (auto with = field(run, "progress_cpu_ms")) {
-      runtime_cpu += *with - field(run, "none_progress_cpu_ms").value_or(0);
+    f.cpu_ms += json_number(run, "cpu_ms").value_or(0);
+    f.exposed_cpu_ms += json_number(run, "exposed_cpu_ms").value_or(0);
+    f.bare_ms += json_number(run, "bare_all_reduce_ms").value_or(0);
+    f.bare_cpu_ms += json_number(run, "bare_cpu_ms").value_or(0);
+    f.bare_shared_ms += json_number(run, "bare_shared_all_reduce_ms").value_or(0);
+    f.bare_shared_cpu_ms += json_number(run, "bare_shared_cpu_ms").value_or(0);
+    if (auto with = json_number(run, "progress_cpu_ms")) {
+      runtime_cpu += *with - json_number(run, "none_progress_cpu_ms").value_or(0);
       has_runtime_cpu = true;
     }
-    if (auto o = field(run, "exposed_off_core_ms")) {
+    if (auto o = json_number(run, "exposed_off_core_ms")) {
       off_core += *o;
       has_off_core = true;
     }
-    if (auto t = field(run, "exposed_ms_per_step")) {
+    if (auto t = json_number(run, "exposed_ms_per_step")) {
       traced += *t;
       has_traced = true;
     }
@@ -183,7 +177,7 @@ int report_ddp(const DdpOptions& o) {
   }
   if (braid_runs.empty()) return 1;
   const PairedFigures braid = mean_over_rounds(braid_runs);
-  const double params = field(braid_runs.front(), "parameters").value_or(0);
+  const double params = json_number(braid_runs.front(), "parameters").value_or(0);
   std::cout << fmt::format(
       "MLP {}x{} ({:.1f}M parameters, {:.1f} MiB of f32 gradients), batch {} per rank, {}, {} "
       "ranks; {} steps per run, paired (a synchronised step and a no_sync() step, in "

@@ -13,6 +13,7 @@
 
 #include <braid/braid.hpp>
 
+#include "json_fields.hpp"
 #include "list_argument.hpp"
 #include "median.hpp"
 #include "subprocess.hpp"
@@ -166,9 +167,8 @@ int run_worker(const TraceCostOptions& options) {
 }
 
 double number_after(const std::string& line, const std::string& key) {
-  const auto at = line.find("\"" + key + "\":");
-  if (at == std::string::npos) throw std::runtime_error("no " + key + " in " + line);
-  return std::stod(line.substr(at + key.size() + 3));
+  if (const auto value = json_number(line, key)) return *value;
+  throw std::runtime_error("no " + key + " in " + line);
 }
 
 int run_driver(const TraceCostOptions& options) {

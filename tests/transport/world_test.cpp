@@ -44,6 +44,21 @@ Env rank_env(int rank, int size, std::uint16_t port, const std::string& token = 
           {"BRAID_TOKEN", token}};
 }
 
+// Two world probes in `mode`, started together; the rank that ends first (`first`, the one
+// the mode kills or fails) is waited for before the other.
+struct ProbePair {
+  braid::testing::Outcome first, survivor;
+};
+ProbePair run_probe_pair(const std::string& mode, int first) {
+  const auto port = find_free_port();
+  ChildProcess rank0({probe(), mode}, rank_env(0, 2, port), 40s);
+  ChildProcess rank1({probe(), mode}, rank_env(1, 2, port), 40s);
+  ProbePair outcomes;
+  outcomes.first = (first == 0 ? rank0 : rank1).wait();
+  outcomes.survivor = (first == 0 ? rank1 : rank0).wait();
+  return outcomes;
+}
+
 TEST(WorldProcesses, TheRingExamplePassesItsTokenAroundFourRanksUnderBraidRun) {
   auto result = run_child({braid_run(), "-n", "4", "--timeout", "60", ring(), "2"});
   ASSERT_EQ(result.status, 0) << result.out << result.err;
@@ -62,11 +77,7 @@ TEST(WorldProcesses, TheRingWorksOverTcpAlone) {
 }
 
 TEST(WorldProcesses, AKilledRankFailsItsPeersPendingReceiveNamingIt) {
-  const auto port = find_free_port();
-  ChildProcess rank0({probe(), "die-after-ready"}, rank_env(0, 2, port), 40s);
-  ChildProcess rank1({probe(), "die-after-ready"}, rank_env(1, 2, port), 40s);
-  auto dead = rank1.wait();
-  auto survivor = rank0.wait();
+  auto [dead, survivor] = run_probe_pair("die-after-ready", 1);
   EXPECT_EQ(dead.status, 128 + SIGKILL) << dead.err;
   EXPECT_EQ(survivor.status, 3) << survivor.out << survivor.err;
   EXPECT_THAT(survivor.err, HasSubstr("rank 0: recv (peer rank 1"));
@@ -76,11 +87,7 @@ TEST(WorldProcesses, AKilledRankFailsItsPeersPendingReceiveNamingIt) {
 }
 
 TEST(WorldProcesses, AKilledStoreHostFailsItsPeersPendingReceiveNamingRankZero) {
-  const auto port = find_free_port();
-  ChildProcess rank0({probe(), "host-dies-after-ready"}, rank_env(0, 2, port), 40s);
-  ChildProcess rank1({probe(), "host-dies-after-ready"}, rank_env(1, 2, port), 40s);
-  auto dead = rank0.wait();
-  auto survivor = rank1.wait();
+  auto [dead, survivor] = run_probe_pair("host-dies-after-ready", 0);
   EXPECT_EQ(dead.status, 128 + SIGKILL) << dead.err;
   EXPECT_EQ(survivor.status, 3) << survivor.out << survivor.err;
   EXPECT_THAT(survivor.err, HasSubstr("rank 1: recv (peer rank 0"));
@@ -91,11 +98,7 @@ TEST(WorldProcesses, AKilledStoreHostFailsItsPeersPendingReceiveNamingRankZero) 
 // A rank leaving through an error (an exception past its World) announces its failure:
 // a peer waiting on it learns at once, rather than at its deadline (60 s here).
 TEST(WorldProcesses, ARankLeavingThroughAnErrorFailsItsPeersWaitAtOnceNamingIt) {
-  const auto port = find_free_port();
-  ChildProcess rank0({probe(), "throw-after-join"}, rank_env(0, 2, port), 40s);
-  ChildProcess rank1({probe(), "throw-after-join"}, rank_env(1, 2, port), 40s);
-  auto failing = rank1.wait();
-  auto survivor = rank0.wait();
+  auto [failing, survivor] = run_probe_pair("throw-after-join", 1);
   EXPECT_EQ(failing.status, 3) << failing.err;
   EXPECT_THAT(failing.err, HasSubstr("error: rank 1 gave up"));
   EXPECT_EQ(survivor.status, 3) << survivor.out << survivor.err;

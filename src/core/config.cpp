@@ -69,6 +69,22 @@ constexpr std::array kKnobs{
     Knob{"BRAID_DEBUG", "off",
          "off, or detail: ranks exchange a fingerprint (kind, count, dtype, op, root) before "
          "every collective and a desync fails on every rank, naming both sides"},
+    Knob{"BRAID_TP", "1",
+         "tensor-parallel degree of a RankGrid made without one: ranks that split each "
+         "layer's tensors"},
+    Knob{"BRAID_CP", "1",
+         "context-parallel degree of a RankGrid made without one: ranks that split the "
+         "sequence"},
+    Knob{"BRAID_DP", "0",
+         "data-parallel degree of a RankGrid made without one; 0: the world size divided by "
+         "tp x cp x pp"},
+    Knob{"BRAID_PP", "1",
+         "pipeline-parallel degree of a RankGrid made without one: ranks holding consecutive "
+         "stages of the model"},
+    Knob{"BRAID_GRID_ORDER", "tp-cp-dp-pp",
+         "how a RankGrid made without an order lays its axes over the ranks, fastest-varying "
+         "first (tp neighbours in rank order, so on one node; pp outermost); must name every "
+         "axis of degree above 1"},
     Knob{"BRAID_TRACE", "",
          "directory: record a timeline and write rank-<r>.trace.json there (Chrome trace "
          "format) when the World leaves, at exit and on trace::write(); empty: off"},

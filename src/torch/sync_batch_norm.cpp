@@ -8,7 +8,8 @@
 
 #include <braid/core/error.hpp>
 #include <braid/torch/sync_batch_norm.hpp>
-#include <braid/torch/tensor_buffer.hpp>
+
+#include "tensor_collectives.hpp"
 
 namespace braid::torch {
 namespace {
@@ -20,17 +21,10 @@ using collectives::Communicator;
               {.rank = comm.world_rank(comm.rank()), .operation = "SyncBatchNorm"});
 }
 
-// Keeps the communicator alive in the autograd graph until backward has run, however
-// long after the module that made the graph is gone.
-struct HeldCommunicator : ::torch::CustomClassHolder {
-  explicit HeldCommunicator(std::shared_ptr<Communicator> c) : comm(std::move(c)) {}
-  std::shared_ptr<Communicator> comm;
-};
+using detail::HeldCommunicator;
 
 ::torch::Tensor summed_over_ranks(Communicator& comm, const ::torch::Tensor& tensor) {
-  ::torch::Tensor sum = tensor.detach().contiguous().clone();
-  comm.launch(comm.all_reduce(as_buffer(sum), ReduceOp::sum)).get();
-  return sum;
+  return detail::reduce_over_ranks(comm, tensor);
 }
 
 // Every SyncBatchNorm made from one communicator shares one split from it, made by the

@@ -24,6 +24,9 @@
 #include <braid/core/stream.hpp>
 #include <braid/dp/bucket_plan.hpp>
 #include <braid/dp/reducer.hpp>
+#include <braid/parallel/grid_layout.hpp>
+#include <braid/parallel/grid_spec.hpp>
+#include <braid/parallel/rank_grid.hpp>
 #include <braid/trace/chrome_trace.hpp>
 #include <braid/trace/output.hpp>
 #include <braid/trace/recorder.hpp>

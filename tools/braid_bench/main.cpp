@@ -15,6 +15,7 @@
 #include "compute_tax.hpp"
 #include "ddp.hpp"
 #include "p2p.hpp"
+#include "tp.hpp"
 #include "trace_cost.hpp"
 #if BRAID_WITH_CUDA
 #include "gpu.hpp"
@@ -48,6 +49,11 @@ constexpr const char* kUsage =
     "               PyTorch, taking turns: step time, page faults, braid's ratios\n"
     "        options: --models mlp,transformer --optimizers sgd,adam --rounds 3 --steps 40 "
     "--json\n"
+    "  tp           tensor-parallel transformer blocks at TP 1 and TP 2, TP 2 without the\n"
+    "               backward overlap, beside PyTorch (Megatron-style, Gloo): step time, exposed\n"
+    "               TP communication, speed-up against TP 1 beside the ideal\n"
+    "        options: --ranks 2 --hidden 256 --heads 8 --layers 2 --seq 64 --batch 4 --steps 20\n"
+    "                 --rounds 3 --sequence-parallel (adds a row) --json\n"
     "  nccl         (CUDA builds, a GPU) NCCL all-reduce through braid against ncclAllReduce "
     "called\n"
     "               directly, one rank: time per operation, overhead %, added microseconds\n"
@@ -71,6 +77,7 @@ int main(int argc, char** argv) {
     if (mode == "trace-cost") return braid::bench::run_trace_cost(args);
     if (mode == "ddp") return braid::bench::run_ddp(args);
     if (mode == "compute-tax") return braid::bench::run_compute_tax(args);
+    if (mode == "tp") return braid::bench::run_tp(args);
 #if BRAID_WITH_CUDA
     if (mode == "nccl") return braid::bench::run_nccl(args);
     if (mode == "cuda-p2p") return braid::bench::run_cuda_p2p(args);

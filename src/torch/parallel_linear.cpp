@@ -236,7 +236,7 @@ void RowParallelLinearImpl::load_full(const Tensor& full_weight, const Tensor& f
 }
 
 std::vector<Tensor> RowParallelLinearImpl::sequence_parallel_parameters() const {
-  if (options_.sequence_parallel && options_.bias) return {bias};
+  if (options_.sequence_parallel && options_.bias && tp_->size() > 1) return {bias};
   return {};
 }
 

@@ -19,8 +19,18 @@ using ::torch::Tensor;
               {.rank = comm.world_rank(comm.rank()), .operation = "ParallelTransformerBlock"});
 }
 
-// The seeds of the block's layers, one apart from `seed`.
-enum SeedOffset : std::uint64_t { kQkvSeed = 1, kProjSeed, kFc1Seed, kFc2Seed };
+// The block's layers, each drawing its weights from its own seed.
+enum Layer : std::uint64_t { kQkv = 1, kProj, kFc1, kFc2 };
+
+// A layer's seed, mixed from the block's (splitmix64's finaliser over seed and layer), so
+// blocks with neighbouring seeds (a stack seeded 0, 1, 2, ...) share no weights, as they
+// would with seeds a fixed offset apart.
+std::uint64_t layer_seed(std::uint64_t block_seed, Layer layer) {
+  std::uint64_t z = block_seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(layer);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
 
 }  // namespace
 
@@ -49,13 +59,13 @@ void ParallelTransformerBlockImpl::reset() {
                                                   .out_features = 3 * o.hidden,
                                                   .sequence_parallel = o.sequence_parallel,
                                                   .overlap_grad_reduce = o.overlap_grad_reduce,
-                                                  .seed = o.seed + kQkvSeed}));
+                                                  .seed = layer_seed(o.seed, kQkv)}));
   proj = register_module(
       "proj",
       RowParallelLinear(tp_, RowParallelLinearOptions{.in_features = o.hidden,
                                                       .out_features = o.hidden,
                                                       .sequence_parallel = o.sequence_parallel,
-                                                      .seed = o.seed + kProjSeed}));
+                                                      .seed = layer_seed(o.seed, kProj)}));
   ln2 = register_module("ln2", ::torch::nn::LayerNorm(norm));
   fc1 = register_module(
       "fc1", ColumnParallelLinear(
@@ -63,12 +73,12 @@ void ParallelTransformerBlockImpl::reset() {
                                                   .out_features = o.ffn_hidden,
                                                   .sequence_parallel = o.sequence_parallel,
                                                   .overlap_grad_reduce = o.overlap_grad_reduce,
-                                                  .seed = o.seed + kFc1Seed}));
+                                                  .seed = layer_seed(o.seed, kFc1)}));
   fc2 = register_module("fc2", RowParallelLinear(tp_, RowParallelLinearOptions{
                                                           .in_features = o.ffn_hidden,
                                                           .out_features = o.hidden,
                                                           .sequence_parallel = o.sequence_parallel,
-                                                          .seed = o.seed + kFc2Seed}));
+                                                          .seed = layer_seed(o.seed, kFc2)}));
 }
 
 Tensor ParallelTransformerBlockImpl::attention(const Tensor& qkv_out) const {

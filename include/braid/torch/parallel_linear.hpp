@@ -4,7 +4,7 @@
 // column-then-row pair (an MLP, attention's projections) needs one all-reduce forward
 // and one backward:
 //
-//   auto tp = grid.group("tp");
+//   auto tp = co_await grid->group("tp");   // parallel/rank_grid.hpp
 //   braid::torch::ColumnParallelLinear fc1(tp, braid::torch::ColumnParallelLinearOptions{
 //                                                   .in_features = 512, .out_features = 2048});
 //   braid::torch::RowParallelLinear fc2(tp, braid::torch::RowParallelLinearOptions{
@@ -114,8 +114,8 @@ class RowParallelLinearImpl : public ::torch::nn::Cloneable<RowParallelLinearImp
   ::torch::Tensor forward(const ::torch::Tensor& input);
   void reset() override;
   void load_full(const ::torch::Tensor& weight, const ::torch::Tensor& bias = {});
-  // The bias under sequence parallelism (its gradient is partial on each rank); none
-  // otherwise.
+  // The bias under sequence parallelism over two or more ranks (its gradient is partial
+  // on each rank); none otherwise.
   std::vector<::torch::Tensor> sequence_parallel_parameters() const;
 
   ::torch::Tensor weight;  // [out_features, in_features / t]: columns of the full weight

@@ -14,14 +14,18 @@
 //
 // Per block and step, without sequence parallelism: two all-reduces of [s, b, h] in
 // forward (after proj and fc2) and two in backward (the input gradients of qkv and fc1,
-// each hidden behind its layer's weight-gradient product). With it, each becomes an
-// all-gather or a reduce-scatter of the same size, and LayerNorm works on [s/t, b, h].
+// each hidden behind its layer's weight-gradient product). With it, each all-reduce
+// becomes an all-gather and a reduce-scatter of the same size (forward: the gathers
+// before qkv and fc1, the reduce-scatters after proj and fc2; backward: the reverse, the
+// reduce-scatters hidden behind qkv's and fc1's weight gradients, the gathers not), and
+// LayerNorm works on [s/t, b, h].
 //
 // The QKV weight's rows are laid out per head ([heads][q, k, v][head_dim]), so rank r's
 // rows are the q, k and v of heads [r heads/t, (r+1) heads/t): the attention of each head
-// is local. The layers' seeds are derived from `seed`, so a block at TP t and at TP 1
-// built with the same options start identical; parameter_partition_dims() says how each
-// parameter is split, for checkpoints and for comparing with a one-process twin.
+// is local. The layers' seeds are mixed from `seed` (neighbouring seeds share nothing),
+// so a block at TP t and at TP 1 built with the same options start identical;
+// parameter_partition_dims() says how each parameter is split, for checkpoints and for comparing
+// with a one-process twin.
 //
 // Errors: heads not dividing by the TP degree, hidden not dividing by heads, an input that
 // is not [s, b, hidden], are Error(invalid_argument) naming the rank.

@@ -71,7 +71,7 @@ class VocabParallelEmbedding : public ::torch::nn::ModuleHolder<VocabParallelEmb
 };
 
 // logits: [..., V / t], this rank's slice of the vocabulary (rank r holds ids
-// [r V/t, (r+1) V/t)). targets: [...], int64 ids in [0, V). Returns the loss per token,
+// [r V/t, (r+1) V/t)). targets: [...], int64 (or int32) ids in [0, V). Returns the loss per token,
 // [...], in the logits' dtype (f32 for 16-bit ones). A collective (two all-reduces).
 ::torch::Tensor vocab_parallel_cross_entropy(tp::TensorParallelGroup tp,
                                              const ::torch::Tensor& logits,

@@ -80,7 +80,7 @@ Settings parse(int argc, char** argv) {
     if (arg == "--steps")
       s.steps = example_models::whole_number(arg, value(), 2);
     else if (arg == "--lr")
-      s.lr = std::stod(value());
+      s.lr = example_models::decimal_number(arg, value());
     else if (arg == "--sync") {
       const std::string sync = value();
       if (sync != "ddp" && sync != "none") throw std::invalid_argument("--sync ddp|none");

@@ -3,6 +3,7 @@
 // their step times compare.
 #pragma once
 
+#include <cmath>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -93,6 +94,22 @@ inline int whole_number(const std::string& option, const std::string& text, int 
                                 std::to_string(least) + ", not '" + text + "'");
   }
   return static_cast<int>(value);
+}
+
+// A positive finite decimal number for `option` ("0.001", "3e-3"); anything else is
+// std::invalid_argument naming the option.
+inline double decimal_number(const std::string& option, const std::string& text) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !(value > 0) || !std::isfinite(value)) {
+    throw std::invalid_argument(option + " needs a positive number, not '" + text + "'");
+  }
+  return value;
 }
 
 // Which model, how big, and the batch: the options every program that trains these models

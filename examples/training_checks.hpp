@@ -59,7 +59,8 @@ struct TrainingChoice {
     else if (option == "--threads")
       threads = whole_number(option, value(), 1);
     else if (option == "--bucket-cap-mib")
-      ddp.limits.bucket_cap_bytes = static_cast<std::size_t>(std::stod(value()) * (1 << 20));
+      ddp.limits.bucket_cap_bytes =
+          static_cast<std::size_t>(decimal_number(option, value()) * (1 << 20));
     else if (option == "--copy-gradients")
       ddp.gradient_as_bucket_view = false;
     else if (option == "--private-buckets")

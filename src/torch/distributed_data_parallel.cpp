@@ -256,6 +256,16 @@ void DataParallelCore::after_forward(const std::vector<at::Tensor>& outputs) {
   }
 }
 
+void DataParallelCore::prepare_for_backward(bool sync) {
+  if (options_.find_unused_parameters || uneven_inputs_) {
+    refuse(*comm_,
+           "prepare_for_backward() with find_unused_parameters or uneven inputs: a pipeline's "
+           "backwards cannot be matched to the forwards those need");
+  }
+  reducer_->prepare_for_backward(sync, std::nullopt);
+  callback_queued_ = false;
+}
+
 void DataParallelCore::allow_uneven_inputs() {
   reducer_->check_previous_finished();
   // A joined rank shadows DDP's own collectives only: a SyncBatchNorm's all-reduces on the

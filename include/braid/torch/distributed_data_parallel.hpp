@@ -83,6 +83,7 @@ class DataParallelCore final : public dp::GradientAccess {
 
   void before_forward();
   void after_forward(const std::vector<at::Tensor>& outputs);
+  void prepare_for_backward(bool sync);
   void allow_uneven_inputs();
   struct Joined {
     // The others' forwards this rank answered in join(), no_sync() and no-grad ones
@@ -194,6 +195,14 @@ class DistributedDataParallel {
     std::atomic<bool>& flag_;
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(core_->require_sync()); }
+
+  // For schedules that run several forwards before their backwards (pipeline parallelism,
+  // torch/pipeline_executor.hpp): call the module itself for the forwards, and this before
+  // each backward: `sync` for the last backward of the step, which reduces what every
+  // backward since the last reduction accumulated (the buckets launching as it produces
+  // them), false for the others, which accumulate locally. No buffer broadcast and no
+  // unused-parameter search (find_unused_parameters is refused here).
+  void prepare_for_backward(bool sync) { core_->prepare_for_backward(sync); }
 
   // Uneven inputs (PyTorch's DDP join()): ranks that run out of batches at different
   // times. Every rank calls allow_uneven_inputs() before its loop and join() after its

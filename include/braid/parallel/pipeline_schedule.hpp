@@ -102,7 +102,8 @@ Schedule one_f_one_b(int ranks, int microbatches);
 // s = chunk x ranks + r on rank r; microbatches a multiple of ranks (as Megatron-Core asks).
 Schedule interleaved_one_f_one_b(int ranks, int microbatches, int virtual_stages);
 // Zero-bubble ZB-H1 (Qi et al. 2023): 1F1B with B split into I and W, the Ws deferred to
-// fill the drain; the same peak memory as 1F1B.
+// fill the bubbles; the same peak memory as 1F1B, min(ranks, m) microbatches in flight,
+// which 1F1B's rank 0 holds and here every rank may (1F1B's rank r holds min(ranks - r, m)).
 Schedule zero_bubble_h1(int ranks, int microbatches);
 // By name, as the tools and examples take it: "gpipe", "1f1b", "interleaved" (with
 // virtual_stages), "zb" (ZB-H1); an unknown name is an Error(invalid_argument) listing them.

@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include <braid/core/enforce.hpp>
 #include <braid/core/error.hpp>
 #include <braid/parallel/pipeline_schedule.hpp>
 #include <braid/parallel/pipeline_simulator.hpp>
@@ -61,38 +62,6 @@ struct Progress {
   StageTimes backward_arrival;  // SEND_B of stage s: its input gradient at the previous rank
 };
 
-// INTERIM until pipeline_schedule's functions land: to_string, lowered(), peak_in_flight.
-std::string_view kind_text(ActionKind kind) {
-  static constexpr std::string_view names[] = {"F",      "B",      "I",      "W",          "SEND_F",
-                                               "RECV_F", "SEND_B", "RECV_B", "REDUCE_GRAD"};
-  return names[static_cast<int>(kind)];
-}
-std::string action_text(const Action& a) {
-  if (a.kind == ActionKind::reduce_grad) return fmt::format("{}{}", a.stage, kind_text(a.kind));
-  return fmt::format("{}{}{}", a.stage, kind_text(a.kind), a.microbatch);
-}
-bool transfer_kind(ActionKind kind) {
-  return kind >= ActionKind::send_forward && kind <= ActionKind::recv_backward;
-}
-bool has_transfers(const Schedule& schedule) {
-  for (const auto& list : schedule.actions)
-    for (const Action& a : list)
-      if (transfer_kind(a.kind)) return true;
-  return false;
-}
-std::vector<int> interim_peak(const Schedule& schedule) {
-  std::vector<int> peaks;
-  for (const auto& list : schedule.actions) {
-    int now = 0, peak = 0;
-    for (const Action& a : list) {
-      if (a.kind == ActionKind::forward) peak = std::max(peak, ++now);
-      if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight) --now;
-    }
-    peaks.push_back(peak);
-  }
-  return peaks;
-}
-
 double compute_cost(ActionKind kind, const SimulationCosts& costs) {
   switch (kind) {
     case ActionKind::forward:
@@ -136,7 +105,7 @@ class Walk {
   Walk(const Schedule& schedule, const SimulationCosts& costs)
       : schedule_(schedule),
         costs_(costs),
-        lowered_(has_transfers(schedule)),
+        lowered_(schedule.lowered()),
         progress_(schedule.stages, schedule.microbatches),
         next_(static_cast<std::size_t>(schedule.ranks), 0),
         free_(static_cast<std::size_t>(schedule.ranks), 0),
@@ -151,8 +120,8 @@ class Walk {
       for (int rank = 0; rank < schedule_.ranks; ++rank) {
         while (step(rank)) ++advanced;
       }
-      // validate() refuses every schedule whose happens-before graph has a cycle.
-      if (advanced == 0) invalid(fmt::format("the schedule deadlocks: {}", stuck()));
+      // validate() refused every schedule whose happens-before graph has a cycle.
+      BRAID_ENFORCE(advanced > 0, "a validated schedule deadlocks in the simulator: {}", stuck());
       remaining -= advanced;
     }
     return result();
@@ -272,7 +241,7 @@ class Walk {
     for (std::size_t r = 0; r < next_.size(); ++r) {
       if (next_[r] == schedule_.actions[r].size()) continue;
       if (!out.empty()) out += ", ";
-      out += fmt::format("rank {} waits at {}", r, action_text(schedule_.actions[r][next_[r]]));
+      out += fmt::format("rank {} waits at {}", r, to_string(schedule_.actions[r][next_[r]]));
     }
     return out;
   }
@@ -290,9 +259,8 @@ class Walk {
     for (auto& rank_actions : done_) {
       std::move(rank_actions.begin(), rank_actions.end(), std::back_inserter(out.actions));
     }
-    out.peak_in_flight = interim_peak(schedule_);
-    for (int p : out.peak_in_flight)
-      out.peak_activation_bytes.push_back(static_cast<std::uint64_t>(p) * costs_.activation_bytes);
+    out.peak_in_flight = peak_in_flight(schedule_);
+    out.peak_activation_bytes = peak_activation_bytes(schedule_, costs_.activation_bytes);
     return out;
   }
 
@@ -317,6 +285,7 @@ double SimulationResult::mean_bubble_percent() const {
 
 SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs) {
   check_costs(costs);
+  validate(schedule);
   return Walk(schedule, costs).run();
 }
 
@@ -357,8 +326,8 @@ std::string chrome_trace_json(const Schedule& schedule, const SimulationResult& 
   for (const SimulatedAction& a : result.actions) {
     separate();
     out += R"({"name":)";
-    append_json_string(out, action_text(a.action));
-    const bool transfer = transfer_kind(a.action.kind);
+    append_json_string(out, to_string(a.action));
+    const bool transfer = is_communication(a.action.kind);
     out += fmt::format(
         R"(,"cat":"pipeline","ph":"X","pid":{},"tid":{},"ts":{},"dur":{},"args":{{"stage":{},"microbatch":{}}}}})",
         a.rank, transfer ? 1 : 0, a.begin, a.end - a.begin, a.action.stage, a.action.microbatch);

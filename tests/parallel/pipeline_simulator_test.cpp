@@ -1,5 +1,5 @@
 // The pipeline simulator (pipeline_simulator.hpp): exact times on small hand-built
-// schedules, transfers in both forms, and the textbook bubbles with unit costs.
+// schedules, transfers in both forms, and the textbook bubbles of the generated schedules.
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -193,6 +193,50 @@ TEST(PipelineSimulator, ACycleIsRefusedNotSimulated) {
         {1, B, 0},
         {1, ActionKind::send_backward, 0}}});
   expect_invalid_argument([&] { simulate(cyclic); }, "0RECV_B0");
+}
+
+// The generators' schedules with unit costs, lowered as they run: GPipe, 1F1B and
+// interleaved 1F1B (per-chunk costs F 1, B 2) idle exactly the textbook fraction on every
+// rank; ZB-H1's split backward idles less than 1F1B.
+TEST(PipelineSimulator, GeneratedSchedulesHaveTheTextbookBubbleOnEveryRank) {
+  for (int p : {2, 4, 8}) {
+    for (int m : {p, 2 * p, 3 * p}) {
+      const std::string where = "p=" + std::to_string(p) + " m=" + std::to_string(m);
+      for (const auto& schedule : {gpipe(p, m), one_f_one_b(p, m)}) {
+        const SimulationResult result = simulate(lower(schedule));
+        EXPECT_DOUBLE_EQ(result.step_time, 3.0 * (m + p - 1)) << schedule.name << " " << where;
+        EXPECT_THAT(result.bubble_percent, Each(DoubleNear(textbook_bubble_percent(p, m), 1e-9)))
+            << schedule.name << " " << where;
+      }
+      for (int v : {2, 3}) {
+        const SimulationResult result = simulate(lower(interleaved_one_f_one_b(p, m, v)));
+        EXPECT_THAT(result.bubble_percent, Each(DoubleNear(textbook_bubble_percent(p, m, v), 1e-9)))
+            << "interleaved v=" << v << " " << where;
+      }
+      const double zero_bubble = simulate(lower(zero_bubble_h1(p, m))).mean_bubble_percent();
+      EXPECT_LT(zero_bubble, textbook_bubble_percent(p, m)) << "ZB-H1 " << where;
+    }
+  }
+}
+
+TEST(PipelineSimulator, LoweredSchedulesWaitForTheirTransfersAsTheComputeFormDoes) {
+  const SimulationCosts costs{
+      .p2p_latency = 0.5, .p2p_bytes = 1 << 20, .p2p_bytes_per_unit = 1 << 21};
+  for (const auto& schedule : {gpipe(4, 8), one_f_one_b(4, 8), zero_bubble_h1(4, 8)}) {
+    const double compute_form = simulate(schedule, costs).step_time;
+    // A receive blocks its rank from where lowering placed it, never less than the compute
+    // form waits; each of the 3 hops each way adds one transfer at least.
+    EXPECT_GE(simulate(lower(schedule), costs).step_time, compute_form) << schedule.name;
+    EXPECT_GE(compute_form, simulate(schedule).step_time + 6 * 1.0) << schedule.name;
+  }
+}
+
+TEST(PipelineSimulator, PeakInFlightIsTheSchedulesOwn) {
+  const Schedule schedule = lower(one_f_one_b(4, 8));
+  const SimulationResult result = simulate(schedule, {.activation_bytes = 10});
+  EXPECT_THAT(result.peak_in_flight, ElementsAre(4, 3, 2, 1));
+  EXPECT_EQ(result.peak_in_flight, peak_in_flight(schedule));
+  EXPECT_THAT(result.peak_activation_bytes, ElementsAre(40, 30, 20, 10));
 }
 
 TEST(TextbookBubble, IsPMinusOneOverVmPlusPMinusOne) {

@@ -187,8 +187,8 @@ void write_file(const std::string& path, const std::string& text) {
   if (!out) throw TraceInputError(fmt::format("{}: cannot write", path));
 }
 
-// A schedule error's first line: the grid that follows it is for --full-grid's reader,
-// not for stderr.
+// A schedule error's first line, which names the offending action: the grid printed
+// after it would take stderr's one line many.
 std::string first_line(const std::string& text) {
   return text.substr(0, text.find('\n'));
 }

@@ -94,7 +94,8 @@ Schedule one_f_one_b(int ranks, int microbatches) {
 // (of m v) runs chunk (k mod p v) / p on microbatch (k / p v) p + k mod p, so groups of p
 // microbatches go through the chunks in ascending order; its k-th backward runs the
 // chunks descending. (p - r - 1) 2 + (v - 1) p forwards warm up, then one forward and one
-// backward alternate, then the backwards drain.
+// backward alternate, then the backwards drain (no more warm-up than there are forwards:
+// current Megatron-Core; earlier versions ran every forward first when m = p).
 Schedule interleaved_one_f_one_b(int ranks, int microbatches, int virtual_stages) {
   check_counts("Interleaved1F1B", ranks, microbatches);
   if (virtual_stages < 2) {

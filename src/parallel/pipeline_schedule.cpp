@@ -147,8 +147,8 @@ std::string grid_text(const Schedule& schedule, const std::vector<std::pair<int,
       if (shown(action)) width = std::max(width, to_string(action).size());
     }
   }
-  const std::string label_format = fmt::format("rank {}", schedule.actions.size());
-  const std::size_t label_width = label_format.size() + 1;
+  const std::string widest_label = fmt::format("rank {}", schedule.actions.size());
+  const std::size_t label_width = widest_label.size() + 1;
   std::string out;
   const auto end_line = [&out] {
     while (!out.empty() && out.back() == ' ') out.pop_back();

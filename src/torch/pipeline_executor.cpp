@@ -1,0 +1,353 @@
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <braid/core/deadline.hpp>
+#include <braid/core/error.hpp>
+#include <braid/core/future.hpp>
+#include <braid/torch/pipeline_executor.hpp>
+#include <braid/torch/tensor_buffer.hpp>
+#include <braid/trace/compute_span.hpp>
+#include <braid/trace/span.hpp>
+
+namespace braid::torch {
+namespace {
+
+using parallel::Action;
+using parallel::ActionKind;
+using ::torch::Tensor;
+
+// Transfer tags: above every tag a program would pick by hand, then direction, the stage
+// that receives, and the microbatch. World tags below 2^32 are distinct.
+constexpr std::uint64_t kTagBase = std::uint64_t{1} << 31;
+std::uint64_t transfer_tag(bool gradient, int receiving_stage, int microbatch) {
+  return kTagBase | (gradient ? std::uint64_t{1} << 30 : 0) |
+         (static_cast<std::uint64_t>(receiving_stage) << 16) |
+         static_cast<std::uint64_t>(microbatch);
+}
+
+trace::Name span_name(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::forward:
+      return "F";
+    case ActionKind::backward:
+      return "B";
+    case ActionKind::backward_input:
+      return "I";
+    case ActionKind::backward_weight:
+      return "W";
+    case ActionKind::send_forward:
+      return "SEND_F";
+    case ActionKind::recv_forward:
+      return "RECV_F";
+    case ActionKind::send_backward:
+      return "SEND_B";
+    case ActionKind::recv_backward:
+      return "RECV_B";
+    case ActionKind::reduce_grad:
+      return "REDUCE_GRAD";
+  }
+  return "?";
+}
+
+using Key = std::pair<int, int>;  // (stage, microbatch)
+
+}  // namespace
+
+struct PipelineExecutor::State {
+  std::map<int, PipelineStage> stages;
+  std::map<int, std::size_t> last_backward;  // stage -> position of its last B or W
+  // Per (stage, microbatch), from its F until its backward is done.
+  std::map<Key, Tensor> inputs, outputs, output_grads;
+  std::map<Key, Tensor> input_grads;  // for SEND_B, or the previous stage on this rank
+  struct Receive {
+    Tensor tensor;
+    Future<std::size_t> done;
+    int peer = -1;  // world rank
+  };
+  std::map<std::tuple<bool, int, int>, Receive> receives;  // (gradient, stage, microbatch)
+  struct Send {
+    Tensor tensor;
+    Future<void> done;
+  };
+  std::vector<Send> sends;
+  trace::Track track = trace::track("pipeline");
+};
+
+PipelineExecutor::PipelineExecutor(transport::World& world, std::vector<int> pipeline_ranks,
+                                   parallel::Schedule schedule, std::vector<PipelineStage> stages,
+                                   PipelineOptions options)
+    : world_(world),
+      pipeline_ranks_(std::move(pipeline_ranks)),
+      schedule_(std::move(schedule)),
+      options_(std::move(options)),
+      state_(std::make_unique<State>()) {
+  const auto refuse = [&](std::string what) {
+    throw Error(Errc::invalid_argument, std::move(what),
+                {.rank = world_.rank(), .operation = "PipelineExecutor"});
+  };
+  parallel::validate(schedule_);
+  if (!schedule_.lowered() && schedule_.ranks > 1) {
+    refuse("the schedule has no transfers: lower() it first");
+  }
+  if (static_cast<int>(pipeline_ranks_.size()) != schedule_.ranks) {
+    refuse(fmt::format("the schedule has {} ranks, the pipeline {}", schedule_.ranks,
+                       pipeline_ranks_.size()));
+  }
+  const auto me = std::find(pipeline_ranks_.begin(), pipeline_ranks_.end(), world_.rank());
+  if (me == pipeline_ranks_.end()) refuse("this rank is not one of the pipeline's ranks");
+  pipeline_rank_ = static_cast<int>(me - pipeline_ranks_.begin());
+  for (PipelineStage& stage : stages) {
+    if (stage.stage < 0 || stage.stage >= schedule_.stages ||
+        schedule_.stage_rank[static_cast<std::size_t>(stage.stage)] != pipeline_rank_) {
+      refuse(fmt::format("stage {} is not one the schedule places on pipeline rank {}", stage.stage,
+                         pipeline_rank_));
+    }
+    state_->stages[stage.stage] = std::move(stage);
+  }
+  for (const int stage : schedule_.stages_of(pipeline_rank_)) {
+    if (state_->stages.count(stage) == 0) {
+      refuse(
+          fmt::format("the schedule places stage {} on pipeline rank {}, and no stage "
+                      "function was given for it",
+                      stage, pipeline_rank_));
+    }
+  }
+  const auto& mine = schedule_.actions[static_cast<std::size_t>(pipeline_rank_)];
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    if (mine[i].kind == ActionKind::backward || mine[i].kind == ActionKind::backward_weight) {
+      state_->last_backward[mine[i].stage] = i;
+    }
+  }
+  if (schedule_.stages > 1 && options_.activation_shape.empty()) {
+    refuse("activation_shape is needed to receive between stages");
+  }
+}
+
+PipelineExecutor::~PipelineExecutor() {
+  // Transfers still in flight after a step failed read or write tensors this owns, and a
+  // receive from a peer that never sends would never end: their tensors are kept until the
+  // process exits instead (a failed step's activations, once).
+  static auto* in_flight = new std::vector<Tensor>();
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  for (auto& send : state_->sends) {
+    if (send.done.valid() && !send.done.ready()) in_flight->push_back(send.tensor);
+  }
+  for (auto& [key, receive] : state_->receives) {
+    if (receive.done.valid() && !receive.done.ready()) in_flight->push_back(receive.tensor);
+  }
+}
+
+std::vector<double> PipelineExecutor::run() {
+  State& s = *state_;
+  const auto& mine = schedule_.actions[static_cast<std::size_t>(pipeline_rank_)];
+  const auto timeout = options_.timeout.value_or(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(default_timeout()));
+  const int last_stage = schedule_.stages - 1;
+  std::vector<double> losses;
+  Runtime& runtime = world_.runtime();
+  const auto peer_of = [&](int stage) {
+    return pipeline_ranks_[static_cast<std::size_t>(
+        schedule_.stage_rank[static_cast<std::size_t>(stage)])];
+  };
+  const auto local = [&](int stage) {
+    return schedule_.stage_rank[static_cast<std::size_t>(stage)] == pipeline_rank_;
+  };
+  const auto fail = [&](const Action& action, int peer, std::error_code code,
+                        const std::string& why) {
+    throw Error(code,
+                fmt::format("pipeline rank {} stage {} microbatch {}: {} {}", pipeline_rank_,
+                            action.stage, action.microbatch, parallel::to_string(action), why),
+                {.rank = world_.rank(), .peer = peer, .operation = "pipeline"});
+  };
+  // What a compute action consumes from a receive: waits for it, within the timeout.
+  const auto received = [&](const Action& action, bool gradient) {
+    const auto found = s.receives.find({gradient, action.stage, action.microbatch});
+    if (found == s.receives.end()) {
+      fail(action, -1, Errc::invalid_argument,
+           fmt::format("needs a {} that no {} before it receives", gradient ? "gradient" : "input",
+                       gradient ? "RECV_B" : "RECV_F"));
+    }
+    State::Receive& receive = found->second;
+    if (!receive.done.wait_for(timeout)) {
+      fail(action, receive.peer, Errc::timeout,
+           fmt::format("waited {:.1f} s for the {} from world rank {}",
+                       std::chrono::duration<double>(timeout).count(),
+                       gradient ? "gradient" : "activation", receive.peer));
+    }
+    try {
+      receive.done.get();
+    } catch (const Error& e) {
+      fail(action, receive.peer, e.code(),
+           fmt::format("receiving from world rank {}: {}", receive.peer, e.what()));
+    }
+    Tensor tensor = receive.tensor;
+    s.receives.erase(found);
+    return tensor;
+  };
+  const auto post_receive = [&](const Action& action, bool gradient, int from_stage) {
+    Tensor tensor = ::torch::empty(options_.activation_shape,
+                                   ::torch::TensorOptions().dtype(options_.activation_dtype));
+    const int peer = peer_of(from_stage);
+    Future<std::size_t> done = runtime.spawn(world_.recv(
+        peer, as_buffer(tensor), transfer_tag(gradient, action.stage, action.microbatch)));
+    s.receives[{gradient, action.stage, action.microbatch}] = {tensor, std::move(done), peer};
+  };
+  const auto start_send = [&](const Action& action, const Tensor& tensor, bool gradient,
+                              int to_stage) {
+    Tensor payload = tensor.detach().contiguous();
+    if (payload.sizes().vec() != options_.activation_shape ||
+        payload.scalar_type() != options_.activation_dtype) {
+      fail(action, -1, Errc::invalid_argument,
+           fmt::format("sends a tensor of shape [{}] and type {}; the pipeline moves [{}] {}",
+                       fmt::join(payload.sizes(), ", "), c10::toString(payload.scalar_type()),
+                       fmt::join(options_.activation_shape, ", "),
+                       c10::toString(options_.activation_dtype)));
+    }
+    Future<void> done =
+        runtime.spawn(world_.send(peer_of(to_stage), as_buffer(payload),
+                                  transfer_tag(gradient, to_stage, action.microbatch)));
+    s.sends.push_back({payload, std::move(done)});
+  };
+  // The gradient arriving at a stage's output: none for the loss, the next stage's input
+  // gradient on this rank, or what RECV_B received.
+  const auto output_grad = [&](const Action& action) -> Tensor {
+    if (action.stage == last_stage) return Tensor();
+    if (local(action.stage + 1)) {
+      const auto found = s.input_grads.find({action.stage + 1, action.microbatch});
+      if (found == s.input_grads.end()) {
+        fail(action, -1, Errc::invalid_argument, "runs before the next stage's backward");
+      }
+      Tensor grad = found->second;
+      s.input_grads.erase(found);
+      return grad;
+    }
+    return received(action, true);
+  };
+
+  for (std::size_t position = 0; position < mine.size(); ++position) {
+    const Action& action = mine[position];
+    const Key key{action.stage, action.microbatch};
+    switch (action.kind) {
+      case ActionKind::recv_forward:
+        trace::instant(trace::Category::pipeline, span_name(action.kind), s.track);
+        post_receive(action, false, action.stage - 1);
+        break;
+      case ActionKind::recv_backward:
+        trace::instant(trace::Category::pipeline, span_name(action.kind), s.track);
+        post_receive(action, true, action.stage + 1);
+        break;
+      case ActionKind::send_forward:
+        trace::instant(trace::Category::pipeline, span_name(action.kind), s.track);
+        start_send(action, s.outputs.at(key), false, action.stage + 1);
+        break;
+      case ActionKind::send_backward: {
+        trace::instant(trace::Category::pipeline, span_name(action.kind), s.track);
+        const auto found = s.input_grads.find(key);
+        if (found == s.input_grads.end()) {
+          fail(action, -1, Errc::invalid_argument, "sends a gradient no backward made");
+        }
+        start_send(action, found->second, true, action.stage - 1);
+        s.input_grads.erase(found);
+        break;
+      }
+      case ActionKind::forward: {
+        Tensor input;
+        if (action.stage > 0) {
+          Tensor arrived;
+          if (local(action.stage - 1)) {
+            arrived = s.outputs.at({action.stage - 1, action.microbatch});
+          } else {
+            arrived = received(action, false);
+          }
+          input = arrived.detach().requires_grad_(true);
+        }
+        trace::AsyncSpan span(trace::Category::pipeline, span_name(action.kind), s.track);
+        span.arg("stage", action.stage);
+        span.arg("microbatch", action.microbatch);
+        trace::ComputeSpan compute("pipeline.forward");
+        Tensor output = s.stages.at(action.stage).forward(input, action.microbatch);
+        compute.end();
+        if (action.stage == last_stage)
+          losses.resize(std::max<std::size_t>(losses.size(), action.microbatch + 1));
+        if (action.stage == last_stage)
+          losses[static_cast<std::size_t>(action.microbatch)] = output.item<double>();
+        s.inputs[key] = input;
+        s.outputs[key] = output;
+        break;
+      }
+      case ActionKind::backward:
+      case ActionKind::backward_input:
+      case ActionKind::backward_weight: {
+        const PipelineStage& stage = s.stages.at(action.stage);
+        Tensor grad;
+        if (action.kind == ActionKind::backward_weight) {
+          grad = s.output_grads[key];
+          s.output_grads.erase(key);
+        } else {
+          grad = output_grad(action);
+        }
+        trace::AsyncSpan span(trace::Category::pipeline, span_name(action.kind), s.track);
+        span.arg("stage", action.stage);
+        span.arg("microbatch", action.microbatch);
+        trace::ComputeSpan compute("pipeline.backward");
+        const Tensor output = s.outputs.at(key);
+        const Tensor input = s.inputs.at(key);
+        const std::vector<Tensor> grads =
+            grad.defined() ? std::vector<Tensor>{grad} : std::vector<Tensor>{};
+        if (action.kind == ActionKind::backward_input) {
+          if (input.defined()) {
+            s.input_grads[key] = ::torch::autograd::grad({output}, {input}, grads, true)[0];
+          }
+          s.output_grads[key] = grad;
+          break;
+        }
+        if (stage.prepare_backward) {
+          stage.prepare_backward(s.last_backward.at(action.stage) == position);
+        }
+        if (action.kind == ActionKind::backward) {
+          ::torch::autograd::backward({output}, grads);
+          if (input.defined()) s.input_grads[key] = input.grad();
+        } else {
+          ::torch::autograd::backward({output}, grads, false, false, stage.parameters);
+        }
+        s.inputs.erase(key);
+        s.outputs.erase(key);
+        break;
+      }
+      case ActionKind::reduce_grad: {
+        // The stage's reduction ran in its last backward (see the header): the mark in the
+        // trace of where it was done.
+        trace::AsyncSpan span(trace::Category::pipeline, span_name(action.kind), s.track);
+        span.arg("stage", action.stage);
+        break;
+      }
+    }
+  }
+  for (auto& send : s.sends) {
+    if (!send.done.wait_for(timeout)) {
+      throw Error(Errc::timeout,
+                  fmt::format("pipeline rank {}: a send did not complete within {:.0f} s",
+                              pipeline_rank_, std::chrono::duration<double>(timeout).count()),
+                  {.rank = world_.rank(), .operation = "pipeline"});
+    }
+    send.done.get();
+  }
+  s.sends.clear();
+  if (!s.inputs.empty() || !s.receives.empty() || !s.input_grads.empty()) {
+    throw Error(
+        Errc::invalid_argument,
+        fmt::format("pipeline rank {}: the step ended with {} forwards not backwarded, "
+                    "{} receives and {} gradients not consumed",
+                    pipeline_rank_, s.inputs.size(), s.receives.size(), s.input_grads.size()),
+        {.rank = world_.rank(), .operation = "pipeline"});
+  }
+  return losses;
+}
+
+}  // namespace braid::torch

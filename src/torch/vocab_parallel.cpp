@@ -89,11 +89,12 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(tp::TensorParallelGroup t
                                                        VocabParallelEmbeddingOptions options)
     : tp_(std::move(tp)), options_(options) {
   if (options_.num_embeddings < 1 || options_.num_embeddings % tp_->size() != 0 ||
-      options_.dim < 1) {
-    refuse(*tp_, "VocabParallelEmbedding",
-           fmt::format("num_embeddings {} must be positive and divide by the tensor-parallel "
-                       "degree {} (pad the vocabulary), and dim {} must be positive",
-                       options_.num_embeddings, tp_->size(), options_.dim));
+      options_.dim < 1 || !(options_.init_std > 0)) {
+    refuse(
+        *tp_, "VocabParallelEmbedding",
+        fmt::format("num_embeddings {} must be positive and divide by the tensor-parallel "
+                    "degree {} (pad the vocabulary), and dim {} and init_std {} must be positive",
+                    options_.num_embeddings, tp_->size(), options_.dim, options_.init_std));
   }
   reset();
 }
@@ -109,8 +110,8 @@ std::int64_t VocabParallelEmbeddingImpl::vocab_end() const noexcept {
 void VocabParallelEmbeddingImpl::reset() {
   ::torch::NoGradGuard no_grad;
   at::Generator generator = at::detail::createCPUGenerator(options_.seed);
-  const Tensor full =
-      ::torch::empty({options_.num_embeddings, options_.dim}).normal_(0, 1, generator);
+  const Tensor full = ::torch::empty({options_.num_embeddings, options_.dim})
+                          .normal_(0, options_.init_std, generator);
   weight = register_parameter("weight",
                               full.narrow(0, vocab_start(), vocab_end() - vocab_start()).clone());
 }

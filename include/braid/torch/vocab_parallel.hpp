@@ -12,7 +12,8 @@
 // The embedding: each rank holds rows [r V/t, (r+1) V/t) of the table, looks up the tokens
 // in its range (zeros for the rest), and the ranks' lookups are summed (an all-reduce of
 // [s, b, h]; under sequence_parallel a reduce-scatter to [s/t, b, h]). Initialised from
-// `seed` as one process's Embedding would be (normal(0, 1)), each rank keeping its rows.
+// `seed` as one process's Embedding would be (normal(0, init_std)), each rank keeping its
+// rows.
 //
 // The cross-entropy of logits split by vocabulary, per token (reduction "none"; take the
 // mean yourself), as torch::nn::functional::cross_entropy of the whole logits: the
@@ -41,6 +42,10 @@ struct VocabParallelEmbeddingOptions {
   std::int64_t dim = 0;
   bool sequence_parallel = false;  // output reduce-scattered along the sequence
   std::uint64_t seed = 0;
+  // The table's initial standard deviation: libtorch's Embedding draws N(0, 1); a table
+  // tied to the output head wants a small one (GPT-2 and Megatron-Core use 0.02), or the
+  // first logits are huge.
+  double init_std = 1.0;
 };
 
 class VocabParallelEmbeddingImpl : public ::torch::nn::Cloneable<VocabParallelEmbeddingImpl> {

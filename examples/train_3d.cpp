@@ -204,6 +204,7 @@ int train(const Settings& s) {
   using braid::parallel::Axis;
   auto tp = runtime.spawn(grid->group(Axis::tp)).get();
   auto dp = runtime.spawn(grid->group(Axis::dp)).get();
+  auto pipeline = runtime.spawn(grid->group(Axis::pp)).get();
   auto embedding_group = runtime.spawn(grid->embedding_group()).get();
   const int pp = grid->degree(Axis::pp), dps = grid->degree(Axis::dp);
   const bool leader = comm->rank() == 0;
@@ -268,8 +269,7 @@ int train(const Settings& s) {
     }
     pipeline_stages.push_back(std::move(ps));
   }
-  braid::torch::PipelineExecutor executor(*world, grid->members(Axis::pp), schedule,
-                                          std::move(pipeline_stages),
+  braid::torch::PipelineExecutor executor(pipeline, schedule, std::move(pipeline_stages),
                                           {.activation_shape = {s.seq, micro, s.hidden}});
   std::unique_ptr<::torch::optim::Optimizer> optimizer;
   if (s.optimizer == "adam") {

@@ -56,6 +56,40 @@ trace::Name span_name(ActionKind kind) {
 
 using Key = std::pair<int, int>;  // (stage, microbatch)
 
+// What a rank says about its schedule: its description, and a hash of every list.
+std::string describe(const parallel::Schedule& schedule) {
+  std::uint64_t hash = 14695981039346656037ULL;  // FNV-1a over the CSV form
+  for (const char c : parallel::to_csv(schedule)) {
+    hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+  }
+  return fmt::format("{} over {} ranks, {} stages, {} microbatches (lists {:016x})", schedule.name,
+                     schedule.ranks, schedule.stages, schedule.microbatches, hash);
+}
+
+// Every rank of the pipeline runs the same schedule, or every rank fails now, naming the
+// first that differs from rank 0 and both schedules. One all-gather of 256 bytes a rank.
+void check_same_schedule(collectives::Communicator& pipeline, const parallel::Schedule& schedule) {
+  constexpr std::size_t kRecord = 256;
+  const std::string mine = describe(schedule).substr(0, kRecord - 1);
+  std::vector<std::uint8_t> record(kRecord, 0);
+  std::copy(mine.begin(), mine.end(), record.begin());
+  std::vector<std::uint8_t> all(kRecord * static_cast<std::size_t>(pipeline.size()));
+  pipeline.launch(pipeline.all_gather(Buffer(record), Buffer(all))).get();
+  const auto said = [&](int r) {
+    return std::string(
+        reinterpret_cast<const char*>(all.data() + kRecord * static_cast<std::size_t>(r)));
+  };
+  for (int r = 1; r < pipeline.size(); ++r) {
+    if (said(r) != said(0)) {
+      throw Error(Errc::invalid_argument,
+                  fmt::format("the pipeline's ranks run different schedules: rank {} (world rank "
+                              "{}) has {}, rank 0 (world rank {}) has {}",
+                              r, pipeline.world_rank(r), said(r), pipeline.world_rank(0), said(0)),
+                  {.rank = pipeline.world_rank(pipeline.rank()), .operation = "PipelineExecutor"});
+    }
+  }
+}
+
 }  // namespace
 
 struct PipelineExecutor::State {
@@ -78,11 +112,11 @@ struct PipelineExecutor::State {
   trace::Track track = trace::track("pipeline");
 };
 
-PipelineExecutor::PipelineExecutor(transport::World& world, std::vector<int> pipeline_ranks,
+PipelineExecutor::PipelineExecutor(std::shared_ptr<collectives::Communicator> pipeline,
                                    parallel::Schedule schedule, std::vector<PipelineStage> stages,
                                    PipelineOptions options)
-    : world_(world),
-      pipeline_ranks_(std::move(pipeline_ranks)),
+    : pipeline_(std::move(pipeline)),
+      world_(pipeline_->world()),
       schedule_(std::move(schedule)),
       options_(std::move(options)),
       state_(std::make_unique<State>()) {
@@ -90,17 +124,17 @@ PipelineExecutor::PipelineExecutor(transport::World& world, std::vector<int> pip
     throw Error(Errc::invalid_argument, std::move(what),
                 {.rank = world_.rank(), .operation = "PipelineExecutor"});
   };
+  for (int r = 0; r < pipeline_->size(); ++r) pipeline_ranks_.push_back(pipeline_->world_rank(r));
+  check_same_schedule(*pipeline_, schedule_);
   parallel::validate(schedule_);
   if (!schedule_.lowered() && schedule_.ranks > 1) {
     refuse("the schedule has no transfers: lower() it first");
   }
-  if (static_cast<int>(pipeline_ranks_.size()) != schedule_.ranks) {
+  if (pipeline_->size() != schedule_.ranks) {
     refuse(fmt::format("the schedule has {} ranks, the pipeline {}", schedule_.ranks,
-                       pipeline_ranks_.size()));
+                       pipeline_->size()));
   }
-  const auto me = std::find(pipeline_ranks_.begin(), pipeline_ranks_.end(), world_.rank());
-  if (me == pipeline_ranks_.end()) refuse("this rank is not one of the pipeline's ranks");
-  pipeline_rank_ = static_cast<int>(me - pipeline_ranks_.begin());
+  pipeline_rank_ = pipeline_->rank();
   for (PipelineStage& stage : stages) {
     if (stage.stage < 0 || stage.stage >= schedule_.stages ||
         schedule_.stage_rank[static_cast<std::size_t>(stage.stage)] != pipeline_rank_) {

@@ -1,8 +1,9 @@
 // braid::torch::PipelineExecutor, ranks as threads: every schedule (GPipe, 1F1B,
 // interleaved 1F1B, ZB-H1) computes the losses and the gradients one process computes over
 // the whole model and every microbatch; a compute that waits too long for a transfer fails
-// naming the rank, stage, microbatch, action and the rank it waits for; stages that are not
-// this rank's are refused.
+// naming the rank, stage, microbatch, action and the rank it waits for; ranks given
+// different schedules fail together before anything runs; stages that are not this rank's
+// are refused.
 #include <chrono>
 #include <string>
 #include <thread>
@@ -85,8 +86,7 @@ TEST_P(EverySchedule, ComputesTheLossesAndGradientsOfOneProcess) {
            .forward = [&stage](const Tensor& input, int mb) { return stage.forward(input, mb); },
            .parameters = stage.linear->parameters()});
     }
-    braid::torch::PipelineExecutor pipeline(comm->world(), {0, 1}, schedule,
-                                            std::move(stage_functions),
+    braid::torch::PipelineExecutor pipeline(comm, schedule, std::move(stage_functions),
                                             {.activation_shape = {kRows, kWidth}});
     const std::vector<double> losses = pipeline.run();
     if (schedule.stage_rank[static_cast<std::size_t>(stages - 1)] == rank) {
@@ -123,7 +123,7 @@ TEST(PipelineExecutor, AComputeThatWaitsTooLongNamesWhatItWaitsFor) {
   run_tp_ranks(kRanks, [&](int rank, std::shared_ptr<Communicator> comm) {
     Stage stage(rank, kRanks);
     braid::torch::PipelineExecutor pipeline(
-        comm->world(), {0, 1}, schedule,
+        comm, schedule,
         {{.stage = rank,
           .forward =
               [&](const Tensor& input, int mb) {
@@ -146,6 +146,25 @@ TEST(PipelineExecutor, AComputeThatWaitsTooLongNamesWhatItWaitsFor) {
   EXPECT_THAT(errors[0], ::testing::HasSubstr("stage 0 microbatch 0: 0B0 waited"));
 }
 
+TEST(PipelineExecutor, RanksGivenDifferentSchedulesFailTogetherNamingBoth) {
+  run_tp_ranks(kRanks, [&](int rank, std::shared_ptr<Communicator> comm) {
+    // Rank 1 was told another microbatch count.
+    const auto schedule =
+        braid::parallel::lower(braid::parallel::one_f_one_b(kRanks, 4 - 2 * rank));
+    Stage stage(rank, kRanks);
+    braid::testing::expect_invalid_argument(
+        [&] {
+          braid::torch::PipelineExecutor(
+              comm, schedule,
+              {{.stage = rank,
+                .forward = [&](const Tensor& input, int mb) { return stage.forward(input, mb); }}},
+              {.activation_shape = {kRows, kWidth}});
+        },
+        "the pipeline's ranks run different schedules: rank 1 (world rank 1) has 1F1B over 2 "
+        "ranks, 2 stages, 2 microbatches");
+  });
+}
+
 TEST(PipelineExecutor, RefusesStagesTheScheduleDoesNotPlaceOnThisRank) {
   const auto schedule = braid::parallel::lower(braid::parallel::gpipe(kRanks, 2));
   run_tp_ranks(kRanks, [&](int rank, std::shared_ptr<Communicator> comm) {
@@ -153,7 +172,7 @@ TEST(PipelineExecutor, RefusesStagesTheScheduleDoesNotPlaceOnThisRank) {
     braid::testing::expect_invalid_argument(
         [&] {
           braid::torch::PipelineExecutor(
-              comm->world(), {0, 1}, schedule,
+              comm, schedule,
               {{.stage = 1 - rank,
                 .forward = [&](const Tensor& input, int mb) { return stage.forward(input, mb); }}},
               {.activation_shape = {kRows, kWidth}});

@@ -1,5 +1,5 @@
 // A tensor-parallel training loop as one rank of a job under braid-run, for the process
-// test of what a rank's death does to its TP partners (tp_process_test.cpp). The grid
+// test of what a rank's death does to its TP partners (parallel_process_test.cpp). The grid
 // comes from the environment (BRAID_TP, as a launch script sets it); every rank trains a
 // ParallelTransformerBlock over its TP group. Usage:
 //   tp_probe forward D    at step 2 rank D kills itself (SIGKILL) before its forward: the

@@ -5,7 +5,8 @@
 //
 //   auto schedule = braid::parallel::lower(braid::parallel::one_f_one_b(pp, microbatches),
 //                                          {.reduce_grad = dp > 1});
-//   braid::torch::PipelineExecutor pipeline(world, pipeline_ranks, schedule, std::move(stages),
+//   auto pp = co_await grid->group(braid::parallel::Axis::pp);    // or launch(...).get()
+//   braid::torch::PipelineExecutor pipeline(pp, schedule, std::move(stages),
 //                                           {.activation_shape = {seq, batch, hidden}});
 //   auto losses = pipeline.run();   // one training step's forwards and backwards
 //   optimizer.step();
@@ -54,6 +55,7 @@
 
 #include <torch/types.h>
 
+#include <braid/collectives/communicator.hpp>
 #include <braid/parallel/pipeline_schedule.hpp>
 #include <braid/transport/world.hpp>
 
@@ -80,14 +82,16 @@ struct PipelineOptions {
 
 class PipelineExecutor {
  public:
-  // `pipeline_ranks`: the world rank of each pipeline rank (the grid's pp group members,
-  // in stage order). `schedule`: lowered, and it is validated here. `stages`: this rank's
-  // stages, every one the schedule places on it. Throws Error(invalid_argument) for a
-  // schedule that does not validate or whose ranks differ from pipeline_ranks' count, a
-  // rank that is not in pipeline_ranks, or stages that are not this rank's.
-  PipelineExecutor(transport::World& world, std::vector<int> pipeline_ranks,
-                   parallel::Schedule schedule, std::vector<PipelineStage> stages,
-                   PipelineOptions options);
+  // `pipeline`: the communicator of this rank's pipeline (the grid's pp group), its rank r
+  // running the schedule's rank r. `schedule`: lowered, and validated here. `stages`: this
+  // rank's stages, every one the schedule places on it. A collective over `pipeline`: the
+  // ranks compare their schedules (name, ranks, stages, microbatches and a hash of every
+  // list), and where one differs every rank fails at once, naming it and both schedules,
+  // instead of waiting for transfers that will never come. Throws Error(invalid_argument)
+  // for that, a schedule that does not validate or whose ranks are not the pipeline's
+  // size, or stages that are not this rank's.
+  PipelineExecutor(std::shared_ptr<collectives::Communicator> pipeline, parallel::Schedule schedule,
+                   std::vector<PipelineStage> stages, PipelineOptions options);
   ~PipelineExecutor();
   PipelineExecutor(const PipelineExecutor&) = delete;
   PipelineExecutor& operator=(const PipelineExecutor&) = delete;
@@ -102,6 +106,7 @@ class PipelineExecutor {
 
  private:
   struct State;
+  std::shared_ptr<collectives::Communicator> pipeline_;
   transport::World& world_;
   std::vector<int> pipeline_ranks_;
   int pipeline_rank_ = -1;

@@ -1,7 +1,8 @@
-// Tensor parallelism over real processes under braid-run: a rank that dies inside a TP
-// layer's collective, in forward or in backward, fails its partners with an error naming
-// it as a dead peer, well within the operation deadline. Programs come from the build
-// through the environment: BRAID_RUN (the launcher) and TP_PROBE (tp_probe.cpp).
+// Tensor and pipeline parallelism over real processes under braid-run: a rank that dies
+// inside a TP layer's collective, or in the middle of a pipeline (in a forward or a
+// backward of its stage), fails the others with an error naming it as a dead peer, well
+// within the operation deadline. Programs come from the build through the environment:
+// BRAID_RUN (the launcher), TP_PROBE (tp_probe.cpp) and PIPELINE_PROBE (pipeline_probe.cpp).
 #include <chrono>
 #include <csignal>
 #include <sstream>
@@ -12,7 +13,7 @@
 
 #include "../support/child_process.hpp"
 
-namespace tp_process_test {
+namespace parallel_process_test {
 namespace {
 
 using braid::testing::ChildProcess;
@@ -49,9 +50,35 @@ TEST_P(TensorParallelPeerFailure, ARankKilledInsideATensorParallelCollectiveFail
   EXPECT_LT(took, 15s) << "the survivor waited for its deadline instead";
 }
 
+class PipelinePeerFailure : public ::testing::TestWithParam<const char*> {};
+
+// Rank 1 of a 3-stage pipeline dies: rank 0 waits on its gradients, rank 2 on its
+// activations; both fail naming it.
+TEST_P(PipelinePeerFailure, ARankKilledMidPipelineFailsEverySurvivorNamingIt) {
+  const auto started = std::chrono::steady_clock::now();
+  auto result =
+      ChildProcess({program_from_env("BRAID_RUN"), "-n", "3", "--grace", "40", "--timeout", "50",
+                    program_from_env("PIPELINE_PROBE"), GetParam(), "1"},
+                   {{"BRAID_TIMEOUT", "20"}}, 60s)
+          .wait();
+  const auto took = std::chrono::steady_clock::now() - started;
+  EXPECT_EQ(result.status, 128 + SIGKILL) << result.out << result.err;
+  EXPECT_THAT(result.err, HasSubstr("braid-run: rank 1 (pid "));
+  for (const int survivor : {0, 2}) {
+    const auto saw = lines_with(result.err, fmt::format("[{}] rank {} saw: ", survivor, survivor));
+    ASSERT_EQ(saw.size(), 1U) << result.out << result.err;
+    EXPECT_THAT(saw[0], HasSubstr("peer failed"));
+    EXPECT_THAT(saw[0], HasSubstr("world rank 1"));
+  }
+  EXPECT_LT(took, 15s) << "a survivor waited for its deadline instead";
+}
+
+INSTANTIATE_TEST_SUITE_P(Phases, PipelinePeerFailure, ::testing::Values("forward", "backward"),
+                         [](const auto& info) { return std::string(info.param); });
+
 INSTANTIATE_TEST_SUITE_P(Phases, TensorParallelPeerFailure,
                          ::testing::Values("forward", "backward"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
-}  // namespace tp_process_test
+}  // namespace parallel_process_test

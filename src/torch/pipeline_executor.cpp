@@ -6,13 +6,16 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <braid/core/config.hpp>
 #include <braid/core/deadline.hpp>
 #include <braid/core/error.hpp>
 #include <braid/core/future.hpp>
+#include <braid/core/log.hpp>
 #include <braid/torch/pipeline_executor.hpp>
 #include <braid/torch/tensor_buffer.hpp>
 #include <braid/trace/compute_span.hpp>
 #include <braid/trace/span.hpp>
+#include <braid/transport/store.hpp>
 
 namespace braid::torch {
 namespace {
@@ -200,6 +203,7 @@ std::vector<double> PipelineExecutor::run() {
                 {.rank = world_.rank(), .peer = peer, .operation = "pipeline"});
   };
   // What a compute action consumes from a receive: waits for it, within the timeout.
+  std::size_t position = 0;  // of the action being run, in this rank's list
   const auto received = [&](const Action& action, bool gradient) {
     const auto found = s.receives.find({gradient, action.stage, action.microbatch});
     if (found == s.receives.end()) {
@@ -210,9 +214,13 @@ std::vector<double> PipelineExecutor::run() {
     State::Receive& receive = found->second;
     if (!receive.done.wait_for(timeout)) {
       fail(action, receive.peer, Errc::timeout,
-           fmt::format("waited {:.1f} s for the {} from world rank {}",
+           fmt::format("waited {:.1f} s for the {} from world rank {}{}",
                        std::chrono::duration<double>(timeout).count(),
-                       gradient ? "gradient" : "activation", receive.peer));
+                       gradient ? "gradient" : "activation", receive.peer,
+                       config::string_value("BRAID_DEBUG") == "detail"
+                           ? diagnose_hang(position, action)
+                           : std::string(" (BRAID_DEBUG=detail shows where every rank of the "
+                                         "pipeline waits)")));
     }
     try {
       receive.done.get();
@@ -264,7 +272,7 @@ std::vector<double> PipelineExecutor::run() {
     return received(action, true);
   };
 
-  for (std::size_t position = 0; position < mine.size(); ++position) {
+  for (position = 0; position < mine.size(); ++position) {
     const Action& action = mine[position];
     const Key key{action.stage, action.microbatch};
     switch (action.kind) {
@@ -373,6 +381,7 @@ std::vector<double> PipelineExecutor::run() {
     send.done.get();
   }
   s.sends.clear();
+  ++steps_run_;
   if (!s.inputs.empty() || !s.receives.empty() || !s.input_grads.empty()) {
     throw Error(
         Errc::invalid_argument,
@@ -382,6 +391,59 @@ std::vector<double> PipelineExecutor::run() {
         {.rank = world_.rank(), .operation = "pipeline"});
   }
   return losses;
+}
+
+std::string PipelineExecutor::diagnose_hang(std::size_t position, const Action& action) {
+  // Every rank that times out says where it waits, in the World's store, under a key of this
+  // pipeline and step; the first to say so gives the others a moment to time out too, then
+  // prints them all on the schedule's grid. Ranks that never say so were not waiting on a
+  // transfer: computing, or stuck outside the pipeline.
+  transport::StoreClient& store = world_.store();
+  Runtime& runtime = world_.runtime();
+  const std::string base =
+      fmt::format("braid/pipeline/{}.{}/step{}/", pipeline_->id(), pipeline_->serial(), steps_run_);
+  const std::string where = std::to_string(position);
+  log::warn("pipeline rank {} waits at position {} of its list: {}", pipeline_rank_, position,
+            parallel::to_string(action));
+  try {
+    runtime
+        .spawn(store.set(base + std::to_string(pipeline_rank_),
+                         transport::Bytes(where.begin(), where.end())))
+        .get();
+    if (runtime.spawn(store.add(base + "reporters", 1)).get() != 1) {
+      return " (BRAID_DEBUG=detail: the first rank of the pipeline to time out prints where "
+             "each waits)";
+    }
+    const Deadline others = deadline_after(std::chrono::milliseconds(1500));
+    std::vector<std::pair<int, int>> marked;
+    std::vector<int> not_waiting;
+    for (int r = 0; r < schedule_.ranks; ++r) {
+      try {
+        // Past the shared wait, a key that is there still answers at once.
+        const Deadline deadline = std::max(others, deadline_after(std::chrono::milliseconds(50)));
+        const transport::Bytes said =
+            runtime.spawn(store.get(base + std::to_string(r), deadline)).get();
+        marked.emplace_back(r, std::stoi(std::string(said.begin(), said.end())));
+      } catch (const Error&) {
+        not_waiting.push_back(r);
+      }
+    }
+    const std::string idle =
+        not_waiting.empty() ? std::string()
+                            : fmt::format(
+                                  "; not waiting on a transfer (computing, or stuck outside the "
+                                  "pipeline): pipeline rank {}",
+                                  fmt::join(not_waiting, ", "));
+    const std::string grid = parallel::grid_text(schedule_, marked);
+    log::warn("where each rank of the pipeline waits{}:\n{}", idle, grid);
+    return fmt::format(
+        "\nwhere each rank of the pipeline waits, marked >like this< "
+        "(BRAID_DEBUG=detail){}:\n{}",
+        idle, grid);
+  } catch (const Error& e) {
+    return fmt::format(" (BRAID_DEBUG=detail could not gather where the others wait: {})",
+                       e.what());
+  }
 }
 
 }  // namespace braid::torch

@@ -20,6 +20,7 @@
 #include <braid/transport/world.hpp>
 
 #include "../support/expect_error.hpp"
+#include "../support/scoped_env.hpp"
 #include "tp_support.hpp"
 
 namespace pipeline_executor_test {
@@ -144,6 +145,41 @@ TEST(PipelineExecutor, AComputeThatWaitsTooLongNamesWhatItWaitsFor) {
               ::testing::HasSubstr("pipeline rank 1 stage 1 microbatch 0: 1F0 waited 0.5 s for the "
                                    "activation from world rank 0"));
   EXPECT_THAT(errors[0], ::testing::HasSubstr("stage 0 microbatch 0: 0B0 waited"));
+}
+
+// Rank 1 of three is stuck computing its first forward: rank 2 waits for its activation,
+// rank 0 for its gradient. With BRAID_DEBUG=detail the first to time out prints both on the
+// schedule's grid and names rank 1 as not waiting on a transfer.
+TEST(PipelineExecutor, UnderDebugDetailAHangIsDrawnOnTheGrid) {
+  const braid::testing::ScopedEnv detail("BRAID_DEBUG", "detail");
+  constexpr int kThree = 3;
+  const auto schedule = braid::parallel::lower(braid::parallel::one_f_one_b(kThree, 2));
+  std::vector<std::string> errors(kThree);
+  braid::testing::run_tp_ranks(kThree, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Stage stage(rank, kThree);
+    braid::torch::PipelineExecutor pipeline(
+        comm, schedule,
+        {{.stage = rank,
+          .forward =
+              [&](const Tensor& input, int mb) {
+                if (rank == 1 && mb == 0) std::this_thread::sleep_for(std::chrono::seconds(4));
+                return stage.forward(input, mb);
+              },
+          .parameters = stage.linear->parameters()}},
+        {.activation_shape = {kRows, kWidth}, .timeout = std::chrono::milliseconds(500)});
+    try {
+      pipeline.run();
+    } catch (const braid::Error& e) {
+      errors[static_cast<std::size_t>(rank)] = e.what();
+    }
+  });
+  // Whichever of ranks 0 and 2 timed out first drew the grid.
+  const std::string& drawn =
+      errors[0].find("where each rank") != std::string::npos ? errors[0] : errors[2];
+  EXPECT_THAT(drawn, ::testing::HasSubstr("not waiting on a transfer (computing, or stuck outside "
+                                          "the pipeline): pipeline rank 1"));
+  EXPECT_THAT(drawn, ::testing::HasSubstr(">0B0<"));
+  EXPECT_THAT(drawn, ::testing::HasSubstr(">2F0<"));
 }
 
 TEST(PipelineExecutor, RanksGivenDifferentSchedulesFailTogetherNamingBoth) {

@@ -40,7 +40,11 @@
 // Waiting. A compute that waits for a transfer past `timeout` (BRAID_TIMEOUT by default)
 // fails with Errc::timeout naming this rank, the stage, the microbatch, the action and the
 // rank it waits for; a dead peer fails it with Errc::peer_failed naming the peer, through
-// the World's failure detection, well before.
+// the World's failure detection, well before. With BRAID_DEBUG=detail each rank that times
+// out also logs where it waits and says so in the World's store, and the first of them
+// waits 1.5 s for the others, then prints the schedule's grid with every waiting rank's
+// action marked and names the ranks that were not waiting on a transfer (the one stuck
+// computing, typically): where a hang is, in one picture.
 //
 // Tracing: every action is a span on the "pipeline" track (its text, "1F3", in the
 // arguments stage and microbatch), F, B, I and W also compute spans, so `braid-trace
@@ -51,6 +55,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <torch/types.h>
@@ -106,12 +111,16 @@ class PipelineExecutor {
 
  private:
   struct State;
+  // BRAID_DEBUG=detail, after a receive timed out: where every rank of the pipeline waits.
+  std::string diagnose_hang(std::size_t position, const parallel::Action& action);
+
   std::shared_ptr<collectives::Communicator> pipeline_;
   transport::World& world_;
   std::vector<int> pipeline_ranks_;
   int pipeline_rank_ = -1;
   parallel::Schedule schedule_;
   PipelineOptions options_;
+  std::uint64_t steps_run_ = 0;
   std::unique_ptr<State> state_;
 };
 

@@ -19,7 +19,6 @@
 #include <optional>
 #include <string>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -30,8 +29,8 @@
 #include <braid/torch/parallel_transformer_block.hpp>
 #include <braid/torch/pipeline_executor.hpp>
 #include <braid/torch/tp_mappings.hpp>
-#include <braid/torch/vocab_parallel.hpp>
 
+#include "gpt_stage.hpp"
 #include "models.hpp"
 #include "training_checks.hpp"
 
@@ -62,16 +61,16 @@ options:
   -h, --help
 )";
 
-struct Settings {
+// The model's shape, batch and seed (GptOptions), and how it is trained.
+struct Settings : example_models::GptOptions {
   std::optional<int> tp, pp, dp;
   std::string schedule = "1f1b";
   int microbatches = 4;
   int virtual_stages = 0;  // 0: 1, or 2 for interleaved
   std::vector<int> stage_layers;
-  int layers = 4, hidden = 64, heads = 4, vocab = 64, seq = 16, global_batch = 8, steps = 60;
+  int steps = 60;
   std::string optimizer = "adam";
   std::optional<double> lr;
-  std::uint64_t seed = 1;
 };
 
 Settings parse(int argc, char** argv) {
@@ -133,63 +132,7 @@ Settings parse(int argc, char** argv) {
   return s;
 }
 
-// The global batch of step `step`: [seq + 1, global_batch] token ids, each column a walk
-// through a fixed random permutation of the vocabulary from a random first token.
-Tensor global_batch(const Settings& s, int step) {
-  at::Generator task = at::detail::createCPUGenerator(s.seed * 7919 + 17);
-  const Tensor next = ::torch::randperm(s.vocab, task, ::torch::kLong);
-  at::Generator draws = at::detail::createCPUGenerator(s.seed * 1000003 + step);
-  Tensor tokens = ::torch::empty({s.seq + 1, s.global_batch}, ::torch::kLong);
-  tokens[0] = ::torch::randint(s.vocab, {s.global_batch}, draws, ::torch::kLong);
-  for (int t = 0; t < s.seq; ++t) tokens[t + 1] = next.index_select(0, tokens[t]);
-  return tokens;
-}
-
-// One pipeline stage: the embedding on the first, `blocks` transformer blocks, and the
-// final LayerNorm, the tied output head and the vocabulary-parallel loss on the last.
-struct StageImpl : ::torch::nn::Module {
-  StageImpl(const Settings& s, braid::torch::tp::TensorParallelGroup tp, int first_layer,
-            int layers, bool first, bool last)
-      : tp(std::move(tp)), first(first), last(last) {
-    const braid::torch::VocabParallelEmbeddingOptions embedding{
-        .num_embeddings = s.vocab, .dim = s.hidden, .seed = s.seed * 1000, .init_std = 0.02};
-    // The last stage keeps its own copy of the tied embedding (unless it is also the
-    // first): the embedding group adds the two copies' gradients every step.
-    if (first || last) {
-      embed = register_module("embed", braid::torch::VocabParallelEmbedding(this->tp, embedding));
-    }
-    for (int l = first_layer; l < first_layer + layers; ++l) {
-      blocks.push_back(register_module(
-          fmt::format("block{}", l),
-          braid::torch::ParallelTransformerBlock(
-              this->tp, braid::torch::ParallelTransformerBlockOptions{
-                            .hidden = s.hidden,
-                            .heads = s.heads,
-                            .seed = s.seed * 1000 + 1 + static_cast<std::uint64_t>(l)})));
-    }
-    if (last)
-      norm = register_module("norm",
-                             ::torch::nn::LayerNorm(::torch::nn::LayerNormOptions({s.hidden})));
-  }
-
-  // tokens [seq, mb] on the first stage; the loss's share on the last (targets [seq, mb]).
-  Tensor forward(const Tensor& input, const Tensor& tokens, const Tensor& targets,
-                 double loss_scale) {
-    Tensor h = first ? embed(tokens) : input;
-    for (auto& block : blocks) h = block(h);
-    if (!last) return h;
-    h = norm(h);
-    const Tensor logits =
-        ::torch::matmul(braid::torch::tp::copy_to_region(tp, h), embed->weight.t());
-    return braid::torch::vocab_parallel_cross_entropy(tp, logits, targets).sum() * loss_scale;
-  }
-
-  braid::torch::tp::TensorParallelGroup tp;
-  bool first, last;
-  braid::torch::VocabParallelEmbedding embed{nullptr};
-  std::vector<braid::torch::ParallelTransformerBlock> blocks;
-  ::torch::nn::LayerNorm norm{nullptr};
-};
+using StageImpl = example_models::GptStageImpl;
 
 int train(const Settings& s) {
   ::torch::set_num_threads(1);
@@ -293,7 +236,7 @@ int train(const Settings& s) {
       braid::trace::set_enabled(true);
       from_ns = braid::trace::now_ns();
     }
-    batch = global_batch(s, step);
+    batch = example_models::gpt_global_batch(s, step);
     optimizer->zero_grad();
     const std::vector<double> losses = executor.run();
     // Megatron-Core's finalize_model_grads order: DP (done in each stage's last backward),

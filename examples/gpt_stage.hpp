@@ -1,0 +1,91 @@
+// The 3D job's model and task (examples/train_3d), shared with braid-bench's pipeline
+// worker so that the benchmark times the job users run: a small GPT-style language model
+// (token embedding tied to the output head, transformer blocks) cut into pipeline stages,
+// on a synthetic next-token task whose loss falls to near zero (each sequence follows a
+// fixed random permutation of the vocabulary).
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <braid/torch/parallel_transformer_block.hpp>
+#include <braid/torch/tp_mappings.hpp>
+#include <braid/torch/vocab_parallel.hpp>
+
+namespace example_models {
+
+// The model's shape, the batch and the seed of its weights and data.
+struct GptOptions {
+  int layers = 4;
+  int hidden = 64;
+  int heads = 4;
+  int vocab = 64;
+  int seq = 16;
+  int global_batch = 8;  // sequences per step over every data-parallel rank
+  std::uint64_t seed = 1;
+};
+
+// The global batch of step `step`: [seq + 1, global_batch] token ids, each column a walk
+// through a fixed random permutation of the vocabulary from a random first token.
+inline torch::Tensor gpt_global_batch(const GptOptions& s, int step) {
+  at::Generator task = at::detail::createCPUGenerator(s.seed * 7919 + 17);
+  const torch::Tensor next = torch::randperm(s.vocab, task, torch::kLong);
+  at::Generator draws = at::detail::createCPUGenerator(s.seed * 1000003 + step);
+  torch::Tensor tokens = torch::empty({s.seq + 1, s.global_batch}, torch::kLong);
+  tokens[0] = torch::randint(s.vocab, {s.global_batch}, draws, torch::kLong);
+  for (int t = 0; t < s.seq; ++t) tokens[t + 1] = next.index_select(0, tokens[t]);
+  return tokens;
+}
+
+// One pipeline stage: the embedding on the first, `layers` transformer blocks from
+// `first_layer`, and the final LayerNorm, the tied output head and the vocabulary-parallel
+// loss on the last.
+struct GptStageImpl : torch::nn::Module {
+  GptStageImpl(const GptOptions& s, braid::torch::tp::TensorParallelGroup tp, int first_layer,
+               int layers, bool first, bool last)
+      : tp(std::move(tp)), first(first), last(last) {
+    const braid::torch::VocabParallelEmbeddingOptions embedding{
+        .num_embeddings = s.vocab, .dim = s.hidden, .seed = s.seed * 1000, .init_std = 0.02};
+    // The last stage keeps its own copy of the tied embedding (unless it is also the
+    // first): the embedding group adds the two copies' gradients every step.
+    if (first || last) {
+      embed = register_module("embed", braid::torch::VocabParallelEmbedding(this->tp, embedding));
+    }
+    for (int l = first_layer; l < first_layer + layers; ++l) {
+      blocks.push_back(register_module(
+          fmt::format("block{}", l),
+          braid::torch::ParallelTransformerBlock(
+              this->tp, braid::torch::ParallelTransformerBlockOptions{
+                            .hidden = s.hidden,
+                            .heads = s.heads,
+                            .seed = s.seed * 1000 + 1 + static_cast<std::uint64_t>(l)})));
+    }
+    if (last)
+      norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.hidden})));
+  }
+
+  // tokens [seq, mb] on the first stage; the loss's share on the last (targets [seq, mb]).
+  torch::Tensor forward(const torch::Tensor& input, const torch::Tensor& tokens,
+                        const torch::Tensor& targets, double loss_scale) {
+    torch::Tensor h = first ? embed(tokens) : input;
+    for (auto& block : blocks) h = block(h);
+    if (!last) return h;
+    h = norm(h);
+    const torch::Tensor logits =
+        torch::matmul(braid::torch::tp::copy_to_region(tp, h), embed->weight.t());
+    return braid::torch::vocab_parallel_cross_entropy(tp, logits, targets).sum() * loss_scale;
+  }
+
+  braid::torch::tp::TensorParallelGroup tp;
+  bool first, last;
+  braid::torch::VocabParallelEmbedding embed{nullptr};
+  std::vector<braid::torch::ParallelTransformerBlock> blocks;
+  torch::nn::LayerNorm norm{nullptr};
+};
+
+}  // namespace example_models

@@ -24,6 +24,7 @@
 
 #include <braid/braid.hpp>
 #include <braid/parallel/pipeline_schedule.hpp>
+#include <braid/parallel/pipeline_simulator.hpp>
 #include <braid/parallel/rank_grid.hpp>
 #include <braid/torch/distributed_data_parallel.hpp>
 #include <braid/torch/parallel_transformer_block.hpp>
@@ -231,6 +232,9 @@ int train(const Settings& s) {
 
   std::int64_t from_ns = 0;
   const auto started = std::chrono::steady_clock::now();
+  // The pipeline bubble from step 2 on: this rank's compute, over the pipeline's step time
+  // (its slowest rank's).
+  double computed_ns = 0, pipeline_ns = 0;
   for (int step = 0; step < s.steps; ++step) {
     if (step == 1) {
       braid::trace::set_enabled(true);
@@ -245,6 +249,13 @@ int train(const Settings& s) {
       braid::torch::tp::all_reduce_replicated_gradients(embedding_group, tied);
     }
     optimizer->step();
+    if (step >= 1) {
+      const auto times = executor.last_step();
+      std::vector<double> wall{static_cast<double>(times.wall_ns)};
+      pipeline->launch(pipeline->all_reduce(braid::Buffer(wall), braid::ReduceOp::max)).get();
+      computed_ns += static_cast<double>(times.compute_ns);
+      pipeline_ns += wall[0];
+    }
     // The step's loss: the last stage's microbatch shares, one TP rank per DP rank.
     std::vector<double> loss{grid->is_last_stage() && grid->coordinate(Axis::tp) == 0
                                  ? std::accumulate(losses.begin(), losses.end(), 0.0) / dps
@@ -284,17 +295,27 @@ int train(const Settings& s) {
   }
   std::vector<double> checksum{squares / dps};
   comm->launch(comm->all_reduce(braid::Buffer(checksum), braid::ReduceOp::sum)).get();
+  std::vector<double> bubble{pipeline_ns > 0 ? 100.0 * (1.0 - computed_ns / pipeline_ns) : 0.0};
+  std::vector<double> bubbles(static_cast<std::size_t>(comm->size()));
+  comm->launch(comm->all_gather(braid::Buffer(bubble), braid::Buffer(bubbles))).get();
   const auto job = example_models::gather_steps_timeline(*world, *comm, from_ns, to_ns);
   if (leader) {
     std::cout << fmt::format("parameters: sum of squares {:.6f}\n", checksum[0]);
     const braid::trace::Summary summary = braid::trace::summarize(*job);
-    std::cout << "rank  stage  bubble   overlap\n";
+    std::cout << fmt::format(
+        "from step 2 on: bubble, the part of the pipeline's step a rank did not compute "
+        "(textbook for this schedule {:.1f}%); overlap, its communication hidden behind "
+        "compute\n",
+        braid::parallel::textbook_bubble_percent(pp, s.microbatches, s.virtual_stages));
+    std::cout << "rank  tp  pp  dp   bubble   overlap\n";
     for (const auto& rank : summary.ranks) {
       const auto overlap = rank.figures.overlap_percent();
-      std::cout << fmt::format(
-          "{:>4}  {:>5}  {:>6}  {:>8}\n", rank.rank, grid->layout().coordinate(rank.rank, Axis::pp),
-          rank.bubble_percent ? fmt::format("{:.1f}%", *rank.bubble_percent) : "-",
-          overlap ? fmt::format("{:.1f}%", *overlap) : "-");
+      std::cout << fmt::format("{:>4}  {:>2}  {:>2}  {:>2}  {:>6.1f}%  {:>8}\n", rank.rank,
+                               grid->layout().coordinate(rank.rank, Axis::tp),
+                               grid->layout().coordinate(rank.rank, Axis::pp),
+                               grid->layout().coordinate(rank.rank, Axis::dp),
+                               bubbles[static_cast<std::size_t>(rank.rank)],
+                               overlap ? fmt::format("{:.1f}%", *overlap) : "-");
     }
   }
   return 0;

@@ -59,6 +59,34 @@ trace::Name span_name(ActionKind kind) {
 
 using Key = std::pair<int, int>;  // (stage, microbatch)
 
+// A transfer as a comm span from its start until it completes, on the "pipeline
+// transfers" track: what braid-trace's overlap counts as hidden where compute ran beside it.
+asio::awaitable<void> traced_send(transport::World& world, int peer, Buffer data, std::uint64_t tag,
+                                  trace::AsyncSpan span) {
+  co_await world.send(peer, data, tag);
+  span.end();
+}
+asio::awaitable<std::size_t> traced_receive(transport::World& world, int peer, Buffer data,
+                                            std::uint64_t tag, trace::AsyncSpan span) {
+  const std::size_t received = co_await world.recv(peer, data, tag);
+  span.end();
+  co_return received;
+}
+
+// Adds the time from its construction to its destruction to `total`: a compute action's.
+class ComputeClock {
+ public:
+  explicit ComputeClock(std::chrono::steady_clock::duration& total)
+      : total_(total), started_(std::chrono::steady_clock::now()) {}
+  ~ComputeClock() { total_ += std::chrono::steady_clock::now() - started_; }
+  ComputeClock(const ComputeClock&) = delete;
+  ComputeClock& operator=(const ComputeClock&) = delete;
+
+ private:
+  std::chrono::steady_clock::duration& total_;
+  std::chrono::steady_clock::time_point started_;
+};
+
 // What a rank says about its schedule: its description, and a hash of every list.
 std::string describe(const parallel::Schedule& schedule) {
   std::uint64_t hash = 14695981039346656037ULL;  // FNV-1a over the CSV form
@@ -113,6 +141,7 @@ struct PipelineExecutor::State {
   };
   std::vector<Send> sends;
   trace::Track track = trace::track("pipeline");
+  trace::Track transfers = trace::track("pipeline transfers");
 };
 
 PipelineExecutor::PipelineExecutor(std::shared_ptr<collectives::Communicator> pipeline,
@@ -188,6 +217,8 @@ std::vector<double> PipelineExecutor::run() {
   const int last_stage = schedule_.stages - 1;
   std::vector<double> losses;
   Runtime& runtime = world_.runtime();
+  const auto step_started = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration computing{};
   const auto peer_of = [&](int stage) {
     return pipeline_ranks_[static_cast<std::size_t>(
         schedule_.stage_rank[static_cast<std::size_t>(stage)])];
@@ -236,8 +267,10 @@ std::vector<double> PipelineExecutor::run() {
     Tensor tensor = ::torch::empty(options_.activation_shape,
                                    ::torch::TensorOptions().dtype(options_.activation_dtype));
     const int peer = peer_of(from_stage);
-    Future<std::size_t> done = runtime.spawn(world_.recv(
-        peer, as_buffer(tensor), transfer_tag(gradient, action.stage, action.microbatch)));
+    Future<std::size_t> done = runtime.spawn(traced_receive(
+        world_, peer, as_buffer(tensor), transfer_tag(gradient, action.stage, action.microbatch),
+        trace::AsyncSpan(trace::Category::comm, span_name(action.kind), s.transfers,
+                         static_cast<std::uint64_t>(tensor.nbytes()))));
     s.receives[{gradient, action.stage, action.microbatch}] = {tensor, std::move(done), peer};
   };
   const auto start_send = [&](const Action& action, const Tensor& tensor, bool gradient,
@@ -251,9 +284,11 @@ std::vector<double> PipelineExecutor::run() {
                        fmt::join(options_.activation_shape, ", "),
                        c10::toString(options_.activation_dtype)));
     }
-    Future<void> done =
-        runtime.spawn(world_.send(peer_of(to_stage), as_buffer(payload),
-                                  transfer_tag(gradient, to_stage, action.microbatch)));
+    Future<void> done = runtime.spawn(
+        traced_send(world_, peer_of(to_stage), as_buffer(payload),
+                    transfer_tag(gradient, to_stage, action.microbatch),
+                    trace::AsyncSpan(trace::Category::comm, span_name(action.kind), s.transfers,
+                                     static_cast<std::uint64_t>(payload.nbytes()))));
     s.sends.push_back({payload, std::move(done)});
   };
   // The gradient arriving at a stage's output: none for the loss, the next stage's input
@@ -272,18 +307,32 @@ std::vector<double> PipelineExecutor::run() {
     return received(action, true);
   };
 
+  // Receives are posted one compute action ahead of where the list puts them: those the
+  // next compute needs go out before the current one runs, so the transfer overlaps it.
+  // Tags make the order of posting free; the cost is one more buffer in flight.
+  std::vector<bool> posted(mine.size(), false);
+  const auto post_ahead = [&](std::size_t from) {
+    int computes = 0;
+    for (std::size_t j = from; j < mine.size() && computes < 2; ++j) {
+      const Action& ahead = mine[j];
+      if (parallel::is_compute(ahead.kind)) ++computes;
+      if (posted[j]) continue;
+      if (ahead.kind == ActionKind::recv_forward || ahead.kind == ActionKind::recv_backward) {
+        trace::instant(trace::Category::pipeline, span_name(ahead.kind), s.track);
+        const bool gradient = ahead.kind == ActionKind::recv_backward;
+        post_receive(ahead, gradient, gradient ? ahead.stage + 1 : ahead.stage - 1);
+        posted[j] = true;
+      }
+    }
+  };
   for (position = 0; position < mine.size(); ++position) {
     const Action& action = mine[position];
     const Key key{action.stage, action.microbatch};
+    if (parallel::is_compute(action.kind) || !posted[position]) post_ahead(position);
     switch (action.kind) {
       case ActionKind::recv_forward:
-        trace::instant(trace::Category::pipeline, span_name(action.kind), s.track);
-        post_receive(action, false, action.stage - 1);
-        break;
       case ActionKind::recv_backward:
-        trace::instant(trace::Category::pipeline, span_name(action.kind), s.track);
-        post_receive(action, true, action.stage + 1);
-        break;
+        break;  // posted by post_ahead, at the latest here
       case ActionKind::send_forward:
         trace::instant(trace::Category::pipeline, span_name(action.kind), s.track);
         start_send(action, s.outputs.at(key), false, action.stage + 1);
@@ -313,12 +362,14 @@ std::vector<double> PipelineExecutor::run() {
         span.arg("stage", action.stage);
         span.arg("microbatch", action.microbatch);
         trace::ComputeSpan compute("pipeline.forward");
+        const ComputeClock clock(computing);
         Tensor output = s.stages.at(action.stage).forward(input, action.microbatch);
         compute.end();
-        if (action.stage == last_stage)
-          losses.resize(std::max<std::size_t>(losses.size(), action.microbatch + 1));
-        if (action.stage == last_stage)
-          losses[static_cast<std::size_t>(action.microbatch)] = output.item<double>();
+        if (action.stage == last_stage) {
+          const auto mb = static_cast<std::size_t>(action.microbatch);
+          losses.resize(std::max(losses.size(), mb + 1));
+          losses[mb] = output.item<double>();
+        }
         s.inputs[key] = input;
         s.outputs[key] = output;
         break;
@@ -338,6 +389,7 @@ std::vector<double> PipelineExecutor::run() {
         span.arg("stage", action.stage);
         span.arg("microbatch", action.microbatch);
         trace::ComputeSpan compute("pipeline.backward");
+        const ComputeClock clock(computing);
         const Tensor output = s.outputs.at(key);
         const Tensor input = s.inputs.at(key);
         const std::vector<Tensor> grads =
@@ -382,6 +434,11 @@ std::vector<double> PipelineExecutor::run() {
   }
   s.sends.clear();
   ++steps_run_;
+  last_step_ = {
+      .wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                     std::chrono::steady_clock::now() - step_started)
+                     .count(),
+      .compute_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(computing).count()};
   if (!s.inputs.empty() || !s.receives.empty() || !s.input_grads.empty()) {
     throw Error(
         Errc::invalid_argument,

@@ -25,8 +25,9 @@
 // (torch::autograd::grad, keeping the graph), W the parameters' (torch::autograd::backward
 // on the stage's parameters); libtorch walks the stage's graph twice for them, so I + W
 // cost about B plus a backward through the stage's activations (PyTorch's pipelining
-// splits the graph instead). RECV_F and RECV_B post their receives when reached, and the
-// compute that needs them waits; SEND_F and SEND_B start their sends and go on (each
+// splits the graph instead). RECV_F and RECV_B post their receives one compute action
+// before the list reaches them (so a transfer overlaps the compute before its consumer),
+// and the compute that needs them waits; SEND_F and SEND_B start their sends and go on (each
 // tensor kept until its send completes); a step ends when every send has. Transfers are
 // tagged by (direction, stage, microbatch), so a schedule's receives need not come in the
 // order of its sends.
@@ -106,6 +107,17 @@ class PipelineExecutor {
   // elsewhere. Gradients accumulate into the stages' parameters (zero them before).
   std::vector<double> run();
 
+  // The last run()'s time on this rank, from its start until its last send completed, and
+  // the part of it its compute actions (F, B, I, W) took: 1 - compute / wall is the
+  // rank's bubble in that step, as the simulator counts it (take the pipeline's longest
+  // wall for the step's). braid-trace's bubble spans every traced step, and so also counts
+  // what runs between steps (the optimizer, data loading).
+  struct StepTimes {
+    std::int64_t wall_ns = 0;
+    std::int64_t compute_ns = 0;
+  };
+  StepTimes last_step() const noexcept { return last_step_; }
+
   int pipeline_rank() const noexcept { return pipeline_rank_; }
   const parallel::Schedule& schedule() const noexcept { return schedule_; }
 
@@ -121,6 +133,7 @@ class PipelineExecutor {
   parallel::Schedule schedule_;
   PipelineOptions options_;
   std::uint64_t steps_run_ = 0;
+  StepTimes last_step_;
   std::unique_ptr<State> state_;
 };
 

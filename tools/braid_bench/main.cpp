@@ -15,6 +15,7 @@
 #include "compute_tax.hpp"
 #include "ddp.hpp"
 #include "p2p.hpp"
+#include "pipeline.hpp"
 #include "tp.hpp"
 #include "trace_cost.hpp"
 #if BRAID_WITH_CUDA
@@ -54,6 +55,12 @@ constexpr const char* kUsage =
     "               TP communication, speed-up against TP 1 beside the ideal\n"
     "        options: --ranks 2 --hidden 256 --heads 8 --layers 2 --seq 64 --batch 4 --steps 20\n"
     "                 --rounds 3 --sequence-parallel (adds a row) --json\n"
+    "  pipeline     the 3D job's model on 4 ranks (pp 4, pp 2 x dp 2) under each schedule: step\n"
+    "               time and bubble beside the simulator's (with the measured costs) and the\n"
+    "               formula, the data-parallel reduction's exposed time with and without overlap\n"
+    "        options: --rounds 3 --steps 12 --microbatches 8 --layers 8 --hidden 128 --heads 4\n"
+    "                 --seq 32 --global-batch 32 --schedules gpipe,1f1b,interleaved,zb\n"
+    "                 --layouts pp4,pp2xdp2 --json\n"
     "  nccl         (CUDA builds, a GPU) NCCL all-reduce through braid against ncclAllReduce "
     "called\n"
     "               directly, one rank: time per operation, overhead %, added microseconds\n"
@@ -78,6 +85,7 @@ int main(int argc, char** argv) {
     if (mode == "ddp") return braid::bench::run_ddp(args);
     if (mode == "compute-tax") return braid::bench::run_compute_tax(args);
     if (mode == "tp") return braid::bench::run_tp(args);
+    if (mode == "pipeline") return braid::bench::run_pipeline(args);
 #if BRAID_WITH_CUDA
     if (mode == "nccl") return braid::bench::run_nccl(args);
     if (mode == "cuda-p2p") return braid::bench::run_cuda_p2p(args);

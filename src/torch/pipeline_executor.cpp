@@ -1,7 +1,9 @@
 #include <algorithm>
+#include <array>
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -33,28 +35,15 @@ std::uint64_t transfer_tag(bool gradient, int receiving_stage, int microbatch) {
          static_cast<std::uint64_t>(microbatch);
 }
 
+// Each kind's text as a trace name, interned once (records keep names by pointer).
+template <std::size_t... Kind>
+std::array<trace::Name, sizeof...(Kind)> interned_kinds(std::index_sequence<Kind...>) {
+  return {trace::intern(parallel::to_string(static_cast<ActionKind>(Kind)))...};
+}
 trace::Name span_name(ActionKind kind) {
-  switch (kind) {
-    case ActionKind::forward:
-      return "F";
-    case ActionKind::backward:
-      return "B";
-    case ActionKind::backward_input:
-      return "I";
-    case ActionKind::backward_weight:
-      return "W";
-    case ActionKind::send_forward:
-      return "SEND_F";
-    case ActionKind::recv_forward:
-      return "RECV_F";
-    case ActionKind::send_backward:
-      return "SEND_B";
-    case ActionKind::recv_backward:
-      return "RECV_B";
-    case ActionKind::reduce_grad:
-      return "REDUCE_GRAD";
-  }
-  return "?";
+  constexpr std::size_t kKinds = static_cast<std::size_t>(ActionKind::reduce_grad) + 1;
+  static const auto names = interned_kinds(std::make_index_sequence<kKinds>());
+  return names.at(static_cast<std::size_t>(kind));
 }
 
 using Key = std::pair<int, int>;  // (stage, microbatch)

@@ -315,19 +315,18 @@ int run_pipeline(const std::vector<std::string>& args) {
         optional_ms(no_overlap, "dp_exposed_ms"), optional_ms(no_overlap, "step_ms"));
   }
   if (!o.json) {
-    std::cout
-        << "\nstep: zero_grad to the optimizer's step, the slowest rank's. pipe: the step's first "
-           "to last compute action over a pipeline's ranks; bubble%: the part of that window a "
-           "rank's F, B, I, W spans do not cover, the ranks' mean. sim: the simulator on the same "
-           "schedule with the F/B (ZB: F/I+W) medians measured here, transfers free; formula%: "
-           "(p-1)/(m+p-1), interleaved (p-1)/(vm+p-1), ZB-H1 held to 1F1B's. exposed DP ms: per "
-           "rank and step, the dp group's all-reduces no compute covers, with the executor's "
-           "overlap (DDP reducing in each stage's last backward, beside the other ranks' "
-           "cool-down; its wait inside that backward counts as exposed); no-ovl: one flat "
-           "all-reduce after the step's last action instead, its exposed time and step. Here 4 "
-           "ranks share 2 cores: a span's time includes waiting for a core, so measured "
-           "bubbles and costs include it and the simulator, which gives each rank a core, sees "
-           "the inflated costs.\n";
+    std::cout << "\nstep: zero_grad to the optimizer's step, the slowest rank's. pipe: the step's\n"
+                 "first to last compute action over a pipeline's ranks. bubble%: the part of\n"
+                 "that window a rank's F, B, I, W spans do not cover, the ranks' mean. sim: the\n"
+                 "simulator on the same schedule with the F/B (ZB: F/I+W) medians measured here,\n"
+                 "transfers free. formula%: (p-1)/(m+p-1), interleaved (p-1)/(vm+p-1), ZB-H1\n"
+                 "held to 1F1B's. exposed DP ms: per rank and step, the dp group's all-reduces\n"
+                 "no compute covers, with the executor's overlap (DDP reducing in each stage's\n"
+                 "last backward, beside the other ranks' cool-down; its wait inside that\n"
+                 "backward counts as exposed). no-ovl: one flat all-reduce after the step's last\n"
+                 "action instead: its exposed time and the step. Here 4 ranks share 2 cores: a\n"
+                 "span's time includes waiting for a core, so measured costs and bubbles include\n"
+                 "it, and the simulator, which gives each rank a core, sees the inflated costs.\n";
   }
   return status;
 }

@@ -25,7 +25,7 @@ bool is_compute_action(const trace::TimelineEvent& event) {
 // "bucket.launched" before each "bucket.write_back" to the write-back's begin (merged).
 std::vector<Interval> reduction_waits(const trace::RankTimeline& rank) {
   std::vector<Interval> waits;
-  std::int64_t launched = -1;  // none since the last write-back
+  std::int64_t launched = -1;                              // none since the last write-back
   for (const trace::TimelineEvent& event : rank.events) {  // by begin time
     if (event.category != "bucket") continue;
     if (event.instant && event.name == "bucket.launched") {

@@ -177,11 +177,17 @@ int train(const Settings& s) {
   const int micro = s.global_batch / dps / s.microbatches;  // sequences per microbatch
   const double loss_scale = 1.0 / (static_cast<double>(s.global_batch / dps) * s.seq);
   if (leader) {
+    const auto count = [](int n, const char* one, const char* many) {
+      return fmt::format("{} {}", n, n == 1 ? one : many);
+    };
     std::cout << fmt::format(
-        "train_3d: {} ranks, grid {}, schedule {} ({} stages, {} microbatches of {} sequences "
-        "per data-parallel rank), {} blocks of hidden {}, vocabulary {}, sequence {}\n",
-        comm->size(), grid->describe(), schedule.name, stages, s.microbatches, micro,
-        std::accumulate(stage_layers.begin(), stage_layers.end(), 0), s.hidden, s.vocab, s.seq);
+        "train_3d: {}, grid {}, schedule {} ({}, {} of {} per data-parallel rank), {} of "
+        "hidden {}, vocabulary {}, sequence {}\n",
+        count(comm->size(), "rank", "ranks"), grid->describe(), schedule.name,
+        count(stages, "stage", "stages"), count(s.microbatches, "microbatch", "microbatches"),
+        count(micro, "sequence", "sequences"),
+        count(std::accumulate(stage_layers.begin(), stage_layers.end(), 0), "block", "blocks"),
+        s.hidden, s.vocab, s.seq);
   }
 
   const int me = grid->stage();
@@ -304,9 +310,10 @@ int train(const Settings& s) {
     const braid::trace::Summary summary = braid::trace::summarize(*job);
     std::cout << fmt::format(
         "from step 2 on: bubble, the part of the pipeline's step a rank did not compute "
-        "(textbook for this schedule {:.1f}%); overlap, its communication hidden behind "
+        "(textbook for this schedule {:.1f}%, {}); overlap, its communication hidden behind "
         "compute\n",
-        braid::parallel::textbook_bubble_percent(pp, s.microbatches, s.virtual_stages));
+        braid::parallel::textbook_bubble(schedule).percent,
+        braid::parallel::textbook_bubble(schedule).formula);
     std::cout << "rank  tp  pp  dp   bubble   overlap\n";
     for (const auto& rank : summary.ranks) {
       const auto overlap = rank.figures.overlap_percent();

@@ -289,6 +289,21 @@ SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs
   return Walk(schedule, costs).run();
 }
 
+TextbookBubble textbook_bubble(const Schedule& schedule) {
+  bool split = false;
+  for (const auto& list : schedule.actions) {
+    for (const Action& action : list) split = split || action.kind == ActionKind::backward_input;
+  }
+  const int ranks = std::max(schedule.ranks, 1);
+  if (split) {
+    const double idle = ranks - 1;
+    return {100 * idle / (3.0 * schedule.microbatches + idle), "(p-1)/(3m+p-1)"};
+  }
+  const int virtual_stages = std::max(schedule.stages / ranks, 1);
+  return {textbook_bubble_percent(ranks, schedule.microbatches, virtual_stages),
+          virtual_stages > 1 ? "(p-1)/(v m+p-1)" : "(p-1)/(m+p-1)"};
+}
+
 double textbook_bubble_percent(int ranks, int microbatches, int virtual_stages) {
   if (ranks < 1 || microbatches < 1 || virtual_stages < 1) {
     invalid(fmt::format(

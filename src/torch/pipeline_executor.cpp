@@ -55,9 +55,11 @@ asio::awaitable<void> traced_send(transport::World& world, int peer, Buffer data
   co_await world.send(peer, data, tag);
   span.end();
 }
+// No deadline of its own: the compute that needs it waits with the executor's timeout,
+// which names the action; a dead peer fails it through the World's failure detection.
 asio::awaitable<std::size_t> traced_receive(transport::World& world, int peer, Buffer data,
                                             std::uint64_t tag, trace::AsyncSpan span) {
-  const std::size_t received = co_await world.recv(peer, data, tag);
+  const std::size_t received = co_await world.recv(peer, data, tag, Deadline::max());
   span.end();
   co_return received;
 }
@@ -150,6 +152,12 @@ PipelineExecutor::PipelineExecutor(std::shared_ptr<collectives::Communicator> pi
   parallel::validate(schedule_);
   if (!schedule_.lowered() && schedule_.ranks > 1) {
     refuse("the schedule has no transfers: lower() it first");
+  }
+  if (schedule_.stages >= (1 << 14) || schedule_.microbatches >= (1 << 16)) {
+    refuse(
+        fmt::format("{} stages and {} microbatches: the transfers' tags hold fewer than "
+                    "16384 stages and 65536 microbatches",
+                    schedule_.stages, schedule_.microbatches));
   }
   if (pipeline_->size() != schedule_.ranks) {
     refuse(fmt::format("the schedule has {} ranks, the pipeline {}", schedule_.ranks,

@@ -2,6 +2,7 @@
 // measured in the same run.
 //
 //   braid-bench p2p [--json] [--no-peers] [--latency-iters N] [--bandwidth-iters N]
+#include <algorithm>
 #include <iostream>
 #include <new>
 #include <stdexcept>
@@ -78,6 +79,12 @@ int main(int argc, char** argv) {
   }
   const std::string mode = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
+  // "braid-bench MODE --help": every mode's options are in the one usage text.
+  if (std::find(args.begin(), args.end(), "--help") != args.end() ||
+      std::find(args.begin(), args.end(), "-h") != args.end()) {
+    std::cout << kUsage;
+    return 0;
+  }
   try {
     if (mode == "p2p") return braid::bench::run_p2p(args);
     if (mode == "collectives") return braid::bench::run_collectives(args);

@@ -277,7 +277,9 @@ int run_pipeline(const std::vector<std::string>& args) {
     if (c.layout.dp > 1 && no_overlap == nullptr) status = 1;
     const int v = virtual_stages_of(c.schedule);
     const parallel::SimulationResult simulated = simulate_measured(c, o.microbatches, f);
-    const double formula = parallel::textbook_bubble_percent(c.layout.pp, o.microbatches, v);
+    const double formula = parallel::textbook_bubble(
+                               parallel::make_schedule(c.schedule, c.layout.pp, o.microbatches, v))
+                               .percent;
     if (o.json) {
       std::string line = fmt::format(
           "{{\"layout\":\"{}\",\"schedule\":\"{}\",\"pp\":{},\"dp\":{},\"virtual_stages\":{},"

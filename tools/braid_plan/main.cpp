@@ -257,9 +257,12 @@ int plan(const Arguments& args) {
   const parallel::SimulationResult result = parallel::simulate(lowered, costs);
 
   const int ranks = lowered.ranks;
-  const int virtual_stages = lowered.stages / ranks;
-  fmt::print("{}: {} ranks, {} stages, {} microbatches; costs F {} B {} I {} W {}, latency {}{}\n",
-             lowered.name, ranks, lowered.stages, lowered.microbatches, costs.forward,
+  const auto count = [](int n, std::string_view one, std::string_view many) {
+    return fmt::format("{} {}", n, n == 1 ? one : many);
+  };
+  fmt::print("{}: {}, {}, {}; costs F {} B {} I {} W {}, latency {}{}\n", lowered.name,
+             count(ranks, "rank", "ranks"), count(lowered.stages, "stage", "stages"),
+             count(lowered.microbatches, "microbatch", "microbatches"), costs.forward,
              costs.backward, costs.backward_input, costs.backward_weight, costs.p2p_latency, unit);
   if (!args.quiet) {
     fmt::print("\n{}\n", parallel::grid_text(lowered, {}, /*compute_only=*/true));
@@ -276,11 +279,9 @@ int plan(const Arguments& args) {
     fmt::print("\n");
   }
   fmt::print("step time {:.6g}{}\n", result.step_time, unit);
-  const double textbook =
-      parallel::textbook_bubble_percent(ranks, lowered.microbatches, virtual_stages);
+  const parallel::TextbookBubble textbook = parallel::textbook_bubble(lowered);
   fmt::print("bubble: simulated {:.2f}% (mean over ranks), textbook {:.2f}% ({})\n",
-             result.mean_bubble_percent(), textbook,
-             virtual_stages > 1 ? "(p-1)/(v m+p-1)" : "(p-1)/(m+p-1)");
+             result.mean_bubble_percent(), textbook.percent, textbook.formula);
   if (args.trace) {
     write_file(*args.trace, parallel::chrome_trace_json(lowered, result));
     fmt::print("trace: {}\n", *args.trace);

@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <braid/parallel/pipeline_schedule.hpp>
@@ -76,6 +77,16 @@ SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs
 // The textbook bubble fraction, in percent: (p-1)/(m+p-1) for GPipe and 1F1B (and ZB-H1's
 // 1F1B bound), (p-1)/(v m + p-1) for interleaved.
 double textbook_bubble_percent(int ranks, int microbatches, int virtual_stages = 1);
+
+// The textbook bubble of `schedule`'s kind, from its shape: where its backward is split
+// into I and W (ZB-H1), (p-1)/(3m + p-1), its unit-cost figure with F, I and W one unit
+// each (p-1 idle units a rank beside 3m of work); otherwise textbook_bubble_percent's with
+// v = stages / ranks. With the formula, as text, for tables.
+struct TextbookBubble {
+  double percent = 0;
+  std::string_view formula;  // "(p-1)/(m+p-1)", "(p-1)/(v m+p-1)" or "(p-1)/(3m+p-1)"
+};
+TextbookBubble textbook_bubble(const Schedule& schedule);
 
 // The simulated run as a Chrome trace (Perfetto, chrome://tracing): one process per rank
 // (named by process_name metadata), a complete ("X") span per action named by its text,

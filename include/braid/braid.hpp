@@ -23,6 +23,7 @@
 #include <braid/core/runtime.hpp>
 #include <braid/core/stream.hpp>
 #include <braid/dp/bucket_plan.hpp>
+#include <braid/dp/model_state_memory.hpp>
 #include <braid/dp/reducer.hpp>
 #include <braid/parallel/grid_layout.hpp>
 #include <braid/parallel/grid_spec.hpp>

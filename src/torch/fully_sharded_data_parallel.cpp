@@ -1,4 +1,5 @@
-#include <optional>
+#include <algorithm>
+#include <cmath>
 #include <set>
 
 #include <fmt/format.h>
@@ -10,39 +11,14 @@
 #include <braid/core/error.hpp>
 #include <braid/torch/fully_sharded_data_parallel.hpp>
 #include <braid/torch/tensor_buffer.hpp>
+#include <braid/trace/span.hpp>
+#include <braid/transport/world.hpp>
 
-#include "tensor_collectives.hpp"
+#include "fully_sharded_unit.hpp"
 
 namespace braid::torch {
 
 using ::torch::Tensor;
-
-struct FullyShardedDataParallel::Unit {
-  const ::torch::nn::Module* module = nullptr;
-  std::string name;
-  std::vector<Tensor> params;
-  std::vector<std::int64_t> offsets;  // of each parameter in the flat vector
-  std::vector<std::vector<std::int64_t>> shapes;
-  std::int64_t total = 0;   // N
-  std::int64_t padded = 0;  // N rounded up to a multiple of the ranks
-  std::int64_t shard_size = 0;
-  Tensor full;   // [padded]: the gathered storage, its bytes released while sharded
-  Tensor shard;  // this rank's slice, the optimizer's parameter
-  bool gathered = false;
-  std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators;
-  std::vector<std::uintptr_t> hook_keys;
-  std::size_t ready = 0;  // parameters whose gradient this backward has produced
-  bool in_backward = false;
-  std::optional<detail::TensorCollective> reducing;
-
-  // The parameters as views of the gathered storage, in their own shapes.
-  void point_parameters_at_full() {
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      params[i].set_data(
-          full.narrow(0, offsets[i], c10::multiply_integers(shapes[i])).view(shapes[i]));
-    }
-  }
-};
 
 namespace {
 
@@ -71,20 +47,36 @@ void allocate_bytes(const Tensor& full) {
 
 FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<collectives::Communicator> comm,
                                                    Options options)
-    : comm_(std::move(comm)), options_(options) {}
+    : comm_(std::move(comm)), options_(options) {
+  if (options_.prefetch < 0) {
+    refuse(*comm_, fmt::format("prefetch {} must be 0 or more", options_.prefetch));
+  }
+  shard_comm_ = comm_;
+  if (options_.strategy == ShardingStrategy::hybrid_shard) {
+    // Shard inside each node; the ranks holding the same shard on every node replicate it.
+    transport::World& world = comm_->world();
+    const int node = world.node_of(comm_->world_rank(comm_->rank()));
+    int on_node = 0;
+    for (int r = 0; r < comm_->rank(); ++r) on_node += world.node_of(comm_->world_rank(r)) == node;
+    shard_comm_ = comm_->launch(comm_->split(node, comm_->rank())).get();
+    replicate_comm_ = comm_->launch(comm_->split(on_node, comm_->rank())).get();
+  }
+}
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   for (auto& unit : units_) {
+    if (unit->gathering) unit->gathering->wait();
+    if (unit->reducing) unit->reducing.reset();  // waits for it
     for (std::size_t i = 0; i < unit->accumulators.size(); ++i) {
       unit->accumulators[i]->del_post_hook(unit->hook_keys[i]);
     }
   }
 }
 
-void FullyShardedDataParallel::shard(::torch::nn::Module& module) {
+void FullyShardedDataParallel::shard(::torch::nn::Module& module, std::string name) {
   auto unit = std::make_unique<Unit>();
   unit->module = &module;
-  unit->name = module.name();
+  unit->name = name.empty() ? module.name() : std::move(name);
   std::set<const c10::TensorImpl*> taken;
   for (const auto& earlier : units_) {
     for (const Tensor& p : earlier->params) taken.insert(p.unsafeGetTensorImpl());
@@ -117,25 +109,29 @@ void FullyShardedDataParallel::shard(::torch::nn::Module& module) {
                                "ranks",
                                unit->name, unit->total, low[0], high[0]));
   }
-  const int ranks = comm_->size();
+  const int ranks = shard_comm_->size();
   unit->padded = (unit->total + ranks - 1) / ranks * ranks;
   const bool sharded = options_.strategy != ShardingStrategy::no_shard;
   unit->shard_size = sharded ? unit->padded / ranks : unit->padded;
-  const auto options = unit->params.front().options().requires_grad(false);
-  // Rank 0's values everywhere, flattened.
-  unit->full = ::torch::zeros({unit->padded}, options);
+  // Rank 0's values everywhere, flattened, in the parameters' dtype: the master copy.
+  Tensor master =
+      ::torch::zeros({unit->padded}, unit->params.front().options().requires_grad(false));
   {
     ::torch::NoGradGuard no_grad;
     for (std::size_t i = 0; i < unit->params.size(); ++i) {
-      unit->full.narrow(0, unit->offsets[i], unit->params[i].numel())
+      master.narrow(0, unit->offsets[i], unit->params[i].numel())
           .copy_(unit->params[i].detach().reshape({-1}));
     }
   }
-  comm_->launch(comm_->broadcast(as_buffer(unit->full), 0)).get();
-  unit->shard = (sharded ? unit->full.narrow(0, unit->shard_size * comm_->rank(), unit->shard_size)
-                         : unit->full)
-                    .clone();
+  comm_->launch(comm_->broadcast(as_buffer(master), 0)).get();
+  unit->shard =
+      (sharded ? master.narrow(0, unit->shard_size * shard_comm_->rank(), unit->shard_size)
+               : master)
+          .clone();
   unit->shard.set_requires_grad(true);
+  const auto compute_dtype =
+      options_.mixed_precision ? options_.mixed_precision->param_dtype : dtype;
+  unit->full = master.to(compute_dtype).clone();
   unit->gathered = true;
   unit->point_parameters_at_full();
   const std::size_t index = units_.size();
@@ -151,54 +147,113 @@ void FullyShardedDataParallel::shard(::torch::nn::Module& module) {
     unit->accumulators.push_back(std::move(accumulator));
   }
   units_.push_back(std::move(unit));
-  if (sharded) release(*units_.back());
+  if (options_.strategy != ShardingStrategy::no_shard) release(*units_.back());
 }
 
-void FullyShardedDataParallel::gather(Unit& unit) {
-  // NO_SHARD stays gathered, and copies the optimizer's latest values in each time.
-  if (unit.gathered && options_.strategy != ShardingStrategy::no_shard) return;
+void FullyShardedDataParallel::start_gather(std::size_t index) {
+  Unit& unit = *units_[index];
+  if (unit.gathered || unit.gathering) return;
   allocate_bytes(unit.full);
+  unit.gathering_input = unit.shard.detach().to(unit.full.scalar_type());
   if (options_.strategy == ShardingStrategy::no_shard) {
-    unit.full.copy_(unit.shard.detach());
+    unit.full.copy_(unit.gathering_input);
+    unit.gathering.emplace();  // nothing in flight: an empty future reads as done
   } else {
-    comm_->launch(comm_->all_gather(as_buffer(unit.shard.detach()), as_buffer(unit.full))).get();
+    unit.gathering = shard_comm_->launch(
+        shard_comm_->all_gather(as_buffer(unit.gathering_input), as_buffer(unit.full)));
   }
+  count_gathered();
+}
+
+void FullyShardedDataParallel::gather(std::size_t index) {
+  Unit& unit = *units_[index];
+  // NO_SHARD stays gathered, and copies the optimizer's latest values in each forward.
+  if (unit.gathered && options_.strategy == ShardingStrategy::no_shard && !unit.in_backward) {
+    unit.gathered = false;
+  }
+  if (unit.gathered) return;
+  start_gather(index);
+  if (unit.gathering->valid()) unit.gathering->get();
+  unit.gathering.reset();
+  unit.gathering_input = Tensor();
   unit.point_parameters_at_full();
   unit.gathered = true;
 }
 
+void FullyShardedDataParallel::prefetch_after(std::size_t index, bool backward) {
+  const std::vector<std::size_t>& order = backward ? backward_order_ : order_;
+  if (options_.prefetch == 0 || (backward ? recording_backward_order_ : recording_order_)) return;
+  const auto at = std::find(order.begin(), order.end(), index);
+  if (at == order.end()) return;
+  for (auto next = at + 1; next != order.end() && next - at <= options_.prefetch; ++next) {
+    start_gather(*next);
+  }
+}
+
 void FullyShardedDataParallel::release(Unit& unit) {
-  if (!unit.gathered || options_.strategy == ShardingStrategy::no_shard) return;
+  if (options_.strategy == ShardingStrategy::no_shard) return;
+  if (unit.gathering) {
+    if (unit.gathering->valid()) unit.gathering->wait();
+    unit.gathering.reset();
+    unit.gathering_input = Tensor();
+  } else if (!unit.gathered) {
+    return;
+  }
   for (Tensor& p : unit.params) p.set_data(::torch::empty({0}, unit.full.options()));
   release_bytes(unit.full);
   unit.gathered = false;
+  count_gathered();
+}
+
+void FullyShardedDataParallel::count_gathered() {
+  std::int64_t gathered = 0;
+  for (const auto& unit : units_) gathered += unit->gathered || unit->gathering ? 1 : 0;
+  trace::counter(trace::Category::user, "fsdp gathered units", gathered);
 }
 
 std::size_t FullyShardedDataParallel::before_forward(const ::torch::nn::Module& module) {
+  std::lock_guard lock(mutex_);
   for (std::size_t u = 0; u < units_.size(); ++u) {
-    if (units_[u]->module == &module) {
-      gather(*units_[u]);
-      return u;
+    if (units_[u]->module != &module) continue;
+    if (recording_order_) {
+      if (std::find(order_.begin(), order_.end(), u) != order_.end()) {
+        recording_order_ = false;  // a unit ran again: the first step is over
+      } else {
+        order_.push_back(u);
+      }
     }
+    gather(u);
+    prefetch_after(u, /*backward=*/false);
+    return u;
   }
   refuse(*comm_, fmt::format("run() of {}, which is not a unit: shard() it first", module.name()));
 }
 
 void FullyShardedDataParallel::after_forward(std::size_t index,
                                              const std::vector<at::Tensor>& outputs) {
+  std::lock_guard lock(mutex_);
   Unit& unit = *units_[index];
   if (!::torch::autograd::GradMode::is_enabled()) {
-    if (options_.strategy != ShardingStrategy::no_shard) release(unit);
+    release(unit);
     return;
   }
   unit.in_backward = true;
-  if (options_.strategy == ShardingStrategy::full_shard) release(unit);
+  if (options_.strategy == ShardingStrategy::full_shard ||
+      options_.strategy == ShardingStrategy::hybrid_shard) {
+    release(unit);
+  }
   // Gathered again before the unit's backward: the first gradient of one of its outputs.
   for (const at::Tensor& output : outputs) {
     if (!output.defined() || !output.requires_grad()) continue;
     output.register_hook([this, index](const at::Tensor&) {
       std::lock_guard lock(mutex_);
-      gather(*units_[index]);
+      if (!units_[index]->in_backward) return;
+      if (recording_backward_order_ && std::find(backward_order_.begin(), backward_order_.end(),
+                                                 index) == backward_order_.end()) {
+        backward_order_.push_back(index);
+      }
+      gather(index);
+      prefetch_after(index, /*backward=*/true);
     });
   }
 }
@@ -211,43 +266,81 @@ void FullyShardedDataParallel::on_gradient(std::size_t index) {
   }
   Unit& unit = *units_[index];
   if (++unit.ready < unit.params.size()) return;
-  // Every gradient of the unit is in: flatten, reduce (scatter) while backward goes on.
+  // Every gradient of the unit is in: flatten, then reduce (scatter) while backward goes on.
   ::torch::NoGradGuard no_grad;
-  Tensor flat = ::torch::zeros({unit.padded}, unit.full.options());
+  const auto reduce_dtype =
+      options_.mixed_precision ? options_.mixed_precision->reduce_dtype : unit.shard.scalar_type();
+  Tensor flat = unit.accumulated.defined()
+                    ? unit.accumulated.to(reduce_dtype)
+                    : ::torch::zeros({unit.padded}, unit.shard.options().dtype(reduce_dtype));
   for (std::size_t i = 0; i < unit.params.size(); ++i) {
     Tensor& grad = unit.params[i].mutable_grad();
-    if (grad.defined()) flat.narrow(0, unit.offsets[i], grad.numel()).copy_(grad.reshape({-1}));
+    if (grad.defined()) flat.narrow(0, unit.offsets[i], grad.numel()).add_(grad.reshape({-1}));
     grad = Tensor();
   }
-  unit.reducing.emplace(options_.strategy == ShardingStrategy::no_shard
-                            ? detail::start_reduce_over_ranks(*comm_, flat)
-                            : detail::start_reduce_scatter_first_dim(*comm_, flat));
+  unit.ready = 0;
+  if (!sync_) {
+    unit.accumulated = flat.to(unit.shard.scalar_type());  // unsharded, until a synced step
+  } else {
+    unit.accumulated = Tensor();
+    unit.reducing.emplace(options_.strategy == ShardingStrategy::no_shard
+                              ? detail::start_reduce_over_ranks(*shard_comm_, flat)
+                              : detail::start_reduce_scatter_first_dim(*shard_comm_, flat));
+  }
   release(unit);
 }
 
 void FullyShardedDataParallel::end_of_backward() {
   std::lock_guard lock(mutex_);
   callback_queued_ = false;
+  recording_order_ = false;
+  recording_backward_order_ = false;
   for (auto& unit : units_) {
     if (!unit->in_backward) continue;
     unit->in_backward = false;
-    if (!unit->reducing) {
+    if (unit->ready != 0) {
       refuse(*comm_, fmt::format("backward ended before every parameter of {} had a gradient "
                                  "(a parameter the forward did not use)",
                                  unit->name));
     }
+    release(*unit);
+    if (!unit->reducing) continue;  // no_sync(): accumulated
     Tensor summed = unit->reducing->result();
     unit->reducing.reset();
-    unit->ready = 0;
-    summed.div_(comm_->size());
+    if (replicate_comm_ && replicate_comm_->size() > 1) {
+      summed = detail::reduce_over_ranks(*replicate_comm_, summed);
+    }
+    summed = summed.to(unit->shard.scalar_type()).div_(comm_->size());
     Tensor& grad = unit->shard.mutable_grad();
     if (grad.defined()) {
       grad.add_(summed);
     } else {
       grad = summed;
     }
-    release(*unit);
   }
+}
+
+double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
+  double squares = 0;
+  for (const auto& unit : units_) {
+    if (unit->shard.grad().defined()) {
+      squares += unit->shard.grad().to(::torch::kDouble).square().sum().item<double>();
+    }
+  }
+  // Each shard counts once over the ranks that shard it (NO_SHARD: every rank holds it all).
+  if (options_.strategy != ShardingStrategy::no_shard && shard_comm_->size() > 1) {
+    std::vector<double> total{squares};
+    shard_comm_->launch(shard_comm_->all_reduce(Buffer(total), ReduceOp::sum)).get();
+    squares = total[0];
+  }
+  const double norm = std::sqrt(squares);
+  const double scale = max_norm / (norm + 1e-6);
+  if (scale < 1) {
+    for (const auto& unit : units_) {
+      if (unit->shard.grad().defined()) unit->shard.mutable_grad().mul_(scale);
+    }
+  }
+  return norm;
 }
 
 std::vector<at::Tensor> FullyShardedDataParallel::parameters() const {
@@ -272,6 +365,12 @@ std::int64_t FullyShardedDataParallel::gathered_bytes() const {
     bytes += static_cast<std::int64_t>(unit->full.storage().nbytes());
   }
   return bytes;
+}
+
+std::vector<std::string> FullyShardedDataParallel::forward_order() const {
+  std::vector<std::string> names;
+  for (const std::size_t u : order_) names.push_back(units_[u]->name);
+  return names;
 }
 
 }  // namespace braid::torch

@@ -2,9 +2,16 @@
 // and NO_SHARD, on 2 and 3 ranks (3 makes the padding real), with SGD and Adam, training
 // ends with the parameters braid's DDP ends with from the same start and data; between
 // steps no unit stays gathered (the sharded strategies), and each rank holds 1/P of each
-// unit; misuse is refused naming the unit.
+// unit; prefetch stays within its bound; no_sync() accumulates and the next step reduces
+// the sum; gradient clipping takes the whole gradient's norm; checkpoints resume training
+// and move between world sizes; HYBRID_SHARD and bf16 mixed precision train as DDP does;
+// misuse is refused naming the unit.
+#include <filesystem>
+#include <map>
 #include <string>
+#include <string_view>
 #include <tuple>
+#include <unistd.h>
 #include <vector>
 
 #include <fmt/format.h>
@@ -13,8 +20,10 @@
 
 #include <braid/torch/distributed_data_parallel.hpp>
 #include <braid/torch/fully_sharded_data_parallel.hpp>
+#include <braid/trace/recorder.hpp>
 
 #include "../support/expect_error.hpp"
+#include "../support/scoped_env.hpp"
 #include "tp_support.hpp"
 
 namespace fully_sharded_data_parallel_test {
@@ -112,6 +121,238 @@ INSTANTIATE_TEST_SUITE_P(All, Strategies,
                                                               ShardingStrategy::no_shard),
                                             ::testing::Values(2, 3), ::testing::Bool()),
                          case_name);
+
+// DDP's reference and an FSDP twin of the same model, trained side by side: `train` runs
+// one step of each on the same data.
+struct Twins {
+  Twins(std::shared_ptr<Communicator> comm, braid::torch::FullyShardedDataParallelOptions options,
+        bool adam = true)
+      : ddp(reference, comm), fsdp(comm, options) {
+    reference_optimizer = optimizer(adam, reference->parameters());
+    for (std::size_t b = 0; b < sharded->blocks.size(); ++b) {
+      fsdp.shard(*sharded->blocks[b], fmt::format("b{}", b));
+    }
+    fsdp.shard(*sharded, "root");
+    sharded_optimizer = optimizer(adam, fsdp.parameters());
+  }
+  Tensor sharded_forward(const Tensor& x) {
+    return fsdp.run(*sharded, [&] { return sharded->forward(x, &fsdp); });
+  }
+  void step(int rank, int step) {
+    const Tensor x = seeded({3, 5}, 100 * step + rank);
+    const Tensor y = seeded({3, 2}, 100 * step + rank + 50);
+    reference_optimizer->zero_grad();
+    ::torch::mse_loss(ddp.forward(x), y).backward();
+    reference_optimizer->step();
+    sharded_optimizer->zero_grad();
+    ::torch::mse_loss(sharded_forward(x), y).backward();
+    sharded_optimizer->step();
+  }
+  void expect_same_outputs(const std::string& where) {
+    ::torch::NoGradGuard no_grad;
+    const Tensor x = seeded({3, 5}, 999);
+    expect_close(sharded_forward(x), reference->forward(x), where, 1e-5);
+  }
+  Net reference, sharded;
+  braid::torch::DistributedDataParallel<Net> ddp;
+  braid::torch::FullyShardedDataParallel fsdp;
+  std::unique_ptr<::torch::optim::Optimizer> reference_optimizer, sharded_optimizer;
+};
+
+// With prefetch 1, from the second step each unit's forward starts the next unit's gather:
+// the trace's count of gathered units never passes the root, the running unit and one
+// ahead, and the units ran in the model's order.
+TEST(FullyShardedDataParallel, PrefetchesOneUnitAheadWithinItsBound) {
+  const braid::testing::ScopedEnv every_call("BRAID_TRACE_SAMPLE_KIB", "0");
+  braid::trace::clear();
+  braid::trace::set_enabled(true);
+  run_tp_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Twins twins(comm, {.prefetch = 1});
+    for (int step = 0; step < 3; ++step) twins.step(rank, step);
+    EXPECT_EQ(twins.fsdp.forward_order(), (std::vector<std::string>{"root", "b0", "b1", "b2"}));
+    twins.expect_same_outputs(fmt::format("rank {} after prefetched steps", rank));
+  });
+  braid::trace::set_enabled(false);
+  std::int64_t most = 0;
+  int samples = 0;
+  for (const auto& r : braid::trace::snapshot().records) {
+    if (std::string_view(r.name) == "fsdp gathered units") {
+      most = std::max(most, r.args[0].value);
+      ++samples;
+    }
+  }
+  EXPECT_GT(samples, 0);
+  EXPECT_LE(most, 3) << "root, the running unit and one prefetched";
+  EXPECT_GE(most, 3)
+      << "the prefetch should have had the next unit gathered beside the running one";
+}
+
+TEST(FullyShardedDataParallel, NoSyncAccumulatesThenReducesTheSum) {
+  run_tp_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Twins twins(comm, {});
+    for (int step = 0; step < 2; ++step) {
+      twins.reference_optimizer->zero_grad();
+      twins.sharded_optimizer->zero_grad();
+      for (int micro = 0; micro < 3; ++micro) {
+        const Tensor x = seeded({3, 5}, 10 * step + micro + 100 * rank);
+        const Tensor y = seeded({3, 2}, 10 * step + micro + 100 * rank + 50);
+        if (micro < 2) {
+          auto a = twins.ddp.no_sync();
+          auto b = twins.fsdp.no_sync();
+          ::torch::mse_loss(twins.ddp.forward(x), y).backward();
+          ::torch::mse_loss(twins.sharded_forward(x), y).backward();
+        } else {
+          ::torch::mse_loss(twins.ddp.forward(x), y).backward();
+          ::torch::mse_loss(twins.sharded_forward(x), y).backward();
+        }
+      }
+      twins.reference_optimizer->step();
+      twins.sharded_optimizer->step();
+    }
+    twins.expect_same_outputs(fmt::format("rank {} after accumulated steps", rank));
+  });
+}
+
+TEST(FullyShardedDataParallel, ClipsTheWholeGradientsNorm) {
+  run_tp_ranks(3, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Twins twins(comm, {}, /*adam=*/false);
+    for (int step = 0; step < 3; ++step) {
+      const Tensor x = seeded({3, 5}, 100 * step + rank) * 5;
+      const Tensor y = seeded({3, 2}, 100 * step + rank + 50);
+      twins.reference_optimizer->zero_grad();
+      ::torch::mse_loss(twins.ddp.forward(x), y).backward();
+      const double reference_norm = twins.ddp.clip_grad_norm(0.05);
+      twins.reference_optimizer->step();
+      twins.sharded_optimizer->zero_grad();
+      ::torch::mse_loss(twins.sharded_forward(x), y).backward();
+      EXPECT_NEAR(twins.fsdp.clip_grad_norm(0.05), reference_norm, 1e-5 * reference_norm);
+      twins.sharded_optimizer->step();
+    }
+    twins.expect_same_outputs(fmt::format("rank {} after clipped steps", rank));
+  });
+}
+
+// Checkpoints: the full state dict is DDP's model on rank 0; a sharded save, loaded into a
+// fresh model (with the optimizer's state, saved per rank), trains on as the original; a
+// full state dict from 2 ranks loads on 3.
+TEST(FullyShardedDataParallel, CheckpointsResumeAndMoveBetweenWorldSizes) {
+  const std::string directory = fmt::format(
+      "{}/braid_fsdp_checkpoint_{}", std::filesystem::temp_directory_path().string(), ::getpid());
+  std::map<std::string, Tensor> saved_on_two;
+  run_tp_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Twins twins(comm, {});
+    for (int step = 0; step < 2; ++step) twins.step(rank, step);
+    const auto state = twins.fsdp.full_state_dict(*twins.sharded);
+    if (rank == 0) {
+      for (const auto& named : twins.reference->named_parameters()) {
+        ASSERT_EQ(state.count(named.key()), 1u) << named.key();
+        expect_close(state.at(named.key()), named.value(), "state dict " + named.key(), 1e-6);
+      }
+      saved_on_two = state;
+    } else {
+      EXPECT_TRUE(state.empty());
+    }
+    twins.fsdp.save_sharded(directory);
+    ::torch::save(*twins.sharded_optimizer, fmt::format("{}/optimizer-{}.pt", directory, rank));
+    // A fresh model from the sharded checkpoint trains on exactly as the original.
+    Net fresh;
+    braid::torch::FullyShardedDataParallel fsdp(comm);
+    for (auto& block : fresh->blocks) fsdp.shard(*block);
+    fsdp.shard(*fresh);
+    fsdp.load_sharded(directory);
+    auto fresh_optimizer = optimizer(true, fsdp.parameters());
+    ::torch::load(*fresh_optimizer, fmt::format("{}/optimizer-{}.pt", directory, rank));
+    for (int step = 2; step < 4; ++step) {
+      twins.step(rank, step);
+      const Tensor x = seeded({3, 5}, 100 * step + rank);
+      const Tensor y = seeded({3, 2}, 100 * step + rank + 50);
+      fresh_optimizer->zero_grad();
+      ::torch::mse_loss(fsdp.run(*fresh, [&] { return fresh->forward(x, &fsdp); }), y).backward();
+      fresh_optimizer->step();
+    }
+    ::torch::NoGradGuard no_grad;
+    const Tensor probe = seeded({3, 5}, 999);
+    expect_close(fsdp.run(*fresh, [&] { return fresh->forward(probe, &fsdp); }),
+                 twins.sharded_forward(probe), fmt::format("rank {} resumed", rank), 1e-6);
+  });
+  std::filesystem::remove_all(directory);
+  // Rank 0's dict, read on every rank of 3 (as from one file).
+  run_tp_ranks(3, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Net model;
+    braid::torch::FullyShardedDataParallel fsdp(comm);
+    for (auto& block : model->blocks) fsdp.shard(*block);
+    fsdp.shard(*model);
+    fsdp.load_full_state_dict(*model, saved_on_two);
+    Net plain;
+    {
+      ::torch::NoGradGuard no_grad;
+      for (auto& named : plain->named_parameters())
+        named.value().copy_(saved_on_two.at(named.key()));
+    }
+    ::torch::NoGradGuard no_grad;
+    const Tensor probe = seeded({3, 5}, 999);
+    expect_close(fsdp.run(*model, [&] { return model->forward(probe, &fsdp); }),
+                 plain->forward(probe), fmt::format("rank {} of 3 from 2 ranks' dict", rank), 1e-6);
+  });
+}
+
+// HYBRID_SHARD on two pretend nodes of two ranks: sharded inside each, replicated across.
+TEST(FullyShardedDataParallel, HybridShardTrainsAsDataParallel) {
+  const auto failures = braid::testing::for_each_thread_rank(
+      4,
+      [&](int rank, braid::Runtime&, std::shared_ptr<Communicator> comm) {
+        ::torch::set_num_threads(1);
+        Twins twins(comm, {.strategy = ShardingStrategy::hybrid_shard});
+        EXPECT_EQ(twins.fsdp.shard_size(0), (35 + 7 + 1) / 2) << "sharded over a node's 2 ranks";
+        for (int step = 0; step < 3; ++step) twins.step(rank, step);
+        twins.expect_same_outputs(fmt::format("rank {} hybrid", rank));
+      },
+      {.timeout = std::chrono::seconds(20)}, {0, 0, 1, 1});
+  for (std::size_t r = 0; r < failures.size(); ++r) {
+    if (!failures[r]) continue;
+    try {
+      std::rethrow_exception(failures[r]);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": " << e.what();
+    }
+  }
+}
+
+// bf16 gathers and reductions over f32 master shards: close to DDP in f32, within bf16's
+// precision.
+TEST(FullyShardedDataParallel, MixedPrecisionKeepsF32MastersNearDataParallel) {
+  run_tp_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Net reference, sharded;
+    braid::torch::DistributedDataParallel ddp(reference, comm);
+    auto reference_optimizer = optimizer(false, reference->parameters());
+    braid::torch::FullyShardedDataParallel fsdp(
+        comm, {.mixed_precision = braid::torch::MixedPrecision{}});
+    for (auto& block : sharded->blocks) fsdp.shard(*block);
+    fsdp.shard(*sharded);
+    for (const Tensor& shard : fsdp.parameters()) EXPECT_EQ(shard.scalar_type(), ::torch::kFloat);
+    auto sharded_optimizer = optimizer(false, fsdp.parameters());
+    for (int step = 0; step < 3; ++step) {
+      const Tensor x = seeded({3, 5}, 100 * step + rank);
+      const Tensor y = seeded({3, 2}, 100 * step + rank + 50);
+      reference_optimizer->zero_grad();
+      ::torch::mse_loss(ddp.forward(x), y).backward();
+      reference_optimizer->step();
+      sharded_optimizer->zero_grad();
+      const Tensor out =
+          fsdp.run(*sharded, [&] { return sharded->forward(x.to(::torch::kBFloat16), &fsdp); });
+      ::torch::mse_loss(out.to(::torch::kFloat), y).backward();
+      sharded_optimizer->step();
+    }
+    ::torch::NoGradGuard no_grad;
+    const Tensor probe = seeded({3, 5}, 999);
+    const Tensor got =
+        fsdp.run(*sharded, [&] { return sharded->forward(probe.to(::torch::kBFloat16), &fsdp); });
+    EXPECT_EQ(got.scalar_type(), ::torch::kBFloat16);
+    EXPECT_TRUE(::torch::allclose(got.to(::torch::kFloat), reference->forward(probe), 5e-2, 5e-2))
+        << "rank " << rank << ": largest difference "
+        << (got.to(::torch::kFloat) - reference->forward(probe)).abs().max().item<double>();
+  });
+}
 
 TEST(FullyShardedDataParallel, RefusesMisuseNamingTheUnit) {
   run_tp_ranks(2, [&](int, std::shared_ptr<Communicator> comm) {

@@ -8,6 +8,7 @@
 //   braid-run -n 2 build/examples/ddp_train                     # MLP 512x5, 100 steps
 //   braid-run -n 2 build/examples/ddp_train --model transformer
 //   BRAID_TRACE=traces braid-run -n 2 build/examples/ddp_train  # plus a trace per rank
+//   braid-run -n 2 build/examples/ddp_train --sharding full     # FSDP FULL_SHARD (ZeRO-3)
 //
 // The benchmark modes (paired synchronised and no_sync() steps, a slower rank, timings as
 // JSON) are braid-bench's: tools/braid_bench/ddp_worker.cpp.
@@ -24,6 +25,7 @@
 #include <braid/torch/distributed_data_parallel.hpp>
 
 #include "models.hpp"
+#include "sharded_training.hpp"
 #include "training_checks.hpp"
 
 namespace {
@@ -39,6 +41,7 @@ options:
   --hidden N               width (default 512 for the MLP, 256 for the transformer)
   --layers N               hidden layers or blocks (default 5 MLP, 4 transformer)
   --batch N                samples per rank per step (default 32)
+  --seed N                 the initial weights' seed (default: a new one each run)
   --steps N                training steps (default 100 MLP, 60 transformer)
   --lr X                   learning rate (default 0.001)
   --optimizer adam|sgd     (default adam)
@@ -48,6 +51,11 @@ options:
                            instead of keeping them in the buckets (braid's default)
   --private-buckets        buckets in private memory instead of memory the ranks share
   --sync ddp|none          ddp (default); none: no gradient sync, for comparison
+  --sharding S             none (default): DDP; optimizer: DDP with ZeroRedundancyOptimizer
+                           (ZeRO-1); grad: FSDP SHARD_GRAD_OP (ZeRO-2); full: FSDP
+                           FULL_SHARD (ZeRO-3); no_shard: FSDP NO_SHARD. Each hidden layer
+                           or block is a unit. Named, it also prints the model state per
+                           rank, the ZeRO formulas' estimate first and what was held last
   --uneven K               rank r stops K x r steps early (uneven inputs): the ranks
                            that run out join() and shadow the others' steps, and every
                            rank ends with the same weights
@@ -60,6 +68,8 @@ struct Settings {
   double lr = 1e-3;
   example_models::TrainingChoice training;
   bool sync = true;
+  example_models::Sharding sharding = example_models::Sharding::none;
+  bool report_memory = false;  // --sharding named
   int uneven = 0;
   bool help = false;
 };
@@ -85,6 +95,9 @@ Settings parse(int argc, char** argv) {
       const std::string sync = value();
       if (sync != "ddp" && sync != "none") throw std::invalid_argument("--sync ddp|none");
       s.sync = sync == "ddp";
+    } else if (arg == "--sharding") {
+      s.sharding = example_models::sharding_named(value());
+      s.report_memory = true;
     } else if (arg == "--uneven")
       s.uneven = example_models::whole_number(arg, value(), 0);
     else
@@ -95,6 +108,8 @@ Settings parse(int argc, char** argv) {
   if (s.training.optimizer != "adam" && s.training.optimizer != "sgd")
     throw std::invalid_argument("--optimizer adam|sgd");
   if (s.uneven != 0 && !s.sync) throw std::invalid_argument("--uneven needs --sync ddp");
+  if (s.sharding != example_models::Sharding::none && (s.uneven != 0 || !s.sync))
+    throw std::invalid_argument("--uneven and --sync none need --sharding none");
   return s;
 }
 
@@ -102,21 +117,29 @@ template <class Model>
 int train(braid::transport::World& world, const Settings& s, Model model) {
   auto comm = braid::collectives::Communicator::world(world);
   const example_models::Task task(s.model.hidden, s.model.transformer());
-  std::optional<braid::torch::DistributedDataParallel<Model>> ddp;
-  if (s.sync)
-    ddp.emplace(model, comm,
-                s.training.ddp);  // checks the ranks agree, broadcasts rank 0's weights
-  auto optimizer = example_models::make_optimizer(s.training.optimizer, model->parameters(), s.lr);
-  std::int64_t parameters = 0;
-  for (const auto& p : model->parameters()) parameters += p.numel();
+  // DDP, ZeRO-1 or FSDP: checks the ranks agree, broadcasts rank 0's weights.
+  example_models::ShardedTraining<Model> training(model, comm, s.sharding, s.sync, s.training,
+                                                  s.lr);
+  const std::int64_t parameters = training.parameter_count();
   if (comm->rank() == 0) {
     std::cout << fmt::format(
         "ddp_train: {} with {:.2f}M parameters on {} rank(s), batch {} per rank, {} steps, "
         "gradient sync: {}\n",
         s.model.name, static_cast<double>(parameters) / 1e6, comm->size(), s.model.batch, s.steps,
-        !s.sync                                  ? "none"
-        : s.training.ddp.gradient_as_bucket_view ? "braid DDP, gradients in the buckets"
-                                                 : "braid DDP, copy mode");
+        s.sync ? example_models::describe(s.sharding, s.training) : "none");
+    if (s.report_memory) {
+      const braid::dp::ModelStateMemory m = training.estimate(s.training.optimizer);
+      std::cout << fmt::format(
+          "model state per rank, estimated (ZeRO formulas, f32, {} bytes of optimizer state "
+          "per parameter): parameters {}, gradients {}, optimizer state {}, total {}",
+          example_models::optimizer_state_bytes_per_parameter(s.training.optimizer),
+          example_models::mib(m.parameters), example_models::mib(m.gradients),
+          example_models::mib(m.optimizer_state), example_models::mib(m.total()));
+      if (m.transient > 0)
+        std::cout << fmt::format(", and {} transient (the largest unit)",
+                                 example_models::mib(m.transient));
+      std::cout << "\n";
+    }
   }
   // --uneven: this rank's share of the steps; the ranks that stop early join().
   const int my_steps = s.steps - s.uneven * comm->rank();
@@ -125,7 +148,7 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     throw std::invalid_argument(fmt::format("--uneven {} leaves rank {} {} of {} steps (>= 2)",
                                             s.uneven, comm->size() - 1, fewest, s.steps));
   }
-  if (s.uneven > 0) ddp->allow_uneven_inputs();
+  if (s.uneven > 0) training.ddp()->allow_uneven_inputs();
 
   double first_loss = 0;
   std::deque<double> recent;  // the last 5 losses: one batch's loss is noisy
@@ -139,13 +162,10 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     if (step == 1) summary_from_ns = braid::trace::now_ns();
     const auto started = std::chrono::steady_clock::now();
     auto [x, y] = task.batch(comm->rank(), step, s.model.batch);
-    optimizer->zero_grad();
-    torch::Tensor loss = torch::mse_loss(s.sync ? ddp->forward(x) : model->forward(x), y);
-    loss.backward();  // DDP's buckets all-reduce while this runs
-    {
-      braid::trace::ComputeRegion region("optimizer");
-      optimizer->step();
-    }
+    training.zero_grad();
+    torch::Tensor loss = torch::mse_loss(training.forward(x), y);
+    loss.backward();  // DDP's buckets all-reduce (FSDP's units reduce-scatter) while this runs
+    training.step();
     recent.push_back(loss.item<double>());
     if (recent.size() > 5) recent.pop_front();
     if (step == 4) first_loss = mean_of_recent();
@@ -161,7 +181,7 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     }
   }
   if (s.uneven > 0) {
-    const auto joined = ddp->join();
+    const auto joined = training.ddp()->join();
     std::vector<std::int64_t> said{my_steps, static_cast<std::int64_t>(joined.shadowed_forwards)};
     std::vector<std::int64_t> all(2 * static_cast<std::size_t>(comm->size()));
     comm->launch(comm->all_gather(braid::Buffer(said), braid::Buffer(all))).get();
@@ -180,18 +200,33 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
       s.steps;
   const double last_loss = mean_of_recent();
 
-  // Every rank holds the same weights after DDP.
-  const bool same_weights = example_models::ranks_hold_the_same_weights(*comm, model->parameters());
+  // Every rank holds the same weights after DDP (of the sharded choices, NO_SHARD's shards).
+  const bool same_weights =
+      example_models::ranks_hold_the_same_weights(*comm, training.replicated_parameters());
   if (s.sync && !same_weights) {
     std::cerr << "ddp_train: the ranks disagree on the weights\n";
     return 1;
   }
+  // What the ranks held, the largest of each figure over the ranks.
+  const example_models::HeldBytes held = training.held();
+  std::vector<std::int64_t> memory{held.parameters, held.gradients, held.optimizer_state,
+                                   held.total(), example_models::peak_resident_bytes()};
+  if (s.report_memory)
+    comm->launch(comm->all_reduce(braid::Buffer(memory), braid::ReduceOp::max)).get();
   const auto job =
       example_models::gather_steps_timeline(world, *comm, summary_from_ns, summary_to_ns);
   if (!job) return 0;  // rank 0 prints it
   // Losses are means of 5 steps: steps 1-5 against the last 5.
   std::cout << fmt::format("\nloss {:.5f} -> {:.5f} ({}), {:.1f} ms/step\n", first_loss, last_loss,
                            last_loss < first_loss / 3 ? "converged" : "not converged", step_ms);
+  if (s.report_memory) {
+    std::cout << fmt::format(
+        "model state per rank, held (the most of any rank): parameters {}, gradients {}, "
+        "optimizer state {}, total {}; peak resident size (VmHWM) {}\n",
+        example_models::mib(memory[0]), example_models::mib(memory[1]),
+        example_models::mib(memory[2]), example_models::mib(memory[3]),
+        example_models::mib(memory[4]));
+  }
   std::cout << "\noverlap of gradient all-reduces with compute (forward, backward, optimizer):\n"
             << braid::trace::format_text(braid::trace::summarize(*job));
   if (auto file = braid::trace::output_file()) {

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -15,8 +17,13 @@
 namespace example_models {
 
 // hidden -> hidden x layers -> hidden/2 -> 1, ReLU between.
+//
+// Each model also runs its forward with its units (the hidden layers, the blocks) handed to
+// `run_unit(module, forward)`, as a sharded-data-parallel wrapper (FullyShardedDataParallel's
+// run) takes them; the arithmetic is forward(x)'s. units() lists the modules to shard in turn,
+// innermost first; the model itself is the root unit, holding the rest.
 struct MlpImpl : torch::nn::Module {
-  explicit MlpImpl(int hidden, int layers) {
+  explicit MlpImpl(int hidden, int layers) : hidden_layers(layers) {
     for (int i = 0; i < layers; ++i) {
       body->push_back(torch::nn::Linear(hidden, hidden));
       body->push_back(torch::nn::ReLU());
@@ -27,6 +34,24 @@ struct MlpImpl : torch::nn::Module {
     register_module("body", body);
   }
   torch::Tensor forward(const torch::Tensor& x) { return body->forward(x); }
+  template <class RunUnit>
+  torch::Tensor forward(torch::Tensor x, RunUnit&& run_unit) {
+    for (int i = 0; i < hidden_layers; ++i) {  // a hidden Linear and its ReLU
+      torch::nn::AnyModule& linear = body->begin()[2 * i];
+      torch::nn::AnyModule& relu = body->begin()[2 * i + 1];
+      x = run_unit(*linear.ptr(), [&] { return relu.forward(linear.forward(x)); });
+    }
+    for (std::size_t i = 2 * static_cast<std::size_t>(hidden_layers); i < body->size(); ++i) {
+      x = body->begin()[static_cast<std::ptrdiff_t>(i)].forward(x);
+    }
+    return x;
+  }
+  std::vector<std::shared_ptr<torch::nn::Module>> units() const {
+    std::vector<std::shared_ptr<torch::nn::Module>> hidden;
+    for (int i = 0; i < hidden_layers; ++i) hidden.push_back(body->ptr(2 * i));
+    return hidden;
+  }
+  int hidden_layers;
   torch::nn::Sequential body;
 };
 TORCH_MODULE(Mlp);
@@ -48,6 +73,17 @@ struct TransformerImpl : torch::nn::Module {
     torch::Tensor h = x;
     for (auto& block : blocks) h = block->forward(h);
     return head->forward(h.mean(0));
+  }
+  template <class RunUnit>
+  torch::Tensor forward(const torch::Tensor& x, RunUnit&& run_unit) {
+    torch::Tensor h = x;
+    for (auto& block : blocks) h = run_unit(*block, [&] { return block->forward(h); });
+    return head->forward(h.mean(0));
+  }
+  std::vector<std::shared_ptr<torch::nn::Module>> units() const {
+    std::vector<std::shared_ptr<torch::nn::Module>> all;
+    for (const auto& block : blocks) all.push_back(block.ptr());
+    return all;
   }
   std::vector<torch::nn::TransformerEncoderLayer> blocks;
   torch::nn::Linear head{nullptr};
@@ -113,12 +149,13 @@ inline double decimal_number(const std::string& option, const std::string& text)
 }
 
 // Which model, how big, and the batch: the options every program that trains these models
-// takes (--model, --hidden, --layers, --batch), with the main job's defaults.
+// takes (--model, --hidden, --layers, --batch, --seed), with the main job's defaults.
 struct ModelChoice {
   std::string name = "mlp";
   int hidden = 0;  // 0 until finish(): the model's default
   int layers = 0;
   int batch = 32;
+  int seed = -1;  // the initial weights' seed; -1: libtorch's own, a different one each run
 
   // Takes `option` (reading its value with `value()`) if it is one of these; false if not.
   template <class Value>
@@ -131,6 +168,8 @@ struct ModelChoice {
       layers = whole_number(option, value(), 1);
     else if (option == "--batch")
       batch = whole_number(option, value(), 1);
+    else if (option == "--seed")
+      seed = whole_number(option, value(), 0);
     else
       return false;
     return true;
@@ -144,8 +183,14 @@ struct ModelChoice {
     if (layers == 0) layers = transformer() ? 4 : 5;
   }
   bool transformer() const { return name == "transformer"; }
-  Mlp make_mlp() const { return Mlp(hidden, layers); }
-  Transformer make_transformer() const { return Transformer(hidden, layers); }
+  Mlp make_mlp() const {
+    if (seed >= 0) torch::manual_seed(static_cast<std::uint64_t>(seed));
+    return Mlp(hidden, layers);
+  }
+  Transformer make_transformer() const {
+    if (seed >= 0) torch::manual_seed(static_cast<std::uint64_t>(seed));
+    return Transformer(hidden, layers);
+  }
 };
 
 // Adam with learning rate `lr`, or SGD (lr 0.01, momentum 0.9): the cheaper step, so

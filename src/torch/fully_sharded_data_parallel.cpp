@@ -11,6 +11,7 @@
 #include <braid/core/error.hpp>
 #include <braid/torch/fully_sharded_data_parallel.hpp>
 #include <braid/torch/tensor_buffer.hpp>
+#include <braid/trace/compute_span.hpp>
 #include <braid/trace/span.hpp>
 #include <braid/transport/world.hpp>
 
@@ -222,8 +223,12 @@ std::size_t FullyShardedDataParallel::before_forward(const ::torch::nn::Module& 
         order_.push_back(u);
       }
     }
+    // The enclosing unit's compute pauses while this one gathers and runs.
+    if (!forward_spans_.empty()) forward_spans_.back().end();
     gather(u);
     prefetch_after(u, /*backward=*/false);
+    forward_spans_.emplace_back(trace::Name("fsdp.forward"));
+    forward_spans_.back().arg("unit", static_cast<std::int64_t>(u));
     return u;
   }
   refuse(*comm_, fmt::format("run() of {}, which is not a unit: shard() it first", module.name()));
@@ -233,6 +238,10 @@ void FullyShardedDataParallel::after_forward(std::size_t index,
                                              const std::vector<at::Tensor>& outputs) {
   std::lock_guard lock(mutex_);
   Unit& unit = *units_[index];
+  if (!forward_spans_.empty()) forward_spans_.pop_back();  // ends this unit's span
+  if (!forward_spans_.empty()) {
+    forward_spans_.back() = trace::ComputeSpan(trace::Name("fsdp.forward"));  // resumes
+  }
   if (!::torch::autograd::GradMode::is_enabled()) {
     release(unit);
     return;
@@ -254,6 +263,7 @@ void FullyShardedDataParallel::after_forward(std::size_t index,
       }
       gather(index);
       prefetch_after(index, /*backward=*/true);
+      backward_spans_[index] = trace::ComputeSpan(trace::Name("fsdp.backward"));
     });
   }
 }
@@ -266,6 +276,7 @@ void FullyShardedDataParallel::on_gradient(std::size_t index) {
   }
   Unit& unit = *units_[index];
   if (++unit.ready < unit.params.size()) return;
+  backward_spans_.erase(index);  // the unit's backward is done
   // Every gradient of the unit is in: flatten, then reduce (scatter) while backward goes on.
   ::torch::NoGradGuard no_grad;
   const auto reduce_dtype =

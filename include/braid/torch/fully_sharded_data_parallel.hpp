@@ -29,7 +29,10 @@
 // too, and in backward those of the next units in the reverse order, so the gathers run
 // while the current unit computes. At most 1 + prefetch units are gathered ahead of the
 // one computing (besides the units whose run() encloses it: the root's); each change of
-// the count is a trace counter ("fsdp gathered units").
+// the count is a trace counter ("fsdp gathered units"). Each unit's forward (less the
+// inner units' runs) and backward (from its gather to its last gradient) is a compute span,
+// "fsdp.forward" and "fsdp.backward", and every gather and reduction a comm span, so
+// braid-trace summary reports what the prefetch and the reduce-scatters hid.
 //
 // Backward: each parameter's gradient accumulates whole, as usual; when a unit's last one
 // is ready its gradients are flattened and reduce-scattered (the average over ranks) into
@@ -81,6 +84,7 @@
 
 #include <braid/collectives/communicator.hpp>
 #include <braid/torch/distributed_data_parallel.hpp>
+#include <braid/trace/compute_span.hpp>
 
 namespace braid::torch {
 
@@ -188,6 +192,10 @@ class FullyShardedDataParallel {
   std::vector<std::size_t> backward_order_;  // and in the order their backwards began
   bool recording_order_ = true;
   bool recording_backward_order_ = true;
+  // Compute spans: the running units' forwards (innermost last; an enclosing one is paused
+  // while an inner one runs) and each unit's backward from its gather to its last gradient.
+  std::vector<trace::ComputeSpan> forward_spans_;
+  std::map<std::size_t, trace::ComputeSpan> backward_spans_;
   std::recursive_mutex mutex_;
   bool callback_queued_ = false;
   std::atomic<bool> sync_{true};

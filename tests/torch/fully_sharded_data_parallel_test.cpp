@@ -364,6 +364,13 @@ TEST(FullyShardedDataParallel, RefusesMisuseNamingTheUnit) {
     braid::testing::expect_invalid_argument(
         [&] { fsdp.run(*net->blocks[1], [&] { return Tensor(); }); }, "which is not a unit");
   });
+  // Ranks whose units differ fail together, naming the unit.
+  run_tp_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    ::torch::nn::Linear layer(3, rank == 0 ? 2 : 4);
+    braid::torch::FullyShardedDataParallel fsdp(comm);
+    braid::testing::expect_invalid_argument([&] { fsdp.shard(*layer, "head"); },
+                                            "the ranks' unit head differs");
+  });
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "ddp.hpp"
 #include "p2p.hpp"
 #include "pipeline.hpp"
+#include "sharded.hpp"
 #include "tp.hpp"
 #include "trace_cost.hpp"
 #if BRAID_WITH_CUDA
@@ -62,6 +63,13 @@ constexpr const char* kUsage =
     "        options: --rounds 3 --steps 12 --microbatches 8 --layers 8 --hidden 128 --heads 4\n"
     "                 --seq 32 --global-batch 32 --schedules gpipe,1f1b,interleaved,zb\n"
     "                 --layouts pp4,pp2xdp2 --json\n"
+    "  sharded      the main job's model under DDP, ZeRO-1 (ZeroRedundancyOptimizer) and FSDP's\n"
+    "               SHARD_GRAD_OP, FULL_SHARD and NO_SHARD on 2 and 4 ranks: step time, exposed\n"
+    "               and traced communication, model state per rank by the ZeRO formulas beside\n"
+    "               what the ranks held, peak resident size\n"
+    "        options: --ranks 2,4 --strategies none,optimizer,grad,full,no_shard --model mlp\n"
+    "                 --hidden 512 --layers 5 --batch 32 --steps 20 --rounds 3 --optimizer adam\n"
+    "                 --json\n"
     "  nccl         (CUDA builds, a GPU) NCCL all-reduce through braid against ncclAllReduce "
     "called\n"
     "               directly, one rank: time per operation, overhead %, added microseconds\n"
@@ -93,6 +101,7 @@ int main(int argc, char** argv) {
     if (mode == "compute-tax") return braid::bench::run_compute_tax(args);
     if (mode == "tp") return braid::bench::run_tp(args);
     if (mode == "pipeline") return braid::bench::run_pipeline(args);
+    if (mode == "sharded") return braid::bench::run_sharded(args);
 #if BRAID_WITH_CUDA
     if (mode == "nccl") return braid::bench::run_nccl(args);
     if (mode == "cuda-p2p") return braid::bench::run_cuda_p2p(args);

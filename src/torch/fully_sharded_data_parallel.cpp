@@ -169,7 +169,8 @@ void FullyShardedDataParallel::start_gather(std::size_t index) {
 void FullyShardedDataParallel::gather(std::size_t index) {
   Unit& unit = *units_[index];
   // NO_SHARD stays gathered, and copies the optimizer's latest values in each forward.
-  if (unit.gathered && options_.strategy == ShardingStrategy::no_shard && !unit.in_backward) {
+  if (unit.gathered && options_.strategy == ShardingStrategy::no_shard &&
+      unit.pending_backwards == 0) {
     unit.gathered = false;
   }
   if (unit.gathered) return;
@@ -246,7 +247,7 @@ void FullyShardedDataParallel::after_forward(std::size_t index,
     release(unit);
     return;
   }
-  unit.in_backward = true;
+  ++unit.pending_backwards;
   if (options_.strategy == ShardingStrategy::full_shard ||
       options_.strategy == ShardingStrategy::hybrid_shard) {
     release(unit);
@@ -256,7 +257,7 @@ void FullyShardedDataParallel::after_forward(std::size_t index,
     if (!output.defined() || !output.requires_grad()) continue;
     output.register_hook([this, index](const at::Tensor&) {
       std::lock_guard lock(mutex_);
-      if (!units_[index]->in_backward) return;
+      if (units_[index]->pending_backwards == 0) return;
       if (recording_backward_order_ && std::find(backward_order_.begin(), backward_order_.end(),
                                                  index) == backward_order_.end()) {
         backward_order_.push_back(index);
@@ -290,6 +291,7 @@ void FullyShardedDataParallel::on_gradient(std::size_t index) {
     grad = Tensor();
   }
   unit.ready = 0;
+  unit.pending_backwards = std::max(unit.pending_backwards - 1, 0);
   if (!sync_) {
     unit.accumulated = flat.to(unit.shard.scalar_type());  // unsharded, until a synced step
   } else {
@@ -298,7 +300,11 @@ void FullyShardedDataParallel::on_gradient(std::size_t index) {
                               ? detail::start_reduce_over_ranks(*shard_comm_, flat)
                               : detail::start_reduce_scatter_first_dim(*shard_comm_, flat));
   }
-  release(unit);
+  // SHARD_GRAD_OP keeps the unit gathered while forwards still wait for their backward (a
+  // pipeline's microbatches).
+  if (options_.strategy != ShardingStrategy::shard_grad_op || unit.pending_backwards == 0) {
+    release(unit);
+  }
 }
 
 void FullyShardedDataParallel::end_of_backward() {
@@ -307,15 +313,13 @@ void FullyShardedDataParallel::end_of_backward() {
   recording_order_ = false;
   recording_backward_order_ = false;
   for (auto& unit : units_) {
-    if (!unit->in_backward) continue;
-    unit->in_backward = false;
     if (unit->ready != 0) {
       refuse(*comm_, fmt::format("backward ended before every parameter of {} had a gradient "
                                  "(a parameter the forward did not use)",
                                  unit->name));
     }
-    release(*unit);
-    if (!unit->reducing) continue;  // no_sync(): accumulated
+    if (unit->pending_backwards == 0) release(*unit);
+    if (!unit->reducing) continue;  // not in this backward, or accumulated
     Tensor summed = unit->reducing->result();
     unit->reducing.reset();
     if (replicate_comm_ && replicate_comm_->size() > 1) {
@@ -329,6 +333,10 @@ void FullyShardedDataParallel::end_of_backward() {
       grad = summed;
     }
   }
+}
+
+void FullyShardedDataParallel::set_gradient_sync(bool sync) {
+  sync_ = sync;
 }
 
 double FullyShardedDataParallel::clip_grad_norm(double max_norm) {

@@ -37,8 +37,8 @@ struct FullyShardedDataParallel::Unit {
   at::Tensor gathering_input;
   std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators;
   std::vector<std::uintptr_t> hook_keys;
-  std::size_t ready = 0;  // parameters whose gradient this backward has produced
-  bool in_backward = false;
+  std::size_t ready = 0;      // parameters whose gradient this backward has produced
+  int pending_backwards = 0;  // forwards with grad whose backward has not ended
   std::optional<detail::TensorCollective> reducing;
   at::Tensor accumulated;  // no_sync(): the flat gradients so far, unsharded
 

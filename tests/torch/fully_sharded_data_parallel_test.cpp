@@ -18,8 +18,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <braid/parallel/pipeline_schedule.hpp>
+#include <braid/parallel/rank_grid.hpp>
 #include <braid/torch/distributed_data_parallel.hpp>
 #include <braid/torch/fully_sharded_data_parallel.hpp>
+#include <braid/torch/pipeline_executor.hpp>
 #include <braid/trace/recorder.hpp>
 
 #include "../support/expect_error.hpp"
@@ -353,6 +356,91 @@ TEST(FullyShardedDataParallel, MixedPrecisionKeepsF32MastersNearDataParallel) {
         << (got.to(::torch::kFloat) - reference->forward(probe)).abs().max().item<double>();
   });
 }
+
+// Under the pipeline executor (pp 2 x dp 2, 1F1B over 4 microbatches), a stage sharded over
+// its data-parallel group trains as the same stage under DDP: the executor's
+// prepare_backward switches the gradient sync, so only each step's last backward reduces.
+class UnderThePipeline : public ::testing::TestWithParam<ShardingStrategy> {};
+
+TEST_P(UnderThePipeline, AShardedStageTrainsAsUnderDataParallel) {
+  const ShardingStrategy strategy = GetParam();
+  run_tp_ranks(4, [&](int rank, std::shared_ptr<Communicator> comm) {
+    auto grid = comm->launch(braid::parallel::RankGrid::create(comm, {.dp = 2, .pp = 2})).get();
+    auto dp = comm->launch(grid->group(braid::parallel::Axis::dp)).get();
+    auto pp = comm->launch(grid->group(braid::parallel::Axis::pp)).get();
+    const int stage = grid->stage();
+    const auto schedule =
+        braid::parallel::lower(braid::parallel::one_f_one_b(2, 4), {.reduce_grad = true});
+    const auto make = [&] {
+      ::torch::nn::Linear layer(6, 6);
+      ::torch::NoGradGuard no_grad;
+      layer->weight.copy_(seeded({6, 6}, 10 + stage) * 0.5);
+      layer->bias.copy_(seeded({6}, 20 + stage) * 0.1);
+      return layer;
+    };
+    const auto compute = [&](const Tensor& h, int mb, auto&& layer_forward) {
+      const Tensor x =
+          stage == 0 ? seeded({2, 6}, 300 + mb + 10 * grid->coordinate(braid::parallel::Axis::dp))
+                     : h;
+      const Tensor y = ::torch::tanh(layer_forward(x));
+      return stage == 1 ? y.square().sum() / 4 : y;
+    };
+    // DDP: the reference.
+    auto reference = make();
+    braid::torch::DistributedDataParallel ddp(reference, dp);
+    ::torch::optim::SGD reference_optimizer(reference->parameters(), 0.1);
+    braid::torch::PipelineExecutor reference_pipeline(
+        pp, schedule,
+        {{.stage = stage,
+          .forward =
+              [&](const Tensor& h, int mb) {
+                return compute(h, mb, [&](const Tensor& x) { return reference->forward(x); });
+              },
+          .parameters = reference->parameters(),
+          .prepare_backward = [&](bool sync) { ddp.prepare_for_backward(sync); }}},
+        {.activation_shape = {2, 6}});
+    // FSDP over the same dp group.
+    auto sharded = make();
+    braid::torch::FullyShardedDataParallel fsdp(dp, {.strategy = strategy});
+    fsdp.shard(*sharded, fmt::format("stage{}", stage));
+    ::torch::optim::SGD sharded_optimizer(fsdp.parameters(), 0.1);
+    braid::torch::PipelineExecutor sharded_pipeline(
+        pp, schedule,
+        {{.stage = stage,
+          .forward =
+              [&](const Tensor& h, int mb) {
+                return compute(h, mb, [&](const Tensor& x) {
+                  return fsdp.run(*sharded, [&] { return sharded->forward(x); });
+                });
+              },
+          .parameters = sharded->parameters(),
+          .prepare_backward = [&](bool sync) { fsdp.set_gradient_sync(sync); }}},
+        {.activation_shape = {2, 6}});
+    for (int step = 0; step < 3; ++step) {
+      reference_optimizer.zero_grad();
+      reference_pipeline.run();
+      reference_optimizer.step();
+      comm->launch(comm->barrier()).get();  // one pipeline's transfers at a time
+      sharded_optimizer.zero_grad();
+      sharded_pipeline.run();
+      sharded_optimizer.step();
+      comm->launch(comm->barrier()).get();
+    }
+    ::torch::NoGradGuard no_grad;
+    const Tensor probe = seeded({2, 6}, 999);
+    expect_close(fsdp.run(*sharded, [&] { return sharded->forward(probe); }),
+                 reference->forward(probe), fmt::format("rank {} stage {}", rank, stage), 1e-5);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, UnderThePipeline,
+                         ::testing::Values(ShardingStrategy::full_shard,
+                                           ShardingStrategy::shard_grad_op),
+                         [](const auto& info) {
+                           return std::string(info.param == ShardingStrategy::full_shard
+                                                  ? "full_shard"
+                                                  : "shard_grad_op");
+                         });
 
 TEST(FullyShardedDataParallel, RefusesMisuseNamingTheUnit) {
   run_tp_ranks(2, [&](int, std::shared_ptr<Communicator> comm) {

@@ -146,6 +146,13 @@ class FullyShardedDataParallel {
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(sync_); }
 
+  // The same switch for schedules that run several forwards before their backwards (a
+  // pipeline stage's microbatches, torch/pipeline_executor.hpp): the stage's
+  // prepare_backward sets it before each backward, true for the last of the step, which
+  // reduces what the others accumulated. A unit keeps its place for every forward whose
+  // backward is still to come (SHARD_GRAD_OP: gathered until the last of them).
+  void set_gradient_sync(bool sync);
+
   // After backward: scales the shards' gradients so that the whole gradient's L2 norm is
   // at most `max_norm`; returns the norm before. A collective (one all-reduce of a number).
   double clip_grad_norm(double max_norm);

@@ -76,7 +76,6 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> parameters,
   }
   slice_.set_requires_grad(true);
   slice_.mutable_grad() = ::torch::zeros({slice_size_}, options);
-  gathered_ = ::torch::empty({slice_size_ * ranks}, options);
   optimizer_ = make({slice_});
 }
 
@@ -90,17 +89,29 @@ void ZeroRedundancyOptimizer::step() {
   ::torch::NoGradGuard no_grad;
   Tensor& grad = slice_.mutable_grad();
   grad.zero_();
+  // Parameters without a gradient this step keep their values, as the whole optimizer
+  // leaves them (their optimizer state still sees a zero gradient).
+  std::vector<std::pair<const Piece*, Tensor>> kept;
   for (const Piece& piece : pieces_) {
     const Tensor& g = parameters_[piece.parameter].grad();
-    if (!g.defined()) continue;  // no gradient: zero, as an optimizer sees a missing one
+    if (!g.defined()) {
+      kept.emplace_back(&piece, slice_.narrow(0, piece.slice_offset, piece.size).clone());
+      continue;
+    }
     grad.narrow(0, piece.slice_offset, piece.size)
         .copy_(g.reshape({-1}).narrow(0, piece.parameter_offset, piece.size));
   }
   optimizer_->step();
-  comm_->launch(comm_->all_gather(as_buffer(slice_.detach()), as_buffer(gathered_))).get();
+  for (const auto& [piece, values] : kept) {
+    slice_.narrow(0, piece->slice_offset, piece->size).copy_(values);
+  }
+  // Every rank's slice, gathered into a buffer that lives for this call only.
+  Tensor gathered =
+      ::torch::empty({slice_size_ * comm_->size()}, slice_.options().requires_grad(false));
+  comm_->launch(comm_->all_gather(as_buffer(slice_.detach()), as_buffer(gathered))).get();
   std::int64_t offset = 0;
   for (Tensor& p : parameters_) {
-    p.detach().view({-1}).copy_(gathered_.narrow(0, offset, p.numel()));
+    p.detach().view({-1}).copy_(gathered.narrow(0, offset, p.numel()));
     offset += p.numel();
   }
 }

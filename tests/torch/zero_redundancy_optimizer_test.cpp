@@ -1,7 +1,8 @@
 // braid::torch::ZeroRedundancyOptimizer, ranks as threads: on 2 and 3 ranks (3 makes the
 // padding real), DDP with the sharded optimizer ends with the parameters DDP with the whole
 // optimizer ends with, for SGD (momentum, weight decay) and Adam; each rank keeps the
-// optimizer state of its slice alone; ranks whose models differ fail together.
+// optimizer state of its slice alone; parameters without a gradient keep their values;
+// ranks whose models differ fail together.
 #include <string>
 #include <vector>
 
@@ -102,6 +103,22 @@ INSTANTIATE_TEST_SUITE_P(RanksAndOptimizers, ShardedOptimizer,
                            return fmt::format("ranks{}_{}", std::get<0>(info.param),
                                               std::get<1>(info.param) ? "adam" : "sgd");
                          });
+
+TEST(ZeroRedundancyOptimizer, ParametersWithoutAGradientKeepTheirValues) {
+  run_tp_ranks(2, [&](int, std::shared_ptr<Communicator> comm) {
+    ::torch::nn::Linear used(4, 3), unused(3, 5);
+    std::vector<Tensor> parameters = used->parameters();
+    for (const auto& p : unused->parameters()) parameters.push_back(p);
+    const Tensor before = unused->weight.detach().clone();
+    braid::torch::ZeroRedundancyOptimizer optimizer(parameters, comm, adam());
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      used->forward(seeded({2, 4}, step)).sum().backward();
+      optimizer.step();
+    }
+    expect_close(unused->weight, before, "the unused layer's weight");
+  });
+}
 
 TEST(ZeroRedundancyOptimizer, RanksWhoseModelsDifferFailTogether) {
   run_tp_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {

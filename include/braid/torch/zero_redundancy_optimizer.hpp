@@ -24,7 +24,10 @@
 // Costs per step: a copy of this rank's slice of the gradients into the slice's .grad, the
 // optimizer on N/P elements, one all-gather of N elements (the ring moves (P-1)/P x N per
 // rank), and a copy of every parameter out of it. Memory: the optimizer's state for N/P
-// elements, the slice and its gradient (2 N/P), and the all-gather's N.
+// elements and the slice and its gradient (2 N/P) held; the all-gather's N during step()
+// only. Parameters without a gradient in a step keep their values, as the whole optimizer
+// leaves them; their slice of the optimizer's state still sees a zero gradient (Adam's
+// moments decay), where the whole optimizer would not touch it.
 //
 // Construction is a collective over `comm`: the ranks compare the parameters' count,
 // element total and dtype, and any rank whose model differs makes every rank fail, naming
@@ -79,8 +82,7 @@ class ZeroRedundancyOptimizer {
   std::int64_t slice_begin_ = 0;
   std::int64_t slice_size_ = 0;
   std::vector<Piece> pieces_;
-  ::torch::Tensor slice_;     // this rank's elements, the optimizer's one parameter
-  ::torch::Tensor gathered_;  // every rank's slice, P x slice_size_
+  ::torch::Tensor slice_;  // this rank's elements, the optimizer's one parameter
   std::unique_ptr<::torch::optim::Optimizer> optimizer_;
 };
 

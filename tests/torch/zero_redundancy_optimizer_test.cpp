@@ -109,6 +109,11 @@ TEST(ZeroRedundancyOptimizer, ParametersWithoutAGradientKeepTheirValues) {
     ::torch::nn::Linear used(4, 3), unused(3, 5);
     std::vector<Tensor> parameters = used->parameters();
     for (const auto& p : unused->parameters()) parameters.push_back(p);
+    {
+      ::torch::NoGradGuard no_grad;  // every rank starts from the same values
+      int seed = 7;
+      for (auto& p : parameters) p.copy_(seeded(p.sizes().vec(), seed++));
+    }
     const Tensor before = unused->weight.detach().clone();
     braid::torch::ZeroRedundancyOptimizer optimizer(parameters, comm, adam());
     for (int step = 0; step < 3; ++step) {

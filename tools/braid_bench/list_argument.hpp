@@ -2,9 +2,11 @@
 // "--rounds 3".
 #pragma once
 
+#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -36,6 +38,18 @@ inline int count_argument(const std::string& option, const std::string& text, in
                                 " to " + std::to_string(most) + ", not '" + text + "'");
   }
   return static_cast<int>(value);
+}
+
+// Options that take a whole number: each option's variable and least value.
+using CountOptions = std::map<std::string, std::pair<int*, int>>;
+
+// Sets `option`'s variable from `value` if it is one of `counts` (up to 100000); false if not.
+inline bool take_count(const CountOptions& counts, const std::string& option,
+                       const std::string& value) {
+  const auto count = counts.find(option);
+  if (count == counts.end()) return false;
+  *count->second.first = count_argument(option, value, count->second.second, 100000);
+  return true;
 }
 
 // A number from `least` to `most` ("2.5"); anything else is a std::invalid_argument naming

@@ -64,15 +64,14 @@ int virtual_stages_of(const std::string& schedule) {
 PipelineBenchOptions parse_options(const std::vector<std::string>& args) {
   PipelineBenchOptions o;
   std::string layouts = "pp4,pp2xdp2";
-  const std::map<std::string, std::pair<int*, int>> counts{
-      {"--rounds", {&o.rounds, 1}},
-      {"--steps", {&o.steps, 4}},
-      {"--microbatches", {&o.microbatches, 1}},
-      {"--layers", {&o.layers, 1}},
-      {"--hidden", {&o.hidden, 8}},
-      {"--heads", {&o.heads, 1}},
-      {"--seq", {&o.seq, 2}},
-      {"--global-batch", {&o.global_batch, 1}}};
+  const CountOptions counts{{"--rounds", {&o.rounds, 1}},
+                            {"--steps", {&o.steps, 4}},
+                            {"--microbatches", {&o.microbatches, 1}},
+                            {"--layers", {&o.layers, 1}},
+                            {"--hidden", {&o.hidden, 8}},
+                            {"--heads", {&o.heads, 1}},
+                            {"--seq", {&o.seq, 2}},
+                            {"--global-batch", {&o.global_batch, 1}}};
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--json") {
@@ -88,9 +87,7 @@ PipelineBenchOptions parse_options(const std::vector<std::string>& args) {
       layouts = args[++i];
       continue;
     }
-    const auto count = counts.find(a);
-    if (count == counts.end()) throw std::invalid_argument("unknown option " + a);
-    *count->second.first = count_argument(a, args[++i], count->second.second, 100000);
+    if (!take_count(counts, a, args[++i])) throw std::invalid_argument("unknown option " + a);
   }
   for (const std::string& layout : split_list(layouts)) o.layouts.push_back(parse_layout(layout));
   if (o.schedules.empty() || o.layouts.empty()) {

@@ -39,6 +39,7 @@
 #include "models.hpp"
 #include "pipeline_timeline.hpp"
 #include "training_checks.hpp"
+#include "worker_main.hpp"
 
 namespace {
 
@@ -251,15 +252,6 @@ int train(const Settings& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Every collective in the trace: the exposed reduction is summed from them.
-  setenv("BRAID_TRACE_SAMPLE_KIB", "0", 1);
-  try {
-    return train(parse(argc, argv));
-  } catch (const std::invalid_argument& e) {
-    std::cerr << "braid-bench-pipeline-worker: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "braid-bench-pipeline-worker: " << e.what() << "\n";
-    return 1;
-  }
+  return braid::bench::worker_main("braid-bench-pipeline-worker",
+                                   [&] { return train(parse(argc, argv)); });
 }

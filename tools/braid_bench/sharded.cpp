@@ -34,11 +34,11 @@ struct ShardedOptions {
 
 ShardedOptions parse_options(const std::vector<std::string>& args) {
   ShardedOptions o;
-  const std::map<std::string, std::pair<int*, int>> counts{{"--hidden", {&o.hidden, 8}},
-                                                           {"--layers", {&o.layers, 1}},
-                                                           {"--batch", {&o.batch, 1}},
-                                                           {"--steps", {&o.steps, 4}},
-                                                           {"--rounds", {&o.rounds, 1}}};
+  const CountOptions counts{{"--hidden", {&o.hidden, 8}},
+                            {"--layers", {&o.layers, 1}},
+                            {"--batch", {&o.batch, 1}},
+                            {"--steps", {&o.steps, 4}},
+                            {"--rounds", {&o.rounds, 1}}};
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--json") {
@@ -63,9 +63,7 @@ ShardedOptions parse_options(const std::vector<std::string>& args) {
     } else if (a == "--optimizer") {
       if (value != "adam" && value != "sgd") throw std::invalid_argument("--optimizer adam|sgd");
       o.optimizer = value;
-    } else if (const auto count = counts.find(a); count != counts.end()) {
-      *count->second.first = count_argument(a, value, count->second.second, 100000);
-    } else {
+    } else if (!take_count(counts, a, value)) {
       throw std::invalid_argument("unknown option " + a);
     }
   }

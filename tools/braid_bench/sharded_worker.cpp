@@ -24,6 +24,7 @@
 #include "models.hpp"
 #include "sharded_training.hpp"
 #include "training_checks.hpp"
+#include "worker_main.hpp"
 
 namespace {
 
@@ -119,18 +120,10 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Every collective in the trace: exposed communication is summed from them.
-  setenv("BRAID_TRACE_SAMPLE_KIB", "0", 1);
-  try {
+  return braid::bench::worker_main("braid-bench-sharded-worker", [&] {
     const Settings settings = parse(argc, argv);
     return example_models::join_and_train(
         settings.model, settings.training.threads,
         [&](braid::transport::World& world, auto model) { return train(world, settings, model); });
-  } catch (const std::invalid_argument& e) {
-    std::cerr << "braid-bench-sharded-worker: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "braid-bench-sharded-worker: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }

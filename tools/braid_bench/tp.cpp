@@ -33,10 +33,10 @@ struct TpOptions {
 
 TpOptions parse_options(const std::vector<std::string>& args) {
   TpOptions o;
-  const std::map<std::string, std::pair<int*, int>> counts{
-      {"--ranks", {&o.ranks, 2}},   {"--hidden", {&o.hidden, 8}}, {"--heads", {&o.heads, 1}},
-      {"--layers", {&o.layers, 1}}, {"--seq", {&o.seq, 1}},       {"--batch", {&o.batch, 1}},
-      {"--steps", {&o.steps, 4}},   {"--rounds", {&o.rounds, 1}}};
+  const CountOptions counts{{"--ranks", {&o.ranks, 2}}, {"--hidden", {&o.hidden, 8}},
+                            {"--heads", {&o.heads, 1}}, {"--layers", {&o.layers, 1}},
+                            {"--seq", {&o.seq, 1}},     {"--batch", {&o.batch, 1}},
+                            {"--steps", {&o.steps, 4}}, {"--rounds", {&o.rounds, 1}}};
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--json") {
@@ -47,10 +47,9 @@ TpOptions parse_options(const std::vector<std::string>& args) {
       o.sequence_parallel = true;
       continue;
     }
-    const auto count = counts.find(a);
-    if (count == counts.end()) throw std::invalid_argument("unknown option " + a);
+    if (counts.count(a) == 0) throw std::invalid_argument("unknown option " + a);
     if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
-    *count->second.first = count_argument(a, args[++i], count->second.second, 100000);
+    take_count(counts, a, args[++i]);
   }
   if (o.heads % o.ranks != 0 || o.hidden % o.heads != 0 || o.seq % o.ranks != 0) {
     throw std::invalid_argument(

@@ -23,6 +23,7 @@
 #include "median.hpp"
 #include "models.hpp"
 #include "training_checks.hpp"
+#include "worker_main.hpp"
 
 namespace {
 
@@ -147,15 +148,6 @@ int train(const Settings& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Every TP collective in the trace: exposed communication is summed from them.
-  setenv("BRAID_TRACE_SAMPLE_KIB", "0", 1);
-  try {
-    return train(parse(argc, argv));
-  } catch (const std::invalid_argument& e) {
-    std::cerr << "braid-bench-tp-worker: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "braid-bench-tp-worker: " << e.what() << "\n";
-    return 1;
-  }
+  return braid::bench::worker_main("braid-bench-tp-worker",
+                                   [&] { return train(parse(argc, argv)); });
 }

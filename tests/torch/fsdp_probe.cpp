@@ -13,6 +13,8 @@
 #include <braid/torch/fully_sharded_data_parallel.hpp>
 #include <braid/transport/world.hpp>
 
+#include "../support/probe_report.hpp"
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::cerr << "usage: fsdp_probe DOOMED_RANK\n";
@@ -32,7 +34,7 @@ int main(int argc, char** argv) {
     fsdp.shard(*model[0], "first");
     fsdp.shard(*model, "root");
     torch::optim::SGD opt(fsdp.parameters(), 0.01);
-    try {
+    return braid::testing::report_training(rank, [&] {
       for (int step = 0; step < 100; ++step) {
         if (rank == doomed && step == 2) std::raise(SIGKILL);
         opt.zero_grad();
@@ -45,12 +47,7 @@ int main(int argc, char** argv) {
         y.square().mean().backward();
         opt.step();
       }
-    } catch (const std::exception& e) {
-      std::cerr << "rank " << rank << " saw: " << e.what() << "\n";
-      return 3;
-    }
-    std::cerr << "rank " << rank << ": training went on after a rank was killed\n";
-    return 1;
+    });
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

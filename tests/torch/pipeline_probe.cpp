@@ -18,6 +18,8 @@
 #include <braid/torch/pipeline_executor.hpp>
 #include <braid/transport/world.hpp>
 
+#include "../support/probe_report.hpp"
+
 int main(int argc, char** argv) {
   const std::string mode = argc == 3 ? argv[1] : "";
   if (mode != "forward" && mode != "backward") {
@@ -60,18 +62,13 @@ int main(int argc, char** argv) {
         pipeline, braid::parallel::lower(braid::parallel::one_f_one_b(stages, kMicrobatches)),
         {stage}, {.activation_shape = {8, 32}});
     torch::optim::SGD opt(linear->parameters(), 0.01);
-    try {
+    return braid::testing::report_training(rank, [&] {
       for (step = 0; step < 100; ++step) {
         opt.zero_grad();
         executor.run();
         opt.step();
       }
-    } catch (const std::exception& e) {
-      std::cerr << "rank " << rank << " saw: " << e.what() << "\n";
-      return 3;
-    }
-    std::cerr << "rank " << rank << ": training went on after a rank was killed\n";
-    return 1;
+    });
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

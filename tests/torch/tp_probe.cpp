@@ -20,6 +20,8 @@
 #include <braid/torch/parallel_transformer_block.hpp>
 #include <braid/transport/world.hpp>
 
+#include "../support/probe_report.hpp"
+
 int main(int argc, char** argv) {
   const std::string mode = argc == 3 ? argv[1] : "";
   if (mode != "forward" && mode != "backward") {
@@ -46,19 +48,14 @@ int main(int argc, char** argv) {
         return g;
       });
     }
-    try {
+    return braid::testing::report_training(rank, [&] {
       for (int step = 0; step < 100; ++step) {
         if (rank == doomed && mode == "forward" && step == 2) std::raise(SIGKILL);
         opt.zero_grad();
         block(torch::randn({16, 2, 64})).square().mean().backward();
         opt.step();
       }
-    } catch (const std::exception& e) {
-      std::cerr << "rank " << rank << " saw: " << e.what() << "\n";
-      return 3;
-    }
-    std::cerr << "rank " << rank << ": training went on after a rank was killed\n";
-    return 1;
+    });
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -16,6 +17,8 @@
 #include <braid/torch/parallel_transformer_block.hpp>
 #include <braid/torch/tp_mappings.hpp>
 #include <braid/torch/vocab_parallel.hpp>
+
+#include "models.hpp"
 
 namespace example_models {
 
@@ -28,6 +31,52 @@ struct GptOptions {
   int seq = 16;
   int global_batch = 8;  // sequences per step over every data-parallel rank
   std::uint64_t seed = 1;
+
+  // Takes `option` with its `value` if it is one of these (--layers, --hidden, --heads,
+  // --vocab, --seq, --global-batch, --seed); false if not.
+  bool parse(const std::string& option, const std::string& value) {
+    if (option == "--layers")
+      layers = whole_number(option, value, 1);
+    else if (option == "--hidden")
+      hidden = whole_number(option, value, 2);
+    else if (option == "--heads")
+      heads = whole_number(option, value, 1);
+    else if (option == "--vocab")
+      vocab = whole_number(option, value, 2);
+    else if (option == "--seq")
+      seq = whole_number(option, value, 2);
+    else if (option == "--global-batch")
+      global_batch = whole_number(option, value, 1);
+    else if (option == "--seed")
+      seed = static_cast<std::uint64_t>(whole_number(option, value, 0));
+    else
+      return false;
+    return true;
+  }
+};
+
+// Which pipeline schedule, over how many microbatches and stages per rank, as the 3D job
+// and braid-bench's pipeline worker take them (--schedule, --microbatches,
+// --virtual-stages).
+struct ScheduleChoice {
+  std::string schedule = "1f1b";
+  int microbatches = 4;
+  int virtual_stages = 0;  // 0 until finish(): 2 for interleaved, else 1
+
+  bool parse(const std::string& option, const std::string& value) {
+    if (option == "--schedule")
+      schedule = value;
+    else if (option == "--microbatches")
+      microbatches = whole_number(option, value, 1);
+    else if (option == "--virtual-stages")
+      virtual_stages = whole_number(option, value, 1);
+    else
+      return false;
+    return true;
+  }
+  void finish() {
+    if (virtual_stages == 0) virtual_stages = schedule == "interleaved" ? 2 : 1;
+  }
 };
 
 // The global batch of step `step`: [seq + 1, global_batch] token ids, each column a walk

@@ -63,11 +63,8 @@ options:
 )";
 
 // The model's shape, batch and seed (GptOptions), and how it is trained.
-struct Settings : example_models::GptOptions {
+struct Settings : example_models::GptOptions, example_models::ScheduleChoice {
   std::optional<int> tp, pp, dp;
-  std::string schedule = "1f1b";
-  int microbatches = 4;
-  int virtual_stages = 0;  // 0: 1, or 2 for interleaved
   std::vector<int> stage_layers;
   int steps = 60;
   std::string optimizer = "adam";
@@ -85,38 +82,19 @@ Settings parse(int argc, char** argv) {
     }
     if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
     const std::string value = argv[++i];
+    if (s.GptOptions::parse(arg, value) || s.ScheduleChoice::parse(arg, value)) continue;
     if (arg == "--tp")
       s.tp = whole_number(arg, value, 1);
     else if (arg == "--pp")
       s.pp = whole_number(arg, value, 1);
     else if (arg == "--dp")
       s.dp = whole_number(arg, value, 1);
-    else if (arg == "--schedule")
-      s.schedule = value;
-    else if (arg == "--microbatches")
-      s.microbatches = whole_number(arg, value, 1);
-    else if (arg == "--virtual-stages")
-      s.virtual_stages = whole_number(arg, value, 1);
-    else if (arg == "--layers")
-      s.layers = whole_number(arg, value, 1);
-    else if (arg == "--hidden")
-      s.hidden = whole_number(arg, value, 2);
-    else if (arg == "--heads")
-      s.heads = whole_number(arg, value, 1);
-    else if (arg == "--vocab")
-      s.vocab = whole_number(arg, value, 2);
-    else if (arg == "--seq")
-      s.seq = whole_number(arg, value, 2);
-    else if (arg == "--global-batch")
-      s.global_batch = whole_number(arg, value, 1);
     else if (arg == "--steps")
       s.steps = whole_number(arg, value, 1);
     else if (arg == "--optimizer")
       s.optimizer = value;
     else if (arg == "--lr")
       s.lr = example_models::decimal_number(arg, value);
-    else if (arg == "--seed")
-      s.seed = static_cast<std::uint64_t>(whole_number(arg, value, 0));
     else if (arg == "--stage-layers") {
       std::stringstream items(value);
       for (std::string item; std::getline(items, item, ',');) {
@@ -129,7 +107,7 @@ Settings parse(int argc, char** argv) {
   if (s.optimizer != "adam" && s.optimizer != "sgd") {
     throw std::invalid_argument("--optimizer takes adam or sgd, not '" + s.optimizer + "'");
   }
-  if (s.virtual_stages == 0) s.virtual_stages = s.schedule == "interleaved" ? 2 : 1;
+  s.finish();
   return s;
 }
 

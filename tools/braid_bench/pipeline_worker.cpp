@@ -52,12 +52,10 @@ options: --pp N  --dp N  --schedule gpipe|1f1b|interleaved|zb  --microbatches M
          --layers N  --hidden N  --heads N  --vocab N  --seq N  --global-batch N
 )";
 
-struct Settings : example_models::GptOptions {
+struct Settings : example_models::GptOptions, example_models::ScheduleChoice {
+  Settings() { microbatches = 8; }
   int pp = 4;
   int dp = 1;
-  std::string schedule = "1f1b";
-  int microbatches = 8;
-  int virtual_stages = 0;  // 0: 1, or 2 for interleaved
   int steps = 12;
   bool overlap_dp = true;
 };
@@ -69,36 +67,19 @@ Settings parse(int argc, char** argv) {
     const std::string arg = argv[i];
     if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value\n" + kUsage);
     const std::string value = argv[++i];
+    if (s.GptOptions::parse(arg, value) || s.ScheduleChoice::parse(arg, value)) continue;
     if (arg == "--pp")
       s.pp = whole_number(arg, value, 1);
     else if (arg == "--dp")
       s.dp = whole_number(arg, value, 1);
-    else if (arg == "--schedule")
-      s.schedule = value;
-    else if (arg == "--microbatches")
-      s.microbatches = whole_number(arg, value, 1);
-    else if (arg == "--virtual-stages")
-      s.virtual_stages = whole_number(arg, value, 1);
     else if (arg == "--steps")
       s.steps = whole_number(arg, value, 4);
     else if (arg == "--overlap-dp" && (value == "0" || value == "1"))
       s.overlap_dp = value == "1";
-    else if (arg == "--layers")
-      s.layers = whole_number(arg, value, 1);
-    else if (arg == "--hidden")
-      s.hidden = whole_number(arg, value, 2);
-    else if (arg == "--heads")
-      s.heads = whole_number(arg, value, 1);
-    else if (arg == "--vocab")
-      s.vocab = whole_number(arg, value, 2);
-    else if (arg == "--seq")
-      s.seq = whole_number(arg, value, 2);
-    else if (arg == "--global-batch")
-      s.global_batch = whole_number(arg, value, 1);
     else
       throw std::invalid_argument("unknown option " + arg + " " + value + "\n" + kUsage);
   }
-  if (s.virtual_stages == 0) s.virtual_stages = s.schedule == "interleaved" ? 2 : 1;
+  s.finish();
   return s;
 }
 

@@ -227,7 +227,10 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
         example_models::mib(memory[2]), example_models::mib(memory[3]),
         example_models::mib(memory[4]));
   }
-  std::cout << "\noverlap of gradient all-reduces with compute (forward, backward, optimizer):\n"
+  std::cout << (s.sharding == example_models::Sharding::none
+                    ? "\noverlap of gradient all-reduces with compute (forward, backward, "
+                      "optimizer):\n"
+                    : "\noverlap of the gathers and gradient reductions with compute:\n")
             << braid::trace::format_text(braid::trace::summarize(*job));
   if (auto file = braid::trace::output_file()) {
     std::cout << "trace: " << file->parent_path().string() << " (braid-trace summary / html)\n";

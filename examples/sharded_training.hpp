@@ -228,11 +228,11 @@ class ShardedTraining {
       held.gradients += bytes_of(p.grad());
     }
     if (zero_) {
-      // The slice the inner optimizer steps and its gradient, and the all-gather's buffer of
-      // every rank's slice that ZeroRedundancyOptimizer keeps (its header: P x the slice).
+      // The slice the inner optimizer steps and its gradient (the all-gather's buffer lives
+      // inside step() only).
       for (const auto& group : zero_->optimizer().param_groups()) {
         for (const auto& slice : group.params()) {
-          held.parameters += bytes_of(slice) * (1 + comm_->size());
+          held.parameters += bytes_of(slice);
           held.gradients += bytes_of(slice.grad());
         }
       }

@@ -61,6 +61,14 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<collectives::
     for (int r = 0; r < comm_->rank(); ++r) on_node += world.node_of(comm_->world_rank(r)) == node;
     shard_comm_ = comm_->launch(comm_->split(node, comm_->rank())).get();
     replicate_comm_ = comm_->launch(comm_->split(on_node, comm_->rank())).get();
+    std::vector<std::int64_t> low{shard_comm_->size()}, high = low;
+    comm_->launch(comm_->all_reduce(Buffer(low), ReduceOp::min)).get();
+    comm_->launch(comm_->all_reduce(Buffer(high), ReduceOp::max)).get();
+    if (low != high) {
+      refuse(*comm_, fmt::format("HYBRID_SHARD needs the same number of ranks on every node: "
+                                 "this rank's node has {}, others between {} and {}",
+                                 shard_comm_->size(), low[0], high[0]));
+    }
   }
 }
 
@@ -278,6 +286,14 @@ void FullyShardedDataParallel::on_gradient(std::size_t index) {
   Unit& unit = *units_[index];
   if (++unit.ready < unit.params.size()) return;
   backward_spans_.erase(index);  // the unit's backward is done
+  // Reductions that have finished give their flattened gradients back now, so backward
+  // holds those of the reductions in flight, not every unit's until its end. (Not under
+  // HYBRID_SHARD: its second reduction is a collective every rank must call in one order.)
+  if (!replicate_comm_) {
+    for (auto& other : units_) {
+      if (other->reducing && other->reducing->ready()) finish_reduction(*other);
+    }
+  }
   // Every gradient of the unit is in: flatten, then reduce (scatter) while backward goes on.
   ::torch::NoGradGuard no_grad;
   const auto reduce_dtype =
@@ -307,6 +323,21 @@ void FullyShardedDataParallel::on_gradient(std::size_t index) {
   }
 }
 
+void FullyShardedDataParallel::finish_reduction(Unit& unit) {
+  Tensor summed = unit.reducing->result();
+  unit.reducing.reset();  // frees the flattened gradients it read
+  if (replicate_comm_ && replicate_comm_->size() > 1) {
+    summed = detail::reduce_over_ranks(*replicate_comm_, summed);
+  }
+  summed = summed.to(unit.shard.scalar_type()).div_(comm_->size());
+  Tensor& grad = unit.shard.mutable_grad();
+  if (grad.defined()) {
+    grad.add_(summed);
+  } else {
+    grad = summed;
+  }
+}
+
 void FullyShardedDataParallel::end_of_backward() {
   std::lock_guard lock(mutex_);
   callback_queued_ = false;
@@ -319,19 +350,7 @@ void FullyShardedDataParallel::end_of_backward() {
                                  unit->name));
     }
     if (unit->pending_backwards == 0) release(*unit);
-    if (!unit->reducing) continue;  // not in this backward, or accumulated
-    Tensor summed = unit->reducing->result();
-    unit->reducing.reset();
-    if (replicate_comm_ && replicate_comm_->size() > 1) {
-      summed = detail::reduce_over_ranks(*replicate_comm_, summed);
-    }
-    summed = summed.to(unit->shard.scalar_type()).div_(comm_->size());
-    Tensor& grad = unit->shard.mutable_grad();
-    if (grad.defined()) {
-      grad.add_(summed);
-    } else {
-      grad = summed;
-    }
+    if (unit->reducing) finish_reduction(*unit);  // else not in this backward, or accumulated
   }
 }
 

@@ -47,6 +47,8 @@ class TensorCollective {
   ~TensorCollective() {
     if (done_.valid()) done_.wait();
   }
+  // Whether result() would return without waiting.
+  bool ready() const { return !done_.valid() || done_.ready(); }
   ::torch::Tensor result() {
     if (done_.valid()) std::exchange(done_, Future<void>()).get();
     return result_;

@@ -87,6 +87,13 @@ void ZeroRedundancyOptimizer::zero_grad() {
 
 void ZeroRedundancyOptimizer::step() {
   ::torch::NoGradGuard no_grad;
+  // The slice from the parameters as they are now (weights loaded since the last step
+  // count), then its gradient.
+  for (const Piece& piece : pieces_) {
+    slice_.narrow(0, piece.slice_offset, piece.size)
+        .copy_(parameters_[piece.parameter].detach().reshape({-1}).narrow(0, piece.parameter_offset,
+                                                                          piece.size));
+  }
   Tensor& grad = slice_.mutable_grad();
   grad.zero_();
   // Parameters without a gradient this step keep their values, as the whole optimizer

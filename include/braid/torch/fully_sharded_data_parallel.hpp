@@ -27,8 +27,8 @@
 // Prefetch. The order units run in is recorded in the first step; from the second, when a
 // unit's forward starts, the all-gathers of the next `prefetch` units in that order start
 // too, and in backward those of the next units in the reverse order, so the gathers run
-// while the current unit computes. At most 1 + prefetch units are gathered ahead of the
-// one computing (besides the units whose run() encloses it: the root's); each change of
+// while the current unit computes. Gathered at once, at most: the units whose run()
+// encloses the current one (the root's), the current one, and `prefetch` ahead; each change of
 // the count is a trace counter ("fsdp gathered units"). Each unit's forward (less the
 // inner units' runs) and backward (from its gather to its last gradient) is a compute span,
 // "fsdp.forward" and "fsdp.backward", and every gather and reduction a comm span, so
@@ -37,7 +37,9 @@
 // Backward: each parameter's gradient accumulates whole, as usual; when a unit's last one
 // is ready its gradients are flattened and reduce-scattered (the average over ranks) into
 // the shard's gradient while backward goes on with earlier units, and the unit's gathered
-// storage and whole gradients are freed. Backward's end waits for every reduce-scatter.
+// storage and whole gradients are freed; the flattened copy goes when its reduction has
+// finished (checked as each later unit's gradients come in). Backward's end waits for every
+// reduce-scatter.
 // SHARD_GRAD_OP keeps units gathered from forward until their backward ends (no second
 // gather); NO_SHARD keeps them gathered always and all-reduces (DDP's memory and traffic);
 // HYBRID_SHARD reduce-scatters inside the node, then all-reduces the shard across nodes.
@@ -187,6 +189,7 @@ class FullyShardedDataParallel {
   void release(Unit& unit);
   void count_gathered();
   void on_gradient(std::size_t unit);
+  void finish_reduction(Unit& unit);
   void end_of_backward();
   std::map<const c10::TensorImpl*, std::string> names_in(const ::torch::nn::Module& root) const;
 

@@ -317,11 +317,14 @@ Registry& registry() {
   return *instance;
 }
 
-// initial-exec: a recording site reads these with one %fs-relative load instead of a call
-// to __tls_get_addr (libbraid is a shared library, whose TLS is otherwise dynamic). Costs a
-// few bytes of the static TLS surplus glibc keeps for libraries like this one.
-[[gnu::tls_model("initial-exec")]] thread_local ThreadBuffer* t_buffer = nullptr;
-[[gnu::tls_model("initial-exec")]] thread_local bool t_exited = false;
+// The default (global-dynamic) TLS model, not initial-exec: one initial-exec variable puts
+// all of libbraid's thread-locals (~5 KB: asio's, the log's) in glibc's static TLS surplus,
+// whose 512 spare bytes a library loaded by dlopen cannot fit in, and Python loads
+// libbraid that way (the braid_torch module: "cannot allocate memory in static TLS
+// block"). A recording site pays a call to __tls_get_addr for t_buffer instead of one
+// %fs-relative load.
+thread_local ThreadBuffer* t_buffer = nullptr;
+thread_local bool t_exited = false;
 
 struct ThreadExitHook {
   ~ThreadExitHook() {

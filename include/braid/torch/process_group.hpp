@@ -1,0 +1,132 @@
+// ProcessGroup: braid as a torch.distributed backend. A c10d::ProcessGroup whose
+// collectives run on a braid Communicator, so PyTorch code -- DistributedDataParallel's
+// bucket all-reduces included -- runs on braid's collectives unchanged. Python reaches it
+// through the braid_torch module (python/braid_torch), which registers it as "braid":
+//
+//   import braid_torch
+//   torch.distributed.init_process_group("braid", init_method="env://", rank=r, world_size=n)
+//
+// Joining (join()): every rank writes its host name to the PyTorch store it is handed (the
+// prefix store init_process_group made, so groups never share keys); the ranks on one host
+// form a node. Rank 0 picks a free port and publishes "host:port" and a random token there;
+// every rank then joins a braid World with that store address (World::join: rank 0 serves
+// braid's own store, then UCX connects every pair) and takes the world communicator.
+// The host rank 0 publishes: MASTER_ADDR when set, 127.0.0.1 when every rank is on one
+// host, else rank 0's host name. Each ProcessGroup owns its Runtime (one progress thread)
+// and World; a torch.distributed.new_group is a ProcessGroup of its own, joined the same
+// way.
+//
+// Calls. Each collective checks its tensors, takes its place in the communicator's order
+// on the calling thread (communicator.hpp: call every collective in the same order on
+// every rank) and returns at once with a Work that completes on the progress thread.
+// Work::wait() blocks until then and rethrows the operation's error; isCompleted() does
+// not block; getFuture() is a c10::ivalue::Future holding the output tensors, completed
+// on the progress thread (DDP's communication hooks chain on it: callbacks added with
+// then() run there, so they must not wait on this process group's work). Until a Work
+// completes, its tensors must stay alive and unread (outputs) or unmodified (inputs).
+//
+// Supported: one contiguous CPU tensor per call (the single-device list PyTorch passes),
+// of a dtype braid moves (braid/torch/tensor_buffer.hpp: not bool, int8, int16 or complex).
+//   allreduce, reduce       SUM, AVG, PRODUCT, MIN, MAX (AVG divides once, at the end; on
+//                           integers it truncates, as braid's avg does)
+//   broadcast, barrier
+//   allgather (list), _allgather_base (one tensor), gather
+//   reduce_scatter (list), _reduce_scatter_base (one tensor), scatter
+//   alltoall (list), alltoall_base (one tensor, with or without split sizes)
+//   send, recv              matched per pair of ranks in call order; the tag is not used
+// Cost beyond the collective itself: the list forms copy through one flat tensor (a
+// concatenation before, or a copy into each list entry after); the rest are zero-copy.
+//
+// Errors are c10::Error (RuntimeError in Python) whose message starts "braid rank R: op:".
+// A bad argument throws from the call; a failure during the operation (a dead peer,
+// Errc::peer_failed, naming it; the timeout passed to join) comes from wait() and from
+// the future.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <braid/collectives/communicator.hpp>
+#include <braid/core/runtime.hpp>
+#include <braid/transport/world.hpp>
+
+namespace braid::torch {
+
+class ProcessGroup final : public c10d::ProcessGroup {
+ public:
+  // Joins the ranks that share `store` (see Joining above); `timeout` bounds the join and
+  // every operation. Collective: every rank calls it. Throws c10::Error naming the rank.
+  static c10::intrusive_ptr<ProcessGroup> join(const c10::intrusive_ptr<c10d::Store>& store,
+                                               int rank, int size,
+                                               std::chrono::milliseconds timeout);
+
+  // Leaves the World (a barrier with the other ranks, World's destructor) and stops the
+  // progress thread.
+  ~ProcessGroup() override;
+
+  const std::string getBackendName() const override { return "braid"; }
+  collectives::Communicator& communicator() noexcept { return *communicator_; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& output_tensors,
+                                           std::vector<at::Tensor>& input_tensors,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& output_tensors,
+                                        std::vector<at::Tensor>& input_tensors,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& output_tensors,
+                                         std::vector<std::vector<at::Tensor>>& input_tensors,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& output_tensors,
+                                                std::vector<std::vector<at::Tensor>>& input_tensors,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& output_tensors,
+                                          std::vector<at::Tensor>& input_tensors,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  // Public for c10::make_intrusive; use join().
+  ProcessGroup(int rank, int size, std::unique_ptr<Runtime> runtime,
+               std::unique_ptr<transport::World> world,
+               std::shared_ptr<collectives::Communicator> communicator);
+
+ private:
+  // Runs `operation` (already called, so in the communicator's order) to completion on
+  // the progress thread, then `finish` there (copies out of a flat tensor), then completes
+  // the Work with `outputs`, or fails it with the error named after `op`.
+  c10::intrusive_ptr<c10d::Work> start(c10d::OpType type, std::string_view op,
+                                       asio::awaitable<void> operation,
+                                       std::vector<at::Tensor> outputs,
+                                       std::function<void()> finish = {});
+
+  std::unique_ptr<Runtime> runtime_;
+  std::unique_ptr<transport::World> world_;
+  std::shared_ptr<collectives::Communicator> communicator_;
+};
+
+}  // namespace braid::torch

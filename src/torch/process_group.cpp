@@ -1,0 +1,440 @@
+// braid::torch::ProcessGroup's collectives (process_group.hpp): each checks its tensors,
+// calls the communicator on the caller's thread (which takes the call's place in the
+// order) and hands the awaitable to start(), which completes a Work from the progress
+// thread. Joining is in process_group_join.cpp.
+#include <cstddef>
+#include <exception>
+#include <optional>
+#include <span>
+#include <thread>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <c10/util/Exception.h>
+
+#include <braid/core/error.hpp>
+#include <braid/torch/process_group.hpp>
+#include <braid/torch/tensor_buffer.hpp>
+
+namespace braid::torch {
+
+namespace {
+
+// A Work that follows a c10::ivalue::Future. PyTorch's own Work::create_from_future does
+// not rethrow from wait(), and refuses a finite timeout; this one does both.
+class FutureWork final : public c10d::Work {
+ public:
+  FutureWork(int rank, c10d::OpType type, c10::intrusive_ptr<c10::ivalue::Future> future)
+      : Work(rank, type), future_(std::move(future)) {}
+
+  bool isCompleted() override { return future_->completed(); }
+  bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
+  std::exception_ptr exception() const override { return future_->exception_ptr(); }
+  std::vector<at::Tensor> result() override { return future_->value().toTensorVector(); }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (timeout != kNoTimeout) {
+      // c10's Future has no timed wait; the operation's own deadline (join()'s timeout)
+      // bounds an untimed one.
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      while (!future_->completed()) {
+        TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "braid rank ", rank_, ": ",
+                    c10d::opTypeToString(opType_), " did not complete within ", timeout.count(),
+                    " ms");
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+    future_->waitAndThrow();
+    return true;
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+std::string prefix(int rank, std::string_view op) {
+  return c10::str("braid rank ", rank, ": ", op, ": ");
+}
+
+// Runs on the progress thread: awaits the operation, finishes, completes the future.
+asio::awaitable<void> complete(asio::awaitable<void> operation,
+                               c10::intrusive_ptr<c10::ivalue::Future> future,
+                               std::vector<at::Tensor> outputs, std::function<void()> finish,
+                               std::string what) {
+  std::exception_ptr error;
+  try {
+    co_await std::move(operation);
+    if (finish) finish();
+  } catch (const c10::Error&) {
+    error = std::current_exception();
+  } catch (const std::exception& e) {
+    error = std::make_exception_ptr(c10::Error({__func__, __FILE__, __LINE__}, what + e.what()));
+  }
+  // Outside the try: callbacks chained with then() run here, and their errors are theirs.
+  if (error) {
+    future->setError(error);
+  } else {
+    future->markCompleted(c10::IValue(outputs));
+  }
+}
+
+// recv's awaitable reports the elements received; PyTorch expects the whole tensor.
+asio::awaitable<void> receive_exactly(asio::awaitable<std::size_t> receive, std::size_t count,
+                                      std::string what) {
+  const std::size_t received = co_await std::move(receive);
+  TORCH_CHECK(received == count, what, "received ", received, " elements into a tensor of ", count,
+              "; the sender's tensor must have as many");
+}
+
+std::optional<ReduceOp> reduce_op_of(const c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return ReduceOp::sum;
+    case c10d::ReduceOp::AVG:
+      return ReduceOp::avg;
+    case c10d::ReduceOp::PRODUCT:
+      return ReduceOp::prod;
+    case c10d::ReduceOp::MIN:
+      return ReduceOp::min;
+    case c10d::ReduceOp::MAX:
+      return ReduceOp::max;
+    default:
+      return std::nullopt;
+  }
+}
+
+// Translates a braid::Error thrown while a call is checked or ordered into PyTorch's.
+template <class F>
+c10::intrusive_ptr<c10d::Work> translating(int rank, std::string_view op, F&& body) {
+  try {
+    return body();
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, prefix(rank, op), e.what());
+  }
+}
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(int rank, int size, std::unique_ptr<Runtime> runtime,
+                           std::unique_ptr<transport::World> world,
+                           std::shared_ptr<collectives::Communicator> communicator)
+    : c10d::ProcessGroup(rank, size),
+      runtime_(std::move(runtime)),
+      world_(std::move(world)),
+      communicator_(std::move(communicator)) {
+  init();
+}
+
+ProcessGroup::~ProcessGroup() {
+  communicator_.reset();
+  world_.reset();
+  runtime_.reset();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::start(c10d::OpType type, std::string_view op,
+                                                   asio::awaitable<void> operation,
+                                                   std::vector<at::Tensor> outputs,
+                                                   std::function<void()> finish) {
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+  asio::co_spawn(runtime_->executor(),
+                 complete(std::move(operation), future, std::move(outputs), std::move(finish),
+                          prefix(rank_, op)),
+                 asio::detached);
+  return c10::make_intrusive<FutureWork>(rank_, type, std::move(future));
+}
+
+namespace {
+
+// The one tensor of a single-device call, checked.
+const at::Tensor& only(const std::vector<at::Tensor>& tensors, int rank, std::string_view op) {
+  TORCH_CHECK(tensors.size() == 1, prefix(rank, op), "takes one tensor per call (one device), got ",
+              tensors.size());
+  return tensors[0];
+}
+
+// A Buffer over a contiguous CPU tensor; anything else is a c10::Error naming the call.
+Buffer buffer_of(const at::Tensor& tensor, int rank, std::string_view op) {
+  TORCH_CHECK(tensor.device().is_cpu(), prefix(rank, op), "takes CPU tensors, got one on ",
+              tensor.device());
+  try {
+    return as_buffer(tensor);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, prefix(rank, op), e.what());
+  }
+}
+
+ReduceOp checked_op(const c10d::ReduceOp& op, int rank, std::string_view name) {
+  const std::optional<ReduceOp> braid_op = reduce_op_of(op);
+  TORCH_CHECK(braid_op.has_value(), prefix(rank, name),
+              "supports SUM, AVG, PRODUCT, MIN and MAX, not reduce op ", static_cast<int>(op.op_));
+  return *braid_op;
+}
+
+// Every tensor of a list form: as many as ranks, each like `like`.
+void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, int size, int rank,
+                std::string_view op) {
+  TORCH_CHECK(static_cast<int>(list.size()) == size, prefix(rank, op), "needs ", size,
+              " tensors (one per rank), got ", list.size());
+  for (const at::Tensor& t : list) {
+    TORCH_CHECK(t.numel() == like.numel() && t.scalar_type() == like.scalar_type(),
+                prefix(rank, op), "every tensor of the list must have ", like.numel(),
+                " elements of ", like.scalar_type(), ", got ", t.numel(), " of ", t.scalar_type());
+  }
+}
+
+// Copies block i of `flat` into list[i].
+std::function<void()> copy_out(at::Tensor flat, std::vector<at::Tensor> list) {
+  return [flat = std::move(flat), list = std::move(list)]() mutable {
+    std::int64_t offset = 0;
+    for (at::Tensor& t : list) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  };
+}
+
+at::Tensor flat_cat(const std::vector<at::Tensor>& list) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(list.size());
+  for (const at::Tensor& t : list) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
+                                                       const c10d::AllreduceOptions& opts) {
+  return translating(rank_, "allreduce", [&] {
+    const at::Tensor& tensor = only(tensors, rank_, "allreduce");
+    const ReduceOp op = checked_op(opts.reduceOp, rank_, "allreduce");
+    return start(c10d::OpType::ALLREDUCE, "allreduce",
+                 communicator_->all_reduce(buffer_of(tensor, rank_, "allreduce"), op), tensors);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
+                                                       const c10d::BroadcastOptions& opts) {
+  return translating(rank_, "broadcast", [&] {
+    const at::Tensor& tensor = only(tensors, rank_, "broadcast");
+    return start(c10d::OpType::BROADCAST, "broadcast",
+                 communicator_->broadcast(buffer_of(tensor, rank_, "broadcast"),
+                                          static_cast<int>(opts.rootRank)),
+                 tensors);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce(std::vector<at::Tensor>& tensors,
+                                                    const c10d::ReduceOptions& opts) {
+  return translating(rank_, "reduce", [&] {
+    const at::Tensor& tensor = only(tensors, rank_, "reduce");
+    const ReduceOp op = checked_op(opts.reduceOp, rank_, "reduce");
+    return start(c10d::OpType::REDUCE, "reduce",
+                 communicator_->reduce(buffer_of(tensor, rank_, "reduce"), op,
+                                       static_cast<int>(opts.rootRank)),
+                 tensors);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather(
+    std::vector<std::vector<at::Tensor>>& output_tensors, std::vector<at::Tensor>& input_tensors,
+    const c10d::AllgatherOptions& /*opts*/) {
+  return translating(rank_, "allgather", [&] {
+    const at::Tensor& input = only(input_tensors, rank_, "allgather");
+    TORCH_CHECK(output_tensors.size() == 1, prefix(rank_, "allgather"),
+                "takes one output list (one device), got ", output_tensors.size());
+    check_list(output_tensors[0], input, size_, rank_, "allgather");
+    at::Tensor flat = at::empty({input.numel() * size_}, input.options());
+    auto operation = communicator_->all_gather(buffer_of(input, rank_, "allgather"),
+                                               buffer_of(flat, rank_, "allgather"));
+    return start(c10d::OpType::ALLGATHER, "allgather", std::move(operation), output_tensors[0],
+                 copy_out(flat, output_tensors[0]));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& /*opts*/) {
+  return translating(rank_, "_allgather_base", [&] {
+    return start(c10d::OpType::_ALLGATHER_BASE, "_allgather_base",
+                 communicator_->all_gather(buffer_of(input, rank_, "_allgather_base"),
+                                           buffer_of(output, rank_, "_allgather_base")),
+                 {output});
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::gather(
+    std::vector<std::vector<at::Tensor>>& output_tensors, std::vector<at::Tensor>& input_tensors,
+    const c10d::GatherOptions& opts) {
+  return translating(rank_, "gather", [&] {
+    const at::Tensor& input = only(input_tensors, rank_, "gather");
+    const int root = static_cast<int>(opts.rootRank);
+    if (rank_ != root) {
+      TORCH_CHECK(output_tensors.empty(), prefix(rank_, "gather"),
+                  "takes no output tensors on ranks other than the root");
+      return start(c10d::OpType::GATHER, "gather",
+                   communicator_->gather(buffer_of(input, rank_, "gather"), Buffer{}, root), {});
+    }
+    TORCH_CHECK(output_tensors.size() == 1, prefix(rank_, "gather"),
+                "takes one output list on the root, got ", output_tensors.size());
+    check_list(output_tensors[0], input, size_, rank_, "gather");
+    at::Tensor flat = at::empty({input.numel() * size_}, input.options());
+    auto operation = communicator_->gather(buffer_of(input, rank_, "gather"),
+                                           buffer_of(flat, rank_, "gather"), root);
+    return start(c10d::OpType::GATHER, "gather", std::move(operation), output_tensors[0],
+                 copy_out(flat, output_tensors[0]));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::scatter(
+    std::vector<at::Tensor>& output_tensors, std::vector<std::vector<at::Tensor>>& input_tensors,
+    const c10d::ScatterOptions& opts) {
+  return translating(rank_, "scatter", [&] {
+    const at::Tensor& output = only(output_tensors, rank_, "scatter");
+    const int root = static_cast<int>(opts.rootRank);
+    if (rank_ != root) {
+      TORCH_CHECK(input_tensors.empty(), prefix(rank_, "scatter"),
+                  "takes no input tensors on ranks other than the root");
+      return start(c10d::OpType::SCATTER, "scatter",
+                   communicator_->scatter(Buffer{}, buffer_of(output, rank_, "scatter"), root),
+                   output_tensors);
+    }
+    TORCH_CHECK(input_tensors.size() == 1, prefix(rank_, "scatter"),
+                "takes one input list on the root, got ", input_tensors.size());
+    check_list(input_tensors[0], output, size_, rank_, "scatter");
+    at::Tensor flat = flat_cat(input_tensors[0]);
+    auto operation = communicator_->scatter(buffer_of(flat, rank_, "scatter"),
+                                            buffer_of(output, rank_, "scatter"), root);
+    // The flat input lives until the scatter completes.
+    return start(c10d::OpType::SCATTER, "scatter", std::move(operation), output_tensors, [flat] {});
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter(
+    std::vector<at::Tensor>& output_tensors, std::vector<std::vector<at::Tensor>>& input_tensors,
+    const c10d::ReduceScatterOptions& opts) {
+  return translating(rank_, "reduce_scatter", [&] {
+    const at::Tensor& output = only(output_tensors, rank_, "reduce_scatter");
+    TORCH_CHECK(input_tensors.size() == 1, prefix(rank_, "reduce_scatter"),
+                "takes one input list (one device), got ", input_tensors.size());
+    check_list(input_tensors[0], output, size_, rank_, "reduce_scatter");
+    const ReduceOp op = checked_op(opts.reduceOp, rank_, "reduce_scatter");
+    at::Tensor flat = flat_cat(input_tensors[0]);
+    auto operation = communicator_->reduce_scatter(buffer_of(flat, rank_, "reduce_scatter"),
+                                                   buffer_of(output, rank_, "reduce_scatter"), op);
+    return start(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", std::move(operation),
+                 output_tensors, [flat] {});
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  return translating(rank_, "_reduce_scatter_base", [&] {
+    const ReduceOp op = checked_op(opts.reduceOp, rank_, "_reduce_scatter_base");
+    return start(
+        c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base",
+        communicator_->reduce_scatter(buffer_of(input, rank_, "_reduce_scatter_base"),
+                                      buffer_of(output, rank_, "_reduce_scatter_base"), op),
+        {output});
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                           std::vector<int64_t>& output_split_sizes,
+                                                           std::vector<int64_t>& input_split_sizes,
+                                                           const c10d::AllToAllOptions& /*opts*/) {
+  return translating(rank_, "alltoall_base", [&] {
+    const Buffer in = buffer_of(input, rank_, "alltoall_base");
+    const Buffer out = buffer_of(output, rank_, "alltoall_base");
+    if (output_split_sizes.empty() && input_split_sizes.empty()) {
+      return start(c10d::OpType::ALLTOALL_BASE, "alltoall_base", communicator_->all_to_all(in, out),
+                   {output});
+    }
+    // Split sizes count rows of dimension 0; braid counts elements.
+    auto counts_of = [&](const std::vector<int64_t>& splits, const at::Tensor& t) {
+      const std::size_t size = static_cast<std::size_t>(size_);
+      std::vector<std::size_t> counts(size, 0);
+      const std::int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+      const std::int64_t row = rows == 0 ? 0 : t.numel() / rows;
+      if (splits.empty()) {
+        TORCH_CHECK(rows % size_ == 0, prefix(rank_, "alltoall_base"), "dimension 0 (", rows,
+                    ") must divide by the group's size ", size_, " without split sizes");
+        for (std::size_t r = 0; r < size; ++r)
+          counts[r] = static_cast<std::size_t>(rows / size_ * row);
+        return counts;
+      }
+      TORCH_CHECK(splits.size() == size, prefix(rank_, "alltoall_base"), "needs ", size_,
+                  " split sizes, got ", splits.size());
+      for (std::size_t r = 0; r < size; ++r) counts[r] = static_cast<std::size_t>(splits[r] * row);
+      return counts;
+    };
+    // The counts live, as the communicator requires, until the operation completes.
+    auto send_counts =
+        std::make_shared<std::vector<std::size_t>>(counts_of(input_split_sizes, input));
+    auto recv_counts =
+        std::make_shared<std::vector<std::size_t>>(counts_of(output_split_sizes, output));
+    auto operation = communicator_->all_to_all_v(in, *send_counts, out, *recv_counts);
+    return start(c10d::OpType::ALLTOALL_BASE, "alltoall_base", std::move(operation), {output},
+                 [send_counts, recv_counts] {});
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& output_tensors,
+                                                      std::vector<at::Tensor>& input_tensors,
+                                                      const c10d::AllToAllOptions& /*opts*/) {
+  return translating(rank_, "alltoall", [&] {
+    TORCH_CHECK(static_cast<int>(input_tensors.size()) == size_ &&
+                    static_cast<int>(output_tensors.size()) == size_,
+                prefix(rank_, "alltoall"), "needs ", size_, " input and output tensors, got ",
+                input_tensors.size(), " and ", output_tensors.size());
+    auto send_counts = std::make_shared<std::vector<std::size_t>>();
+    auto recv_counts = std::make_shared<std::vector<std::size_t>>();
+    std::int64_t received = 0;
+    for (int r = 0; r < size_; ++r) {
+      send_counts->push_back(static_cast<std::size_t>(input_tensors[r].numel()));
+      recv_counts->push_back(static_cast<std::size_t>(output_tensors[r].numel()));
+      received += output_tensors[r].numel();
+    }
+    at::Tensor in = flat_cat(input_tensors);
+    at::Tensor out = at::empty({received}, output_tensors[0].options());
+    auto operation = communicator_->all_to_all_v(buffer_of(in, rank_, "alltoall"), *send_counts,
+                                                 buffer_of(out, rank_, "alltoall"), *recv_counts);
+    auto copy = copy_out(out, output_tensors);
+    return start(c10d::OpType::ALLTOALL, "alltoall", std::move(operation), output_tensors,
+                 [copy, in, send_counts, recv_counts] { copy(); });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::send(std::vector<at::Tensor>& tensors, int dst_rank,
+                                                  int /*tag*/) {
+  return translating(rank_, "send", [&] {
+    const at::Tensor& tensor = only(tensors, rank_, "send");
+    return start(c10d::OpType::SEND, "send",
+                 communicator_->send(buffer_of(tensor, rank_, "send"), dst_rank), tensors);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::recv(std::vector<at::Tensor>& tensors, int src_rank,
+                                                  int /*tag*/) {
+  return translating(rank_, "recv", [&] {
+    const at::Tensor& tensor = only(tensors, rank_, "recv");
+    auto receive = communicator_->recv(buffer_of(tensor, rank_, "recv"), src_rank);
+    return start(c10d::OpType::RECV, "recv",
+                 receive_exactly(std::move(receive), static_cast<std::size_t>(tensor.numel()),
+                                 prefix(rank_, "recv")),
+                 tensors);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::barrier(const c10d::BarrierOptions& /*opts*/) {
+  return translating(rank_, "barrier", [&] {
+    return start(c10d::OpType::BARRIER, "barrier", communicator_->barrier(), {});
+  });
+}
+
+}  // namespace braid::torch

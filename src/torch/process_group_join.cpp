@@ -1,0 +1,121 @@
+// ProcessGroup::join (process_group.hpp): the ranks meet in the PyTorch store they are
+// handed, learn which of them share a host, and rank 0 publishes where it will serve
+// braid's store; then every rank joins a braid World there. Cost: one set and P gets on
+// the PyTorch store per rank, then World::join.
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <braid/torch/process_group.hpp>
+#include <braid/transport/bootstrap.hpp>
+
+namespace braid::torch {
+
+namespace {
+
+constexpr const char* kStoreKey = "braid/store";
+
+std::string host_key(int rank) {
+  return fmt::format("braid/host/{}", rank);
+}
+
+std::string this_host() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
+void set(c10d::Store& store, const std::string& key, const std::string& value) {
+  store.set(key, std::vector<std::uint8_t>(value.begin(), value.end()));
+}
+
+std::string get(c10d::Store& store, const std::string& key) {
+  const std::vector<std::uint8_t> value = store.get(key);
+  return std::string(value.begin(), value.end());
+}
+
+// 128 random bits in hex: the token braid's store asks of its clients, so a stranger that
+// finds the port cannot join.
+std::string random_token() {
+  std::random_device device;
+  std::string token;
+  for (int i = 0; i < 4; ++i) token += fmt::format("{:08x}", device());
+  return token;
+}
+
+// This rank's place among the nodes: ranks on one host form a node, numbered in order of
+// their first rank.
+void place_on_nodes(transport::LaunchInfo& info, const std::vector<std::string>& hosts) {
+  std::map<std::string, int> node_of_host;
+  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) {
+    const auto [it, added] = node_of_host.emplace(hosts[r], static_cast<int>(node_of_host.size()));
+    if (hosts[r] != hosts[info.rank]) continue;
+    if (r < info.rank) ++info.local_rank;
+    ++info.local_world_size;
+    info.node_rank = it->second;
+  }
+  info.num_nodes = static_cast<int>(node_of_host.size());
+}
+
+}  // namespace
+
+c10::intrusive_ptr<ProcessGroup> ProcessGroup::join(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    int rank, int size,
+                                                    std::chrono::milliseconds timeout) {
+  TORCH_CHECK(store, "braid rank ", rank, ": join: needs a store");
+  TORCH_CHECK(size > 0 && rank >= 0 && rank < size, "braid rank ", rank,
+              ": join: rank must be in [0, ", size, ")");
+  try {
+    transport::LaunchInfo info;
+    info.rank = rank;
+    info.world_size = size;
+    info.local_world_size = 0;
+    info.source = "torch.distributed";
+    set(*store, host_key(rank), this_host());
+    std::vector<std::string> hosts;
+    for (int r = 0; r < size; ++r) hosts.push_back(get(*store, host_key(r)));
+    place_on_nodes(info, hosts);
+
+    if (rank == 0) {
+      const char* master = std::getenv("MASTER_ADDR");
+      info.store_host = master != nullptr && *master != '\0' ? master
+                        : info.num_nodes == 1                ? "127.0.0.1"
+                                                             : hosts[0];
+      info.store_port = size == 1 ? 0 : transport::find_free_port();
+      info.token = random_token();
+      set(*store, kStoreKey,
+          transport::format_host_port(info.store_host, info.store_port) + " " + info.token);
+    } else {
+      const std::string published = get(*store, kStoreKey);
+      const std::size_t space = published.find(' ');
+      const transport::HostPort address =
+          transport::parse_host_port(published.substr(0, space), kStoreKey);
+      info.store_host = address.host;
+      info.store_port = address.port;
+      info.token = space == std::string::npos ? "" : published.substr(space + 1);
+    }
+
+    auto runtime = std::make_unique<Runtime>(Runtime::Options{.rank = rank});
+    transport::World::Options world_options;
+    world_options.join_timeout = timeout;
+    auto world = transport::World::join(*runtime, info, world_options);
+    collectives::Communicator::Options options;
+    options.timeout = timeout;
+    auto communicator = collectives::Communicator::world(*world, options);
+    return c10::make_intrusive<ProcessGroup>(rank, size, std::move(runtime), std::move(world),
+                                             std::move(communicator));
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "braid rank ", rank, ": join: ", e.what());
+  }
+}
+
+}  // namespace braid::torch

@@ -1,0 +1,237 @@
+"""braid as a torch.distributed backend (braid_torch): every collective it implements gives
+what the Gloo backend gives in the same run, on 2 and 3 processes and over four dtypes;
+DistributedDataParallel trained on "braid" ends with the parameters it ends with on
+"gloo"; bad arguments raise a RuntimeError naming the rank and the operation.
+
+Each test spawns its ranks with torch.multiprocessing; the default group is braid's and
+a Gloo group over the same ranks is the reference. Run by meson with PYTHONPATH naming the
+build's python/ folder (where braid_torch is)."""
+
+import datetime
+import os
+import socket
+import sys
+import unittest
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import braid_torch  # noqa: F401  (registers the "braid" backend)
+
+DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64]
+OPS = [dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def join(rank, size, port):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("braid", rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=60))
+    return dist.new_group(backend="gloo")
+
+
+def values(rank, count, dtype, salt=0):
+    """Distinct, small values per rank (products of 3 ranks stay exact in every dtype)."""
+    t = torch.arange(count, dtype=torch.int64) % 5 + rank + salt + 1
+    return t.to(dtype)
+
+
+def check_equal(what, got, expected):
+    assert torch.equal(got, expected), f"{what}: braid gave {got.tolist()}, gloo {expected.tolist()}"
+
+
+def collectives_worker(rank, size, port):
+    gloo = join(rank, size, port)
+    count = 7 * size  # divides by the group's size, as reduce_scatter and all_to_all need
+    for dtype in DTYPES:
+        for op in OPS:
+            mine, theirs = values(rank, count, dtype), values(rank, count, dtype)
+            dist.all_reduce(mine, op=op)
+            dist.all_reduce(theirs, op=op, group=gloo)
+            check_equal(f"all_reduce {op} {dtype}", mine, theirs)
+
+        # AVG: Gloo has none; braid divides the sum once (truncating on integers).
+        mine, total = values(rank, count, dtype), values(rank, count, dtype)
+        dist.all_reduce(mine, op=dist.ReduceOp.AVG)
+        dist.all_reduce(total, group=gloo)
+        expected = total / size if dtype.is_floating_point else torch.div(
+            total, size, rounding_mode="trunc")
+        check_equal(f"all_reduce AVG {dtype}", mine, expected.to(dtype))
+
+        for root in range(size):
+            mine, theirs = values(rank, count, dtype), values(rank, count, dtype)
+            dist.broadcast(mine, src=root)
+            dist.broadcast(theirs, src=root, group=gloo)
+            check_equal(f"broadcast from {root} {dtype}", mine, theirs)
+
+            mine, theirs = values(rank, count, dtype), values(rank, count, dtype)
+            dist.reduce(mine, dst=root)
+            dist.reduce(theirs, dst=root, group=gloo)
+            if rank == root:
+                check_equal(f"reduce to {root} {dtype}", mine, theirs)
+
+            mine = [torch.empty(count, dtype=dtype) for _ in range(size)] if rank == root else None
+            theirs = [torch.empty(count, dtype=dtype) for _ in range(size)] if rank == root else None
+            dist.gather(values(rank, count, dtype), mine, dst=root)
+            dist.gather(values(rank, count, dtype), theirs, dst=root, group=gloo)
+            if rank == root:
+                for r in range(size):
+                    check_equal(f"gather to {root} {dtype}, block {r}", mine[r], theirs[r])
+
+            blocks = [values(r, count, dtype, salt=root) for r in range(size)]
+            mine, theirs = torch.empty(count, dtype=dtype), torch.empty(count, dtype=dtype)
+            dist.scatter(mine, blocks if rank == root else None, src=root)
+            dist.scatter(theirs, blocks if rank == root else None, src=root, group=gloo)
+            check_equal(f"scatter from {root} {dtype}", mine, theirs)
+
+        mine = [torch.empty(count, dtype=dtype) for _ in range(size)]
+        theirs = [torch.empty(count, dtype=dtype) for _ in range(size)]
+        dist.all_gather(mine, values(rank, count, dtype))
+        dist.all_gather(theirs, values(rank, count, dtype), group=gloo)
+        for r in range(size):
+            check_equal(f"all_gather {dtype}, block {r}", mine[r], theirs[r])
+
+        mine = torch.empty(count * size, dtype=dtype)
+        dist.all_gather_into_tensor(mine, values(rank, count, dtype))
+        check_equal(f"all_gather_into_tensor {dtype}", mine, torch.cat(theirs))
+
+        # Gloo has no reduce_scatter: its all_reduce, sliced, is the reference.
+        block = count // size
+        total = values(rank, count, dtype)
+        dist.all_reduce(total, group=gloo)
+        expected = total[rank * block:(rank + 1) * block]
+        mine = torch.empty(block, dtype=dtype)
+        dist.reduce_scatter(mine, list(values(rank, count, dtype).chunk(size)))
+        check_equal(f"reduce_scatter {dtype}", mine, expected)
+        mine = torch.empty(block, dtype=dtype)
+        dist.reduce_scatter_tensor(mine, values(rank, count, dtype))
+        check_equal(f"reduce_scatter_tensor {dtype}", mine, expected)
+
+        mine, theirs = torch.empty(count, dtype=dtype), torch.empty(count, dtype=dtype)
+        dist.all_to_all_single(mine, values(rank, count, dtype))
+        dist.all_to_all_single(theirs, values(rank, count, dtype), group=gloo)
+        check_equal(f"all_to_all_single {dtype}", mine, theirs)
+
+        # Uneven splits: rank r sends r + j + 1 rows to rank j.
+        sends = [rank + j + 1 for j in range(size)]
+        receives = [i + rank + 1 for i in range(size)]
+        source = values(rank, sum(sends) * 2, dtype).view(-1, 2)
+        mine = torch.empty(sum(receives), 2, dtype=dtype)
+        theirs = torch.empty(sum(receives), 2, dtype=dtype)
+        dist.all_to_all_single(mine, source, receives, sends)
+        dist.all_to_all_single(theirs, source, receives, sends, group=gloo)
+        check_equal(f"all_to_all_single with splits {dtype}", mine, theirs)
+
+        # all_to_all (lists): Gloo has none; the expected blocks follow from values().
+        inputs = [values(rank, j + 1, dtype, salt=10 * j) for j in range(size)]
+        mine = [torch.empty(rank + 1, dtype=dtype) for _ in range(size)]
+        dist.all_to_all(mine, inputs)
+        for i in range(size):
+            check_equal(f"all_to_all {dtype}, from {i}", mine[i],
+                        values(i, rank + 1, dtype, salt=10 * rank))
+
+        # send and recv around the ring.
+        received = torch.empty(count, dtype=dtype)
+        right, left = (rank + 1) % size, (rank - 1) % size
+        if rank % 2 == 0:
+            dist.send(values(rank, count, dtype), right)
+            dist.recv(received, left)
+        else:
+            dist.recv(received, left)
+            dist.send(values(rank, count, dtype), right)
+        check_equal(f"send/recv {dtype}", received, values(left, count, dtype))
+
+    # Asynchronous work: wait(), is_completed() and the future DDP's hooks chain on.
+    t = values(rank, count, torch.float32)
+    work = dist.all_reduce(t, async_op=True)
+    future = work.get_future().then(lambda f: f.value()[0] * 2)
+    work.wait()
+    assert work.is_completed(), "all_reduce's work is not completed after wait()"
+    expected = values(rank, count, torch.float32)
+    dist.all_reduce(expected, group=gloo)
+    check_equal("all_reduce's future", future.wait(), expected * 2)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def errors_worker(rank, size, port):
+    join(rank, size, port)
+    cases = [
+        ("allreduce", lambda: dist.all_reduce(torch.ones(4, 4).t())),  # not contiguous
+        ("allreduce", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32),
+                                              op=dist.ReduceOp.BAND)),
+        ("allreduce", lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool))),
+        ("allgather", lambda: dist.all_gather([torch.ones(3)] * size, torch.ones(4))),
+        ("reduce_scatter", lambda: dist.reduce_scatter(torch.ones(4), [torch.ones(4)])),
+    ]
+    for op, call in cases:
+        try:
+            call()
+        except RuntimeError as error:
+            text = str(error)
+            assert f"braid rank {rank}: {op}:" in text, f"{op}: the error does not name it: {text}"
+        else:
+            raise AssertionError(f"{op} with a bad argument raised nothing")
+    # The group still works: bad arguments are refused before they take a place in the order.
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    check_equal("all_reduce after refused calls", t, torch.full((3,), float(size)))
+    dist.destroy_process_group()
+
+
+def train(model, group, rank, steps=5):
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        x = torch.randn(16, 8, generator=generator)
+        y = torch.randn(16, 2, generator=generator)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def ddp_worker(rank, size, port):
+    gloo = join(rank, size, port)
+    torch.manual_seed(rank)  # different initial weights: DDP broadcasts rank 0's
+
+    def model():
+        torch.manual_seed(1234 + rank)
+        return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+
+    on_braid = train(model(), dist.group.WORLD, rank)
+    on_gloo = train(model(), gloo, rank)
+    for i, (b, g) in enumerate(zip(on_braid, on_gloo)):
+        assert torch.allclose(b, g, rtol=1e-6, atol=1e-7), (
+            f"parameter {i} after 5 DDP steps: braid and gloo differ by "
+            f"{(b - g).abs().max().item()}")
+    dist.destroy_process_group()
+
+
+class ProcessGroupTest(unittest.TestCase):
+    def spawn(self, worker, size):
+        mp.spawn(worker, args=(size, free_port()), nprocs=size, join=True)
+
+    def test_every_collective_and_dtype_matches_gloo_on_2_ranks(self):
+        self.spawn(collectives_worker, 2)
+
+    def test_every_collective_and_dtype_matches_gloo_on_3_ranks(self):
+        self.spawn(collectives_worker, 3)
+
+    def test_bad_arguments_raise_runtime_errors_naming_rank_and_op(self):
+        self.spawn(errors_worker, 2)
+
+    def test_ddp_trained_on_braid_ends_with_gloos_parameters(self):
+        self.spawn(ddp_worker, 2)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

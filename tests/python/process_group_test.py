@@ -1,7 +1,8 @@
 """braid as a torch.distributed backend (braid_torch): every collective it implements gives
 what the Gloo backend gives in the same run, on 2 and 3 processes and over four dtypes;
 DistributedDataParallel trained on "braid" ends with the parameters it ends with on
-"gloo"; bad arguments raise a RuntimeError naming the rank and the operation.
+"gloo"; bad arguments raise a RuntimeError naming the rank and the operation, and a
+killed rank fails the survivors' work naming it.
 
 Each test spawns its ranks with torch.multiprocessing; the default group is braid's and
 a Gloo group over the same ranks is the reference. Run by meson with PYTHONPATH naming the
@@ -186,6 +187,22 @@ def errors_worker(rank, size, port):
     dist.destroy_process_group()
 
 
+def killed_rank_worker(rank, size, port):
+    join(rank, size, port)
+    dist.barrier()
+    if rank == size - 1:
+        os._exit(3)  # dies without leaving
+    try:
+        dist.all_reduce(torch.ones(1000))
+    except RuntimeError as error:
+        text = str(error)
+        assert f"braid rank {rank}: allreduce:" in text and f"rank {size - 1} failed" in text, (
+            f"the survivor's error does not name the operation and the dead rank: {text}")
+    else:
+        raise AssertionError("all_reduce with a dead member raised nothing")
+    dist.destroy_process_group()
+
+
 def train(model, group, rank, steps=5):
     ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -228,6 +245,16 @@ class ProcessGroupTest(unittest.TestCase):
 
     def test_bad_arguments_raise_runtime_errors_naming_rank_and_op(self):
         self.spawn(errors_worker, 2)
+
+    def test_a_killed_rank_fails_the_survivors_work_naming_it(self):
+        size = 3
+        context = mp.start_processes(killed_rank_worker, args=(size, free_port()), nprocs=size,
+                                     join=False, start_method="spawn")
+        for process in context.processes:
+            process.join(120)
+        codes = [process.exitcode for process in context.processes]
+        self.assertEqual(codes, [0] * (size - 1) + [3],
+                         "survivors exit 0 having seen the failure; the killed rank exits 3")
 
     def test_ddp_trained_on_braid_ends_with_gloos_parameters(self):
         self.spawn(ddp_worker, 2)

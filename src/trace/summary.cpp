@@ -176,10 +176,16 @@ std::optional<double> bubble_of(const RankTimeline& rank) {
   return 100.0 * static_cast<double>(window - total_length(busy)) / static_cast<double>(window);
 }
 
+// In the largest unit it reaches, so a column reads in one unit from 1 us on: three
+// significant digits below ten of the unit, one decimal above.
 std::string duration_text(std::int64_t ns) {
-  if (ns >= 10'000'000'000) return fmt::format("{:.1f} s", static_cast<double>(ns) / 1e9);
-  if (ns >= 10'000'000) return fmt::format("{:.1f} ms", static_cast<double>(ns) / 1e6);
-  if (ns >= 10'000) return fmt::format("{:.1f} us", static_cast<double>(ns) / 1e3);
+  const auto in = [](double value, const char* unit) {
+    return value < 10 ? fmt::format("{:.2f} {}", value, unit)
+                      : fmt::format("{:.1f} {}", value, unit);
+  };
+  if (ns >= 1'000'000'000) return in(static_cast<double>(ns) / 1e9, "s");
+  if (ns >= 1'000'000) return in(static_cast<double>(ns) / 1e6, "ms");
+  if (ns >= 1'000) return fmt::format("{:.1f} us", static_cast<double>(ns) / 1e3);
   return fmt::format("{} ns", ns);
 }
 

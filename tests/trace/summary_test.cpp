@@ -384,7 +384,7 @@ TEST(Waiting, EachRankWaitsUntilTheLastArrivalAndTheJobNamesWhomItWaitedForMost)
   EXPECT_EQ(s.job.figures.most_waited_for()->rank, 1);
   const std::string text = format_text(s);
   EXPECT_NE(text.find("ranks waited 16.0 ms for rank 1 (29.6% of exposed), last to arrive at 2 "
-                      "of its 3 calls; 8000.0 us for 1 other rank"),
+                      "of its 3 calls; 8.00 ms for 1 other rank"),
             std::string::npos)
       << text;
 }

@@ -4,6 +4,7 @@
 // thread. Joining is in process_group_join.cpp.
 #include <cstddef>
 #include <exception>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <thread>
@@ -62,10 +63,37 @@ std::string prefix(int rank, std::string_view op) {
 }
 
 // Runs on the progress thread: awaits the operation, finishes, completes the future.
+}  // namespace
+
+struct ProcessGroup::Remains {
+  struct Operation {
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    std::vector<at::Tensor> outputs;
+    std::function<void()> finish;
+  };
+  std::mutex mutex;
+  std::vector<Operation> finished;
+
+  void keep(Operation operation) {
+    std::lock_guard lock(mutex);
+    finished.push_back(std::move(operation));
+  }
+  // On a caller's thread.
+  void release() {
+    std::vector<Operation> done;
+    {
+      std::lock_guard lock(mutex);
+      done.swap(finished);
+    }
+  }
+};
+
+namespace {
+
 asio::awaitable<void> complete(asio::awaitable<void> operation,
                                c10::intrusive_ptr<c10::ivalue::Future> future,
                                std::vector<at::Tensor> outputs, std::function<void()> finish,
-                               std::string what) {
+                               std::string what, std::shared_ptr<ProcessGroup::Remains> remains) {
   std::exception_ptr error;
   try {
     co_await std::move(operation);
@@ -81,6 +109,7 @@ asio::awaitable<void> complete(asio::awaitable<void> operation,
   } else {
     future->markCompleted(c10::IValue(outputs));
   }
+  remains->keep({std::move(future), std::move(outputs), std::move(finish)});
 }
 
 // recv's awaitable reports the elements received; PyTorch expects the whole tensor.
@@ -126,6 +155,7 @@ ProcessGroup::ProcessGroup(int rank, int size, std::unique_ptr<Runtime> runtime,
                            std::unique_ptr<transport::World> world,
                            std::shared_ptr<collectives::Communicator> communicator)
     : c10d::ProcessGroup(rank, size),
+      remains_(std::make_shared<Remains>()),
       runtime_(std::move(runtime)),
       world_(std::move(world)),
       communicator_(std::move(communicator)) {
@@ -136,16 +166,18 @@ ProcessGroup::~ProcessGroup() {
   communicator_.reset();
   world_.reset();
   runtime_.reset();
+  remains_->release();  // on this thread, braid's thread gone
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::start(c10d::OpType type, std::string_view op,
                                                    asio::awaitable<void> operation,
                                                    std::vector<at::Tensor> outputs,
                                                    std::function<void()> finish) {
+  remains_->release();  // the operations finished since the last call, let go here
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
   asio::co_spawn(runtime_->executor(),
                  complete(std::move(operation), future, std::move(outputs), std::move(finish),
-                          prefix(rank_, op)),
+                          prefix(rank_, op), remains_),
                  asio::detached);
   return c10::make_intrusive<FutureWork>(rank_, type, std::move(future));
 }

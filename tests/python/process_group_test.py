@@ -203,6 +203,13 @@ def killed_rank_worker(rank, size, port):
     dist.destroy_process_group()
 
 
+def destroy_without_barrier_worker(rank, size, port):
+    join(rank, size, port)
+    for _ in range(10):
+        dist.all_reduce(torch.ones(1000))  # temporaries: Python lets go of them at once
+    dist.destroy_process_group()  # no barrier first: operations may still be finishing
+
+
 def train(model, group, rank, steps=5):
     ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -255,6 +262,21 @@ class ProcessGroupTest(unittest.TestCase):
         codes = [process.exitcode for process in context.processes]
         self.assertEqual(codes, [0] * (size - 1) + [3],
                          "survivors exit 0 having seen the failure; the killed rank exits 3")
+
+    def test_destroying_the_group_right_after_its_calls_returns(self):
+        # braid's thread must not free Python's tensors (the GIL) while Python's thread waits
+        # for it in destroy_process_group.
+        size = 2
+        context = mp.start_processes(destroy_without_barrier_worker, args=(size, free_port()),
+                                     nprocs=size, join=False, start_method="spawn")
+        for process in context.processes:
+            process.join(60)
+        hung = [process.pid for process in context.processes if process.exitcode is None]
+        for process in context.processes:
+            if process.exitcode is None:
+                process.kill()
+        self.assertEqual(hung, [], "destroy_process_group hung")
+        self.assertEqual([p.exitcode for p in context.processes], [0] * size)
 
     def test_ddp_trained_on_braid_ends_with_gloos_parameters(self):
         self.spawn(ddp_worker, 2)

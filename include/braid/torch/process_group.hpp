@@ -115,6 +115,12 @@ class ProcessGroup final : public c10d::ProcessGroup {
                std::unique_ptr<transport::World> world,
                std::shared_ptr<collectives::Communicator> communicator);
 
+  // What a finished operation held (its tensors, its future), left by braid's thread and let
+  // go on a caller's thread (the next call, or destruction): the last reference to a tensor
+  // Python made frees a Python object, which takes the GIL, and braid's thread must never
+  // wait for it while Python's thread waits for braid's (destroy_process_group).
+  struct Remains;
+
  private:
   // Runs `operation` (already called, so in the communicator's order) to completion on
   // the progress thread, then `finish` there (copies out of a flat tensor), then completes
@@ -124,6 +130,7 @@ class ProcessGroup final : public c10d::ProcessGroup {
                                        std::vector<at::Tensor> outputs,
                                        std::function<void()> finish = {});
 
+  std::shared_ptr<Remains> remains_;
   std::unique_ptr<Runtime> runtime_;
   std::unique_ptr<transport::World> world_;
   std::shared_ptr<collectives::Communicator> communicator_;

@@ -19,9 +19,11 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <braid/braid.hpp>
+#include <braid/dp/batch_balancer.hpp>
 #include <braid/torch/distributed_data_parallel.hpp>
 
 #include "models.hpp"
@@ -56,6 +58,10 @@ options:
                            FULL_SHARD (ZeRO-3); no_shard: FSDP NO_SHARD. Each hidden layer
                            or block is a unit. Named, it also prints the model state per
                            rank, the ZeRO formulas' estimate first and what was held last
+  --straggle-ms X           the last rank computes X ms more per step (at --batch samples,
+                           in proportion to its batch)
+  --balance                batch shares follow each rank's measured speed (the global
+                           batch stays --batch x ranks; dp::BatchBalancer)
   --uneven K               rank r stops K x r steps early (uneven inputs): the ranks
                            that run out join() and shadow the others' steps, and every
                            rank ends with the same weights
@@ -71,6 +77,8 @@ struct Settings {
   example_models::Sharding sharding = example_models::Sharding::none;
   bool report_memory = false;  // --sharding named
   int uneven = 0;
+  double straggle_ms = 0;  // the last rank computes this much more per step (at --batch)
+  bool balance = false;    // batch shares that follow each rank's measured speed
   bool help = false;
 };
 
@@ -100,6 +108,10 @@ Settings parse(int argc, char** argv) {
       s.report_memory = true;
     } else if (arg == "--uneven")
       s.uneven = example_models::whole_number(arg, value(), 0);
+    else if (arg == "--straggle-ms")
+      s.straggle_ms = example_models::decimal_number(arg, value());
+    else if (arg == "--balance")
+      s.balance = true;
     else
       throw std::invalid_argument("unknown option " + arg);
   }
@@ -108,8 +120,10 @@ Settings parse(int argc, char** argv) {
   if (s.training.optimizer != "adam" && s.training.optimizer != "sgd")
     throw std::invalid_argument("--optimizer adam|sgd");
   if (s.uneven != 0 && !s.sync) throw std::invalid_argument("--uneven needs --sync ddp");
-  if (s.sharding != example_models::Sharding::none && (s.uneven != 0 || !s.sync))
-    throw std::invalid_argument("--uneven and --sync none need --sharding none");
+  if (s.sharding != example_models::Sharding::none && (s.uneven != 0 || !s.sync || s.balance))
+    throw std::invalid_argument("--uneven, --sync none and --balance need --sharding none");
+  if (s.balance && (s.uneven != 0 || !s.sync))
+    throw std::invalid_argument("--balance needs --sync ddp and no --uneven");
   return s;
 }
 
@@ -149,6 +163,11 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
                                             s.uneven, comm->size() - 1, fewest, s.steps));
   }
   if (s.uneven > 0) training.ddp()->allow_uneven_inputs();
+  // --balance: each rank's batch follows its measured speed; the global batch stays
+  // --batch x ranks, and DDP weights each rank's gradient by its share.
+  std::optional<braid::dp::BatchBalancer> balancer;
+  if (s.balance) balancer.emplace(comm, std::int64_t{s.model.batch} * comm->size());
+  const bool straggler = s.straggle_ms > 0 && comm->rank() == comm->size() - 1;
 
   double first_loss = 0;
   std::deque<double> recent;  // the last 5 losses: one batch's loss is noisy
@@ -161,11 +180,23 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   for (int step = 0; step < my_steps; ++step) {
     if (step == 1) summary_from_ns = braid::trace::now_ns();
     const auto started = std::chrono::steady_clock::now();
-    auto [x, y] = task.batch(comm->rank(), step, s.model.batch);
+    const int batch = balancer ? static_cast<int>(balancer->batch_size()) : s.model.batch;
+    if (balancer) training.ddp()->reducer().set_batch_share(balancer->share());
+    auto [x, y] = task.batch(comm->rank(), step, batch);
+    const double cpu_started = example_models::thread_cpu_seconds();
     training.zero_grad();
     torch::Tensor loss = torch::mse_loss(training.forward(x), y);
+    // The slower rank: --straggle-ms more per --batch samples, in proportion to its batch.
+    if (straggler) example_models::compute_for(s.straggle_ms * batch / s.model.batch);
     loss.backward();  // DDP's buckets all-reduce (FSDP's units reduce-scatter) while this runs
+    // The balancer's measure: this thread's CPU time in forward and backward, not the wall
+    // time, which on a faster rank includes waiting for the slower one's gradients.
+    const double compute_seconds = example_models::thread_cpu_seconds() - cpu_started;
     training.step();
+    if (balancer && balancer->record_step(compute_seconds) && comm->rank() == 0) {
+      std::cout << fmt::format("balance: batch sizes now [{}]\n",
+                               fmt::join(balancer->batch_sizes(), ", "));
+    }
     recent.push_back(loss.item<double>());
     if (recent.size() > 5) recent.pop_front();
     if (step == 4) first_loss = mean_of_recent();

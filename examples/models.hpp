@@ -3,9 +3,11 @@
 // their step times compare.
 #pragma once
 
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <ctime>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -130,6 +132,26 @@ inline int whole_number(const std::string& option, const std::string& text, int 
                                 std::to_string(least) + ", not '" + text + "'");
   }
   return static_cast<int>(value);
+}
+
+// Keeps this thread's core busy for `ms` milliseconds: a slower rank's extra compute
+// (--straggle-ms), spinning rather than sleeping, as a slower device would.
+inline void compute_for(double ms) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double, std::milli>(ms));
+  volatile double sink = 1.0;
+  while (std::chrono::steady_clock::now() < until) {
+    for (int i = 0; i < 1000; ++i) sink = sink * 1.0000001 + 1e-9;
+  }
+}
+
+// This thread's CPU time in seconds: what a rank's compute took, without the time it spent
+// waiting (for a collective, a slower rank) off its core.
+inline double thread_cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
 }
 
 // A positive finite decimal number for `option` ("0.001", "3e-3"); anything else is

@@ -36,3 +36,15 @@ refused=$("$1" -n 2 "$2" --steps 4 --uneven 3 2>&1) || status=$?
 [ "$status" -ne 0 ] && grep -q "leaves rank 1 1 of 4 steps" <<<"$refused" ||
   { echo "$refused"; echo "FAIL: --uneven 3 of 4 steps was not refused"; exit 1; }
 echo "uneven inputs: PASS"
+
+# Balancing: with the last rank 20 ms slower a step, the batch shares move toward the
+# faster rank (logged on rank 0), the shares add up to the global batch, and training ends
+# on every rank alike (ddp_train fails if the ranks disagree).
+output=$(OPENBLAS_NUM_THREADS=1 "$1" -n 2 "$2" --steps 30 --straggle-ms 20 --balance 2>&1) ||
+  { echo "$output"; exit 1; }
+sizes=$(grep -oE "balance: batch sizes now \[[0-9]+, [0-9]+\]" <<<"$output" | tail -1 | grep -oE "[0-9]+, [0-9]+")
+[ -n "$sizes" ] || { echo "$output"; echo "FAIL: the balancer never moved the shares"; exit 1; }
+first=${sizes%%,*}; second=${sizes##* }
+[ $((first + second)) -eq 64 ] && [ "$first" -gt "$second" ] ||
+  { echo "$output"; echo "FAIL: shares $sizes should add up to 64, the faster rank 0 holding more"; exit 1; }
+echo "balancing: PASS ($sizes)"

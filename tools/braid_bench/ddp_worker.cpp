@@ -35,17 +35,6 @@ options: --model mlp|transformer  --hidden N  --layers N  --batch N  --steps N (
          --private-buckets  --sync ddp|none|paired  --straggle-ms X
 )";
 
-// Keeps this thread's core busy for `ms` milliseconds (a slower rank's extra compute).
-void compute_for(double ms) {
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                         std::chrono::duration<double, std::milli>(ms));
-  volatile double sink = 1.0;
-  while (std::chrono::steady_clock::now() < until) {
-    for (int i = 0; i < 1000; ++i) sink = sink * 1.0000001 + 1e-9;
-  }
-}
-
 struct Settings {
   example_models::ModelChoice model;
   int steps = 30;
@@ -231,7 +220,7 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
       optimizer->zero_grad();
       torch::Tensor prediction = sync ? ddp->forward(x) : model->forward(x);
       loss = torch::mse_loss(prediction, y);
-      if (straggler) compute_for(s.straggle_ms);
+      if (straggler) example_models::compute_for(s.straggle_ms);
       loss.backward();
       braid::trace::ComputeRegion region("optimizer");
       optimizer->step();

@@ -166,7 +166,10 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   // --balance: each rank's batch follows its measured speed; the global batch stays
   // --batch x ranks, and DDP weights each rank's gradient by its share.
   std::optional<braid::dp::BatchBalancer> balancer;
-  if (s.balance) balancer.emplace(comm, std::int64_t{s.model.batch} * comm->size());
+  if (s.balance) {
+    balancer.emplace(comm, std::int64_t{s.model.batch} * comm->size(),
+                     braid::dp::BatchBalancerOptions::from_environment());
+  }
   const bool straggler = s.straggle_ms > 0 && comm->rank() == comm->size() - 1;
 
   double first_loss = 0;

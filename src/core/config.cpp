@@ -85,6 +85,17 @@ constexpr std::array kKnobs{
          "how a RankGrid made without an order lays its axes over the ranks, fastest-varying "
          "first (tp neighbours in rank order, so on one node; pp outermost); must name every "
          "axis of degree above 1"},
+    Knob{"BRAID_BALANCE_CALIBRATION", "5",
+         "steps a dp::BatchBalancer measures before its first rebalance"},
+    Knob{"BRAID_BALANCE_INTERVAL", "10", "steps between a dp::BatchBalancer's rebalances"},
+    Knob{"BRAID_BALANCE_SMOOTHING", "0.3",
+         "weight of the newest step in a dp::BatchBalancer's moving average of throughputs, "
+         "in (0, 1]"},
+    Knob{"BRAID_BALANCE_FLOOR", "0.1",
+         "no rank's batch share below this x the equal share, in [0, 1] (dp::BatchBalancer)"},
+    Knob{"BRAID_BALANCE_DEAD_BAND", "0.05",
+         "a dp::BatchBalancer keeps its shares while no batch size would move by more than "
+         "this x the equal share"},
     Knob{"BRAID_TRACE", "",
          "directory: record a timeline and write rank-<r>.trace.json there (Chrome trace "
          "format) when the World leaves, at exit and on trace::write(); empty: off"},
@@ -211,6 +222,17 @@ std::vector<int> parse_cpu_list(std::string_view text, std::string_view what) {
   std::sort(cpus.begin(), cpus.end());
   cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
   return cpus;
+}
+
+double number_value(std::string_view name, const EnvLookup& env) {
+  const std::string text = string_value(name, env);
+  const std::string_view t = trim(text);
+  double value = 0;
+  auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), value);
+  if (t.empty() || ec != std::errc() || end != t.data() + t.size() || !std::isfinite(value)) {
+    bad_value(name, text, "a number");
+  }
+  return value;
 }
 
 std::int64_t int_value(std::string_view name, const EnvLookup& env) {

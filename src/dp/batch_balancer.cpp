@@ -20,6 +20,15 @@ namespace {
 
 }  // namespace
 
+BatchBalancerOptions BatchBalancerOptions::from_environment(const config::EnvLookup& env) {
+  return {
+      .calibration_steps = static_cast<int>(config::int_value("BRAID_BALANCE_CALIBRATION", env)),
+      .interval = static_cast<int>(config::int_value("BRAID_BALANCE_INTERVAL", env)),
+      .smoothing = config::number_value("BRAID_BALANCE_SMOOTHING", env),
+      .floor = config::number_value("BRAID_BALANCE_FLOOR", env),
+      .dead_band = config::number_value("BRAID_BALANCE_DEAD_BAND", env)};
+}
+
 BatchBalancer::BatchBalancer(std::shared_ptr<collectives::Communicator> comm,
                              std::int64_t global_batch, BatchBalancerOptions options)
     : comm_(std::move(comm)), global_batch_(global_batch), options_(options) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -99,6 +100,32 @@ TEST(BatchBalancer, ARankThatStallsOnceGetsItsShareBack) {
       balance(2, 40, 40, [](int rank, int step) { return rank == 0 && step == 4 ? 20e-3 : 1e-3; });
   EXPECT_NE(sizes[5], (std::vector<std::int64_t>{20, 20})) << "the stall moved the shares";
   EXPECT_EQ(sizes.back(), (std::vector<std::int64_t>{20, 20}));
+}
+
+TEST(BatchBalancerOptions, ComeFromTheKnobsOrTheirDefaults) {
+  const auto defaults = BatchBalancerOptions::from_environment(
+      [](std::string_view) -> std::optional<std::string> { return std::nullopt; });
+  EXPECT_EQ(defaults.calibration_steps, 5);
+  EXPECT_EQ(defaults.interval, 10);
+  EXPECT_DOUBLE_EQ(defaults.smoothing, 0.3);
+  const auto set = BatchBalancerOptions::from_environment(
+      [](std::string_view name) -> std::optional<std::string> {
+        if (name == "BRAID_BALANCE_INTERVAL") return "4";
+        if (name == "BRAID_BALANCE_FLOOR") return "0.25";
+        return std::nullopt;
+      });
+  EXPECT_EQ(set.interval, 4);
+  EXPECT_DOUBLE_EQ(set.floor, 0.25);
+  try {
+    BatchBalancerOptions::from_environment([](std::string_view name) -> std::optional<std::string> {
+      if (name == "BRAID_BALANCE_SMOOTHING") return "lots";
+      return std::nullopt;
+    });
+    ADD_FAILURE() << "a malformed knob was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_environment);
+    EXPECT_NE(std::string(e.what()).find("BRAID_BALANCE_SMOOTHING"), std::string::npos);
+  }
 }
 
 TEST(BatchBalancer, RefusesAGlobalBatchSmallerThanTheRanks) {

@@ -39,6 +39,8 @@ std::optional<std::string> raw(std::string_view name, const EnvLookup& env = pro
 // The value in force: the environment's if set and non-empty, else the default.
 std::string string_value(std::string_view name, const EnvLookup& env = process_env());
 std::int64_t int_value(std::string_view name, const EnvLookup& env = process_env());
+// A finite decimal number ("0.3", "1e-2").
+double number_value(std::string_view name, const EnvLookup& env = process_env());
 bool bool_value(std::string_view name, const EnvLookup& env = process_env());
 // A size given in KiB, in bytes; a value outside min_kib..max_kib is an
 // Error(invalid_environment) naming the variable and the range.

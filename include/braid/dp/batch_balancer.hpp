@@ -37,15 +37,22 @@
 #include <vector>
 
 #include <braid/collectives/communicator.hpp>
+#include <braid/core/config.hpp>
 
 namespace braid::dp {
 
+// The defaults are the knobs' (BRAID_BALANCE_*, in the one knob table).
 struct BatchBalancerOptions {
   int calibration_steps = 5;  // steps measured before the first rebalance
   int interval = 10;          // steps between rebalances after that
   double smoothing = 0.3;     // weight of the newest step in the moving average
   double floor = 0.1;         // no rank's share below this x the equal share
   double dead_band = 0.05;    // no change while every size would move less than this x equal
+
+  // BRAID_BALANCE_CALIBRATION, _INTERVAL, _SMOOTHING, _FLOOR and _DEAD_BAND, unset ones at
+  // their defaults. A malformed value is Error(invalid_environment) naming the variable.
+  static BatchBalancerOptions from_environment(
+      const config::EnvLookup& env = config::process_env());
 };
 
 class BatchBalancer {

@@ -118,18 +118,23 @@ INSTANTIATE_TEST_SUITE_P(Schedules, EverySchedule,
                                                   : info.param.schedule);
                          });
 
-TEST(PipelineExecutor, AComputeThatWaitsTooLongNamesWhatItWaitsFor) {
-  const auto schedule = braid::parallel::lower(braid::parallel::one_f_one_b(kRanks, 2));
-  std::vector<std::string> errors(kRanks);
-  run_tp_ranks(kRanks, [&](int rank, std::shared_ptr<Communicator> comm) {
-    Stage stage(rank, kRanks);
+// What each rank's run() failed with when rank `slow` spends `stall` in its forward of
+// microbatch 0, under 1F1B over `ranks` ranks and 2 microbatches, with a 0.5 s timeout.
+struct Failure {
+  std::error_code code;
+  std::string what;
+};
+std::vector<Failure> run_with_a_slow_stage(int ranks, int slow, std::chrono::seconds stall) {
+  const auto schedule = braid::parallel::lower(braid::parallel::one_f_one_b(ranks, 2));
+  std::vector<Failure> failures(static_cast<std::size_t>(ranks));
+  run_tp_ranks(ranks, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Stage stage(rank, ranks);
     braid::torch::PipelineExecutor pipeline(
         comm, schedule,
         {{.stage = rank,
           .forward =
               [&](const Tensor& input, int mb) {
-                // The first stage is slow to produce microbatch 0.
-                if (rank == 0 && mb == 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+                if (rank == slow && mb == 0) std::this_thread::sleep_for(stall);
                 return stage.forward(input, mb);
               },
           .parameters = stage.linear->parameters()}},
@@ -137,14 +142,20 @@ TEST(PipelineExecutor, AComputeThatWaitsTooLongNamesWhatItWaitsFor) {
     try {
       pipeline.run();
     } catch (const braid::Error& e) {
-      EXPECT_EQ(e.code(), braid::Errc::timeout) << e.what();
-      errors[static_cast<std::size_t>(rank)] = e.what();
+      failures[static_cast<std::size_t>(rank)] = {e.code(), e.what()};
     }
   });
-  EXPECT_THAT(errors[1],
+  return failures;
+}
+
+TEST(PipelineExecutor, AComputeThatWaitsTooLongNamesWhatItWaitsFor) {
+  // The first stage is slow to produce microbatch 0.
+  const auto failures = run_with_a_slow_stage(kRanks, 0, std::chrono::seconds(2));
+  for (const Failure& f : failures) EXPECT_EQ(f.code, braid::Errc::timeout) << f.what;
+  EXPECT_THAT(failures[1].what,
               ::testing::HasSubstr("pipeline rank 1 stage 1 microbatch 0: 1F0 waited 0.5 s for the "
                                    "activation from world rank 0"));
-  EXPECT_THAT(errors[0], ::testing::HasSubstr("stage 0 microbatch 0: 0B0 waited"));
+  EXPECT_THAT(failures[0].what, ::testing::HasSubstr("stage 0 microbatch 0: 0B0 waited"));
 }
 
 // Rank 1 of three is stuck computing its first forward: rank 2 waits for its activation,
@@ -152,30 +163,11 @@ TEST(PipelineExecutor, AComputeThatWaitsTooLongNamesWhatItWaitsFor) {
 // schedule's grid and names rank 1 as not waiting on a transfer.
 TEST(PipelineExecutor, UnderDebugDetailAHangIsDrawnOnTheGrid) {
   const braid::testing::ScopedEnv detail("BRAID_DEBUG", "detail");
-  constexpr int kThree = 3;
-  const auto schedule = braid::parallel::lower(braid::parallel::one_f_one_b(kThree, 2));
-  std::vector<std::string> errors(kThree);
-  braid::testing::run_tp_ranks(kThree, [&](int rank, std::shared_ptr<Communicator> comm) {
-    Stage stage(rank, kThree);
-    braid::torch::PipelineExecutor pipeline(
-        comm, schedule,
-        {{.stage = rank,
-          .forward =
-              [&](const Tensor& input, int mb) {
-                if (rank == 1 && mb == 0) std::this_thread::sleep_for(std::chrono::seconds(4));
-                return stage.forward(input, mb);
-              },
-          .parameters = stage.linear->parameters()}},
-        {.activation_shape = {kRows, kWidth}, .timeout = std::chrono::milliseconds(500)});
-    try {
-      pipeline.run();
-    } catch (const braid::Error& e) {
-      errors[static_cast<std::size_t>(rank)] = e.what();
-    }
-  });
+  const auto failures = run_with_a_slow_stage(3, 1, std::chrono::seconds(4));
   // Whichever of ranks 0 and 2 timed out first drew the grid.
-  const std::string& drawn =
-      errors[0].find("where each rank") != std::string::npos ? errors[0] : errors[2];
+  const std::string& drawn = failures[0].what.find("where each rank") != std::string::npos
+                                 ? failures[0].what
+                                 : failures[2].what;
   EXPECT_THAT(drawn, ::testing::HasSubstr("not waiting on a transfer (computing, or stuck outside "
                                           "the pipeline): pipeline rank 1"));
   EXPECT_THAT(drawn, ::testing::HasSubstr(">0B0<"));

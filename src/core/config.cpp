@@ -96,6 +96,14 @@ constexpr std::array kKnobs{
     Knob{"BRAID_BALANCE_DEAD_BAND", "0.05",
          "a dp::BatchBalancer keeps its shares while no batch size would move by more than "
          "this x the equal share"},
+    Knob{"BRAID_BALANCE_ANCHOR", "1",
+         "micro-batches the slowest rank computes per window at first (dp::CadenceBalancer)"},
+    Knob{"BRAID_BALANCE_MAX_ANCHOR", "8",
+         "the most micro-batches per window a dp::CadenceBalancer raises the slowest rank's "
+         "count to"},
+    Knob{"BRAID_BALANCE_OVERHEAD_TARGET", "0.1",
+         "the share of a window a dp::CadenceBalancer keeps the synchronisation under, in "
+         "(0, 1)"},
     Knob{"BRAID_TRACE", "",
          "directory: record a timeline and write rank-<r>.trace.json there (Chrome trace "
          "format) when the World leaves, at exit and on trace::write(); empty: off"},

@@ -10,6 +10,8 @@
 #include <braid/dp/batch_balancer.hpp>
 #include <braid/trace/span.hpp>
 
+#include "rank_measurements.hpp"
+
 namespace braid::dp {
 namespace {
 
@@ -106,18 +108,10 @@ std::vector<std::int64_t> BatchBalancer::sizes_for(const std::vector<double>& we
 
 bool BatchBalancer::record_step(double compute_seconds) {
   const int ranks = comm_->size();
-  const auto me = static_cast<std::size_t>(comm_->rank());
-  // Every rank's throughput this step, in one all-reduce (each fills its own slot).
-  std::vector<double> now(static_cast<std::size_t>(ranks), 0.0);
-  now[me] = compute_seconds > 0 ? static_cast<double>(batch_size()) / compute_seconds : 0.0;
-  comm_->launch(comm_->all_reduce(Buffer(now), ReduceOp::sum)).get();
+  const double mine =
+      compute_seconds > 0 ? static_cast<double>(batch_size()) / compute_seconds : 0.0;
+  detail::smooth(smoothed_, detail::exchange_per_rank(*comm_, {mine})[0], options_.smoothing);
   ++steps_;
-  for (std::size_t r = 0; r < now.size(); ++r) {
-    if (now[r] <= 0) continue;  // a rank that measured nothing keeps its average
-    smoothed_[r] = smoothed_[r] == 0
-                       ? now[r]
-                       : options_.smoothing * now[r] + (1 - options_.smoothing) * smoothed_[r];
-  }
   const bool due = steps_ >= options_.calibration_steps &&
                    (steps_ - options_.calibration_steps) % options_.interval == 0;
   if (!due || std::any_of(smoothed_.begin(), smoothed_.end(), [](double t) { return t <= 0; })) {

@@ -24,6 +24,7 @@
 
 #include <braid/braid.hpp>
 #include <braid/dp/batch_balancer.hpp>
+#include <braid/dp/cadence_balancer.hpp>
 #include <braid/torch/distributed_data_parallel.hpp>
 
 #include "models.hpp"
@@ -62,6 +63,9 @@ options:
                            in proportion to its batch)
   --balance                batch shares follow each rank's measured speed (the global
                            batch stays --batch x ranks; dp::BatchBalancer)
+  --cadence                each step is a window of micro-batches of --batch samples: the
+                           slowest rank computes an anchor of them, faster ranks more in
+                           proportion, synchronising once per window (dp::CadenceBalancer)
   --uneven K               rank r stops K x r steps early (uneven inputs): the ranks
                            that run out join() and shadow the others' steps, and every
                            rank ends with the same weights
@@ -79,6 +83,7 @@ struct Settings {
   int uneven = 0;
   double straggle_ms = 0;  // the last rank computes this much more per step (at --batch)
   bool balance = false;    // batch shares that follow each rank's measured speed
+  bool cadence = false;    // micro-batches per window that follow each rank's speed
   bool help = false;
 };
 
@@ -112,6 +117,8 @@ Settings parse(int argc, char** argv) {
       s.straggle_ms = example_models::decimal_number(arg, value());
     else if (arg == "--balance")
       s.balance = true;
+    else if (arg == "--cadence")
+      s.cadence = true;
     else
       throw std::invalid_argument("unknown option " + arg);
   }
@@ -120,10 +127,13 @@ Settings parse(int argc, char** argv) {
   if (s.training.optimizer != "adam" && s.training.optimizer != "sgd")
     throw std::invalid_argument("--optimizer adam|sgd");
   if (s.uneven != 0 && !s.sync) throw std::invalid_argument("--uneven needs --sync ddp");
-  if (s.sharding != example_models::Sharding::none && (s.uneven != 0 || !s.sync || s.balance))
-    throw std::invalid_argument("--uneven, --sync none and --balance need --sharding none");
-  if (s.balance && (s.uneven != 0 || !s.sync))
-    throw std::invalid_argument("--balance needs --sync ddp and no --uneven");
+  const bool balancing = s.balance || s.cadence;
+  if (s.sharding != example_models::Sharding::none && (s.uneven != 0 || !s.sync || balancing))
+    throw std::invalid_argument(
+        "--uneven, --sync none, --balance and --cadence need --sharding none");
+  if (balancing && (s.uneven != 0 || !s.sync))
+    throw std::invalid_argument("--balance and --cadence need --sync ddp and no --uneven");
+  if (s.balance && s.cadence) throw std::invalid_argument("--balance or --cadence, not both");
   return s;
 }
 
@@ -170,7 +180,14 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     balancer.emplace(comm, std::int64_t{s.model.batch} * comm->size(),
                      braid::dp::BatchBalancerOptions::from_environment());
   }
+  // --cadence: each step is a window; this rank computes cadence->micro_batches() of
+  // --batch samples in it, synchronising at the last.
+  std::optional<braid::dp::CadenceBalancer> cadence;
+  if (s.cadence) {
+    cadence.emplace(comm, s.model.batch, braid::dp::CadenceOptions::from_environment());
+  }
   const bool straggler = s.straggle_ms > 0 && comm->rank() == comm->size() - 1;
+  std::int64_t samples = 0;  // every rank's, for the samples per second
 
   double first_loss = 0;
   std::deque<double> recent;  // the last 5 losses: one batch's loss is noisy
@@ -185,20 +202,52 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     const auto started = std::chrono::steady_clock::now();
     const int batch = balancer ? static_cast<int>(balancer->batch_size()) : s.model.batch;
     if (balancer) training.ddp()->reducer().set_batch_share(balancer->share());
-    auto [x, y] = task.batch(comm->rank(), step, batch);
+    if (cadence) training.ddp()->reducer().set_batch_share(cadence->share());
+    const int micro_batches = cadence ? cadence->micro_batches() : 1;
+    // Every rank's samples this step (with --uneven, the ranks still training).
+    samples += cadence    ? cadence->window_samples()
+               : balancer ? balancer->global_batch()
+                          : std::int64_t{s.model.batch} *
+                                std::min(comm->size(),
+                                         s.uneven > 0 ? (s.steps - step + s.uneven - 1) / s.uneven
+                                                      : comm->size());
     const double cpu_started = example_models::thread_cpu_seconds();
     training.zero_grad();
-    torch::Tensor loss = torch::mse_loss(training.forward(x), y);
-    // The slower rank: --straggle-ms more per --batch samples, in proportion to its batch.
-    if (straggler) example_models::compute_for(s.straggle_ms * batch / s.model.batch);
-    loss.backward();  // DDP's buckets all-reduce (FSDP's units reduce-scatter) while this runs
-    // The balancer's measure: this thread's CPU time in forward and backward, not the wall
+    torch::Tensor loss;
+    auto micro_step = [&](int i) {
+      auto [x, y] = task.batch(comm->rank(), step * micro_batches + i, batch);
+      // Under --cadence each micro-batch's loss counts 1 / micro_batches, so the window's
+      // gradient is the mean over its samples.
+      loss = torch::mse_loss(training.forward(x), y);
+      // The slower rank: --straggle-ms more per --batch samples, in proportion to its batch.
+      if (straggler) example_models::compute_for(s.straggle_ms * batch / s.model.batch);
+      // DDP's buckets all-reduce (FSDP's units reduce-scatter) while backward runs.
+      (micro_batches > 1 ? loss / micro_batches : loss).backward();
+    };
+    for (int i = 0; i < micro_batches; ++i) {
+      if (i + 1 < micro_batches) {
+        // A cadence window's micro-batches before the last accumulate locally, no_sync()
+        // from their forward on.
+        auto local = training.ddp()->no_sync();
+        micro_step(i);
+      } else {
+        micro_step(i);
+      }
+    }
+    // The balancers' measure: this thread's CPU time in forward and backward, not the wall
     // time, which on a faster rank includes waiting for the slower one's gradients.
     const double compute_seconds = example_models::thread_cpu_seconds() - cpu_started;
+    const double window_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     training.step();
     if (balancer && balancer->record_step(compute_seconds) && comm->rank() == 0) {
       std::cout << fmt::format("balance: batch sizes now [{}]\n",
                                fmt::join(balancer->batch_sizes(), ", "));
+    }
+    if (cadence && cadence->record_window(compute_seconds, window_seconds) && comm->rank() == 0) {
+      std::cout << fmt::format(
+          "cadence: micro-batches per window now [{}] (synchronisation {:.0f}% of a window)\n",
+          fmt::join(cadence->counts(), ", "), 100 * cadence->overhead());
     }
     recent.push_back(loss.item<double>());
     if (recent.size() > 5) recent.pop_front();
@@ -251,8 +300,10 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
       example_models::gather_steps_timeline(world, *comm, summary_from_ns, summary_to_ns);
   if (!job) return 0;  // rank 0 prints it
   // Losses are means of 5 steps: steps 1-5 against the last 5.
-  std::cout << fmt::format("\nloss {:.5f} -> {:.5f} ({}), {:.1f} ms/step\n", first_loss, last_loss,
-                           last_loss < first_loss / 3 ? "converged" : "not converged", step_ms);
+  std::cout << fmt::format("\nloss {:.5f} -> {:.5f} ({}), {:.1f} ms/step, {:.0f} samples/s\n",
+                           first_loss, last_loss,
+                           last_loss < first_loss / 3 ? "converged" : "not converged", step_ms,
+                           static_cast<double>(samples) / (step_ms * s.steps / 1e3));
   if (s.report_memory) {
     std::cout << fmt::format(
         "model state per rank, held (the most of any rank): parameters {}, gradients {}, "

@@ -99,8 +99,8 @@ TEST(CadenceDataParallel, EveryRankEndsWithTheParametersOfOneProcessOnEachWindow
       }
       optimizer.step();
       // The window lasts as long as its slowest rank's compute and a cheap synchronisation.
-      const double longest = std::max(counts[0] * seconds_per_micro_batch(0),
-                                      counts[1] * seconds_per_micro_batch(1));
+      const double longest =
+          std::max(counts[0] * seconds_per_micro_batch(0), counts[1] * seconds_per_micro_batch(1));
       cadence.record_window(mine * seconds_per_micro_batch(rank), longest + 1e-4);
     }
     EXPECT_EQ(cadence.counts(), (std::vector<int>{2, 1})) << "rank " << rank;

@@ -29,18 +29,17 @@ CadenceBalancer::CadenceBalancer(std::shared_ptr<collectives::Communicator> comm
       anchor_(options.anchor) {
   const BatchBalancerOptions& m = options_.measure;
   if (micro_batch_ < 1 || options_.anchor < 1 || options_.max_anchor < options_.anchor ||
-      !(options_.overhead_target > 0) || options_.overhead_target >= 1 ||
-      m.calibration_steps < 1 || m.interval < 1 || !(m.smoothing > 0) || m.smoothing > 1 ||
-      m.dead_band < 0) {
-    throw Error(Errc::invalid_argument,
-                fmt::format("micro_batch {} and anchor {} must be at least 1, max_anchor {} at "
-                            "least the anchor, overhead_target {} in (0, 1), calibration_steps "
-                            "{} and interval {} at least 1, smoothing {} in (0, 1], dead_band "
-                            "{} >= 0",
-                            micro_batch_, options_.anchor, options_.max_anchor,
-                            options_.overhead_target, m.calibration_steps, m.interval,
-                            m.smoothing, m.dead_band),
-                {.rank = comm_->world_rank(comm_->rank()), .operation = "CadenceBalancer"});
+      !(options_.overhead_target > 0) || options_.overhead_target >= 1 || m.calibration_steps < 1 ||
+      m.interval < 1 || !(m.smoothing > 0) || m.smoothing > 1 || m.dead_band < 0) {
+    throw Error(
+        Errc::invalid_argument,
+        fmt::format("micro_batch {} and anchor {} must be at least 1, max_anchor {} at "
+                    "least the anchor, overhead_target {} in (0, 1), calibration_steps "
+                    "{} and interval {} at least 1, smoothing {} in (0, 1], dead_band "
+                    "{} >= 0",
+                    micro_batch_, options_.anchor, options_.max_anchor, options_.overhead_target,
+                    m.calibration_steps, m.interval, m.smoothing, m.dead_band),
+        {.rank = comm_->world_rank(comm_->rank()), .operation = "CadenceBalancer"});
   }
   const auto ranks = static_cast<std::size_t>(comm_->size());
   counts_.assign(ranks, anchor_);
@@ -63,8 +62,7 @@ std::vector<int> CadenceBalancer::counts_for(const std::vector<double>& throughp
   std::vector<int> counts(throughputs.size());
   for (std::size_t r = 0; r < throughputs.size(); ++r) {
     const double ideal = anchor * throughputs[r] / slowest;
-    const bool keep =
-        r < current.size() && std::abs(ideal - current[r]) <= 0.5 + dead_band * ideal;
+    const bool keep = r < current.size() && std::abs(ideal - current[r]) <= 0.5 + dead_band * ideal;
     counts[r] = keep ? current[r] : std::max(1, static_cast<int>(std::lround(ideal)));
   }
   return counts;
@@ -86,9 +84,10 @@ bool CadenceBalancer::record_window(double compute_seconds, double window_second
   const double sync = *std::min_element(sync_seconds_.begin(), sync_seconds_.end());
   const double per_micro_batch = throughput_[slowest] > 0 ? 1 / throughput_[slowest] : 0;
   overhead_ = per_micro_batch > 0 ? sync / (anchor_ * per_micro_batch + sync) : 0;
-  const bool due = windows_ >= m.calibration_steps &&
-                   (windows_ - m.calibration_steps) % m.interval == 0;
-  if (!due || std::any_of(throughput_.begin(), throughput_.end(), [](double t) { return t <= 0; })) {
+  const bool due =
+      windows_ >= m.calibration_steps && (windows_ - m.calibration_steps) % m.interval == 0;
+  if (!due ||
+      std::any_of(throughput_.begin(), throughput_.end(), [](double t) { return t <= 0; })) {
     return false;
   }
   // The smallest anchor whose window keeps sync / (anchor x per_micro_batch + sync) at or
@@ -100,9 +99,8 @@ bool CadenceBalancer::record_window(double compute_seconds, double window_second
   int anchor = anchor_;
   if (overhead_ > target) anchor = std::max(anchor_, meets_target);
   if (overhead_ < target / 2) anchor = std::min(anchor_, meets_target);
-  std::vector<int> counts = counts_for(throughput_, anchor,
-                                       anchor == anchor_ ? counts_ : std::vector<int>{},
-                                       m.dead_band);
+  std::vector<int> counts = counts_for(
+      throughput_, anchor, anchor == anchor_ ? counts_ : std::vector<int>{}, m.dead_band);
   if (anchor == anchor_ && counts == counts_) return false;
   anchor_ = anchor;
   counts_ = std::move(counts);

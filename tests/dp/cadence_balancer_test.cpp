@@ -131,11 +131,10 @@ TEST(CadenceBalancer, TheAnchorFallsBackWhenSynchronisingBecomesCheap) {
   CadenceOptions options;
   options.overhead_target = 0.25;
   options.max_anchor = 12;
-  const auto windows = run_windows(
-      2, 60,
-      {.seconds_per_micro_batch = [](int, int) { return 1e-3; },
-       .sync_seconds = [](int w) { return w < 15 ? 3e-3 : 0.1e-3; }},
-      options);
+  const auto windows = run_windows(2, 60,
+                                   {.seconds_per_micro_batch = [](int, int) { return 1e-3; },
+                                    .sync_seconds = [](int w) { return w < 15 ? 3e-3 : 0.1e-3; }},
+                                   options);
   EXPECT_EQ(windows[14].anchor, 9);
   EXPECT_EQ(windows.back().anchor, 1);
   EXPECT_EQ(windows.back().counts, (std::vector<int>{1, 1}));

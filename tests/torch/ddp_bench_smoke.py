@@ -108,6 +108,35 @@ def bench_table():
     print("PyTorch peer:", "measured" if with_peer else "not installed")
 
 
+def balance_table():
+    """braid-bench ddp --balance: rows for equal shares, the batch balancer and the cadence
+    mode with their ratio to the ideal, and the ideal itself; the balancer's batch sizes add
+    up to the global batch and give the slower last rank the smaller share."""
+    result = subprocess.run(
+        [os.environ["BRAID_BENCH"], "ddp", "--balance", "--straggle-ms", "4", "--rounds", "1",
+         "--steps", "8", "--optimizers", "sgd", "--hidden", "128", "--layers", "2",
+         "--batch", "16"],
+        capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    if result.returncode != 0:
+        fail(f"braid-bench ddp --balance exited {result.returncode}", output)
+    number = r"\d+\.\d\d"
+    for name in ("equal shares", "balanced (BatchBalancer)", "cadence (CadenceBalancer)"):
+        if not re.search(rf"^{re.escape(name)} +{number} +\d+ +{number} +\d+ +{number} +{number}",
+                         result.stdout, re.M):
+            fail(f"no '{name}' row with figures", output)
+    if not re.search(rf"^ideal \(batch / sum of rates\) +{number} +32 ", result.stdout, re.M):
+        fail("no ideal row for the global batch of 32", output)
+    sizes = re.search(r"batch (\d+) (\d+)$", result.stdout, re.M)
+    if not sizes or int(sizes.group(1)) + int(sizes.group(2)) != 32:
+        fail("the balancer's batch sizes should add up to the global batch, 32", output)
+    if not int(sizes.group(1)) > int(sizes.group(2)):
+        fail("the slower last rank should get the smaller batch", output)
+    if not re.search(rf"^balanced / ideal {number} \(goal <= 1.15\)", result.stdout, re.M):
+        fail("no balanced / ideal ratio", output)
+    print(result.stdout)
+
+
 def compute_tax_table():
     """braid-bench compute-tax: a row per model and optimizer with each runner's step time
     and page faults, and braid's ratios."""
@@ -132,6 +161,7 @@ def main():
     paired_run()
     straggler_run()
     bench_table()
+    balance_table()
     compute_tax_table()
     print("ok")
 

@@ -48,3 +48,16 @@ first=${sizes%%,*}; second=${sizes##* }
 [ $((first + second)) -eq 64 ] && [ "$first" -gt "$second" ] ||
   { echo "$output"; echo "FAIL: shares $sizes should add up to 64, the faster rank 0 holding more"; exit 1; }
 echo "balancing: PASS ($sizes)"
+
+# The cadence mode: with the last rank 20 ms slower per micro-batch, rank 0 computes more
+# micro-batches per window than rank 1, and training ends on every rank alike.
+output=$(OPENBLAS_NUM_THREADS=1 "$1" -n 2 "$2" --steps 20 --straggle-ms 20 --cadence 2>&1) ||
+  { echo "$output"; exit 1; }
+counts=$(grep -oE "cadence: micro-batches per window now \[[0-9]+, [0-9]+\]" <<<"$output" | tail -1 | grep -oE "[0-9]+, [0-9]+")
+[ -n "$counts" ] || { echo "$output"; echo "FAIL: the cadence balancer never moved the counts"; exit 1; }
+first=${counts%%,*}; second=${counts##* }
+[ "$first" -gt "$second" ] ||
+  { echo "$output"; echo "FAIL: micro-batches $counts: the faster rank 0 should compute more"; exit 1; }
+grep -qE "loss .* -> .*, [0-9.]+ ms/step, [0-9]+ samples/s" <<<"$output" ||
+  { echo "$output"; echo "FAIL: no final line with samples per second"; exit 1; }
+echo "cadence: PASS ($counts)"

@@ -3,7 +3,10 @@
 // trace) and are timed on their slowest rank; `--sync paired` alternates a synchronised step
 // with a no_sync() step, so the exposed communication is a difference measured in pairs
 // inside one process; `--straggle-ms X` makes the last rank compute X ms more before each
-// backward. Rank 0 prints one JSON line (the fields tools/braid_bench/ddp.cpp reads).
+// backward. `--balance shares|cadence` times the balancers instead (the second half of the
+// steps, after they have settled): the straggler's extra time grows with its batch, as a
+// slower device's would. Rank 0 prints one JSON line (the fields tools/braid_bench/ddp.cpp
+// reads).
 //
 //   braid-run -n 2 build/tools/braid-bench-ddp-worker --sync paired --steps 30
 #include <algorithm>
@@ -18,9 +21,12 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <braid/braid.hpp>
+#include <braid/dp/batch_balancer.hpp>
+#include <braid/dp/cadence_balancer.hpp>
 #include <braid/torch/distributed_data_parallel.hpp>
 
 #include "models.hpp"
@@ -33,6 +39,7 @@ constexpr const char* kUsage = R"(usage: braid-run -n N braid-bench-ddp-worker [
 options: --model mlp|transformer  --hidden N  --layers N  --batch N  --steps N (>= 8)
          --optimizer adam|sgd  --threads N  --bucket-cap-mib X  --copy-gradients
          --private-buckets  --sync ddp|none|paired  --straggle-ms X
+         --balance equal|shares|cadence
 )";
 
 struct Settings {
@@ -41,6 +48,7 @@ struct Settings {
   example_models::TrainingChoice training{.optimizer = "sgd"};
   std::string sync = "ddp";
   double straggle_ms = 0;
+  std::string balance;  // equal, shares or cadence: time balancing; empty: DDP's figures
 };
 
 Settings parse(int argc, char** argv) {
@@ -58,12 +66,18 @@ Settings parse(int argc, char** argv) {
       s.sync = value();
     else if (arg == "--straggle-ms")
       s.straggle_ms = std::stod(value());
+    else if (arg == "--balance")
+      s.balance = value();
     else
       throw std::invalid_argument("unknown option " + arg + "\n" + kUsage);
   }
   s.model.finish();
   if (s.sync != "ddp" && s.sync != "none" && s.sync != "paired")
     throw std::invalid_argument("--sync ddp|none|paired");
+  if (!s.balance.empty() && s.balance != "equal" && s.balance != "shares" && s.balance != "cadence")
+    throw std::invalid_argument("--balance equal|shares|cadence");
+  if (!s.balance.empty() && s.sync != "ddp")
+    throw std::invalid_argument("--balance needs --sync ddp");
   if (!(s.straggle_ms >= 0 && s.straggle_ms <= 10000))
     throw std::invalid_argument("--straggle-ms X in [0, 10000]");
   return s;
@@ -169,8 +183,104 @@ StepFigures step_figures(const std::vector<double>& ms, const std::vector<double
   return f;
 }
 
+// --balance: equal shares, BatchBalancer's or CadenceBalancer's, timed over the second half
+// of the steps. Prints the mean step time on the slowest rank, the samples every rank
+// computed per step, and each rank's throughput (its samples per second of its own compute:
+// the training thread's CPU time in forward and backward) over the timed steps, from which
+// the ideal step (the global batch over the sum of throughputs) follows.
+template <class Model>
+int train_balanced(braid::transport::World& world, const Settings& s, Model model) {
+  auto comm = braid::collectives::Communicator::world(world);
+  const example_models::Task task(s.model.hidden, s.model.transformer());
+  braid::torch::DistributedDataParallel<Model> ddp(model, comm, s.training.ddp);
+  auto optimizer = example_models::make_optimizer(s.training.optimizer, model->parameters(), 1e-3);
+  const std::int64_t global_batch = std::int64_t{s.model.batch} * comm->size();
+  std::optional<braid::dp::BatchBalancer> shares;
+  if (s.balance == "shares") {
+    shares.emplace(comm, global_batch, braid::dp::BatchBalancerOptions::from_environment());
+  }
+  std::optional<braid::dp::CadenceBalancer> cadence;
+  if (s.balance == "cadence") {
+    cadence.emplace(comm, s.model.batch, braid::dp::CadenceOptions::from_environment());
+  }
+  const bool straggler = s.straggle_ms > 0 && comm->rank() == comm->size() - 1;
+  const int timed_from = s.steps / 2;
+  double timed_ms = 0;
+  double timed_samples = 0;  // every rank's
+  double my_samples = 0;     // this rank's
+  double my_compute_seconds = 0;
+  for (int step = 0; step < s.steps; ++step) {
+    if (step >= timed_from) comm->launch(comm->barrier()).get();
+    const auto started = std::chrono::steady_clock::now();
+    const int batch = shares ? static_cast<int>(shares->batch_size()) : s.model.batch;
+    const int micro_batches = cadence ? cadence->micro_batches() : 1;
+    if (shares) ddp.reducer().set_batch_share(shares->share());
+    if (cadence) ddp.reducer().set_batch_share(cadence->share());
+    const double step_samples =
+        static_cast<double>(cadence ? cadence->window_samples() : global_batch);
+    const double cpu_started = thread_cpu_ms();
+    optimizer->zero_grad();
+    auto micro_step = [&](int i) {
+      auto [x, y] = task.batch(comm->rank(), step * micro_batches + i, batch);
+      torch::Tensor loss = torch::mse_loss(ddp.forward(x), y) / micro_batches;
+      if (straggler) example_models::compute_for(s.straggle_ms * batch / s.model.batch);
+      loss.backward();
+    };
+    for (int i = 0; i < micro_batches; ++i) {
+      if (i + 1 < micro_batches) {
+        auto local = ddp.no_sync();
+        micro_step(i);
+      } else {
+        micro_step(i);
+      }
+    }
+    const double compute_seconds = (thread_cpu_ms() - cpu_started) / 1e3;
+    const double window_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    optimizer->step();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
+            .count();
+    if (step >= timed_from) {
+      timed_ms += ms;
+      timed_samples += step_samples;
+      my_samples += batch * micro_batches;
+      my_compute_seconds += compute_seconds;
+    }
+    if (shares) shares->record_step(compute_seconds);
+    if (cadence) cadence->record_window(compute_seconds, window_seconds);
+  }
+  // The slowest rank's time and compute; every rank's throughput.
+  const int timed = s.steps - timed_from;
+  std::vector<double> slowest{timed_ms / timed, my_compute_seconds * 1e3 / timed};
+  comm->launch(comm->all_reduce(braid::Buffer(slowest), braid::ReduceOp::max)).get();
+  std::vector<double> throughput(static_cast<std::size_t>(comm->size()), 0.0);
+  throughput[static_cast<std::size_t>(comm->rank())] = my_samples / my_compute_seconds;
+  comm->launch(comm->all_reduce(braid::Buffer(throughput), braid::ReduceOp::sum)).get();
+  if (!example_models::ranks_hold_the_same_weights(*comm, model->parameters())) {
+    std::cerr << "braid-bench-ddp-worker: the ranks disagree on the weights\n";
+    return 1;
+  }
+  if (comm->rank() != 0) return 0;
+  const auto [least, most] = std::minmax_element(throughput.begin(), throughput.end());
+  const double total = std::accumulate(throughput.begin(), throughput.end(), 0.0);
+  std::string counts;
+  if (shares) counts = fmt::format("{}", fmt::join(shares->batch_sizes(), " "));
+  if (cadence) counts = fmt::format("{}", fmt::join(cadence->counts(), " "));
+  std::cout << fmt::format(
+      "{{\"sync\":\"balance\",\"balance\":\"{}\",\"step_ms\":{:.3f},"
+      "\"slowest_compute_ms\":{:.3f},\"samples_per_step\":{:.1f},\"global_batch\":{},"
+      "\"ideal_ms\":{:.3f},\"speed_ratio\":{:.3f},\"throughputs\":\"{:.0f}\","
+      "\"counts\":\"{}\"}}\n",
+      s.balance, slowest[0], slowest[1], timed_samples / timed, global_batch,
+      1e3 * static_cast<double>(global_batch) / total, *most / *least, fmt::join(throughput, " "),
+      counts);
+  return 0;
+}
+
 template <class Model>
 int train(braid::transport::World& world, const Settings& s, Model model) {
+  if (!s.balance.empty()) return train_balanced(world, s, model);
   auto comm = braid::collectives::Communicator::world(world);
   const example_models::Task task(s.model.hidden, s.model.transformer());
   std::int64_t parameters = 0;

@@ -1,0 +1,139 @@
+#include "ddp_balance.hpp"
+
+#include <iostream>
+#include <map>
+#include <optional>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "json_fields.hpp"
+#include "subprocess.hpp"
+
+namespace braid::bench {
+namespace {
+
+// The JSON line braid-bench-ddp-worker --balance MODE printed, or nullopt (the output shown).
+std::optional<std::string> run_worker(const BalanceRun& run, const std::string& mode) {
+  std::vector<std::string> argv{sibling_program("braid-run"),
+                                "-n",
+                                std::to_string(run.ranks),
+                                sibling_program("braid-bench-ddp-worker"),
+                                "--sync",
+                                "ddp",
+                                "--balance",
+                                mode,
+                                "--steps",
+                                std::to_string(run.steps),
+                                "--straggle-ms",
+                                fmt::format("{}", run.straggle_ms)};
+  argv.insert(argv.end(), run.model.begin(), run.model.end());
+  const CommandResult result = run_command(argv, std::chrono::seconds(900));
+  std::stringstream lines(result.output);
+  for (std::string line; std::getline(lines, line);) {
+    const auto brace = line.find("{\"sync\":\"balance\"");
+    if (brace != std::string::npos) return line.substr(brace);
+  }
+  std::cerr << "braid-bench ddp --balance: the " << mode << " run printed no result (exit "
+            << result.exit_code << "):\n"
+            << result.output << "\n";
+  return std::nullopt;
+}
+
+// A string field's value ("counts":"179 77"), empty when absent.
+std::string json_text(const std::string& line, const std::string& key) {
+  const auto at = line.find("\"" + key + "\":\"");
+  if (at == std::string::npos) return "";
+  const auto from = at + key.size() + 4;
+  return line.substr(from, line.find('"', from) - from);
+}
+
+struct ModeFigures {
+  double step_ms = 0;
+  double slowest_compute_ms = 0;
+  double samples_per_step = 0;
+  double ideal_ms = 0;
+  double speed_ratio = 0;
+  std::string throughputs;  // the last round's
+  std::string counts;       // the last round's
+  int runs = 0;
+};
+
+void add(ModeFigures& f, const std::string& line) {
+  f.step_ms += json_number(line, "step_ms").value_or(0);
+  f.slowest_compute_ms += json_number(line, "slowest_compute_ms").value_or(0);
+  f.samples_per_step += json_number(line, "samples_per_step").value_or(0);
+  f.ideal_ms += json_number(line, "ideal_ms").value_or(0);
+  f.speed_ratio += json_number(line, "speed_ratio").value_or(0);
+  f.throughputs = json_text(line, "throughputs");
+  f.counts = json_text(line, "counts");
+  ++f.runs;
+}
+
+}  // namespace
+
+int report_ddp_balance(const BalanceRun& run) {
+  const std::vector<std::string> modes{"equal", "shares", "cadence"};
+  std::map<std::string, ModeFigures> figures;
+  double global_batch = 0;
+  for (int round = 0; round < run.rounds; ++round) {
+    for (const std::string& mode : modes) {
+      wait_until_quiet();
+      if (auto line = run_worker(run, mode)) {
+        add(figures[mode], *line);
+        global_batch = json_number(*line, "global_batch").value_or(0);
+      }
+    }
+  }
+  for (const std::string& mode : modes) {
+    if (figures[mode].runs == 0) return 1;
+    ModeFigures& f = figures[mode];
+    for (double* x :
+         {&f.step_ms, &f.slowest_compute_ms, &f.samples_per_step, &f.ideal_ms, &f.speed_ratio}) {
+      *x /= f.runs;
+    }
+  }
+  // The ideal from the balanced runs' own throughputs (a rank's throughput depends a little
+  // on its batch size).
+  const ModeFigures& balanced = figures["shares"];
+  const double ideal_ms = balanced.ideal_ms;
+  std::cout << fmt::format(
+      "{} ranks, the last computing {} ms more per {} samples (measured: the fastest rank "
+      "{:.2f}x the slowest, samples per second of compute {}); global batch {}; steps {} to {} "
+      "timed on the slowest rank; means of {} interleaved rounds:\n\n",
+      run.ranks, run.straggle_ms, static_cast<int>(global_batch) / run.ranks, balanced.speed_ratio,
+      balanced.throughputs, global_batch, run.steps / 2 + 1, run.steps, run.rounds);
+  std::cout << fmt::format("{:<30} {:>9} {:>10} {:>14} {:>11} {:>9} {:>8}  {}\n", "", "step ms",
+                           "samples", "ms per batch", "samples/s", "compute", "/ ideal",
+                           "per rank");
+  auto row = [&](const std::string& name, const ModeFigures& f, const std::string& per_rank) {
+    const double per_batch = f.step_ms * global_batch / f.samples_per_step;
+    std::cout << fmt::format(
+        "{:<30} {:>9.2f} {:>10.0f} {:>14.2f} {:>11.0f} {:>9.2f} {:>8.2f}  {}\n", name, f.step_ms,
+        f.samples_per_step, per_batch, 1e3 * f.samples_per_step / f.step_ms, f.slowest_compute_ms,
+        per_batch / ideal_ms, per_rank);
+  };
+  row("equal shares", figures["equal"], "");
+  row("balanced (BatchBalancer)", balanced, "batch " + balanced.counts);
+  row("cadence (CadenceBalancer)", figures["cadence"],
+      "micro-batches " + figures["cadence"].counts);
+  std::cout << fmt::format("{:<30} {:>9.2f} {:>10.0f} {:>14.2f} {:>11.0f}\n",
+                           "ideal (batch / sum of rates)", ideal_ms, global_batch, ideal_ms,
+                           1e3 * global_batch / ideal_ms);
+  const ModeFigures& equal = figures["equal"];
+  const ModeFigures& cadence = figures["cadence"];
+  std::cout << fmt::format(
+      "\nsamples: every rank's per step (a cadence step is a window of micro-batches); ms per "
+      "batch: the time per {:.0f} samples; compute: the slowest rank's forward and backward "
+      "per step (its thread's CPU time). The rest of a step is the optimizer and the exposed "
+      "synchronisation, which balancing does not shrink: {:.2f} ms equal, {:.2f} ms "
+      "balanced.\nbalanced / ideal {:.2f} (goal <= 1.15); its compute / the ideal {:.2f} (what "
+      "the balancer decides); balanced / equal {:.2f}; cadence / ideal {:.2f}\n",
+      global_batch, equal.step_ms - equal.slowest_compute_ms,
+      balanced.step_ms - balanced.slowest_compute_ms, balanced.step_ms / ideal_ms,
+      balanced.slowest_compute_ms / ideal_ms, balanced.step_ms / equal.step_ms,
+      cadence.step_ms * global_batch / cadence.samples_per_step / ideal_ms);
+  return 0;
+}
+
+}  // namespace braid::bench

@@ -3,6 +3,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -241,6 +242,29 @@ std::size_t FullyShardedDataParallel::before_forward(const ::torch::nn::Module& 
     return u;
   }
   refuse(*comm_, fmt::format("run() of {}, which is not a unit: shard() it first", module.name()));
+}
+
+void FullyShardedDataParallel::refuse_sharded_use(std::size_t running,
+                                                  const char* libtorch_message) {
+  std::vector<std::string> sharded;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& unit : units_) {
+      if (!unit->gathered) sharded.push_back("'" + unit->name + "'");
+    }
+    // The running unit's forward ends here, with no backward to come: its span, and its
+    // gathered storage (the strategies that keep parameters gathered gather them again).
+    if (!forward_spans_.empty()) forward_spans_.pop_back();
+    release(*units_[running]);
+  }
+  if (sharded.empty()) throw;
+  refuse(*comm_,
+         fmt::format("libtorch failed inside run() of unit '{}' while {} {} sharded: a sharded "
+                     "unit's parameters are empty (shape [0]) outside its own run(), so a "
+                     "forward that uses them directly fails; run each unit's forward through "
+                     "fsdp.run(unit, ...). libtorch: {}",
+                     units_[running]->name, fmt::join(sharded, ", "),
+                     sharded.size() == 1 ? "was" : "were", libtorch_message));
 }
 
 void FullyShardedDataParallel::after_forward(std::size_t index,

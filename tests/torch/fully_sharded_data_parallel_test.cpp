@@ -5,7 +5,7 @@
 // unit; prefetch stays within its bound; no_sync() accumulates and the next step reduces
 // the sum; gradient clipping takes the whole gradient's norm; checkpoints resume training
 // and move between world sizes; HYBRID_SHARD and bf16 mixed precision train as DDP does;
-// misuse is refused naming the unit.
+// misuse is refused naming the unit, a forward that skips run() for a sharded unit too.
 #include <filesystem>
 #include <map>
 #include <string>
@@ -451,6 +451,24 @@ TEST(FullyShardedDataParallel, RefusesMisuseNamingTheUnit) {
                                             "has no parameters that an earlier unit did not take");
     braid::testing::expect_invalid_argument(
         [&] { fsdp.run(*net->blocks[1], [&] { return Tensor(); }); }, "which is not a unit");
+  });
+  // A forward that calls a sharded unit's module directly, not through run(): the error
+  // names the units that were sharded and how to run them.
+  run_tp_ranks(2, [&](int, std::shared_ptr<Communicator> comm) {
+    Net net;
+    braid::torch::FullyShardedDataParallel fsdp(comm);
+    for (std::size_t b = 0; b < net->blocks.size(); ++b) {
+      fsdp.shard(*net->blocks[b], fmt::format("block {}", b));
+    }
+    fsdp.shard(*net, "root");
+    const Tensor x = seeded({4, 5}, 9);
+    braid::testing::expect_invalid_argument(
+        [&] { fsdp.run(*net, [&] { return net->forward(x); }); },
+        "libtorch failed inside run() of unit 'root' while 'block 0', 'block 1', 'block 2' were "
+        "sharded");
+    // Through run() the same model trains.
+    const Tensor y = fsdp.run(*net, [&] { return net->forward(x, &fsdp); });
+    EXPECT_EQ(y.sizes(), (std::vector<std::int64_t>{4, 2}));
   });
   // Ranks whose units differ fail together, naming the unit.
   run_tp_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {

@@ -123,11 +123,20 @@ class FullyShardedDataParallel {
   void shard(::torch::nn::Module& module, std::string name = {});
 
   // Runs `forward` (the unit's forward, a callable) with `module`'s unit gathered, and
-  // arranges for its backward (see above). Returns what `forward` returns.
+  // arranges for its backward (see above). Returns what `forward` returns. A libtorch error
+  // inside `forward` while other units are sharded (a forward that calls a unit's module
+  // directly instead of through run(), so it meets the unit's empty parameters) becomes
+  // Error(invalid_argument) naming those units, with libtorch's message.
   template <class Forward>
   auto run(::torch::nn::Module& module, Forward&& forward) {
     const std::size_t unit = before_forward(module);
-    auto output = forward();
+    auto output = [&] {
+      try {
+        return forward();
+      } catch (const c10::Error& e) {
+        refuse_sharded_use(unit, e.what_without_backtrace());
+      }
+    }();
     std::vector<at::Tensor> tensors;
     detail::collect_tensors(output, tensors);
     after_forward(unit, tensors);
@@ -183,6 +192,9 @@ class FullyShardedDataParallel {
  private:
   std::size_t before_forward(const ::torch::nn::Module& module);
   void after_forward(std::size_t unit, const std::vector<at::Tensor>& outputs);
+  // Called in a catch block: throws the Error described at run(), or rethrows what was
+  // caught where no other unit is sharded.
+  [[noreturn]] void refuse_sharded_use(std::size_t unit, const char* libtorch_message);
   void start_gather(std::size_t unit);
   void gather(std::size_t unit);
   void prefetch_after(std::size_t unit, bool backward);

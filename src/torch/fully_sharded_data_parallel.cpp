@@ -17,6 +17,7 @@
 #include <braid/transport/world.hpp>
 
 #include "fully_sharded_unit.hpp"
+#include "storage_bytes.hpp"
 
 namespace braid::torch {
 
@@ -27,22 +28,6 @@ namespace {
 [[noreturn]] void refuse(const collectives::Communicator& comm, std::string what) {
   throw Error(Errc::invalid_argument, std::move(what),
               {.rank = comm.world_rank(comm.rank()), .operation = "FullyShardedDataParallel"});
-}
-
-// The gathered storage's bytes, released in place (views of it, in autograd's saved tensors
-// too, keep the storage object and see new bytes when it is refilled).
-void release_bytes(const Tensor& full) {
-  c10::StorageImpl* storage = full.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, full.device()));
-  storage->set_nbytes(0);
-}
-
-void allocate_bytes(const Tensor& full) {
-  c10::StorageImpl* storage = full.storage().unsafeGetStorageImpl();
-  const std::size_t bytes = static_cast<std::size_t>(full.numel()) * full.element_size();
-  if (storage->nbytes() == bytes) return;
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-  storage->set_nbytes(bytes);
 }
 
 }  // namespace
@@ -163,7 +148,7 @@ void FullyShardedDataParallel::shard(::torch::nn::Module& module, std::string na
 void FullyShardedDataParallel::start_gather(std::size_t index) {
   Unit& unit = *units_[index];
   if (unit.gathered || unit.gathering) return;
-  allocate_bytes(unit.full);
+  detail::allocate_bytes(unit.full);
   unit.gathering_input = unit.shard.detach().to(unit.full.scalar_type());
   if (options_.strategy == ShardingStrategy::no_shard) {
     unit.full.copy_(unit.gathering_input);
@@ -211,7 +196,7 @@ void FullyShardedDataParallel::release(Unit& unit) {
     return;
   }
   for (Tensor& p : unit.params) p.set_data(::torch::empty({0}, unit.full.options()));
-  release_bytes(unit.full);
+  detail::release_bytes(unit.full);
   unit.gathered = false;
   count_gathered();
 }

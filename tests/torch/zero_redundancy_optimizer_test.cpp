@@ -94,6 +94,14 @@ TEST_P(ShardedOptimizer, EndsWithTheParametersOfTheWholeOptimizer) {
         EXPECT_EQ(tensor.numel(), sharded.slice_size());
       }
     }
+    // Between steps the slice and its gradient hold no bytes: what stays is the state, as
+    // the ZeRO formula counts.
+    for (const auto& group : sharded.optimizer().param_groups()) {
+      for (const auto& slice : group.params()) {
+        EXPECT_EQ(slice.storage().nbytes(), 0U);
+        EXPECT_EQ(slice.grad().storage().nbytes(), 0U);
+      }
+    }
   });
 }
 

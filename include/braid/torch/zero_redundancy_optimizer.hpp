@@ -21,11 +21,12 @@
 // with momentum and weight decay, Adam, AdamW, RMSprop, Adagrad) then step exactly as they
 // would on the whole model. Optimizers that look across elements (LBFGS) do not.
 //
-// Costs per step: a copy of this rank's slice of the gradients into the slice's .grad, the
-// optimizer on N/P elements, one all-gather of N elements (the ring moves (P-1)/P x N per
-// rank), and a copy of every parameter out of it. Memory: the optimizer's state for N/P
-// elements and the slice and its gradient (2 N/P) held; the all-gather's N during step()
-// only. Parameters without a gradient in a step keep their values, as the whole optimizer
+// Costs per step: copies of this rank's slice of the parameters and of the gradients into
+// the slice and its .grad, the optimizer on N/P elements, one all-gather of N elements (the
+// ring moves (P-1)/P x N per rank), and a copy of every parameter out of it. Memory held:
+// the optimizer's state for N/P elements, what the ZeRO formula counts. During step() only:
+// the slice and its gradient (2 N/P; their storage is released in place between steps, the
+// tensors staying for the optimizer's state) and the all-gather's N. Parameters without a gradient in a step keep their values, as the whole optimizer
 // leaves them; their slice of the optimizer's state still sees a zero gradient (Adam's
 // moments decay), where the whole optimizer would not touch it.
 //

@@ -148,6 +148,11 @@ void FullyShardedDataParallel::shard(::torch::nn::Module& module, std::string na
 void FullyShardedDataParallel::start_gather(std::size_t index) {
   Unit& unit = *units_[index];
   if (unit.gathered || unit.gathering) return;
+  // A mark on the calling thread where each gather starts, so the trace shows which unit a
+  // prefetch fetched while which one computed.
+  if (trace::enabled()) {
+    trace::instant(trace::Category::user, trace::intern(fmt::format("fsdp.gather {}", unit.name)));
+  }
   detail::allocate_bytes(unit.full);
   unit.gathering_input = unit.shard.detach().to(unit.full.scalar_type());
   if (options_.strategy == ShardingStrategy::no_shard) {
@@ -282,6 +287,7 @@ void FullyShardedDataParallel::after_forward(std::size_t index,
       gather(index);
       prefetch_after(index, /*backward=*/true);
       backward_spans_[index] = trace::ComputeSpan(trace::Name("fsdp.backward"));
+      backward_spans_[index].arg("unit", static_cast<std::int64_t>(index));
     });
   }
 }

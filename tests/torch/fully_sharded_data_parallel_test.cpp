@@ -188,6 +188,60 @@ TEST(FullyShardedDataParallel, PrefetchesOneUnitAheadWithinItsBound) {
   EXPECT_LE(most, 3) << "root, the running unit and one prefetched";
   EXPECT_GE(most, 3)
       << "the prefetch should have had the next unit gathered beside the running one";
+  // The order, on each rank's thread: in the last step, block k+1's gather starts before
+  // block k's forward ends (forward order), and block k's before block k+1's backward ends
+  // (the reverse order). Without the prefetch each would start when its own unit runs.
+  std::map<std::uint32_t, std::vector<const braid::trace::Record*>> by_track;
+  const braid::trace::Snapshot snapshot = braid::trace::snapshot();
+  for (const auto& r : snapshot.records) by_track[r.track].push_back(&r);
+  int ranks_checked = 0;
+  for (const auto& [track, records] : by_track) {
+    // The last training step ends with the last backward (forwards without gradients, the
+    // twins' output checks, follow it).
+    std::int64_t training_end = 0;
+    for (const auto* r : records) {
+      if (std::string_view(r->name) == "fsdp.backward")
+        training_end = std::max(training_end, r->end_ns);
+    }
+    // The last span of each kind and unit in training, and each unit's gather starts.
+    std::map<std::pair<std::string, std::int64_t>, const braid::trace::Record*> last_span;
+    std::map<std::string, std::vector<std::int64_t>> gathers;
+    for (const auto* r : records) {
+      const std::string_view name(r->name);
+      if (r->begin_ns > training_end) continue;
+      if (name == "fsdp.forward" || name == "fsdp.backward") {
+        last_span[{std::string(name), r->args[0].value}] = r;
+      } else if (name.starts_with("fsdp.gather ")) {
+        gathers[std::string(name.substr(12))].push_back(r->begin_ns);
+      }
+    }
+    if (last_span.empty()) continue;
+    ++ranks_checked;
+    // The last gather of `unit` that started before `time`.
+    auto gather_before = [&](const std::string& unit, std::int64_t time) {
+      std::int64_t found = -1;
+      for (std::int64_t t : gathers[unit]) {
+        if (t <= time) found = t;
+      }
+      return found;
+    };
+    for (std::int64_t k = 0; k < 2; ++k) {
+      const auto* forward = last_span.at({"fsdp.forward", k});
+      const auto* next_forward = last_span.at({"fsdp.forward", k + 1});
+      const std::int64_t started = gather_before(fmt::format("b{}", k + 1), next_forward->begin_ns);
+      EXPECT_GE(started, 0) << "no gather of b" << k + 1 << " before its forward";
+      EXPECT_LT(started, forward->end_ns)
+          << "b" << k + 1 << "'s gather should start before b" << k << "'s forward ends";
+      const auto* backward = last_span.at({"fsdp.backward", k + 1});
+      const auto* previous_backward = last_span.at({"fsdp.backward", k});
+      const std::int64_t started_back =
+          gather_before(fmt::format("b{}", k), previous_backward->begin_ns);
+      EXPECT_GT(started_back, forward->end_ns) << "b" << k << " gathered again for backward";
+      EXPECT_LT(started_back, backward->end_ns)
+          << "b" << k << "'s gather should start before b" << k + 1 << "'s backward ends";
+    }
+  }
+  EXPECT_EQ(ranks_checked, 2);
 }
 
 TEST(FullyShardedDataParallel, NoSyncAccumulatesThenReducesTheSum) {

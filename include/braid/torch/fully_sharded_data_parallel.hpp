@@ -32,7 +32,8 @@
 // the count is a trace counter ("fsdp gathered units"). Each unit's forward (less the
 // inner units' runs) and backward (from its gather to its last gradient) is a compute span,
 // "fsdp.forward" and "fsdp.backward", and every gather and reduction a comm span, so
-// braid-trace summary reports what the prefetch and the reduce-scatters hid.
+// braid-trace summary reports what the prefetch and the reduce-scatters hid; where a
+// gather starts, the calling thread records an instant "fsdp.gather UNIT".
 //
 // Backward: each parameter's gradient accumulates whole, as usual; when a unit's last one
 // is ready its gradients are flattened and reduce-scattered (the average over ranks) into

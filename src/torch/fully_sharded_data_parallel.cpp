@@ -68,6 +68,43 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   }
 }
 
+bool FullyShardedDataParallel::is_unit(const ::torch::nn::Module& module) const {
+  return std::any_of(units_.begin(), units_.end(),
+                     [&](const auto& unit) { return unit->module == &module; });
+}
+
+std::vector<std::string> FullyShardedDataParallel::shard_by_size(::torch::nn::Module& root,
+                                                                 std::int64_t min_parameters) {
+  std::set<const c10::TensorImpl*> taken;
+  for (const auto& unit : units_) {
+    for (const Tensor& p : unit->params) taken.insert(p.unsafeGetTensorImpl());
+  }
+  auto untaken = [&](const ::torch::nn::Module& module) {
+    std::int64_t count = 0;
+    for (const Tensor& p : module.parameters()) {
+      if (taken.count(p.unsafeGetTensorImpl()) == 0) count += p.numel();
+    }
+    return count;
+  };
+  std::vector<std::string> made;
+  // Children first: a block becomes a unit before the stack that holds it is weighed.
+  auto visit = [&](auto& self, ::torch::nn::Module& module, const std::string& path) -> void {
+    for (const auto& item : module.named_children()) {
+      self(self, *item.value(), path.empty() ? item.key() : path + "." + item.key());
+    }
+    if (&module == &root || untaken(module) < min_parameters) return;
+    shard(module, path);
+    for (const Tensor& p : units_.back()->params) taken.insert(p.unsafeGetTensorImpl());
+    made.push_back(path);
+  };
+  visit(visit, root, "");
+  if (untaken(root) > 0) {
+    shard(root, "root");
+    made.emplace_back("root");
+  }
+  return made;
+}
+
 void FullyShardedDataParallel::shard(::torch::nn::Module& module, std::string name) {
   auto unit = std::make_unique<Unit>();
   unit->module = &module;

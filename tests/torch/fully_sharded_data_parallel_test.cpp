@@ -244,6 +244,50 @@ TEST(FullyShardedDataParallel, PrefetchesOneUnitAheadWithinItsBound) {
   EXPECT_EQ(ranks_checked, 2);
 }
 
+TEST(FullyShardedDataParallel, ShardsBySizeAndTrainsAsOneProcess) {
+  // b0 42 parameters, b1 56, b2 48, head 14: at 45 or more, b1 and b2 become units and the
+  // root takes b0 and the head.
+  std::map<std::string, Tensor> trained;
+  run_tp_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
+    Net net;
+    braid::torch::FullyShardedDataParallel fsdp(comm);
+    EXPECT_EQ(fsdp.shard_by_size(*net, 45), (std::vector<std::string>{"b1", "b2", "root"}));
+    EXPECT_TRUE(fsdp.is_unit(*net->blocks[1]));
+    EXPECT_FALSE(fsdp.is_unit(*net->blocks[0]));
+    ::torch::optim::SGD optimizer(fsdp.parameters(), ::torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 3; ++step) {
+      Tensor x = seeded({3, 5}, 100 * step + rank);
+      const Tensor y = seeded({3, 2}, 100 * step + rank + 50);
+      optimizer.zero_grad();
+      const Tensor out = fsdp.run(*net, [&] {
+        for (auto& block : net->blocks) {
+          x = fsdp.run_if_unit(*block, [&] { return ::torch::tanh(block->forward(x)); });
+        }
+        return net->head->forward(x);
+      });
+      ::torch::mse_loss(out, y).backward();
+      optimizer.step();
+    }
+    const auto state = fsdp.full_state_dict(*net);
+    if (rank == 0) trained = state;
+  });
+  // One process on both ranks' batches together.
+  Net whole;
+  ::torch::optim::SGD optimizer(whole->parameters(), ::torch::optim::SGDOptions(0.1));
+  for (int step = 0; step < 3; ++step) {
+    const Tensor x = ::torch::cat({seeded({3, 5}, 100 * step), seeded({3, 5}, 100 * step + 1)});
+    const Tensor y =
+        ::torch::cat({seeded({3, 2}, 100 * step + 50), seeded({3, 2}, 100 * step + 51)});
+    optimizer.zero_grad();
+    ::torch::mse_loss(whole->forward(x), y).backward();
+    optimizer.step();
+  }
+  for (const auto& named : whole->named_parameters()) {
+    ASSERT_EQ(trained.count(named.key()), 1u) << named.key();
+    expect_close(trained.at(named.key()), named.value(), named.key(), 1e-5);
+  }
+}
+
 TEST(FullyShardedDataParallel, NoSyncAccumulatesThenReducesTheSum) {
   run_tp_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
     Twins twins(comm, {});

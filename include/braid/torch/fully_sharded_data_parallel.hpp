@@ -123,6 +123,23 @@ class FullyShardedDataParallel {
   // messages and forward_order() (empty: the module's type name). A collective.
   void shard(::torch::nn::Module& module, std::string name = {});
 
+  // The size-based auto-wrap policy (PyTorch's size_based_auto_wrap_policy): walks `root`'s
+  // submodules children first and makes a unit of each whose parameters that no unit took
+  // yet number at least `min_parameters`, named by its path in `root` ("blocks.3"); then
+  // `root` takes the rest, as "root". Returns the units' names in the order made. Every
+  // module that became a unit must run through run() (run_if_unit() for code that does not
+  // know which did). A collective, as shard().
+  std::vector<std::string> shard_by_size(::torch::nn::Module& root, std::int64_t min_parameters);
+
+  // Whether `module` is a unit.
+  bool is_unit(const ::torch::nn::Module& module) const;
+  // run(module, forward) where `module` is a unit, forward() where it is not: for a model's
+  // forward written once for any wrapping.
+  template <class Forward>
+  auto run_if_unit(::torch::nn::Module& module, Forward&& forward) {
+    return is_unit(module) ? run(module, std::forward<Forward>(forward)) : forward();
+  }
+
   // Runs `forward` (the unit's forward, a callable) with `module`'s unit gathered, and
   // arranges for its backward (see above). Returns what `forward` returns. A libtorch error
   // inside `forward` while other units are sharded (a forward that calls a unit's module

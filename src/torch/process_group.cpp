@@ -2,8 +2,11 @@
 // calls the communicator on the caller's thread (which takes the call's place in the
 // order) and hands the awaitable to start(), which completes a Work from the progress
 // thread. Joining is in process_group_join.cpp.
+#include <condition_variable>
 #include <cstddef>
+#include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -88,12 +91,62 @@ struct ProcessGroup::Remains {
   }
 };
 
+struct ProcessGroup::Completions {
+  static constexpr std::size_t kMostThreads = 16;
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<std::function<void()>> queue;
+  std::vector<std::thread> threads;
+  std::size_t idle = 0;
+  bool stopping = false;
+
+  void post(std::function<void()> job) {
+    std::lock_guard lock(mutex);
+    queue.push_back(std::move(job));
+    // Every job waiting needs a thread free to take it: one busy in a callback that waits
+    // may be waiting for this very job.
+    if (queue.size() > idle && threads.size() < kMostThreads) {
+      threads.emplace_back([this] { work(); });
+    } else {
+      wake.notify_one();
+    }
+  }
+
+  void work() {
+    std::unique_lock lock(mutex);
+    for (;;) {
+      ++idle;
+      wake.wait(lock, [&] { return stopping || !queue.empty(); });
+      --idle;
+      if (queue.empty()) return;  // stopping, and nothing left
+      std::function<void()> job = std::move(queue.front());
+      queue.pop_front();
+      lock.unlock();
+      job();
+      job = nullptr;
+      lock.lock();
+    }
+  }
+
+  // Finishes what is queued, then joins the threads.
+  void stop() {
+    {
+      std::lock_guard lock(mutex);
+      stopping = true;
+    }
+    wake.notify_all();
+    for (std::thread& thread : threads) thread.join();
+    threads.clear();
+  }
+};
+
 namespace {
 
 asio::awaitable<void> complete(asio::awaitable<void> operation,
                                c10::intrusive_ptr<c10::ivalue::Future> future,
                                std::vector<at::Tensor> outputs, std::function<void()> finish,
-                               std::string what, std::shared_ptr<ProcessGroup::Remains> remains) {
+                               std::string what, std::shared_ptr<ProcessGroup::Remains> remains,
+                               std::shared_ptr<ProcessGroup::Completions> completions) {
   std::exception_ptr error;
   try {
     co_await std::move(operation);
@@ -103,13 +156,17 @@ asio::awaitable<void> complete(asio::awaitable<void> operation,
   } catch (const std::exception& e) {
     error = std::make_exception_ptr(c10::Error({__func__, __FILE__, __LINE__}, what + e.what()));
   }
-  // Outside the try: callbacks chained with then() run here, and their errors are theirs.
-  if (error) {
-    future->setError(error);
-  } else {
-    future->markCompleted(c10::IValue(outputs));
-  }
-  remains->keep({std::move(future), std::move(outputs), std::move(finish)});
+  // On a completion thread, where callbacks chained with then() may wait; their errors are
+  // theirs.
+  completions->post([future = std::move(future), outputs = std::move(outputs),
+                     finish = std::move(finish), error, remains = std::move(remains)]() mutable {
+    if (error) {
+      future->setError(error);
+    } else {
+      future->markCompleted(c10::IValue(outputs));
+    }
+    remains->keep({std::move(future), std::move(outputs), std::move(finish)});
+  });
 }
 
 // recv's awaitable reports the elements received; PyTorch expects the whole tensor.
@@ -156,6 +213,7 @@ ProcessGroup::ProcessGroup(int rank, int size, std::unique_ptr<Runtime> runtime,
                            std::shared_ptr<collectives::Communicator> communicator)
     : c10d::ProcessGroup(rank, size),
       remains_(std::make_shared<Remains>()),
+      completions_(std::make_shared<Completions>()),
       runtime_(std::move(runtime)),
       world_(std::move(world)),
       communicator_(std::move(communicator)) {
@@ -166,7 +224,8 @@ ProcessGroup::~ProcessGroup() {
   communicator_.reset();
   world_.reset();
   runtime_.reset();
-  remains_->release();  // on this thread, braid's thread gone
+  completions_->stop();
+  remains_->release();  // on this thread, braid's thread and the completion threads gone
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::start(c10d::OpType type, std::string_view op,
@@ -177,7 +236,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::start(c10d::OpType type, std::strin
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
   asio::co_spawn(runtime_->executor(),
                  complete(std::move(operation), future, std::move(outputs), std::move(finish),
-                          prefix(rank_, op), remains_),
+                          prefix(rank_, op), remains_, completions_),
                  asio::detached);
   return c10::make_intrusive<FutureWork>(rank_, type, std::move(future));
 }

@@ -120,17 +120,26 @@ class ProcessGroup final : public c10d::ProcessGroup {
   // Python made frees a Python object, which takes the GIL, and braid's thread must never
   // wait for it while Python's thread waits for braid's (destroy_process_group).
   struct Remains;
+  // The threads that complete the Works' futures. Completing a future runs the callbacks
+  // chained on it with then() (DDP's comm hooks), and a callback may wait for another
+  // operation (PowerSGD's waits for its all-reduces inside its callbacks): run on braid's
+  // thread, it would wait for the thread that must make the progress. A thread is added
+  // whenever every one is busy (up to 16), so a callback that waits never holds up the
+  // completion it waits for. Cost: one hand-off between threads per operation.
+  struct Completions;
 
  private:
   // Runs `operation` (already called, so in the communicator's order) to completion on
   // the progress thread, then `finish` there (copies out of a flat tensor), then completes
-  // the Work with `outputs`, or fails it with the error named after `op`.
+  // the Work with `outputs` on a completion thread, or fails it with the error named
+  // after `op`.
   c10::intrusive_ptr<c10d::Work> start(c10d::OpType type, std::string_view op,
                                        asio::awaitable<void> operation,
                                        std::vector<at::Tensor> outputs,
                                        std::function<void()> finish = {});
 
   std::shared_ptr<Remains> remains_;
+  std::shared_ptr<Completions> completions_;
   std::unique_ptr<Runtime> runtime_;
   std::unique_ptr<transport::World> world_;
   std::shared_ptr<collectives::Communicator> communicator_;

@@ -135,6 +135,11 @@ constexpr std::array kRankVariables{
     "BRAID_RANK",      "BRAID_WORLD_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_WORLD_SIZE",
     "BRAID_NODE_RANK", "BRAID_NNODES",     "BRAID_STORE",      "BRAID_TOKEN"};
 
+// torchrun's variables, set too so that PyTorch's init_method="env://" (and any program
+// written for torchrun) runs under braid-run unchanged. Not knobs: braid does not read them.
+constexpr std::array kTorchVariables{"RANK",       "WORLD_SIZE",  "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                     "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"};
+
 Job::~Job() {
   for (Rank& rank : ranks_) {
     for (Stream& s : rank.streams) {
@@ -158,6 +163,8 @@ std::vector<std::string> Job::rank_environment(int local_rank) const {
   int rank = options_.node_rank * options_.nproc_per_node + local_rank;
   env.push_back(fmt::format("BRAID_RANK={}", rank));
   env.push_back(fmt::format("BRAID_LOCAL_RANK={}", local_rank));
+  env.push_back(fmt::format("RANK={}", rank));
+  env.push_back(fmt::format("LOCAL_RANK={}", local_rank));
   return env;
 }
 
@@ -438,7 +445,8 @@ int Job::run() {
   for (char** e = environ; *e != nullptr; ++e) {
     std::string_view entry(*e);
     auto name = entry.substr(0, entry.find('='));
-    if (std::find(kRankVariables.begin(), kRankVariables.end(), name) == kRankVariables.end()) {
+    if (std::find(kRankVariables.begin(), kRankVariables.end(), name) == kRankVariables.end() &&
+        std::find(kTorchVariables.begin(), kTorchVariables.end(), name) == kTorchVariables.end()) {
       shared_env_.emplace_back(entry);
     }
   }
@@ -449,6 +457,17 @@ int Job::run() {
   shared_env_.push_back(fmt::format("BRAID_NNODES={}", options_.nnodes));
   shared_env_.push_back(fmt::format("BRAID_STORE={}", transport::format_host_port(host, port)));
   if (!token.empty()) shared_env_.push_back(fmt::format("BRAID_TOKEN={}", token));
+  // PyTorch's store (rank 0's TCPStore under env://) needs a port of its own beside
+  // braid's: a free one on one node; on several, the one after braid's store, which every
+  // node can compute alike.
+  const std::uint16_t torch_port = options_.master_addr.empty()
+                                       ? transport::find_free_port()
+                                       : static_cast<std::uint16_t>(port + 1);
+  shared_env_.push_back(fmt::format("WORLD_SIZE={}", options_.nnodes * options_.nproc_per_node));
+  shared_env_.push_back(fmt::format("LOCAL_WORLD_SIZE={}", options_.nproc_per_node));
+  shared_env_.push_back(fmt::format("GROUP_RANK={}", options_.node_rank));
+  shared_env_.push_back(fmt::format("MASTER_ADDR={}", host));
+  shared_env_.push_back(fmt::format("MASTER_PORT={}", torch_port));
   // Several ranks each starting an OpenMP (libtorch) and a BLAS (OpenBLAS) pool as wide
   // as the machine would run cores x ranks threads: one each unless the user said.
   if (options_.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {

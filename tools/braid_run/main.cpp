@@ -24,7 +24,9 @@ constexpr std::string_view kUsage = R"(usage: braid-run [options] program [args.
 
 Starts N ranks of `program` on this node with BRAID_RANK, BRAID_WORLD_SIZE,
 BRAID_LOCAL_RANK, BRAID_LOCAL_WORLD_SIZE, BRAID_NODE_RANK, BRAID_NNODES, BRAID_STORE and
-BRAID_TOKEN set (replacing any inherited values), prefixes each line they print with
+BRAID_TOKEN set, and torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+GROUP_RANK, MASTER_ADDR and MASTER_PORT (PyTorch's env:// store; on several nodes braid's
+store port + 1), replacing any inherited values; prefixes each line they print with
 "[rank] ", and stops them all when one fails. Ranks read /dev/null as their stdin.
 
 options (options end at the program, or at --):

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Run under braid-run: PyTorch's default init_method (env://) joins the "braid" backend
-from the variables braid-run sets, as under torchrun, and an all_reduce sums the ranks."""
+"""Run under braid-run or torchrun: PyTorch's default init_method (env://) joins the
+"braid" backend from the variables the launcher sets, and an all_reduce sums the ranks."""
 import os
 
 import torch
@@ -8,10 +8,10 @@ import torch.distributed as dist
 
 import braid_torch  # noqa: F401  (registers the "braid" backend)
 
-dist.init_process_group("braid")  # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from braid-run
+dist.init_process_group("braid")  # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the launcher
 rank, size = dist.get_rank(), dist.get_world_size()
-assert rank == int(os.environ["BRAID_RANK"]), f"rank {rank} is not BRAID_RANK"
-assert size == int(os.environ["BRAID_WORLD_SIZE"]), f"world size {size}"
+assert rank == int(os.environ["RANK"]), f"rank {rank} is not RANK"
+assert size == int(os.environ["WORLD_SIZE"]), f"world size {size}"
 t = torch.full((4,), float(rank + 1))
 dist.all_reduce(t)
 expected = size * (size + 1) / 2

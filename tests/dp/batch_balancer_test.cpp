@@ -21,9 +21,7 @@ namespace {
 
 using collectives::Communicator;
 
-void expect_all_passed(const std::vector<std::string>& errors) {
-  for (std::size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-}
+using testing::expect_all_passed;
 
 TEST(BatchSizes, AreProportionalWholeAndAddUpToTheTotal) {
   EXPECT_EQ(BatchBalancer::sizes_for({2, 1}, 30, 0.1), (std::vector<std::int64_t>{20, 10}));

@@ -19,9 +19,7 @@ namespace {
 
 using collectives::Communicator;
 
-void expect_all_passed(const std::vector<std::string>& errors) {
-  for (std::size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-}
+using testing::expect_all_passed;
 
 TEST(CadenceCounts, AreTheAnchorTimesTheSpeedRatio) {
   EXPECT_EQ(CadenceBalancer::counts_for({2, 1}, 2, {}, 0.05), (std::vector<int>{4, 2}));

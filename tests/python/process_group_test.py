@@ -210,8 +210,11 @@ def destroy_without_barrier_worker(rank, size, port):
     dist.destroy_process_group()  # no barrier first: operations may still be finishing
 
 
-def train(model, group, rank, steps=5):
+def train(model, group, rank, steps=5, prepare=None):
+    """`steps` DDP steps on `group`; `prepare(ddp)` first, where given (a comm hook)."""
     ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+    if prepare:
+        prepare(ddp)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     generator = torch.Generator().manual_seed(100 + rank)
     for _ in range(steps):
@@ -250,19 +253,11 @@ def power_sgd_worker(rank, size, port):
         torch.manual_seed(1234)
         model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(),
                                     torch.nn.Linear(32, 2))
-        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
         state = powerSGD.PowerSGDState(process_group=group, matrix_approximation_rank=1,
                                        start_powerSGD_iter=2, random_seed=7)
-        ddp.register_comm_hook(state, powerSGD.powerSGD_hook)
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
-        generator = torch.Generator().manual_seed(100 + rank)
-        for _ in range(5):  # 2 plain all-reduces, then 3 compressed steps
-            x = torch.randn(16, 8, generator=generator)
-            y = torch.randn(16, 2, generator=generator)
-            optimizer.zero_grad()
-            torch.nn.functional.mse_loss(ddp(x), y).backward()
-            optimizer.step()
-        return [p.detach().clone() for p in model.parameters()]
+        # 2 plain all-reduces, then 3 compressed steps.
+        return train(model, group, rank, steps=5,
+                     prepare=lambda ddp: ddp.register_comm_hook(state, powerSGD.powerSGD_hook))
 
     on_braid = trained(dist.group.WORLD)
     on_gloo = trained(gloo)

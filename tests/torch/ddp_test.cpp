@@ -20,6 +20,7 @@
 #include <braid/transport/bootstrap.hpp>
 #include <braid/transport/world.hpp>
 
+#include "../support/expect_error.hpp"
 #include "../support/rank_threads.hpp"
 
 namespace ddp_test {
@@ -41,9 +42,7 @@ std::vector<std::string> run_ranks(int size, const braid::testing::BlockingRankB
                                             });
 }
 
-void expect_all_passed(const std::vector<std::string>& errors) {
-  for (std::size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-}
+using braid::testing::expect_all_passed;
 
 struct NetImpl : ::torch::nn::Module {
   NetImpl() {

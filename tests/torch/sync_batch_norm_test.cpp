@@ -11,6 +11,7 @@
 #include <braid/torch/distributed_data_parallel.hpp>
 #include <braid/torch/sync_batch_norm.hpp>
 
+#include "../support/expect_error.hpp"
 #include "../support/rank_threads.hpp"
 
 namespace sync_batch_norm_test {
@@ -28,9 +29,7 @@ std::vector<std::string> run_ranks(int size, const braid::testing::BlockingRankB
                                             });
 }
 
-void expect_all_passed(const std::vector<std::string>& errors) {
-  for (std::size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-}
+using braid::testing::expect_all_passed;
 
 // libtorch's generator is one per process: draws happen under one lock, before the ranks.
 std::mutex rng_mutex;

@@ -72,6 +72,11 @@ std::vector<Release> CommunicatorIds::take_released() {
   return std::exchange(released_, {});
 }
 
+std::int64_t CommunicatorIds::next_subgroup(const std::string& members) {
+  std::lock_guard lock(mutex_);
+  return subgroups_[members]++;
+}
+
 asio::awaitable<void> publish_releases(transport::StoreClient& store, std::vector<Release> releases,
                                        int world_rank) {
   for (const Release& release : releases) {

@@ -32,7 +32,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include <boost/asio/awaitable.hpp>
@@ -66,10 +68,14 @@ class CommunicatorIds {
  public:
   void released(const Release& release);
   std::vector<Release> take_released();
+  // How many subgroups of these members this process made before (0, 1, ...): members
+  // make theirs in the same order, so the count names the one being made alike on each.
+  std::int64_t next_subgroup(const std::string& members);
 
  private:
   std::mutex mutex_;
   std::vector<Release> released_;
+  std::map<std::string, std::int64_t> subgroups_;
 };
 
 // Counts this rank's releases in the store; the last member to let go frees the id.

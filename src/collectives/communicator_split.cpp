@@ -1,12 +1,16 @@
 // Communicator::split (communicator.hpp): an all-gather of every rank's (color, key) and a
 // broadcast of the new communicators' names, which rank 0 takes from the World's store
 // (communicator_ids.hpp), at the two sequence numbers split reserved when it was called.
+// Communicator::subgroup: the same name, drawn by the first member and passed through the
+// store, with no collective on the parent.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <braid/collectives/communicator.hpp>
 #include <braid/core/error.hpp>
@@ -87,6 +91,61 @@ asio::awaitable<std::shared_ptr<Communicator>> Communicator::run_split(
   auto made = std::make_shared<Communicator>(Private{}, world_, std::move(ranks), std::move(name),
                                              std::move(options));
   made->staging_engine_ = staging_engine_;  // staging_engine_override.hpp
+  co_return made;
+}
+
+asio::awaitable<std::shared_ptr<Communicator>> Communicator::subgroup(
+    std::vector<int> world_ranks) {
+  std::shared_ptr<Communicator> self = shared_from_this();  // alive until this returns
+  const int me = world_.rank();
+  auto refuse = [&](std::string what) {
+    return Error(Errc::invalid_argument, std::move(what), {.rank = me, .operation = "subgroup"});
+  };
+  std::vector<int> sorted = world_ranks;
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted.empty() || sorted.front() < 0 || sorted.back() >= world_.size() ||
+      std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() ||
+      !std::binary_search(sorted.begin(), sorted.end(), me)) {
+    throw refuse(
+        fmt::format("the ranks [{}] must be distinct World ranks below {}, this rank "
+                    "({}) among them",
+                    fmt::join(world_ranks, ", "), world_.size(), me));
+  }
+  const std::string members = fmt::format("{}", fmt::join(world_ranks, ","));
+  const std::string key =
+      fmt::format("braid/subgroup/{}/{}", members, ids_->next_subgroup(members));
+  co_await detail::publish_releases(world_.store(), ids_->take_released(), me);
+  std::vector<std::int64_t> name(3);
+  if (me == world_ranks.front()) {
+    const detail::CommunicatorName made =
+        (co_await detail::allocate_names(world_.store(), 1, me)).front();
+    name = {made.serial, made.id, static_cast<std::int64_t>(made.first_sequence)};
+    transport::Bytes bytes(sizeof(std::int64_t) * name.size());
+    std::memcpy(bytes.data(), name.data(), bytes.size());
+    co_await world_.store().set(key, std::move(bytes));
+  } else {
+    const transport::Bytes bytes = co_await world_.store().get(key, deadline_after(timeout_));
+    if (bytes.size() != sizeof(std::int64_t) * name.size()) {
+      throw refuse(fmt::format("the store's {} holds {} bytes, not a communicator's name", key,
+                               bytes.size()));
+    }
+    std::memcpy(name.data(), bytes.data(), bytes.size());
+  }
+  if (name[1] >= static_cast<std::int64_t>(transport::max_communicators)) {
+    throw refuse(fmt::format("all {} ids the message tag has for split communicators are taken",
+                             transport::max_communicators - detail::kFirstSplitId));
+  }
+  Options options{.timeout = timeout_,
+                  .check_fingerprints = check_fingerprints_,
+                  .selection = selection_,
+                  .cuda_stream = cuda_stream_};
+  Name made_name{.id = static_cast<std::uint32_t>(name[1]),
+                 .serial = name[0],
+                 .first_sequence = static_cast<std::uint64_t>(name[2]),
+                 .ids = ids_};
+  auto made = std::make_shared<Communicator>(Private{}, world_, std::move(world_ranks),
+                                             std::move(made_name), std::move(options));
+  made->staging_engine_ = staging_engine_;
   co_return made;
 }
 

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <braid/collectives/communicator.hpp>
+#include <braid/core/error.hpp>
 
 #include "../support/rank_threads.hpp"
 
@@ -43,6 +44,44 @@ TEST(Split, CommunicatorsSplitByColorRunConcurrentlyWithTheirParent) {
     world_sum.get();
     EXPECT_EQ(in_pair[0], me % 2 == 0 ? 0 + 2 : 1 + 3);
     EXPECT_EQ(in_world[0], 6);
+  });
+}
+
+TEST(Subgroup, IsMadeByItsMembersAloneInTheOrderTheyName) {
+  run_ranks(3, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    const int me = comm->rank();
+    if (me == 1) co_return;  // not a member: it calls nothing
+    // World ranks 2 and 0, in that order: world rank 2 is the subgroup's rank 0. Twice,
+    // the second a communicator of its own.
+    // (Named lists: GCC 12 mishandles a braced list inside co_await.)
+    const std::vector<int> members{2, 0};
+    auto first = co_await comm->subgroup(members);
+    auto second = co_await comm->subgroup(members);
+    EXPECT_EQ(first->size(), 2);
+    EXPECT_EQ(first->rank(), me == 2 ? 0 : 1);
+    EXPECT_EQ(first->world_rank(0), 2);
+    EXPECT_NE(first->id(), comm->id());
+    EXPECT_NE(second->id(), first->id());
+    std::vector<std::int64_t> values{me + 1};
+    co_await first->all_reduce(Buffer(values), ReduceOp::sum);
+    EXPECT_EQ(values[0], 4);  // world ranks 0 and 2: 1 + 3
+    std::vector<std::int64_t> from_first{me == 2 ? 7 : 0};
+    co_await second->broadcast(Buffer(from_first), 0);
+    EXPECT_EQ(from_first[0], 7);
+  });
+}
+
+TEST(Subgroup, RefusesAListWithoutThisRank) {
+  run_ranks(2, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    const int other = 1 - comm->rank();
+    try {
+      const std::vector<int> members{other};
+      co_await comm->subgroup(members);
+      ADD_FAILURE() << "a subgroup without this rank was made";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("this rank"), std::string::npos) << e.what();
+    }
   });
 }
 

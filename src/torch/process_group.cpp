@@ -101,7 +101,14 @@ struct ProcessGroup::Completions {
   bool stopping = false;
 
   void post(std::function<void()> job) {
-    std::lock_guard lock(mutex);
+    std::unique_lock lock(mutex);
+    if (stopping) {
+      // A group destroyed while another keeps braid's thread running: an operation of it
+      // still in flight completes on braid's thread.
+      lock.unlock();
+      job();
+      return;
+    }
     queue.push_back(std::move(job));
     // Every job waiting needs a thread free to take it: one busy in a callback that waits
     // may be waiting for this very job.
@@ -208,24 +215,21 @@ c10::intrusive_ptr<c10d::Work> translating(int rank, std::string_view op, F&& bo
 
 }  // namespace
 
-ProcessGroup::ProcessGroup(int rank, int size, std::unique_ptr<Runtime> runtime,
-                           std::unique_ptr<transport::World> world,
+ProcessGroup::ProcessGroup(int rank, int size, std::shared_ptr<JoinedWorld> joined,
                            std::shared_ptr<collectives::Communicator> communicator)
     : c10d::ProcessGroup(rank, size),
       remains_(std::make_shared<Remains>()),
       completions_(std::make_shared<Completions>()),
-      runtime_(std::move(runtime)),
-      world_(std::move(world)),
+      joined_(std::move(joined)),
       communicator_(std::move(communicator)) {
   init();
 }
 
 ProcessGroup::~ProcessGroup() {
   communicator_.reset();
-  world_.reset();
-  runtime_.reset();
+  joined_.reset();  // the last group over its World leaves it and stops braid's thread
   completions_->stop();
-  remains_->release();  // on this thread, braid's thread and the completion threads gone
+  remains_->release();  // on this thread, the completion threads gone
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::start(c10d::OpType type, std::string_view op,
@@ -234,7 +238,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::start(c10d::OpType type, std::strin
                                                    std::function<void()> finish) {
   remains_->release();  // the operations finished since the last call, let go here
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
-  asio::co_spawn(runtime_->executor(),
+  asio::co_spawn(joined_->runtime->executor(),
                  complete(std::move(operation), future, std::move(outputs), std::move(finish),
                           prefix(rank_, op), remains_, completions_),
                  asio::detached);

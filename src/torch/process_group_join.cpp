@@ -1,10 +1,14 @@
 // ProcessGroup::join (process_group.hpp): the ranks meet in the PyTorch store they are
-// handed, learn which of them share a host, and rank 0 publishes where it will serve
-// braid's store; then every rank joins a braid World there. Cost: one set and P gets on
-// the PyTorch store per rank, then World::join.
+// handed. Where every member already holds one World (a new_group under a braid default
+// group) they make a subgroup of it. Otherwise they learn which of them share a host, rank
+// 0 publishes where it will serve braid's store, and every rank joins a braid World there.
+// Cost: one set and P gets on the PyTorch store per rank, then Communicator::subgroup (a
+// few store round trips) or World::join.
 #include <climits>
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <unistd.h>
@@ -21,6 +25,14 @@ namespace braid::torch {
 namespace {
 
 constexpr const char* kStoreKey = "braid/store";
+
+std::string parent_key(int rank) {
+  return fmt::format("braid/parent/{}", rank);
+}
+
+// The World this process joined for its braid groups, while a group uses it.
+std::mutex joined_mutex;
+std::weak_ptr<ProcessGroup::JoinedWorld> joined_world;
 
 std::string host_key(int rank) {
   return fmt::format("braid/host/{}", rank);
@@ -73,6 +85,34 @@ c10::intrusive_ptr<ProcessGroup> ProcessGroup::join(const c10::intrusive_ptr<c10
   TORCH_CHECK(size > 0 && rank >= 0 && rank < size, "braid rank ", rank,
               ": join: rank must be in [0, ", size, ")");
   try {
+    // A group whose members all share one World this process joined already (new_group
+    // under a braid default group) is a subgroup of it: no new World, connections or
+    // thread. Each member says which World it holds and its rank there.
+    std::shared_ptr<JoinedWorld> parent;
+    {
+      std::lock_guard lock(joined_mutex);
+      parent = joined_world.lock();
+    }
+    set(*store, parent_key(rank),
+        parent ? fmt::format("{} {}", parent->world->rank(), parent->identity) : "-");
+    std::vector<int> world_ranks;
+    for (int r = 0; r < size && parent; ++r) {
+      const std::string said = get(*store, parent_key(r));
+      const std::size_t space = said.find(' ');
+      if (space == std::string::npos || said.substr(space + 1) != parent->identity) {
+        world_ranks.clear();
+        break;
+      }
+      world_ranks.push_back(std::stoi(said.substr(0, space)));
+    }
+    if (static_cast<int>(world_ranks.size()) == size) {
+      auto communicator =
+          parent->communicator->launch(parent->communicator->subgroup(world_ranks)).get();
+      return c10::make_intrusive<ProcessGroup>(rank, size, std::move(parent),
+                                               std::move(communicator));
+    }
+    // Every member read the same answers, so every member takes the same path.
+
     transport::LaunchInfo info;
     info.rank = rank;
     info.world_size = size;
@@ -102,14 +142,22 @@ c10::intrusive_ptr<ProcessGroup> ProcessGroup::join(const c10::intrusive_ptr<c10
       info.token = space == std::string::npos ? "" : published.substr(space + 1);
     }
 
-    auto runtime = std::make_unique<Runtime>(Runtime::Options{.rank = rank});
+    auto joined = std::make_shared<JoinedWorld>();
+    joined->identity =
+        transport::format_host_port(info.store_host, info.store_port) + " " + info.token;
+    joined->runtime = std::make_unique<Runtime>(Runtime::Options{.rank = rank});
     transport::World::Options world_options;
     world_options.join_timeout = timeout;
-    auto world = transport::World::join(*runtime, info, world_options);
+    joined->world = transport::World::join(*joined->runtime, info, world_options);
     collectives::Communicator::Options options;
     options.timeout = timeout;
-    auto communicator = collectives::Communicator::world(*world, options);
-    return c10::make_intrusive<ProcessGroup>(rank, size, std::move(runtime), std::move(world),
+    joined->communicator = collectives::Communicator::world(*joined->world, options);
+    {
+      std::lock_guard lock(joined_mutex);
+      if (joined_world.expired()) joined_world = joined;
+    }
+    auto communicator = joined->communicator;
+    return c10::make_intrusive<ProcessGroup>(rank, size, std::move(joined),
                                              std::move(communicator));
   } catch (const c10::Error&) {
     throw;

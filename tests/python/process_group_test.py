@@ -243,6 +243,33 @@ def ddp_worker(rank, size, port):
     dist.destroy_process_group()
 
 
+def new_group_worker(rank, size, port):
+    """new_group with the braid backend under a braid default group: a group of some ranks
+    (the others take no part) and of all, each computing over its own members, calls on
+    them interleaved with the default group's."""
+    join(rank, size, port)
+    evens = dist.new_group([0, 2], backend="braid")  # every rank calls new_group
+    everyone = dist.new_group(backend="braid")
+    t = torch.full((3,), float(rank + 1))
+    if rank in (0, 2):
+        dist.all_reduce(t, group=evens)
+        check_equal("all_reduce over ranks 0 and 2", t, torch.full((3,), 4.0))
+        b = torch.full((2,), float(rank))
+        dist.broadcast(b, src=2, group=evens)  # src is the global rank
+        check_equal("broadcast from rank 2 over ranks 0 and 2", b, torch.full((2,), 2.0))
+    else:
+        assert evens == dist.GroupMember.NON_GROUP_MEMBER, "rank 1 should not be in evens"
+    w = torch.ones(5)
+    work = dist.all_reduce(w, async_op=True)
+    a = torch.full((5,), float(rank))
+    dist.all_reduce(a, group=everyone)
+    work.wait()
+    check_equal("all_reduce over the default group", w, torch.full((5,), float(size)))
+    check_equal("all_reduce over a new group of all", a, torch.full((5,), float(sum(range(size)))))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def power_sgd_worker(rank, size, port):
     """PowerSGD's comm hook waits for its all-reduces inside the callbacks it chains on
     them: on braid it must neither hang nor train differently from gloo."""
@@ -308,6 +335,9 @@ class ProcessGroupTest(unittest.TestCase):
 
     def test_ddp_trained_on_braid_ends_with_gloos_parameters(self):
         self.spawn(ddp_worker, 2)
+
+    def test_new_groups_compute_over_their_members(self):
+        self.spawn(new_group_worker, 3)
 
     def test_power_sgd_hook_trains_as_on_gloo(self):
         self.spawn(power_sgd_worker, 2)

@@ -12,18 +12,20 @@
 // every rank then joins a braid World with that store address (World::join: rank 0 serves
 // braid's own store, then UCX connects every pair) and takes the world communicator.
 // The host rank 0 publishes: MASTER_ADDR when set, 127.0.0.1 when every rank is on one
-// host, else rank 0's host name. Each ProcessGroup owns its Runtime (one progress thread)
-// and World; a torch.distributed.new_group is a ProcessGroup of its own, joined the same
-// way.
+// host, else rank 0's host name. A torch.distributed.new_group whose members all hold the
+// World a braid group joined (a braid default group) is a communicator over those members
+// (Communicator::subgroup): it shares the World, its connections and its progress thread,
+// and a trace (BRAID_TRACE) has its calls beside the default group's. Otherwise (gloo the
+// default, braid only in new_group) the group joins a World of its own, the same way.
 //
 // Calls. Each collective checks its tensors, takes its place in the communicator's order
 // on the calling thread (communicator.hpp: call every collective in the same order on
 // every rank) and returns at once with a Work that completes on the progress thread.
 // Work::wait() blocks until then and rethrows the operation's error; isCompleted() does
 // not block; getFuture() is a c10::ivalue::Future holding the output tensors, completed
-// on the progress thread (DDP's communication hooks chain on it: callbacks added with
-// then() run there, so they must not wait on this process group's work). Until a Work
-// completes, its tensors must stay alive and unread (outputs) or unmodified (inputs).
+// on a completion thread (Completions below: DDP's communication hooks chain on it, and
+// their callbacks may wait on this group's work). Until a Work completes, its tensors must
+// stay alive and unread (outputs) or unmodified (inputs).
 //
 // Supported: one contiguous CPU tensor per call (the single-device list PyTorch passes),
 // of a dtype braid moves (braid/torch/tensor_buffer.hpp: not bool, int8, int16 or complex).
@@ -110,9 +112,23 @@ class ProcessGroup final : public c10d::ProcessGroup {
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
+  // The Runtime and World a process joined for a braid group, with the World's
+  // communicator, shared by the groups made over it (new_group: Communicator::subgroup)
+  // and gone with the last of them.
+  struct JoinedWorld {
+    std::unique_ptr<Runtime> runtime;
+    std::unique_ptr<transport::World> world;
+    std::shared_ptr<collectives::Communicator> communicator;
+    std::string identity;  // rank 0's published store address and token: the same on every rank
+    ~JoinedWorld() {
+      communicator.reset();
+      world.reset();  // leaves the World (a barrier with its other ranks)
+      runtime.reset();
+    }
+  };
+
   // Public for c10::make_intrusive; use join().
-  ProcessGroup(int rank, int size, std::unique_ptr<Runtime> runtime,
-               std::unique_ptr<transport::World> world,
+  ProcessGroup(int rank, int size, std::shared_ptr<JoinedWorld> joined,
                std::shared_ptr<collectives::Communicator> communicator);
 
   // What a finished operation held (its tensors, its future), left by braid's thread and let
@@ -140,8 +156,7 @@ class ProcessGroup final : public c10d::ProcessGroup {
 
   std::shared_ptr<Remains> remains_;
   std::shared_ptr<Completions> completions_;
-  std::unique_ptr<Runtime> runtime_;
-  std::unique_ptr<transport::World> world_;
+  std::shared_ptr<JoinedWorld> joined_;
   std::shared_ptr<collectives::Communicator> communicator_;
 };
 

@@ -314,6 +314,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce(std::vector<at::Tensor>& 
   });
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  return translating(rank_, "allreduce_coalesced", [&] {
+    TORCH_CHECK(!tensors.empty(), prefix(rank_, "allreduce_coalesced"), "needs a tensor");
+    for (const at::Tensor& t : tensors) {
+      TORCH_CHECK(t.scalar_type() == tensors.front().scalar_type() && t.device().is_cpu(),
+                  prefix(rank_, "allreduce_coalesced"), "takes CPU tensors of one dtype; got ",
+                  t.scalar_type(), " on ", t.device(), " beside ", tensors.front().scalar_type());
+      buffer_of(t, rank_, "allreduce_coalesced");  // contiguous, of a dtype braid moves
+    }
+    const ReduceOp op = checked_op(opts.reduceOp, rank_, "allreduce_coalesced");
+    // One all-reduce of their concatenation, copied back into each.
+    at::Tensor flat = flat_cat(tensors);
+    auto operation = communicator_->all_reduce(buffer_of(flat, rank_, "allreduce_coalesced"), op);
+    return start(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", std::move(operation),
+                 tensors, copy_out(flat, tensors));
+  });
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
                                                        const c10d::BroadcastOptions& opts) {
   return translating(rank_, "broadcast", [&] {

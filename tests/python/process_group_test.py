@@ -149,6 +149,17 @@ def collectives_worker(rank, size, port):
             dist.send(values(rank, count, dtype), right)
         check_equal(f"send/recv {dtype}", received, values(left, count, dtype))
 
+    # all_reduce_coalesced: several tensors of one dtype in one call, against gloo's.
+    for dtype in (torch.float32, torch.int64):
+        shapes = [(3,), (2, 4), (1,)]
+        mine = [values(rank, 8, dtype, salt=i)[: torch.Size(shape).numel()].reshape(shape)
+                for i, shape in enumerate(shapes)]
+        theirs = [t.clone() for t in mine]
+        dist.all_reduce_coalesced(mine)
+        dist.all_reduce_coalesced(theirs, group=gloo)
+        for i, (a, b) in enumerate(zip(mine, theirs)):
+            check_equal(f"all_reduce_coalesced {dtype} tensor {i}", a, b)
+
     # Asynchronous work: wait(), is_completed() and the future DDP's hooks chain on.
     t = values(rank, count, torch.float32)
     work = dist.all_reduce(t, async_op=True)
@@ -171,6 +182,8 @@ def errors_worker(rank, size, port):
         ("allreduce", lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool))),
         ("allgather", lambda: dist.all_gather([torch.ones(3)] * size, torch.ones(4))),
         ("reduce_scatter", lambda: dist.reduce_scatter(torch.ones(4), [torch.ones(4)])),
+        ("allreduce_coalesced", lambda: dist.all_reduce_coalesced(
+            [torch.ones(2), torch.ones(4, 4).t()])),  # the second not contiguous
     ]
     for op, call in cases:
         try:

@@ -31,6 +31,7 @@
 // of a dtype braid moves (braid/torch/tensor_buffer.hpp: not bool, int8, int16 or complex).
 //   allreduce, reduce       SUM, AVG, PRODUCT, MIN, MAX (AVG divides once, at the end; on
 //                           integers it truncates, as braid's avg does)
+//   allreduce_coalesced     any number of tensors of one dtype, in one all-reduce
 //   broadcast, barrier
 //   allgather (list), _allgather_base (one tensor), gather
 //   reduce_scatter (list), _reduce_scatter_base (one tensor), scatter
@@ -81,6 +82,8 @@ class ProcessGroup final : public c10d::ProcessGroup {
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& output_tensors,

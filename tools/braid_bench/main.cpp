@@ -18,6 +18,7 @@
 #include "p2p.hpp"
 #include "pipeline.hpp"
 #include "sharded.hpp"
+#include "torch_backend.hpp"
 #include "tp.hpp"
 #include "trace_cost.hpp"
 #if BRAID_WITH_CUDA
@@ -77,6 +78,10 @@ constexpr const char* kUsage =
     "called\n"
     "               directly, one rank: time per operation, overhead %, added microseconds\n"
     "        options: --min-bytes 8 --max-bytes 256M --rounds 7 --iters N --json\n"
+    "  torch-backend  one PyTorch DDP program on torch.distributed's \"gloo\" and \"braid\"\n"
+    "               backends in turn: step time and exposed communication, then all_reduce's\n"
+    "               time from Python, 1 KiB to 16 MiB, gloo's over braid's\n"
+    "        options: --ranks 2 --steps 20 --width 1024 --batch 64\n"
     "  cuda-p2p     (CUDA builds, a GPU) CUDA buffers between two processes over UCX (staged\n"
     "               through pinned memory), beside host buffers\n"
     "        options: --min-bytes 64K --max-bytes 256M --rounds 7 --iters N --json\n";
@@ -105,6 +110,7 @@ int main(int argc, char** argv) {
     if (mode == "tp") return braid::bench::run_tp(args);
     if (mode == "pipeline") return braid::bench::run_pipeline(args);
     if (mode == "sharded") return braid::bench::run_sharded(args);
+    if (mode == "torch-backend") return braid::bench::run_torch_backend(args);
 #if BRAID_WITH_CUDA
     if (mode == "nccl") return braid::bench::run_nccl(args);
     if (mode == "cuda-p2p") return braid::bench::run_cuda_p2p(args);

@@ -468,7 +468,7 @@ std::string format_text(const Summary& summary) {
     append_stats_table(out, "name", summary.job.collectives);
   }
   if (!summary.job.buckets.empty()) {
-    out += "\nbuckets, ready to reduced, every rank:\n";
+    out += "\nbuckets, from ready to reduced, every rank:\n";
     std::map<std::string, LatencyStats> rows;
     for (const auto& [index, stats] : summary.job.buckets) {
       rows[fmt::format("bucket {:>4}", index)] = stats;

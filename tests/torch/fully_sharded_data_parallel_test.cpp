@@ -5,7 +5,8 @@
 // unit; prefetch stays within its bound; no_sync() accumulates and the next step reduces
 // the sum; gradient clipping takes the whole gradient's norm; checkpoints resume training
 // and move between world sizes; HYBRID_SHARD and bf16 mixed precision train as DDP does;
-// misuse is refused naming the unit, a forward that skips run() for a sharded unit too.
+// tensor-parallel layers shard over the data-parallel group; misuse is refused naming
+// the unit, a forward that skips run() for a sharded unit too.
 #include <filesystem>
 #include <map>
 #include <string>
@@ -22,6 +23,7 @@
 #include <braid/parallel/rank_grid.hpp>
 #include <braid/torch/distributed_data_parallel.hpp>
 #include <braid/torch/fully_sharded_data_parallel.hpp>
+#include <braid/torch/parallel_linear.hpp>
 #include <braid/torch/pipeline_executor.hpp>
 #include <braid/trace/recorder.hpp>
 
@@ -539,6 +541,58 @@ INSTANTIATE_TEST_SUITE_P(Strategies, UnderThePipeline,
                                                   ? "full_shard"
                                                   : "shard_grad_op");
                          });
+
+// With tensor parallelism (tp 2 x dp 2): the TP layers' local slices sharded over the
+// data-parallel group train as the same layers under DDP over that group.
+TEST(FullyShardedDataParallel, ShardsTensorParallelLayersOverTheDataParallelGroup) {
+  run_tp_ranks(4, [&](int rank, std::shared_ptr<Communicator> comm) {
+    auto grid = comm->launch(braid::parallel::RankGrid::create(comm, {.tp = 2, .dp = 2})).get();
+    auto tp = comm->launch(grid->group(braid::parallel::Axis::tp)).get();
+    auto dp = comm->launch(grid->group(braid::parallel::Axis::dp)).get();
+    const int replica = grid->coordinate(braid::parallel::Axis::dp);
+    struct Model {
+      braid::torch::ColumnParallelLinear fc1;
+      braid::torch::RowParallelLinear fc2;
+    };
+    auto make = [&] {
+      return Model{
+          braid::torch::ColumnParallelLinear(tp,
+                                             braid::torch::ColumnParallelLinearOptions{
+                                                 .in_features = 6, .out_features = 8, .seed = 41}),
+          braid::torch::RowParallelLinear(tp,
+                                          braid::torch::RowParallelLinearOptions{
+                                              .in_features = 8, .out_features = 4, .seed = 42})};
+    };
+    Model reference = make();
+    ::torch::nn::Sequential both(reference.fc1, reference.fc2);
+    braid::torch::DistributedDataParallel ddp(both.ptr(), dp);
+    ::torch::optim::SGD reference_optimizer(both->parameters(), 0.1);
+    Model sharded = make();
+    braid::torch::FullyShardedDataParallel fsdp(dp);  // FULL_SHARD
+    fsdp.shard(*sharded.fc1, "fc1");
+    fsdp.shard(*sharded.fc2, "fc2");
+    ::torch::optim::SGD sharded_optimizer(fsdp.parameters(), 0.1);
+    auto sharded_forward = [&](const Tensor& x) {
+      const Tensor h = fsdp.run(*sharded.fc1, [&] { return sharded.fc1->forward(x); });
+      return fsdp.run(*sharded.fc2, [&] { return sharded.fc2->forward(h); });
+    };
+    for (int step = 0; step < 3; ++step) {
+      // The tp ranks of one replica share its batch; replicas differ.
+      const Tensor x = seeded({3, 6}, 500 + 10 * step + replica);
+      const Tensor y = seeded({3, 4}, 600 + 10 * step + replica);
+      reference_optimizer.zero_grad();
+      ::torch::mse_loss(ddp.forward(x), y).backward();
+      reference_optimizer.step();
+      sharded_optimizer.zero_grad();
+      ::torch::mse_loss(sharded_forward(x), y).backward();
+      sharded_optimizer.step();
+    }
+    ::torch::NoGradGuard no_grad;
+    const Tensor probe = seeded({2, 6}, 998);
+    expect_close(sharded_forward(probe), both->forward(probe),
+                 fmt::format("rank {} after 3 steps", rank), 1e-5);
+  });
+}
 
 TEST(FullyShardedDataParallel, RefusesMisuseNamingTheUnit) {
   run_tp_ranks(2, [&](int, std::shared_ptr<Communicator> comm) {

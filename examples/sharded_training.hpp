@@ -228,14 +228,12 @@ class ShardedTraining {
       held.gradients += bytes_of(p.grad());
     }
     if (zero_) {
-      // The slice the inner optimizer steps and its gradient, by their storage: it holds
-      // bytes inside step() only, as the all-gather's buffer does.
+      // The slice the inner optimizer steps and its gradient: empty outside step(), as the
+      // all-gather's buffer is.
       for (const auto& group : zero_->optimizer().param_groups()) {
         for (const auto& slice : group.params()) {
-          held.parameters += static_cast<std::int64_t>(slice.storage().nbytes());
-          if (slice.grad().defined()) {
-            held.gradients += static_cast<std::int64_t>(slice.grad().storage().nbytes());
-          }
+          held.parameters += bytes_of(slice);
+          held.gradients += bytes_of(slice.grad());
         }
       }
       held.optimizer_state = optimizer_state_bytes(zero_->optimizer());

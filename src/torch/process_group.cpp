@@ -91,29 +91,24 @@ struct ProcessGroup::Remains {
   }
 };
 
-struct ProcessGroup::Completions {
-  static constexpr std::size_t kMostThreads = 16;
+struct ProcessGroup::Completions : std::enable_shared_from_this<Completions> {
+  // A thread idle this long leaves; the next operation starts one again (tens of us).
+  static constexpr auto kIdleExit = std::chrono::seconds(2);
   std::mutex mutex;
   std::condition_variable wake;
   std::deque<std::function<void()>> queue;
-  std::vector<std::thread> threads;
   std::size_t idle = 0;
-  bool stopping = false;
 
   void post(std::function<void()> job) {
-    std::unique_lock lock(mutex);
-    if (stopping) {
-      // A group destroyed while another keeps braid's thread running: an operation of it
-      // still in flight completes on braid's thread.
-      lock.unlock();
-      job();
-      return;
-    }
+    std::lock_guard lock(mutex);
     queue.push_back(std::move(job));
     // Every job waiting needs a thread free to take it: one busy in a callback that waits
-    // may be waiting for this very job.
-    if (queue.size() > idle && threads.size() < kMostThreads) {
-      threads.emplace_back([this] { work(); });
+    // may be waiting for this very job. No cap: a cap is a number of waiting callbacks
+    // (PowerSGD's, one per bucket in flight) past which the job they wait for never runs.
+    // Threads are detached and own this state, so no one joins them: a group destroyed on
+    // Python's thread, holding the GIL, never waits for a thread that needs it.
+    if (queue.size() > idle) {
+      std::thread([self = shared_from_this()] { self->work(); }).detach();
     } else {
       wake.notify_one();
     }
@@ -123,9 +118,9 @@ struct ProcessGroup::Completions {
     std::unique_lock lock(mutex);
     for (;;) {
       ++idle;
-      wake.wait(lock, [&] { return stopping || !queue.empty(); });
+      const bool woken = wake.wait_for(lock, kIdleExit, [&] { return !queue.empty(); });
       --idle;
-      if (queue.empty()) return;  // stopping, and nothing left
+      if (!woken) return;
       std::function<void()> job = std::move(queue.front());
       queue.pop_front();
       lock.unlock();
@@ -133,17 +128,6 @@ struct ProcessGroup::Completions {
       job = nullptr;
       lock.lock();
     }
-  }
-
-  // Finishes what is queued, then joins the threads.
-  void stop() {
-    {
-      std::lock_guard lock(mutex);
-      stopping = true;
-    }
-    wake.notify_all();
-    for (std::thread& thread : threads) thread.join();
-    threads.clear();
   }
 };
 
@@ -228,8 +212,9 @@ ProcessGroup::ProcessGroup(int rank, int size, std::shared_ptr<JoinedWorld> join
 ProcessGroup::~ProcessGroup() {
   communicator_.reset();
   joined_.reset();  // the last group over its World leaves it and stops braid's thread
-  completions_->stop();
-  remains_->release();  // on this thread, the completion threads gone
+  // Operations still in flight (a group destroyed while another keeps braid's thread
+  // running) complete on the completion threads, which hold what they need.
+  remains_->release();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::start(c10d::OpType type, std::string_view op,

@@ -7,8 +7,6 @@
 #include <braid/torch/tensor_buffer.hpp>
 #include <braid/torch/zero_redundancy_optimizer.hpp>
 
-#include "storage_bytes.hpp"
-
 namespace braid::torch {
 namespace {
 
@@ -66,15 +64,12 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> parameters,
     }
     offset += parameters_[i].numel();
   }
-  // The slice and its gradient hold bytes only inside step(), which fills them from the
-  // parameters: the optimizer keys its state by the tensor, which stays.
-  const auto options = parameters_.front().options().requires_grad(false);
-  slice_ = ::torch::empty({slice_size_}, options);
+  // The slice is empty (shape [0], no gradient) outside step(), which fills it from the
+  // parameters: the optimizer keys its state by the tensor, which stays, and its state is
+  // made at the first step, at the slice's size.
+  slice_ = ::torch::empty({0}, parameters_.front().options().requires_grad(false));
   slice_.set_requires_grad(true);
-  slice_.mutable_grad() = ::torch::empty({slice_size_}, options);
   optimizer_ = make({slice_});
-  detail::release_bytes(slice_.grad());
-  detail::release_bytes(slice_);
 }
 
 void ZeroRedundancyOptimizer::zero_grad() {
@@ -87,15 +82,15 @@ void ZeroRedundancyOptimizer::step() {
   ::torch::NoGradGuard no_grad;
   // The slice from the parameters as they are now (weights loaded since the last step
   // count), then its gradient.
-  detail::allocate_bytes(slice_);
-  detail::allocate_bytes(slice_.grad());
+  const auto options = slice_.options().requires_grad(false);
+  slice_.set_data(::torch::empty({slice_size_}, options));
+  slice_.mutable_grad() = ::torch::zeros({slice_size_}, options);
   for (const Piece& piece : pieces_) {
     slice_.narrow(0, piece.slice_offset, piece.size)
         .copy_(parameters_[piece.parameter].detach().reshape({-1}).narrow(0, piece.parameter_offset,
                                                                           piece.size));
   }
   Tensor& grad = slice_.mutable_grad();
-  grad.zero_();
   // Parameters without a gradient this step keep their values, as the whole optimizer
   // leaves them (their optimizer state still sees a zero gradient).
   std::vector<std::pair<const Piece*, Tensor>> kept;
@@ -112,12 +107,12 @@ void ZeroRedundancyOptimizer::step() {
   for (const auto& [piece, values] : kept) {
     slice_.narrow(0, piece->slice_offset, piece->size).copy_(values);
   }
-  detail::release_bytes(slice_.grad());
+  slice_.mutable_grad() = Tensor();
   // Every rank's slice, gathered into a buffer that lives for this call only.
   Tensor gathered =
       ::torch::empty({slice_size_ * comm_->size()}, slice_.options().requires_grad(false));
   comm_->launch(comm_->all_gather(as_buffer(slice_.detach()), as_buffer(gathered))).get();
-  detail::release_bytes(slice_);
+  slice_.set_data(::torch::empty({0}, options));
   std::int64_t offset = 0;
   for (Tensor& p : parameters_) {
     p.detach().view({-1}).copy_(gathered.narrow(0, offset, p.numel()));

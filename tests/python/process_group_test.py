@@ -223,9 +223,9 @@ def destroy_without_barrier_worker(rank, size, port):
     dist.destroy_process_group()  # no barrier first: operations may still be finishing
 
 
-def train(model, group, rank, steps=5, prepare=None):
+def train(model, group, rank, steps=5, prepare=None, **ddp_options):
     """`steps` DDP steps on `group`; `prepare(ddp)` first, where given (a comm hook)."""
-    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, **ddp_options)
     if prepare:
         prepare(ddp)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -291,13 +291,18 @@ def power_sgd_worker(rank, size, port):
 
     def trained(group):
         torch.manual_seed(1234)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(),
-                                    torch.nn.Linear(32, 2))
+        # 20 layers, a bucket each: more callbacks waiting at once than any fixed number of
+        # completion threads would serve.
+        layers = [torch.nn.Linear(8, 32), torch.nn.ReLU()]
+        for _ in range(18):
+            layers += [torch.nn.Linear(32, 32), torch.nn.ReLU()]
+        model = torch.nn.Sequential(*layers, torch.nn.Linear(32, 2))
         state = powerSGD.PowerSGDState(process_group=group, matrix_approximation_rank=1,
                                        start_powerSGD_iter=2, random_seed=7)
         # 2 plain all-reduces, then 3 compressed steps.
         return train(model, group, rank, steps=5,
-                     prepare=lambda ddp: ddp.register_comm_hook(state, powerSGD.powerSGD_hook))
+                     prepare=lambda ddp: ddp.register_comm_hook(state, powerSGD.powerSGD_hook),
+                     bucket_cap_mb=0.004)
 
     on_braid = trained(dist.group.WORLD)
     on_gloo = trained(gloo)

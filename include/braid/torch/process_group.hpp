@@ -143,8 +143,8 @@ class ProcessGroup final : public c10d::ProcessGroup {
   // chained on it with then() (DDP's comm hooks), and a callback may wait for another
   // operation (PowerSGD's waits for its all-reduces inside its callbacks): run on braid's
   // thread, it would wait for the thread that must make the progress. A thread is added
-  // whenever every one is busy (up to 16), so a callback that waits never holds up the
-  // completion it waits for. Cost: one hand-off between threads per operation.
+  // whenever every one is busy, so a callback that waits never holds up the completion it
+  // waits for; one idle for 2 s leaves. Cost: one hand-off between threads per operation.
   struct Completions;
 
  private:

@@ -25,8 +25,9 @@
 // the slice and its .grad, the optimizer on N/P elements, one all-gather of N elements (the
 // ring moves (P-1)/P x N per rank), and a copy of every parameter out of it. Memory held:
 // the optimizer's state for N/P elements, what the ZeRO formula counts. During step() only:
-// the slice and its gradient (2 N/P; their storage is released in place between steps, the
-// tensors staying for the optimizer's state) and the all-gather's N. Parameters without a gradient
+// the slice and its gradient (2 N/P; between steps the slice is an empty tensor without a
+// gradient, the same tensor object, which keys the optimizer's state) and the all-gather's
+// N. Parameters without a gradient
 // in a step keep their values, as the whole optimizer leaves them; their slice of the optimizer's
 // state still sees a zero gradient (Adam's moments decay), where the whole optimizer would not
 // touch it.

@@ -75,6 +75,9 @@ bool FullyShardedDataParallel::is_unit(const ::torch::nn::Module& module) const 
 
 std::vector<std::string> FullyShardedDataParallel::shard_by_size(::torch::nn::Module& root,
                                                                  std::int64_t min_parameters) {
+  if (min_parameters < 1) {
+    refuse(*comm_, fmt::format("shard_by_size needs min_parameters >= 1, not {}", min_parameters));
+  }
   std::set<const c10::TensorImpl*> taken;
   for (const auto& unit : units_) {
     for (const Tensor& p : unit->params) taken.insert(p.unsafeGetTensorImpl());
@@ -271,25 +274,35 @@ std::size_t FullyShardedDataParallel::before_forward(const ::torch::nn::Module& 
   refuse(*comm_, fmt::format("run() of {}, which is not a unit: shard() it first", module.name()));
 }
 
+void FullyShardedDataParallel::abandon_forward(std::size_t running) {
+  std::lock_guard lock(mutex_);
+  // The running unit's forward ends here, with no backward to come: its span (the enclosing
+  // unit's resumes), and its gathered storage (the strategies that keep parameters
+  // gathered gather them again).
+  if (!forward_spans_.empty()) forward_spans_.pop_back();
+  if (!forward_spans_.empty())
+    forward_spans_.back() = trace::ComputeSpan(trace::Name("fsdp.forward"));
+  release(*units_[running]);
+}
+
 void FullyShardedDataParallel::refuse_sharded_use(std::size_t running,
                                                   const char* libtorch_message) {
   std::vector<std::string> sharded;
   {
     std::lock_guard lock(mutex_);
-    for (const auto& unit : units_) {
-      if (!unit->gathered) sharded.push_back("'" + unit->name + "'");
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      const Unit& unit = *units_[u];
+      if (u != running && !unit.gathered && !unit.gathering) {
+        sharded.push_back("'" + unit.name + "'");
+      }
     }
-    // The running unit's forward ends here, with no backward to come: its span, and its
-    // gathered storage (the strategies that keep parameters gathered gather them again).
-    if (!forward_spans_.empty()) forward_spans_.pop_back();
-    release(*units_[running]);
   }
   if (sharded.empty()) throw;
   refuse(*comm_,
-         fmt::format("libtorch failed inside run() of unit '{}' while {} {} sharded: a sharded "
-                     "unit's parameters are empty (shape [0]) outside its own run(), so a "
-                     "forward that uses them directly fails; run each unit's forward through "
-                     "fsdp.run(unit, ...). libtorch: {}",
+         fmt::format("libtorch failed inside run() of unit '{}' while {} {} sharded. If this "
+                     "forward calls a sharded unit's module directly rather than through "
+                     "fsdp.run(unit, ...), it meets that unit's empty parameters (shape [0]) and "
+                     "fails so. libtorch: {}",
                      units_[running]->name, fmt::join(sharded, ", "),
                      sharded.size() == 1 ? "was" : "were", libtorch_message));
 }

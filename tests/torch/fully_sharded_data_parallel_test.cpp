@@ -618,6 +618,7 @@ TEST(FullyShardedDataParallel, RefusesMisuseNamingTheUnit) {
         [&] { fsdp.run(*net, [&] { return net->forward(x); }); },
         "libtorch failed inside run() of unit 'root' while 'block 0', 'block 1', 'block 2' were "
         "sharded");
+    EXPECT_EQ(fsdp.gathered_bytes(), 0) << "the failed forward left its unit gathered";
     // Through run() the same model trains.
     const Tensor y = fsdp.run(*net, [&] { return net->forward(x, &fsdp); });
     EXPECT_EQ(y.sizes(), (std::vector<std::int64_t>{4, 2}));

@@ -82,6 +82,7 @@
 #include <vector>
 
 #include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
@@ -142,17 +143,26 @@ class FullyShardedDataParallel {
 
   // Runs `forward` (the unit's forward, a callable) with `module`'s unit gathered, and
   // arranges for its backward (see above). Returns what `forward` returns. A libtorch error
-  // inside `forward` while other units are sharded (a forward that calls a unit's module
-  // directly instead of through run(), so it meets the unit's empty parameters) becomes
-  // Error(invalid_argument) naming those units, with libtorch's message.
+  // inside `forward` while other units are sharded (most often a forward that calls a
+  // unit's module directly instead of through run(), so it meets the unit's empty
+  // parameters) becomes Error(invalid_argument) naming those units, with libtorch's
+  // message; running out of memory stays c10::OutOfMemoryError. Whatever `forward` throws,
+  // the unit's forward is abandoned (its span ended, its gathered parameters released).
   template <class Forward>
   auto run(::torch::nn::Module& module, Forward&& forward) {
     const std::size_t unit = before_forward(module);
     auto output = [&] {
       try {
         return forward();
+      } catch (const c10::OutOfMemoryError&) {
+        abandon_forward(unit);
+        throw;
       } catch (const c10::Error& e) {
+        abandon_forward(unit);
         refuse_sharded_use(unit, e.what_without_backtrace());
+      } catch (...) {
+        abandon_forward(unit);
+        throw;
       }
     }();
     std::vector<at::Tensor> tensors;
@@ -210,6 +220,8 @@ class FullyShardedDataParallel {
  private:
   std::size_t before_forward(const ::torch::nn::Module& module);
   void after_forward(std::size_t unit, const std::vector<at::Tensor>& outputs);
+  // After `forward` threw: ends the unit's span and releases its gathered parameters.
+  void abandon_forward(std::size_t unit);
   // Called in a catch block: throws the Error described at run(), or rethrows what was
   // caught where no other unit is sharded.
   [[noreturn]] void refuse_sharded_use(std::size_t unit, const char* libtorch_message);

@@ -94,8 +94,8 @@ asio::awaitable<std::shared_ptr<Communicator>> Communicator::run_split(
   co_return made;
 }
 
-asio::awaitable<std::shared_ptr<Communicator>> Communicator::subgroup(
-    std::vector<int> world_ranks) {
+asio::awaitable<std::shared_ptr<Communicator>> Communicator::subgroup(std::vector<int> world_ranks,
+                                                                      std::string key) {
   std::shared_ptr<Communicator> self = shared_from_this();  // alive until this returns
   const int me = world_.rank();
   auto refuse = [&](std::string what) {
@@ -112,8 +112,8 @@ asio::awaitable<std::shared_ptr<Communicator>> Communicator::subgroup(
                     fmt::join(world_ranks, ", "), world_.size(), me));
   }
   const std::string members = fmt::format("{}", fmt::join(world_ranks, ","));
-  const std::string key =
-      fmt::format("braid/subgroup/{}/{}", members, ids_->next_subgroup(members));
+  key = key.empty() ? fmt::format("braid/subgroup/{}/{}", members, ids_->next_subgroup(members))
+                    : "braid/subgroup/" + key;
   co_await detail::publish_releases(world_.store(), ids_->take_released(), me);
   std::vector<std::int64_t> name(3);
   if (me == world_ranks.front()) {
@@ -130,6 +130,12 @@ asio::awaitable<std::shared_ptr<Communicator>> Communicator::subgroup(
                                bytes.size()));
     }
     std::memcpy(name.data(), bytes.data(), bytes.size());
+    // The last member to read the name erases it.
+    if (co_await world_.store().add(key + "/read", 1) ==
+        static_cast<std::int64_t>(world_ranks.size()) - 1) {
+      co_await world_.store().erase(key);
+      co_await world_.store().erase(key + "/read");
+    }
   }
   if (name[1] >= static_cast<std::int64_t>(transport::max_communicators)) {
     throw refuse(fmt::format("all {} ids the message tag has for split communicators are taken",

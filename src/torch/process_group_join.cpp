@@ -25,6 +25,7 @@ namespace braid::torch {
 namespace {
 
 constexpr const char* kStoreKey = "braid/store";
+constexpr const char* kSubgroupKey = "braid/subgroup";
 
 std::string parent_key(int rank) {
   return fmt::format("braid/parent/{}", rank);
@@ -106,8 +107,12 @@ c10::intrusive_ptr<ProcessGroup> ProcessGroup::join(const c10::intrusive_ptr<c10
       world_ranks.push_back(std::stoi(said.substr(0, space)));
     }
     if (static_cast<int>(world_ranks.size()) == size) {
+      // The subgroup's key in braid's store: drawn by the group's rank 0 and passed through
+      // the group's own PyTorch store, so no two groups share one.
+      if (rank == 0) set(*store, kSubgroupKey, random_token());
+      const std::string key = get(*store, kSubgroupKey);
       auto communicator =
-          parent->communicator->launch(parent->communicator->subgroup(world_ranks)).get();
+          parent->communicator->launch(parent->communicator->subgroup(world_ranks, key)).get();
       return c10::make_intrusive<ProcessGroup>(rank, size, std::move(parent),
                                                std::move(communicator));
     }

@@ -68,6 +68,12 @@ TEST(Subgroup, IsMadeByItsMembersAloneInTheOrderTheyName) {
     std::vector<std::int64_t> from_first{me == 2 ? 7 : 0};
     co_await second->broadcast(Buffer(from_first), 0);
     EXPECT_EQ(from_first[0], 7);
+    // With a key of the caller's (what a rendezvous of its own drew), in either order.
+    auto keyed = co_await comm->subgroup(members, "drawn-elsewhere");
+    EXPECT_NE(keyed->id(), second->id());
+    std::vector<std::int64_t> ones{1};
+    co_await keyed->all_reduce(Buffer(ones), ReduceOp::sum);
+    EXPECT_EQ(ones[0], 2);
   });
 }
 

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <random>
+#include <stdexcept>
 #include <string_view>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -460,9 +461,17 @@ int Job::run() {
   // PyTorch's store (rank 0's TCPStore under env://) needs a port of its own beside
   // braid's: a free one on one node; on several, the one after braid's store, which every
   // node can compute alike.
-  const std::uint16_t torch_port = options_.master_addr.empty()
-                                       ? transport::find_free_port()
-                                       : static_cast<std::uint16_t>(port + 1);
+  std::uint16_t torch_port = 0;
+  if (!options_.master_addr.empty()) {
+    if (port == 65535) {
+      throw std::invalid_argument(
+          "--master-port 65535 leaves no port after it for PyTorch's store (MASTER_PORT)");
+    }
+    torch_port = static_cast<std::uint16_t>(port + 1);
+  } else {
+    do torch_port = transport::find_free_port();
+    while (torch_port == port);
+  }
   shared_env_.push_back(fmt::format("WORLD_SIZE={}", options_.nnodes * options_.nproc_per_node));
   shared_env_.push_back(fmt::format("LOCAL_WORLD_SIZE={}", options_.nproc_per_node));
   shared_env_.push_back(fmt::format("GROUP_RANK={}", options_.node_rank));

@@ -246,11 +246,15 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // A communicator over `world_ranks` (World ranks, this rank among them, in the order
   // they take ranks 0, 1, ...), made by those ranks alone: the others need not call it,
   // which is what torch.distributed.new_group asks of a backend. Every member calls it
-  // with the same list, and members make their subgroups of one list in the same order.
-  // The first member draws the id from the World's store (as split's rank 0 does) and
-  // publishes it under a key the list and that order name; the others wait for it, until
-  // this communicator's timeout. Cost: a few store round trips, no collective.
-  asio::awaitable<std::shared_ptr<Communicator>> subgroup(std::vector<int> world_ranks);
+  // with the same list and the same `key`, one no other subgroup of this World uses (a
+  // caller that has its own rendezvous draws one there); with an empty key, members must
+  // make their subgroups of one list in the same order, and the list and that order name
+  // it. The first member draws the id from the World's store (as split's rank 0 does) and
+  // publishes it under the key; the others wait for it, until this communicator's
+  // timeout, and the last to read it erases it. Cost: a few store round trips, no
+  // collective.
+  asio::awaitable<std::shared_ptr<Communicator>> subgroup(std::vector<int> world_ranks,
+                                                          std::string key = {});
 
   // The algorithm this communicator would use.
   Algorithm algorithm_for(CollectiveKind kind, std::size_t bytes) const;

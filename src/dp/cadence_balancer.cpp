@@ -61,6 +61,10 @@ std::vector<int> CadenceBalancer::counts_for(const std::vector<double>& throughp
   const double slowest = *std::min_element(throughputs.begin(), throughputs.end());
   std::vector<int> counts(throughputs.size());
   for (std::size_t r = 0; r < throughputs.size(); ++r) {
+    if (throughputs[r] == slowest) {  // the slowest rank computes the anchor, always
+      counts[r] = anchor;
+      continue;
+    }
     const double ideal = anchor * throughputs[r] / slowest;
     const bool keep = r < current.size() && std::abs(ideal - current[r]) <= 0.5 + dead_band * ideal;
     counts[r] = keep ? current[r] : std::max(1, static_cast<int>(std::lround(ideal)));
@@ -93,9 +97,10 @@ bool CadenceBalancer::record_window(double compute_seconds, double window_second
   // The smallest anchor whose window keeps sync / (anchor x per_micro_batch + sync) at or
   // under the target.
   const double target = options_.overhead_target;
-  const int meets_target = std::clamp(
-      static_cast<int>(std::ceil(sync * (1 - target) / (target * per_micro_batch) - 1e-9)), 1,
-      options_.max_anchor);
+  // (Clamped as a double: a tiny per-micro-batch time would overflow an int.)
+  const int meets_target = static_cast<int>(
+      std::clamp(std::ceil(sync * (1 - target) / (target * per_micro_batch) - 1e-9), 1.0,
+                 static_cast<double>(options_.max_anchor)));
   int anchor = anchor_;
   if (overhead_ > target) anchor = std::max(anchor_, meets_target);
   if (overhead_ < target / 2) anchor = std::min(anchor_, meets_target);

@@ -2,6 +2,7 @@
 #include <array>
 #include <map>
 #include <mutex>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -120,6 +121,9 @@ struct PipelineExecutor::State {
   // Per (stage, microbatch), from its F until its backward is done.
   std::map<Key, Tensor> inputs, outputs, output_grads;
   std::map<Key, Tensor> input_grads;  // for SEND_B, or the previous stage on this rank
+  // Where this rank's list has a SEND_B; those a step's reducing backward sent from inside
+  // the backward, before the reduction's wait (their SEND_B then has nothing to do).
+  std::set<Key> sends_backward, sent_early;
   struct Receive {
     Tensor tensor;
     Future<std::size_t> done;
@@ -184,6 +188,9 @@ PipelineExecutor::PipelineExecutor(std::shared_ptr<collectives::Communicator> pi
   for (std::size_t i = 0; i < mine.size(); ++i) {
     if (mine[i].kind == ActionKind::backward || mine[i].kind == ActionKind::backward_weight) {
       state_->last_backward[mine[i].stage] = i;
+    }
+    if (mine[i].kind == ActionKind::send_backward) {
+      state_->sends_backward.insert({mine[i].stage, mine[i].microbatch});
     }
   }
   if (schedule_.stages > 1 && options_.activation_shape.empty()) {
@@ -336,6 +343,10 @@ std::vector<double> PipelineExecutor::run() {
         break;
       case ActionKind::send_backward: {
         trace::instant(trace::Category::pipeline, span_name(action.kind), s.track);
+        if (s.sent_early.erase(key) != 0) {
+          s.input_grads.erase(key);
+          break;
+        }
         const auto found = s.input_grads.find(key);
         if (found == s.input_grads.end()) {
           fail(action, -1, Errc::invalid_argument, "sends a gradient no backward made");
@@ -398,8 +409,23 @@ std::vector<double> PipelineExecutor::run() {
           s.output_grads[key] = grad;
           break;
         }
-        if (stage.prepare_backward) {
-          stage.prepare_backward(s.last_backward.at(action.stage) == position);
+        const bool reducing = s.last_backward.at(action.stage) == position;
+        if (stage.prepare_backward) stage.prepare_backward(reducing);
+        // The reducing backward ends waiting for the stage's data-parallel reduction (DDP's
+        // or FSDP's end of backward). Its input gradient is ready before that wait: sent from
+        // a hook as autograd makes it, the previous stage starts its backward while this
+        // rank waits, instead of after, and the stages' waits overlap instead of adding up
+        // along the cool-down.
+        if (action.kind == ActionKind::backward && reducing && stage.prepare_backward &&
+            input.defined() && s.sends_backward.count(key) != 0) {
+          Tensor early_input = input;
+          early_input.register_hook([&, key, stage_index = action.stage](const Tensor& g) {
+            start_send(
+                {.stage = stage_index, .kind = ActionKind::send_backward, .microbatch = key.second},
+                g, true, stage_index - 1);
+            s.sent_early.insert(key);
+            return Tensor();
+          });
         }
         if (action.kind == ActionKind::backward) {
           ::torch::autograd::backward({output}, grads);

@@ -94,8 +94,8 @@ asio::awaitable<std::shared_ptr<Communicator>> Communicator::run_split(
   co_return made;
 }
 
-asio::awaitable<std::shared_ptr<Communicator>> Communicator::subgroup(std::vector<int> world_ranks,
-                                                                      std::string key) {
+asio::awaitable<std::shared_ptr<Communicator>> Communicator::subgroup(
+    std::vector<int> world_ranks, std::string key, std::optional<Clock::duration> timeout) {
   std::shared_ptr<Communicator> self = shared_from_this();  // alive until this returns
   const int me = world_.rank();
   auto refuse = [&](std::string what) {
@@ -141,7 +141,7 @@ asio::awaitable<std::shared_ptr<Communicator>> Communicator::subgroup(std::vecto
     throw refuse(fmt::format("all {} ids the message tag has for split communicators are taken",
                              transport::max_communicators - detail::kFirstSplitId));
   }
-  Options options{.timeout = timeout_,
+  Options options{.timeout = timeout.value_or(timeout_),
                   .check_fingerprints = check_fingerprints_,
                   .selection = selection_,
                   .cuda_stream = cuda_stream_};

@@ -111,8 +111,12 @@ c10::intrusive_ptr<ProcessGroup> ProcessGroup::join(const c10::intrusive_ptr<c10
       // the group's own PyTorch store, so no two groups share one.
       if (rank == 0) set(*store, kSubgroupKey, random_token());
       const std::string key = get(*store, kSubgroupKey);
+      // The group's own timeout, as new_group was given it.
       auto communicator =
-          parent->communicator->launch(parent->communicator->subgroup(world_ranks, key)).get();
+          parent->communicator
+              ->launch(parent->communicator->subgroup(
+                  world_ranks, key, std::chrono::duration_cast<Clock::duration>(timeout)))
+              .get();
       return c10::make_intrusive<ProcessGroup>(rank, size, std::move(parent),
                                                std::move(communicator));
     }

@@ -251,10 +251,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // make their subgroups of one list in the same order, and the list and that order name
   // it. The first member draws the id from the World's store (as split's rank 0 does) and
   // publishes it under the key; the others wait for it, until this communicator's
-  // timeout, and the last to read it erases it. Cost: a few store round trips, no
+  // timeout, and the last to read it erases it. The new communicator's operations time out
+  // after `timeout` (nullopt: this communicator's). Cost: a few store round trips, no
   // collective.
-  asio::awaitable<std::shared_ptr<Communicator>> subgroup(std::vector<int> world_ranks,
-                                                          std::string key = {});
+  asio::awaitable<std::shared_ptr<Communicator>> subgroup(
+      std::vector<int> world_ranks, std::string key = {},
+      std::optional<Clock::duration> timeout = std::nullopt);
 
   // The algorithm this communicator would use.
   Algorithm algorithm_for(CollectiveKind kind, std::size_t bytes) const;

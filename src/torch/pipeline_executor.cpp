@@ -223,6 +223,7 @@ std::vector<double> PipelineExecutor::run() {
   Runtime& runtime = world_.runtime();
   const auto step_started = std::chrono::steady_clock::now();
   std::chrono::steady_clock::duration computing{};
+  int gradients_sent_early = 0;
   const auto peer_of = [&](int stage) {
     return pipeline_ranks_[static_cast<std::size_t>(
         schedule_.stage_rank[static_cast<std::size_t>(stage)])];
@@ -424,6 +425,7 @@ std::vector<double> PipelineExecutor::run() {
                 {.stage = stage_index, .kind = ActionKind::send_backward, .microbatch = key.second},
                 g, true, stage_index - 1);
             s.sent_early.insert(key);
+            ++gradients_sent_early;
             return Tensor();
           });
         }
@@ -461,7 +463,8 @@ std::vector<double> PipelineExecutor::run() {
       .wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                      std::chrono::steady_clock::now() - step_started)
                      .count(),
-      .compute_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(computing).count()};
+      .compute_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(computing).count(),
+      .gradients_sent_early = gradients_sent_early};
   if (!s.inputs.empty() || !s.receives.empty() || !s.input_grads.empty()) {
     throw Error(
         Errc::invalid_argument,

@@ -5,7 +5,8 @@
 // unit; prefetch stays within its bound; no_sync() accumulates and the next step reduces
 // the sum; gradient clipping takes the whole gradient's norm; checkpoints resume training
 // and move between world sizes; HYBRID_SHARD and bf16 mixed precision train as DDP does;
-// tensor-parallel layers shard over the data-parallel group; misuse is refused naming
+// tensor-parallel layers shard over the data-parallel group; under the pipeline executor a
+// stage sends its input gradient before its reduction's wait; misuse is refused naming
 // the unit, a forward that skips run() for a sharded unit too.
 #include <filesystem>
 #include <map>
@@ -525,6 +526,9 @@ TEST_P(UnderThePipeline, AShardedStageTrainsAsUnderDataParallel) {
       sharded_pipeline.run();
       sharded_optimizer.step();
       comm->launch(comm->barrier()).get();
+      // Stage 1's reducing backward sent its input gradient before waiting for the reduction.
+      EXPECT_EQ(sharded_pipeline.last_step().gradients_sent_early, stage == 1 ? 1 : 0);
+      EXPECT_EQ(reference_pipeline.last_step().gradients_sent_early, stage == 1 ? 1 : 0);
     }
     ::torch::NoGradGuard no_grad;
     const Tensor probe = seeded({2, 6}, 999);

@@ -111,10 +111,13 @@ class PipelineExecutor {
   // the part of it its compute actions (F, B, I, W) took: 1 - compute / wall is the
   // rank's bubble in that step, as the simulator counts it (take the pipeline's longest
   // wall for the step's). braid-trace's bubble spans every traced step, and so also counts
-  // what runs between steps (the optimizer, data loading).
+  // what runs between steps (the optimizer, data loading). `gradients_sent_early`: input
+  // gradients a reducing backward sent from inside itself, before the data-parallel
+  // reduction's wait (one per stage after the first that has a prepare_backward).
   struct StepTimes {
     std::int64_t wall_ns = 0;
     std::int64_t compute_ns = 0;
+    int gradients_sent_early = 0;
   };
   StepTimes last_step() const noexcept { return last_step_; }
 

@@ -122,9 +122,11 @@ asio::awaitable<std::shared_ptr<Communicator>> Communicator::subgroup(
     name = {made.serial, made.id, static_cast<std::int64_t>(made.first_sequence)};
     transport::Bytes bytes(sizeof(std::int64_t) * name.size());
     std::memcpy(bytes.data(), name.data(), bytes.size());
-    co_await world_.store().set(key, std::move(bytes));
+    // A group of one has no one to read it.
+    if (world_ranks.size() > 1) co_await world_.store().set(key, std::move(bytes));
   } else {
-    const transport::Bytes bytes = co_await world_.store().get(key, deadline_after(timeout_));
+    const transport::Bytes bytes =
+        co_await world_.store().get(key, deadline_after(timeout.value_or(timeout_)));
     if (bytes.size() != sizeof(std::int64_t) * name.size()) {
       throw refuse(fmt::format("the store's {} holds {} bytes, not a communicator's name", key,
                                bytes.size()));

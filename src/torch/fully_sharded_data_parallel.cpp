@@ -285,10 +285,12 @@ void FullyShardedDataParallel::abandon_forward(std::size_t running) {
   release(*units_[running]);
 }
 
-void FullyShardedDataParallel::refuse_sharded_use(std::size_t running,
-                                                  const char* libtorch_message) {
+void FullyShardedDataParallel::refuse_sharded_use(std::size_t running, const c10::Error& error) {
+  // The error an inner run() rethrew as it was: an enclosing run() passes it on untouched,
+  // though the inner unit, released by then, now reads as sharded.
+  thread_local const c10::Error* passed_on = nullptr;
   std::vector<std::string> sharded;
-  {
+  if (&error != passed_on) {
     std::lock_guard lock(mutex_);
     for (std::size_t u = 0; u < units_.size(); ++u) {
       const Unit& unit = *units_[u];
@@ -297,14 +299,18 @@ void FullyShardedDataParallel::refuse_sharded_use(std::size_t running,
       }
     }
   }
-  if (sharded.empty()) throw;
+  abandon_forward(running);
+  if (sharded.empty()) {
+    passed_on = &error;
+    throw;
+  }
   refuse(*comm_,
          fmt::format("libtorch failed inside run() of unit '{}' while {} {} sharded. If this "
                      "forward calls a sharded unit's module directly rather than through "
                      "fsdp.run(unit, ...), it meets that unit's empty parameters (shape [0]) and "
                      "fails so. libtorch: {}",
                      units_[running]->name, fmt::join(sharded, ", "),
-                     sharded.size() == 1 ? "was" : "were", libtorch_message));
+                     sharded.size() == 1 ? "was" : "were", error.what_without_backtrace()));
 }
 
 void FullyShardedDataParallel::after_forward(std::size_t index,

@@ -2,6 +2,7 @@
 #include <array>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -417,17 +418,28 @@ std::vector<double> PipelineExecutor::run() {
         // a hook as autograd makes it, the previous stage starts its backward while this
         // rank waits, instead of after, and the stages' waits overlap instead of adding up
         // along the cool-down.
+        // The hook refers to this call's locals: it goes when this backward ends, however
+        // it ends, should a stage keep its input alive past the step.
+        struct HookRemoval {
+          Tensor tensor;
+          std::optional<unsigned> hook;
+          ~HookRemoval() {
+            if (hook) tensor.remove_hook(*hook);
+          }
+        } hook_removal;
         if (action.kind == ActionKind::backward && reducing && stage.prepare_backward &&
             input.defined() && s.sends_backward.count(key) != 0) {
-          Tensor early_input = input;
-          early_input.register_hook([&, key, stage_index = action.stage](const Tensor& g) {
-            start_send(
-                {.stage = stage_index, .kind = ActionKind::send_backward, .microbatch = key.second},
-                g, true, stage_index - 1);
-            s.sent_early.insert(key);
-            ++gradients_sent_early;
-            return Tensor();
-          });
+          hook_removal.tensor = input;
+          hook_removal.hook = hook_removal.tensor.register_hook(
+              [&, key, stage_index = action.stage](const Tensor& g) {
+                start_send({.stage = stage_index,
+                            .kind = ActionKind::send_backward,
+                            .microbatch = key.second},
+                           g, true, stage_index - 1);
+                s.sent_early.insert(key);
+                ++gradients_sent_early;
+                return Tensor();
+              });
         }
         if (action.kind == ActionKind::backward) {
           ::torch::autograd::backward({output}, grads);

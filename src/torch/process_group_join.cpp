@@ -26,6 +26,7 @@ namespace {
 
 constexpr const char* kStoreKey = "braid/store";
 constexpr const char* kSubgroupKey = "braid/subgroup";
+constexpr const char* kSubgroupReaders = "braid/subgroup/readers";
 
 std::string parent_key(int rank) {
   return fmt::format("braid/parent/{}", rank);
@@ -109,8 +110,17 @@ c10::intrusive_ptr<ProcessGroup> ProcessGroup::join(const c10::intrusive_ptr<c10
     if (static_cast<int>(world_ranks.size()) == size) {
       // The subgroup's key in braid's store: drawn by the group's rank 0 and passed through
       // the group's own PyTorch store, so no two groups share one.
-      if (rank == 0) set(*store, kSubgroupKey, random_token());
-      const std::string key = get(*store, kSubgroupKey);
+      std::string key = "alone";  // a group of one publishes no name
+      if (size > 1) {
+        if (rank == 0) set(*store, kSubgroupKey, random_token());
+        key = get(*store, kSubgroupKey);
+        // The last to read it deletes it, so a group name PyTorch uses again finds none
+        // stale.
+        if (rank != 0 && store->add(kSubgroupReaders, 1) == size - 1) {
+          store->deleteKey(kSubgroupKey);
+          store->deleteKey(kSubgroupReaders);
+        }
+      }
       // The group's own timeout, as new_group was given it.
       auto communicator =
           parent->communicator

@@ -77,6 +77,17 @@ TEST(Subgroup, IsMadeByItsMembersAloneInTheOrderTheyName) {
   });
 }
 
+TEST(Subgroup, OfOneRankNeedsNoOtherMember) {
+  run_ranks(2, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    const std::vector<int> members{comm->rank()};
+    auto alone = co_await comm->subgroup(members);
+    EXPECT_EQ(alone->size(), 1);
+    std::vector<std::int64_t> values{comm->rank() + 10};
+    co_await alone->all_reduce(Buffer(values), ReduceOp::sum);
+    EXPECT_EQ(values[0], comm->rank() + 10);
+  });
+}
+
 TEST(Subgroup, RefusesAListWithoutThisRank) {
   run_ranks(2, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
     const int other = 1 - comm->rank();

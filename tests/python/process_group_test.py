@@ -263,6 +263,11 @@ def new_group_worker(rank, size, port):
     join(rank, size, port)
     evens = dist.new_group([0, 2], backend="braid")  # every rank calls new_group
     everyone = dist.new_group(backend="braid")
+    alone = dist.new_group([1], backend="braid")
+    if rank == 1:
+        one = torch.full((2,), 5.0)
+        dist.all_reduce(one, group=alone)
+        check_equal("all_reduce over a group of one", one, torch.full((2,), 5.0))
     t = torch.full((3,), float(rank + 1))
     if rank in (0, 2):
         dist.all_reduce(t, group=evens)

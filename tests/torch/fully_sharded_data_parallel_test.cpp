@@ -627,6 +627,25 @@ TEST(FullyShardedDataParallel, RefusesMisuseNamingTheUnit) {
     const Tensor y = fsdp.run(*net, [&] { return net->forward(x, &fsdp); });
     EXPECT_EQ(y.sizes(), (std::vector<std::int64_t>{4, 2}));
   });
+  // A genuine libtorch error inside a nested run(), while no other unit is sharded, comes
+  // through both runs as libtorch's own, and leaves nothing gathered.
+  run_tp_ranks(2, [&](int, std::shared_ptr<Communicator> comm) {
+    Net net;
+    braid::torch::FullyShardedDataParallel fsdp(comm);
+    fsdp.shard(*net->blocks[0], "block 0");
+    fsdp.shard(*net, "root");
+    const Tensor wrong = seeded({4, 3}, 9);  // block 0 takes 5 features
+    try {
+      fsdp.run(*net, [&] {
+        return fsdp.run(*net->blocks[0], [&] { return net->blocks[0]->forward(wrong); });
+      });
+      ADD_FAILURE() << "a forward with the wrong shape ran";
+    } catch (const braid::Error& e) {
+      ADD_FAILURE() << "libtorch's error was relabelled: " << e.what();
+    } catch (const c10::Error&) {
+    }
+    EXPECT_EQ(fsdp.gathered_bytes(), 0);
+  });
   // Ranks whose units differ fail together, naming the unit.
   run_tp_ranks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
     ::torch::nn::Linear layer(3, rank == 0 ? 2 : 4);

@@ -158,8 +158,7 @@ class FullyShardedDataParallel {
         abandon_forward(unit);
         throw;
       } catch (const c10::Error& e) {
-        abandon_forward(unit);
-        refuse_sharded_use(unit, e.what_without_backtrace());
+        refuse_sharded_use(unit, e);
       } catch (...) {
         abandon_forward(unit);
         throw;
@@ -222,9 +221,10 @@ class FullyShardedDataParallel {
   void after_forward(std::size_t unit, const std::vector<at::Tensor>& outputs);
   // After `forward` threw: ends the unit's span and releases its gathered parameters.
   void abandon_forward(std::size_t unit);
-  // Called in a catch block: throws the Error described at run(), or rethrows what was
-  // caught where no other unit is sharded.
-  [[noreturn]] void refuse_sharded_use(std::size_t unit, const char* libtorch_message);
+  // Called in a catch block with what it caught: abandons the unit's forward, then throws
+  // the Error described at run(), or rethrows `error` where no other unit was sharded (or
+  // an inner run() rethrew it already: an outer one does not relabel it).
+  [[noreturn]] void refuse_sharded_use(std::size_t unit, const c10::Error& error);
   void start_gather(std::size_t unit);
   void gather(std::size_t unit);
   void prefetch_after(std::size_t unit, bool backward);

@@ -113,7 +113,8 @@ class PipelineExecutor {
   // wall for the step's). braid-trace's bubble spans every traced step, and so also counts
   // what runs between steps (the optimizer, data loading). `gradients_sent_early`: input
   // gradients a reducing backward sent from inside itself, before the data-parallel
-  // reduction's wait (one per stage after the first that has a prepare_backward).
+  // reduction's wait (one per stage after the first that has a prepare_backward, where the
+  // reducing action is a B; 0 under zero-bubble schedules, whose reducing action is a W).
   struct StepTimes {
     std::int64_t wall_ns = 0;
     std::int64_t compute_ns = 0;

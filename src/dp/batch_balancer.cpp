@@ -112,9 +112,7 @@ bool BatchBalancer::record_step(double compute_seconds) {
       compute_seconds > 0 ? static_cast<double>(batch_size()) / compute_seconds : 0.0;
   detail::smooth(smoothed_, detail::exchange_per_rank(*comm_, {mine})[0], options_.smoothing);
   ++steps_;
-  const bool due = steps_ >= options_.calibration_steps &&
-                   (steps_ - options_.calibration_steps) % options_.interval == 0;
-  if (!due || std::any_of(smoothed_.begin(), smoothed_.end(), [](double t) { return t <= 0; })) {
+  if (!detail::rebalance_due(steps_, options_.calibration_steps, options_.interval, smoothed_)) {
     return false;
   }
   std::vector<std::int64_t> proposed = sizes_for(smoothed_, global_batch_, options_.floor);

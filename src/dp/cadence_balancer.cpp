@@ -88,12 +88,7 @@ bool CadenceBalancer::record_window(double compute_seconds, double window_second
   const double sync = *std::min_element(sync_seconds_.begin(), sync_seconds_.end());
   const double per_micro_batch = throughput_[slowest] > 0 ? 1 / throughput_[slowest] : 0;
   overhead_ = per_micro_batch > 0 ? sync / (anchor_ * per_micro_batch + sync) : 0;
-  const bool due =
-      windows_ >= m.calibration_steps && (windows_ - m.calibration_steps) % m.interval == 0;
-  if (!due ||
-      std::any_of(throughput_.begin(), throughput_.end(), [](double t) { return t <= 0; })) {
-    return false;
-  }
+  if (!detail::rebalance_due(windows_, m.calibration_steps, m.interval, throughput_)) return false;
   // The smallest anchor whose window keeps sync / (anchor x per_micro_batch + sync) at or
   // under the target.
   const double target = options_.overhead_target;

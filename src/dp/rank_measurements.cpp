@@ -1,5 +1,7 @@
 #include "rank_measurements.hpp"
 
+#include <algorithm>
+
 namespace braid::dp::detail {
 
 std::vector<std::vector<double>> exchange_per_rank(collectives::Communicator& comm,
@@ -22,6 +24,12 @@ void smooth(std::vector<double>& average, const std::vector<double>& now, double
     if (now[r] <= 0) continue;
     average[r] = average[r] == 0 ? now[r] : weight * now[r] + (1 - weight) * average[r];
   }
+}
+
+bool rebalance_due(int steps, int calibration_steps, int interval,
+                   const std::vector<double>& throughputs) {
+  return steps >= calibration_steps && (steps - calibration_steps) % interval == 0 &&
+         std::all_of(throughputs.begin(), throughputs.end(), [](double t) { return t > 0; });
 }
 
 }  // namespace braid::dp::detail

@@ -17,4 +17,9 @@ std::vector<std::vector<double>> exchange_per_rank(collectives::Communicator& co
 // (now[r] <= 0) keeps its average; an average still at 0 takes the first measurement whole.
 void smooth(std::vector<double>& average, const std::vector<double>& now, double weight);
 
+// Whether the balancers decide again after `steps` steps (or windows): at the end of the
+// calibration, then every `interval`, and only once every rank has a measurement.
+bool rebalance_due(int steps, int calibration_steps, int interval,
+                   const std::vector<double>& throughputs);
+
 }  // namespace braid::dp::detail

@@ -112,6 +112,7 @@ void FullyShardedDataParallel::shard(::torch::nn::Module& module, std::string na
   auto unit = std::make_unique<Unit>();
   unit->module = &module;
   unit->name = name.empty() ? module.name() : std::move(name);
+  unit->gather_mark = trace::intern(fmt::format("fsdp.gather {}", unit->name));
   std::set<const c10::TensorImpl*> taken;
   for (const auto& earlier : units_) {
     for (const Tensor& p : earlier->params) taken.insert(p.unsafeGetTensorImpl());
@@ -190,9 +191,7 @@ void FullyShardedDataParallel::start_gather(std::size_t index) {
   if (unit.gathered || unit.gathering) return;
   // A mark on the calling thread where each gather starts, so the trace shows which unit a
   // prefetch fetched while which one computed.
-  if (trace::enabled()) {
-    trace::instant(trace::Category::user, trace::intern(fmt::format("fsdp.gather {}", unit.name)));
-  }
+  trace::instant(trace::Category::user, *unit.gather_mark);
   detail::allocate_bytes(unit.full);
   unit.gathering_input = unit.shard.detach().to(unit.full.scalar_type());
   if (options_.strategy == ShardingStrategy::no_shard) {

@@ -12,6 +12,7 @@
 
 #include <braid/core/future.hpp>
 #include <braid/torch/fully_sharded_data_parallel.hpp>
+#include <braid/trace/recorder.hpp>
 
 #include "tensor_collectives.hpp"
 
@@ -20,6 +21,8 @@ namespace braid::torch {
 struct FullyShardedDataParallel::Unit {
   const ::torch::nn::Module* module = nullptr;
   std::string name;
+  // The trace instant where a gather of this unit starts, "fsdp.gather NAME", interned once.
+  std::optional<trace::Name> gather_mark;
   std::vector<at::Tensor> params;
   std::vector<std::int64_t> offsets;  // of each parameter in the flat vector
   std::vector<std::vector<std::int64_t>> shapes;

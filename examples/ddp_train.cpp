@@ -224,16 +224,7 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
       // DDP's buckets all-reduce (FSDP's units reduce-scatter) while backward runs.
       (micro_batches > 1 ? loss / micro_batches : loss).backward();
     };
-    for (int i = 0; i < micro_batches; ++i) {
-      if (i + 1 < micro_batches) {
-        // A cadence window's micro-batches before the last accumulate locally, no_sync()
-        // from their forward on.
-        auto local = training.ddp()->no_sync();
-        micro_step(i);
-      } else {
-        micro_step(i);
-      }
-    }
+    example_models::run_window(training.ddp(), micro_batches, micro_step);
     // The balancers' measure: this thread's CPU time in forward and backward, not the wall
     // time, which on a faster rank includes waiting for the slower one's gradients.
     const double compute_seconds = example_models::thread_cpu_seconds() - cpu_started;

@@ -146,6 +146,18 @@ inline void compute_for(double ms) {
   }
 }
 
+// One window of dp::CadenceBalancer's cadence mode: `step(i)` for each of `count`
+// micro-batches, all but the last under DDP's no_sync() from their forward on, so the last
+// backward reduces what the window accumulated. `ddp` may be null where `count` is 1.
+template <class Ddp, class Step>
+void run_window(Ddp* ddp, int count, Step&& step) {
+  for (int i = 0; i + 1 < count; ++i) {
+    auto local = ddp->no_sync();
+    step(i);
+  }
+  step(count - 1);
+}
+
 // This thread's CPU time in seconds: what a rank's compute took, without the time it spent
 // waiting (for a collective, a slower rank) off its core.
 inline double thread_cpu_seconds() {

@@ -13,24 +13,13 @@
 #include <fmt/format.h>
 
 #include "ddp_balance.hpp"
+#include "ddp_runs.hpp"
 #include "json_fields.hpp"
 #include "list_argument.hpp"
 #include "subprocess.hpp"
 
 namespace braid::bench {
 namespace {
-
-struct DdpOptions {
-  int ranks = 2;
-  int hidden = 1024;
-  int layers = 8;
-  int batch = 32;
-  int steps = 30;
-  int rounds = 3;
-  std::string optimizer = "sgd";
-  double straggle_ms = 0;  // the last rank computes this much more before each backward
-  bool balance = false;    // equal shares against the balancers, instead of DDP's figures
-};
 
 // One configuration's paired figures, the mean over its rounds (braid-bench-ddp-worker --sync
 // paired and the PyTorch peer print the same fields).
@@ -118,8 +107,10 @@ std::vector<std::string> model_arguments(const DdpOptions& o) {
           "--straggle-ms", fmt::format("{}", o.straggle_ms)};
 }
 
+}  // namespace
+
 std::optional<std::string> run_braid(const DdpOptions& o, const std::string& sync,
-                                     const std::vector<std::string>& extra = {}) {
+                                     const std::vector<std::string>& extra) {
   std::vector<std::string> argv{sibling_program("braid-run"),
                                 "-n",
                                 std::to_string(o.ranks),
@@ -131,6 +122,8 @@ std::optional<std::string> run_braid(const DdpOptions& o, const std::string& syn
   return json_line(run_command(argv, std::chrono::seconds(900)),
                    "braid-bench-ddp-worker --sync " + sync);
 }
+
+namespace {
 
 std::optional<std::string> run_pytorch(const DdpOptions& o,
                                        const std::vector<std::string>& extra = {}) {
@@ -311,16 +304,9 @@ int run_ddp(const std::vector<std::string>& args) {
     o.optimizer = optimizer;
     if (optimizer != optimizers.front()) std::cout << "\n";
     if (o.balance) {
-      if (std::getenv("OMP_NUM_THREADS") == nullptr) ::setenv("OMP_NUM_THREADS", "1", 1);
+      // Only braid runs here, and braid-run gives its ranks one thread each.
       std::cout << fmt::format("MLP {}x{}, {}:\n", o.hidden, o.layers, optimizer);
-      status = std::max(status, report_ddp_balance({.ranks = o.ranks,
-                                                    .rounds = o.rounds,
-                                                    .steps = o.steps,
-                                                    .straggle_ms = o.straggle_ms,
-                                                    .model = {"--hidden", std::to_string(o.hidden),
-                                                              "--layers", std::to_string(o.layers),
-                                                              "--batch", std::to_string(o.batch),
-                                                              "--optimizer", optimizer}}));
+      status = std::max(status, report_ddp_balance(o));
     } else {
       status = std::max(status, report_ddp(o));
     }

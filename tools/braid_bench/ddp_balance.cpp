@@ -3,42 +3,14 @@
 #include <iostream>
 #include <map>
 #include <optional>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include "json_fields.hpp"
-#include "subprocess.hpp"
+#include "subprocess.hpp"  // wait_until_quiet
 
 namespace braid::bench {
 namespace {
-
-// The JSON line braid-bench-ddp-worker --balance MODE printed, or nullopt (the output shown).
-std::optional<std::string> run_worker(const BalanceRun& run, const std::string& mode) {
-  std::vector<std::string> argv{sibling_program("braid-run"),
-                                "-n",
-                                std::to_string(run.ranks),
-                                sibling_program("braid-bench-ddp-worker"),
-                                "--sync",
-                                "ddp",
-                                "--balance",
-                                mode,
-                                "--steps",
-                                std::to_string(run.steps),
-                                "--straggle-ms",
-                                fmt::format("{}", run.straggle_ms)};
-  argv.insert(argv.end(), run.model.begin(), run.model.end());
-  const CommandResult result = run_command(argv, std::chrono::seconds(900));
-  std::stringstream lines(result.output);
-  for (std::string line; std::getline(lines, line);) {
-    const auto brace = line.find("{\"sync\":\"balance\"");
-    if (brace != std::string::npos) return line.substr(brace);
-  }
-  std::cerr << "braid-bench ddp --balance: the " << mode << " run printed no result (exit "
-            << result.exit_code << "):\n"
-            << result.output << "\n";
-  return std::nullopt;
-}
 
 // A string field's value ("counts":"179 77"), empty when absent.
 std::string json_text(const std::string& line, const std::string& key) {
@@ -72,14 +44,14 @@ void add(ModeFigures& f, const std::string& line) {
 
 }  // namespace
 
-int report_ddp_balance(const BalanceRun& run) {
+int report_ddp_balance(const DdpOptions& run) {
   const std::vector<std::string> modes{"equal", "shares", "cadence"};
   std::map<std::string, ModeFigures> figures;
   double global_batch = 0;
   for (int round = 0; round < run.rounds; ++round) {
     for (const std::string& mode : modes) {
       wait_until_quiet();
-      if (auto line = run_worker(run, mode)) {
+      if (auto line = run_braid(run, "ddp", {"--balance", mode})) {
         add(figures[mode], *line);
         global_batch = json_number(*line, "global_batch").value_or(0);
       }

@@ -4,20 +4,12 @@
 // throughputs), each figure the mean over interleaved rounds.
 #pragma once
 
-#include <string>
-#include <vector>
+#include "ddp_runs.hpp"
 
 namespace braid::bench {
 
-struct BalanceRun {
-  int ranks = 2;
-  int rounds = 3;
-  int steps = 30;
-  double straggle_ms = 0;          // per --batch samples on the last rank
-  std::vector<std::string> model;  // the worker's model and optimizer arguments
-};
-
-// Prints the table; returns the process exit code.
-int report_ddp_balance(const BalanceRun& run);
+// Prints the table for `o` (its optimizer, model, ranks, rounds, steps and straggler);
+// returns the process exit code.
+int report_ddp_balance(const DdpOptions& o);
 
 }  // namespace braid::bench

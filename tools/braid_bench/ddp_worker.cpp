@@ -226,14 +226,7 @@ int train_balanced(braid::transport::World& world, const Settings& s, Model mode
       if (straggler) example_models::compute_for(s.straggle_ms * batch / s.model.batch);
       loss.backward();
     };
-    for (int i = 0; i < micro_batches; ++i) {
-      if (i + 1 < micro_batches) {
-        auto local = ddp.no_sync();
-        micro_step(i);
-      } else {
-        micro_step(i);
-      }
-    }
+    example_models::run_window(&ddp, micro_batches, micro_step);
     const double compute_seconds = (thread_cpu_ms() - cpu_started) / 1e3;
     const double window_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

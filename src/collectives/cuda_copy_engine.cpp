@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <braid/core/cuda_error.hpp>
+#include <braid/core/enforce.hpp>
 
 #include "../core/cuda_support.hpp"
 
@@ -25,9 +26,16 @@ StagingMemory CudaCopyEngine::allocate(std::size_t bytes) {
                        [](std::byte* p) { (void)cudaFreeHost(p); });
 }
 
-void CudaCopyEngine::follow_producer() {
+void CudaCopyEngine::follow_producer(Stream* producer) {
+  cudaStream_t native = producer_;
+  if (producer != nullptr) {
+    auto* cuda = dynamic_cast<CudaStream*>(producer);
+    BRAID_ENFORCE(cuda != nullptr, "a CUDA buffer ordered on a {} stream",
+                  to_string(producer->kind()));
+    native = cuda->native();
+  }
   const braid::detail::CudaDeviceGuard guard(device_);
-  BRAID_CUDA_CHECK(cudaEventRecord(produced_.native(), producer_));
+  BRAID_CUDA_CHECK(cudaEventRecord(produced_.native(), native));
   BRAID_CUDA_CHECK(cudaStreamWaitEvent(stream_.native(), produced_.native(), 0));
 }
 

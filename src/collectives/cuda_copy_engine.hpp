@@ -5,8 +5,9 @@
 // into and out of pinned host memory (cudaHostAlloc), which the GPU's copy engines reach
 // by DMA at full PCIe or C2C speed, unlike pageable memory that the driver must bounce
 // through its own pinned buffer. follow_producer() records an event on the producer
-// stream and makes the copy stream wait on it: copies start after the kernels that wrote
-// the buffer, and the host never blocks on the GPU.
+// stream (the buffer's own, or the communicator's) and makes the copy stream wait on it:
+// copies start after the kernels that wrote the buffer, and the host never blocks on the
+// GPU.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,7 +28,7 @@ class CudaCopyEngine final : public CopyEngine {
   Stream& stream() override { return stream_; }
   void copy(void* dst, const void* src, std::size_t bytes) override;
   StagingMemory allocate(std::size_t bytes) override;
-  void follow_producer() override;
+  void follow_producer(Stream* producer) override;
 
  private:
   int device_;

@@ -128,10 +128,23 @@ void NcclCommunicator::pass_turn() noexcept {
   for (asio::steady_timer* waiting : waiting_) waiting->cancel();
 }
 
+cudaStream_t NcclCommunicator::producer_of(const Buffer& input, const Buffer& output) const {
+  Stream* named = input.stream() != nullptr ? input.stream() : output.stream();
+  if (named == nullptr) return compute_stream_;
+  auto* cuda = dynamic_cast<CudaStream*>(named);
+  if (cuda == nullptr) {
+    throw error(Errc::invalid_argument,
+                fmt::format("a buffer ordered on a {} stream; NCCL follows CUDA streams",
+                            to_string(named->kind())),
+                "nccl");
+  }
+  return cuda->native();
+}
+
 template <class Enqueue, class Settled>
 asio::awaitable<void> NcclCommunicator::run(std::uint64_t ticket, trace::Name name,
-                                            std::size_t bytes, Enqueue enqueue,
-                                            Settled settled_calls) {
+                                            std::size_t bytes, cudaStream_t producer,
+                                            Enqueue enqueue, Settled settled_calls) {
   // Operations still running hold the communicator; dropping the last handle meanwhile
   // must not free it under them.
   const std::shared_ptr<NcclCommunicator> self = shared_from_this();
@@ -163,7 +176,7 @@ asio::awaitable<void> NcclCommunicator::run(std::uint64_t ticket, trace::Name na
     {
       const CudaDeviceGuard guard(device_);
       // Contract point 1: the operation follows what the compute stream has enqueued.
-      BRAID_CUDA_CHECK(cudaEventRecord(produced->native(), compute_stream_));
+      BRAID_CUDA_CHECK(cudaEventRecord(produced->native(), producer));
       BRAID_CUDA_CHECK(cudaStreamWaitEvent(stream_.native(), produced->native(), 0));
       if (gpu_timeline_ != nullptr) {
         gpu_span.timeline = gpu_timeline_.get();
@@ -187,8 +200,8 @@ asio::awaitable<void> NcclCommunicator::run(std::uint64_t ticket, trace::Name na
 
 template <class Enqueue>
 asio::awaitable<void> NcclCommunicator::issue(trace::Name name, std::size_t bytes,
-                                              Enqueue enqueue) {
-  return run(next_ticket_++, name, bytes, std::move(enqueue), [] {});
+                                              cudaStream_t producer, Enqueue enqueue) {
+  return run(next_ticket_++, name, bytes, producer, std::move(enqueue), [] {});
 }
 
 // ---------------------------------------------------------------- operations
@@ -196,10 +209,11 @@ asio::awaitable<void> NcclCommunicator::issue(trace::Name name, std::size_t byte
 asio::awaitable<void> NcclCommunicator::all_reduce(Buffer input, Buffer output, ReduceOp op) {
   check(*this, world_rank_,
         {.kind = CollectiveKind::all_reduce, .input = input, .output = output, .reduce_op = op});
-  return issue("all_reduce", input.size_bytes(), [this, input, output, op] {
-    return ncclAllReduce(input.data(), output.data(), input.count(), nccl_type(input.dtype()),
-                         nccl_op(op), comm_, stream_.native());
-  });
+  return issue(
+      "all_reduce", input.size_bytes(), producer_of(input, output), [this, input, output, op] {
+        return ncclAllReduce(input.data(), output.data(), input.count(), nccl_type(input.dtype()),
+                             nccl_op(op), comm_, stream_.native());
+      });
 }
 
 asio::awaitable<void> NcclCommunicator::all_reduce(Buffer data, ReduceOp op) {
@@ -210,10 +224,11 @@ asio::awaitable<void> NcclCommunicator::reduce_scatter(Buffer input, Buffer outp
   check(
       *this, world_rank_,
       {.kind = CollectiveKind::reduce_scatter, .input = input, .output = output, .reduce_op = op});
-  return issue("reduce_scatter", input.size_bytes(), [this, input, output, op] {
-    return ncclReduceScatter(input.data(), output.data(), output.count(), nccl_type(input.dtype()),
-                             nccl_op(op), comm_, stream_.native());
-  });
+  return issue(
+      "reduce_scatter", input.size_bytes(), producer_of(input, output), [this, input, output, op] {
+        return ncclReduceScatter(input.data(), output.data(), output.count(),
+                                 nccl_type(input.dtype()), nccl_op(op), comm_, stream_.native());
+      });
 }
 
 asio::awaitable<void> NcclCommunicator::reduce_scatter(Buffer data, ReduceOp op) {
@@ -231,10 +246,11 @@ asio::awaitable<void> NcclCommunicator::reduce(Buffer input, Buffer output, Redu
          .root = root});
   // The receive buffer matters at the root only.
   void* received = rank_ == root ? output.data() : input.data();
-  return issue("reduce", input.size_bytes(), [this, input, received, op, root] {
-    return ncclReduce(input.data(), received, input.count(), nccl_type(input.dtype()), nccl_op(op),
-                      root, comm_, stream_.native());
-  });
+  return issue("reduce", input.size_bytes(), producer_of(input, output),
+               [this, input, received, op, root] {
+                 return ncclReduce(input.data(), received, input.count(), nccl_type(input.dtype()),
+                                   nccl_op(op), root, comm_, stream_.native());
+               });
 }
 
 asio::awaitable<void> NcclCommunicator::reduce(Buffer data, ReduceOp op, int root) {
@@ -243,10 +259,11 @@ asio::awaitable<void> NcclCommunicator::reduce(Buffer data, ReduceOp op, int roo
 
 asio::awaitable<void> NcclCommunicator::all_gather(Buffer input, Buffer output) {
   check(*this, world_rank_, {.kind = CollectiveKind::all_gather, .input = input, .output = output});
-  return issue("all_gather", output.size_bytes(), [this, input, output] {
-    return ncclAllGather(input.data(), output.data(), input.count(), nccl_type(input.dtype()),
-                         comm_, stream_.native());
-  });
+  return issue("all_gather", output.size_bytes(), producer_of(input, output),
+               [this, input, output] {
+                 return ncclAllGather(input.data(), output.data(), input.count(),
+                                      nccl_type(input.dtype()), comm_, stream_.native());
+               });
 }
 
 asio::awaitable<void> NcclCommunicator::all_gather(Buffer data) {
@@ -264,27 +281,28 @@ asio::awaitable<void> NcclCommunicator::all_gather_v(Buffer input, Buffer output
          .counts = counts,
          .variable = true});
   // One broadcast per rank's block, launched together.
-  return issue("all_gather_v", output.size_bytes(), [this, input, output, counts] {
-    return grouped([&] {
-      std::size_t offset = 0;
-      for (int r = 0; r < size_; ++r) {
-        const std::size_t count = counts[static_cast<std::size_t>(r)];
-        const void* source = r == rank_ ? input.data() : at(output, offset);
-        const ncclResult_t result =
-            ncclBroadcast(source, at(output, offset), count, nccl_type(input.dtype()), r, comm_,
-                          stream_.native());
-        if (result != ncclSuccess && result != ncclInProgress) return result;
-        offset += count;
-      }
-      return ncclSuccess;
-    });
-  });
+  return issue("all_gather_v", output.size_bytes(), producer_of(input, output),
+               [this, input, output, counts] {
+                 return grouped([&] {
+                   std::size_t offset = 0;
+                   for (int r = 0; r < size_; ++r) {
+                     const std::size_t count = counts[static_cast<std::size_t>(r)];
+                     const void* source = r == rank_ ? input.data() : at(output, offset);
+                     const ncclResult_t result =
+                         ncclBroadcast(source, at(output, offset), count, nccl_type(input.dtype()),
+                                       r, comm_, stream_.native());
+                     if (result != ncclSuccess && result != ncclInProgress) return result;
+                     offset += count;
+                   }
+                   return ncclSuccess;
+                 });
+               });
 }
 
 asio::awaitable<void> NcclCommunicator::broadcast(Buffer data, int root) {
   check(*this, world_rank_,
         {.kind = CollectiveKind::broadcast, .input = data, .output = data, .root = root});
-  return issue("broadcast", data.size_bytes(), [this, data, root] {
+  return issue("broadcast", data.size_bytes(), producer_of(data, data), [this, data, root] {
     return ncclBroadcast(data.data(), data.data(), data.count(), nccl_type(data.dtype()), root,
                          comm_, stream_.native());
   });
@@ -294,7 +312,8 @@ asio::awaitable<void> NcclCommunicator::gather(Buffer input, Buffer output, int 
   check(*this, world_rank_,
         {.kind = CollectiveKind::gather, .input = input, .output = output, .root = root});
   return issue(
-      "gather", input.size_bytes() * static_cast<std::size_t>(size_), [this, input, output, root] {
+      "gather", input.size_bytes() * static_cast<std::size_t>(size_), producer_of(input, output),
+      [this, input, output, root] {
         return grouped([&] {
           const ncclDataType_t type = nccl_type(input.dtype());
           if (rank_ == root) {
@@ -316,7 +335,7 @@ asio::awaitable<void> NcclCommunicator::scatter(Buffer input, Buffer output, int
   check(*this, world_rank_,
         {.kind = CollectiveKind::scatter, .input = input, .output = output, .root = root});
   return issue(
-      "scatter", output.size_bytes() * static_cast<std::size_t>(size_),
+      "scatter", output.size_bytes() * static_cast<std::size_t>(size_), producer_of(input, output),
       [this, input, output, root] {
         return grouped([&] {
           const ncclDataType_t type = nccl_type(output.dtype());
@@ -370,8 +389,8 @@ asio::awaitable<void> NcclCommunicator::all_to_all(Buffer input, Buffer output) 
   auto free_aside = [this, aside] {
     if (*aside != nullptr) (void)cudaFreeAsync(*aside, stream_.native());
   };
-  return run(next_ticket_++, "all_to_all", input.size_bytes(), std::move(exchange),
-             std::move(free_aside));
+  return run(next_ticket_++, "all_to_all", input.size_bytes(), producer_of(input, output),
+             std::move(exchange), std::move(free_aside));
 }
 
 asio::awaitable<void> NcclCommunicator::all_to_all(Buffer data) {
@@ -389,31 +408,32 @@ asio::awaitable<void> NcclCommunicator::all_to_all_v(Buffer input,
          .counts = send_counts,
          .recv_counts = recv_counts,
          .variable = true});
-  return issue("all_to_all_v", input.size_bytes(), [this, input, output, send_counts, recv_counts] {
-    return grouped([&] {
-      const ncclDataType_t type = nccl_type(input.dtype());
-      std::size_t send_offset = 0;
-      std::size_t recv_offset = 0;
-      for (int r = 0; r < size_; ++r) {
-        const auto i = static_cast<std::size_t>(r);
-        ncclResult_t s =
-            ncclSend(at(input, send_offset), send_counts[i], type, r, comm_, stream_.native());
-        if (s != ncclSuccess && s != ncclInProgress) return s;
-        ncclResult_t v =
-            ncclRecv(at(output, recv_offset), recv_counts[i], type, r, comm_, stream_.native());
-        if (v != ncclSuccess && v != ncclInProgress) return v;
-        send_offset += send_counts[i];
-        recv_offset += recv_counts[i];
-      }
-      return ncclSuccess;
-    });
-  });
+  return issue("all_to_all_v", input.size_bytes(), producer_of(input, output),
+               [this, input, output, send_counts, recv_counts] {
+                 return grouped([&] {
+                   const ncclDataType_t type = nccl_type(input.dtype());
+                   std::size_t send_offset = 0;
+                   std::size_t recv_offset = 0;
+                   for (int r = 0; r < size_; ++r) {
+                     const auto i = static_cast<std::size_t>(r);
+                     ncclResult_t s = ncclSend(at(input, send_offset), send_counts[i], type, r,
+                                               comm_, stream_.native());
+                     if (s != ncclSuccess && s != ncclInProgress) return s;
+                     ncclResult_t v = ncclRecv(at(output, recv_offset), recv_counts[i], type, r,
+                                               comm_, stream_.native());
+                     if (v != ncclSuccess && v != ncclInProgress) return v;
+                     send_offset += send_counts[i];
+                     recv_offset += recv_counts[i];
+                   }
+                   return ncclSuccess;
+                 });
+               });
 }
 
 asio::awaitable<void> NcclCommunicator::barrier() {
   // A one-element all-reduce: NCCL has no barrier, and this is what torch.distributed's
   // NCCL backend does too.
-  return issue("barrier", 0, [this] {
+  return issue("barrier", 0, compute_stream_, [this] {
     return ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_,
                          stream_.native());
   });
@@ -422,7 +442,7 @@ asio::awaitable<void> NcclCommunicator::barrier() {
 asio::awaitable<void> NcclCommunicator::send(Buffer data, int peer) {
   detail::check_point_to_point("send", data, peer, site_of(*this, world_rank_),
                                detail::device_memory(device_));
-  return issue("send", data.size_bytes(), [this, data, peer] {
+  return issue("send", data.size_bytes(), producer_of(data, data), [this, data, peer] {
     return grouped([&] {
       return ncclSend(data.data(), data.count(), nccl_type(data.dtype()), peer, comm_,
                       stream_.native());
@@ -440,7 +460,7 @@ asio::awaitable<std::size_t> counted(asio::awaitable<void> operation, std::size_
 asio::awaitable<std::size_t> NcclCommunicator::recv(Buffer data, int peer) {
   detail::check_point_to_point("recv", data, peer, site_of(*this, world_rank_),
                                detail::device_memory(device_));
-  auto receiving = issue("recv", data.size_bytes(), [this, data, peer] {
+  auto receiving = issue("recv", data.size_bytes(), producer_of(data, data), [this, data, peer] {
     return grouped([&] {
       return ncclRecv(data.data(), data.count(), nccl_type(data.dtype()), peer, comm_,
                       stream_.native());

@@ -61,6 +61,14 @@ void HostCopyEngine::copy(void* dst, const void* src, std::size_t bytes) {
   });
 }
 
+void HostCopyEngine::follow_producer(Stream* producer) {
+  if (producer == nullptr) return;
+  // A temporary event: the wait holds its point (host_stream.hpp), so it may go now.
+  const std::unique_ptr<Event> produced = producer->make_event();
+  producer->record(*produced);
+  state_->stream.wait(*produced);
+}
+
 StagingMemory HostCopyEngine::allocate(std::size_t bytes) {
   constexpr std::size_t kAlignment = 64;
   const std::size_t rounded =
@@ -140,6 +148,7 @@ asio::awaitable<void> run_elementwise_staged(CopyEngine& engine, StagingPool& po
   const Buffer input = staging.input;
   const Buffer output = staging.output;
   const Buffer& shape = staging.copy_in ? input : output;
+  const Buffer& other = staging.copy_in ? output : input;
   const DType dtype = shape.dtype();
   const StagingPlan plan(shape.size_bytes(), dtype_size(dtype), staging.chunk_bytes, kStagingSlots);
   if (plan.chunks() == 0) {
@@ -163,7 +172,7 @@ asio::awaitable<void> run_elementwise_staged(CopyEngine& engine, StagingPool& po
     stream.record(*brought_in[c.slot]);
   };
 
-  engine.follow_producer();
+  engine.follow_producer(shape.stream() != nullptr ? shape.stream() : other.stream());
   std::exception_ptr failure;
   try {
     for (std::size_t k = 0; k < std::min(plan.slots(), plan.chunks()); ++k) bring_in(k);
@@ -212,7 +221,7 @@ asio::awaitable<void> run_whole_staged(CopyEngine& engine, StagingPool& pool, Bu
 
   Stream& stream = engine.stream();
   auto done = stream.make_event();
-  engine.follow_producer();
+  engine.follow_producer(input.stream() != nullptr ? input.stream() : output.stream());
   std::exception_ptr failure;
   try {
     if (in_bytes != 0) engine.copy(host_in, in_begin, in_bytes);

@@ -80,12 +80,15 @@ class CopyEngine {
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
   virtual StagingMemory allocate(std::size_t bytes) = 0;
   // Makes stream() wait for the work already enqueued by whoever produced the caller's
-  // buffers (the user's CUDA stream), so copies never read half-written data.
-  virtual void follow_producer() = 0;
+  // buffers, so copies never read half-written data: `producer` where the buffer names
+  // its stream (Buffer::on_stream; of stream()'s kind), else the engine's default (the
+  // communicator's CUDA stream; none for the host engine).
+  virtual void follow_producer(Stream* producer) = 0;
 };
 
 // A host stream and memcpy: the CPU stand-in for the GPU's copy engine. Copies run on the
-// stream's worker thread; `on_copy` (tests) sees each one as it runs.
+// stream's worker thread; `on_copy` (tests) sees each one as it runs. It follows a host
+// producer stream a buffer names, as CUDA's engine follows a CUDA one.
 class HostCopyEngine final : public CopyEngine {
  public:
   using CopyObserver = std::function<void(void* dst, const void* src, std::size_t bytes)>;
@@ -94,7 +97,7 @@ class HostCopyEngine final : public CopyEngine {
   Stream& stream() override;
   void copy(void* dst, const void* src, std::size_t bytes) override;
   StagingMemory allocate(std::size_t bytes) override;
-  void follow_producer() override {}
+  void follow_producer(Stream* producer) override;
 
  private:
   struct State;

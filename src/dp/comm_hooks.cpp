@@ -27,6 +27,7 @@ class AllReduceHook final : public CommHook {
   std::string_view name() const noexcept override { return "all_reduce"; }
   bool single_collective() const noexcept override { return true; }
   bool averages() const noexcept override { return true; }
+  bool runs_on_device() const noexcept override { return true; }
   asio::awaitable<void> reduce(Communicator& comm, BucketView bucket) override {
     co_await comm.all_reduce(bucket.data, bucket.combine);
   }
@@ -60,7 +61,13 @@ class CompressHook final : public Float32Hook {
   std::string_view name() const noexcept override {
     return wire_ == DType::f16 ? "compress_f16" : "compress_bf16";
   }
+  bool runs_on_device() const noexcept override { return true; }
+  void buckets_rebuilt() override { device_wire_.clear(); }
   asio::awaitable<void> reduce_f32(Communicator& comm, BucketView bucket) override {
+    if (bucket.device != nullptr) {
+      co_await reduce_on_device(comm, bucket);
+      co_return;
+    }
     const std::size_t n = bucket.data.count();
     std::vector<std::uint16_t> wire(n);
     const float* values = floats(bucket.data);
@@ -76,7 +83,24 @@ class CompressHook final : public Float32Hook {
   }
 
  private:
+  // The conversions are kernels on the reduction stream, which the wire buffer's
+  // all-reduce follows; the wire memory is kept per bucket (allocating device memory
+  // synchronises the device).
+  asio::awaitable<void> reduce_on_device(Communicator& comm, BucketView bucket) {
+    BucketDevice& device = *bucket.device;
+    Stream& stream = device.reduction_stream();
+    const std::size_t n = bucket.data.count();
+    std::shared_ptr<std::byte[]>& memory = device_wire_[bucket.index];
+    if (!memory) memory = device.allocate(n * dtype_size(wire_));
+    const Buffer wire =
+        Buffer(memory.get(), n, wire_, MemoryKind::cuda, device.device()).on_stream(&stream);
+    device.convert(wire, bucket.data, 1.0, stream);
+    co_await comm.all_reduce(wire, ReduceOp::sum);
+    device.convert(bucket.data, wire, 1.0, stream);
+  }
+
   DType wire_;
+  std::map<std::size_t, std::shared_ptr<std::byte[]>> device_wire_;  // by bucket index
 };
 
 // 8-bit: v = bucket + residual; every rank uses the same scale s = max over ranks of

@@ -2,6 +2,7 @@
 // again in arrival order by reducer_finalize.cpp), gradients bound to them as views, and
 // the settings: the comm hook and the batch share. reducer_internal.hpp lists the rest.
 #include <memory>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -25,13 +26,24 @@ Reducer::Reducer(std::shared_ptr<Communicator> comm, std::vector<ParameterSpec> 
       scale_(1.0 / comm_->size()),
       track_(trace::track("ddp buckets")),
       hook_(all_reduce_hook()) {
+  const bool on_device = !parameters_.empty() && parameters_[0].memory == MemoryKind::cuda;
+  if (on_device) {
+    if (!options_.device) {
+      misuse(*comm_, fmt::format("{} is in CUDA memory: its buckets need a device "
+                                 "(Reducer::Options::device, dp::cuda_bucket_device)",
+                                 describe(parameters_[0], 0)));
+    }
+    if (!comm_->accepts_cuda_buffers()) {
+      misuse(*comm_, fmt::format("{} is in CUDA memory, which this communicator cannot move "
+                                 "(braid built without CUDA)",
+                                 describe(parameters_[0], 0)));
+    }
+    device_ = options_.device.get();
+    reduced_ = device_->reduction_stream().make_event();
+  }
+  check_placement();
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     const ParameterSpec& p = parameters_[i];
-    if (p.memory != MemoryKind::host) {
-      misuse(*comm_, fmt::format("{} is in {} memory; this reducer's communicator moves host "
-                                 "memory",
-                                 describe(p, i), to_string(p.memory)));
-    }
     if (p.dtype != DType::f32 && p.dtype != DType::f64 && p.dtype != DType::f16 &&
         p.dtype != DType::bf16) {
       misuse(*comm_, fmt::format("{} is {}; gradients must be floating point", describe(p, i),
@@ -44,6 +56,43 @@ Reducer::Reducer(std::shared_ptr<Communicator> comm, std::vector<ParameterSpec> 
   bind_gradients();
 }
 
+void Reducer::check_placement() const {
+  const auto where = [](MemoryKind memory, int device) {
+    return memory == MemoryKind::host ? std::string("host memory")
+                                      : fmt::format("CUDA device {}", device);
+  };
+  const std::string home =
+      device_ != nullptr ? where(MemoryKind::cuda, device_->device()) : where(MemoryKind::host, -1);
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    const ParameterSpec& p = parameters_[i];
+    const bool at_home = device_ != nullptr
+                             ? p.memory == MemoryKind::cuda && p.device == device_->device()
+                             : p.memory == MemoryKind::host;
+    if (!at_home) {
+      misuse(*comm_, fmt::format("parameters on mixed devices: {} is on {} but {} is on {}; one "
+                                 "DistributedDataParallel takes parameters on one device",
+                                 describe(p, i), where(p.memory, p.device),
+                                 describe(parameters_[0], 0), home));
+    }
+  }
+}
+
+void Reducer::copy_scaled(const Buffer& dst, const Buffer& src, double factor) {
+  if (device_ != nullptr) {
+    device_->convert(dst, src, factor, device_->producer());
+  } else {
+    detail::scaled_copy(dst, src, factor);
+  }
+}
+
+void Reducer::clear(const Buffer& dst) {
+  if (device_ != nullptr) {
+    device_->zero(dst, device_->producer());
+  } else {
+    detail::zero(dst);
+  }
+}
+
 void Reducer::bind_gradients() {
   if (!options_.gradient_as_bucket_view) return;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
@@ -53,9 +102,9 @@ void Reducer::bind_gradients() {
     // decay), as in copy mode and PyTorch's. fill_slot binds it once one arrives.
     if (!current) continue;
     if (current->count() == slot.count() && current->dtype() == slot.dtype()) {
-      detail::scaled_copy(slot, *current, 1.0);
+      copy_scaled(slot, *current, 1.0);
     } else {
-      detail::zero(slot);
+      clear(slot);
     }
     access_.bind_gradient(i, slot, buckets_[bucket_of_[i]]->storage);
   }
@@ -81,7 +130,8 @@ void Reducer::build_buckets(const std::vector<std::size_t>& ready_order) {
     starts.push_back(total);
     total += (layout.count * dtype_size(layout.dtype) + kAlignment - 1) / kAlignment * kAlignment;
   }
-  std::shared_ptr<std::byte[]> memory = options_.shared_buckets
+  std::shared_ptr<std::byte[]> memory = device_ != nullptr ? device_->allocate(total)
+                                        : options_.shared_buckets
                                             ? comm_->launch(comm_->allocate_shared(total)).get()
                                             : std::make_shared<std::byte[]>(total);
   for (std::size_t b = 0; b < layouts.size(); ++b) {
@@ -89,7 +139,15 @@ void Reducer::build_buckets(const std::vector<std::size_t>& ready_order) {
     auto bucket = std::make_unique<Bucket>();
     // Aliases the allocation: it lives while any bucket or bound gradient does.
     bucket->storage = std::shared_ptr<std::byte[]>(memory, memory.get() + starts[b]);
-    bucket->data = Buffer(bucket->storage.get(), layout.count, layout.dtype);
+    if (device_ != nullptr) {
+      // Its collectives follow the reduction stream, which waits for the bucket's gradients.
+      bucket->data = Buffer(bucket->storage.get(), layout.count, layout.dtype, MemoryKind::cuda,
+                            device_->device())
+                         .on_stream(&device_->reduction_stream());
+      bucket->filled = device_->reduction_stream().make_event();
+    } else {
+      bucket->data = Buffer(bucket->storage.get(), layout.count, layout.dtype);
+    }
     for (std::size_t position = 0; position < layout.parameters.size(); ++position) {
       bucket_of_[layout.parameters[position]] = buckets_.size();
       slot_of_[layout.parameters[position]] = position;
@@ -111,6 +169,11 @@ void Reducer::set_comm_hook(std::shared_ptr<CommHook> hook) {
   std::lock_guard lock(mutex_);
   if (state_ == State::backward) misuse(*comm_, "set_comm_hook during a backward pass");
   if (!hook) misuse(*comm_, "set_comm_hook with no hook");
+  if (device_ != nullptr && !hook->runs_on_device()) {
+    misuse(*comm_, fmt::format("the {} comm hook reduces buckets in host memory; buckets in CUDA "
+                               "memory take the all_reduce or compress hooks",
+                               hook->name()));
+  }
   hook_ = std::move(hook);
 }
 

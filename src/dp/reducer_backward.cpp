@@ -2,6 +2,7 @@
 // copied into its bucket's slot as it arrives, and full buckets launched strictly in index
 // order, each reduction on the runtime thread through the comm hook.
 #include <algorithm>
+#include <cstring>
 #include <memory>
 
 #include <boost/asio/redirect_error.hpp>
@@ -92,9 +93,18 @@ void Reducer::keep_unused_gradient(std::size_t index) {
   const Buffer slot = buckets_[bucket_of_[index]]->slot(slot_of_[index], parameters_[index].count);
   // With its own memory it stays untouched: fill_slot does not bind it this iteration.
   if (!gradient || gradient->data() != slot.data()) return;
-  const auto* bytes = static_cast<const std::byte*>(gradient->data());
-  unused_gradients_.emplace_back(index,
-                                 std::vector<std::byte>(bytes, bytes + gradient->size_bytes()));
+  const std::size_t size = gradient->size_bytes();
+  if (device_ != nullptr) {
+    std::shared_ptr<std::byte[]> kept = device_->allocate(size);
+    copy_scaled(Buffer(kept.get(), gradient->count(), gradient->dtype(), MemoryKind::cuda,
+                       device_->device()),
+                *gradient, 1.0);
+    unused_gradients_.push_back({index, std::move(kept), size});
+    return;
+  }
+  auto kept = std::make_shared<std::byte[]>(size);
+  std::memcpy(kept.get(), gradient->data(), size);
+  unused_gradients_.push_back({index, std::move(kept), size});
 }
 
 void Reducer::begin_iteration() {
@@ -107,6 +117,7 @@ void Reducer::begin_iteration() {
     bucket->launched = false;
     bucket->reduction.reset();
     bucket->turn.reset();
+    bucket->producer = nullptr;
   }
   next_launch_ = 0;
   state_ = State::backward;
@@ -127,7 +138,10 @@ void Reducer::shadow_iteration(bool track_unused) {
     }
     std::fill(ready_.begin(), ready_.end(), 1);
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      detail::zero(buckets_[b]->data);
+      // Device buckets are zeroed on the producer stream, behind the last iteration's
+      // write-back that reads them; `filled` then covers the zeros.
+      clear(buckets_[b]->data);
+      note_producer(*buckets_[b]);
       buckets_[b]->pending = 0;
       mark_full(b);
     }
@@ -143,7 +157,8 @@ void Reducer::fill_slot(std::size_t index, bool bind) {
   const Buffer slot = bucket.slot(slot_of_[index], p.count);
   const std::optional<Buffer> gradient = access_.gradient(index, false);
   if (!gradient) {
-    detail::zero(slot);
+    clear(slot);
+    note_producer(bucket);
     return;
   }
   if (gradient->count() != p.count || gradient->dtype() != p.dtype) {
@@ -154,7 +169,8 @@ void Reducer::fill_slot(std::size_t index, bool bind) {
   const double factor = !averaged_in_reduction(bucket) ? scale_
                         : equal_shares_                ? 1.0
                                                        : scale_ * comm_->size();
-  detail::scaled_copy(slot, *gradient, factor);
+  copy_scaled(slot, *gradient, factor);
+  note_producer(bucket);
   if (bind && options_.gradient_as_bucket_view && gradient->data() != slot.data()) {
     // The framework replaced the gradient (set to none by zero_grad, or assigned): from
     // the next backward on it accumulates in the bucket again, as with PyTorch's views.
@@ -200,9 +216,26 @@ void Reducer::mark_ready(std::size_t index) {
   launch_ready_buckets();
 }
 
+void Reducer::note_producer(Bucket& bucket) {
+  if (device_ == nullptr) return;
+  Stream& producer = device_->producer();
+  std::lock_guard lock(producer_mutex_);
+  if (bucket.producer != nullptr && bucket.producer != &producer) {
+    // An earlier gradient of this bucket came on another stream: the reduction stream
+    // waits for that one now; `filled` covers this stream's when the bucket is full.
+    bucket.producer->record(*bucket.filled);
+    device_->reduction_stream().wait(*bucket.filled);
+  }
+  bucket.producer = &producer;
+}
+
 void Reducer::mark_full(std::size_t index) {
   Bucket& bucket = *buckets_[index];
   bucket.full = true;
+  if (device_ != nullptr) {
+    std::lock_guard lock(producer_mutex_);
+    if (bucket.producer != nullptr) bucket.producer->record(*bucket.filled);
+  }
   bucket.lifetime =
       trace::AsyncSpan(trace::Category::bucket, "bucket", track_, bucket.data.size_bytes());
   bucket.lifetime.arg("bucket", static_cast<std::int64_t>(index));
@@ -211,6 +244,8 @@ void Reducer::mark_full(std::size_t index) {
 void Reducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->full) {
     Bucket& bucket = *buckets_[next_launch_];
+    // In bucket order, so the reduction stream never waits for a later bucket first.
+    if (device_ != nullptr) device_->reduction_stream().wait(*bucket.filled);
     // Later than the span's start where the bucket waited for an earlier one to fill.
     trace::instant(trace::Category::bucket, "bucket.launched", track_, bucket.data.size_bytes());
     trace::AsyncSpan span = std::move(bucket.lifetime);
@@ -219,7 +254,8 @@ void Reducer::launch_ready_buckets() {
                     .layout = &bucket.layout,
                     .parameters = parameters_,
                     .combine = averaged_in_reduction(bucket) ? ReduceOp::avg : ReduceOp::sum,
-                    .shadow = shadowing_};
+                    .shadow = shadowing_,
+                    .device = device_};
     std::shared_ptr<ReductionTurn> previous;
     std::shared_ptr<ReductionTurn> mine;
     if (!hook_->single_collective()) {

@@ -17,6 +17,12 @@ using detail::misuse;
 double Reducer::clip_grad_norm(double max_norm) {
   if (!(max_norm > 0)) misuse(*comm_, fmt::format("clip_grad_norm: max_norm {} <= 0", max_norm));
   if (state_ == State::backward) misuse(*comm_, "clip_grad_norm before the backward finished");
+  if (device_ != nullptr) {
+    misuse(*comm_,
+           "clip_grad_norm reads gradients in host memory; for gradients in CUDA memory "
+           "use the framework's (torch::nn::utils::clip_grad_norm_), which every rank "
+           "computes alike on the averaged gradients");
+  }
   double squares = 0;
   std::vector<Buffer> gradients;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {

@@ -105,6 +105,12 @@ void Reducer::finalize() {
     }
   }
   wait_for_reductions();
+  if (device_ != nullptr) {
+    // The collectives are done; hooks' kernels may still be queued on the reduction
+    // stream: the write-back, and the optimizer after it, follow them there.
+    device_->reduction_stream().record(*reduced_);
+    device_->producer().wait(*reduced_);
+  }
   {
     trace::Span write_back(trace::Category::bucket, "bucket.write_back", track_);
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
@@ -112,14 +118,19 @@ void Reducer::finalize() {
       if (used_reduction_ && locally_used_[i] == 0) continue;
       const Bucket& bucket = *buckets_[bucket_of_[i]];
       const std::optional<Buffer> gradient = access_.gradient(i, true);
-      if (gradient)
-        detail::scaled_copy(*gradient, bucket.slot(slot_of_[i], parameters_[i].count), 1.0);
+      if (gradient) copy_scaled(*gradient, bucket.slot(slot_of_[i], parameters_[i].count), 1.0);
     }
-    for (const auto& [index, bytes] : unused_gradients_) {
-      if (locally_used_[index] != 0) continue;  // some rank used it: it takes the average
-      const std::optional<Buffer> gradient = access_.gradient(index, false);
-      if (gradient && gradient->size_bytes() == bytes.size()) {
-        std::memcpy(gradient->data(), bytes.data(), bytes.size());
+    for (const KeptGradient& kept : unused_gradients_) {
+      if (locally_used_[kept.index] != 0) continue;  // some rank used it: it takes the average
+      const std::optional<Buffer> gradient = access_.gradient(kept.index, false);
+      if (!gradient || gradient->size_bytes() != kept.size) continue;
+      if (device_ != nullptr) {
+        copy_scaled(*gradient,
+                    Buffer(kept.bytes.get(), gradient->count(), gradient->dtype(), MemoryKind::cuda,
+                           device_->device()),
+                    1.0);
+      } else {
+        std::memcpy(gradient->data(), kept.bytes.get(), kept.size);
       }
     }
     unused_gradients_.clear();

@@ -50,6 +50,11 @@ struct Reducer::Bucket {
   bool full = false;
   bool launched = false;
   std::optional<Future<void>> reduction;
+  // Device buckets: recorded on the producer stream once the bucket's gradients are in
+  // it; the reduction stream waits for it. `producer` is the stream the last gradient came
+  // on (a gradient on another stream makes the reduction stream wait for that one too).
+  std::unique_ptr<Event> filled;
+  Stream* producer = nullptr;
   std::shared_ptr<detail::ReductionTurn> turn;  // with hooks that run one bucket at a time
   trace::AsyncSpan lifetime;  // "bucket": from full (every gradient in) to reduced
 

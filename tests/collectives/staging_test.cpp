@@ -5,6 +5,8 @@
 // labelled CUDA memory but live on the host, so the staged code paths run without a GPU.
 #include "collectives/staging.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
 #include <numeric>
@@ -16,6 +18,7 @@
 
 #include <braid/collectives/communicator.hpp>
 #include <braid/core/error.hpp>
+#include <braid/core/host_stream.hpp>
 
 #include "../support/rank_threads.hpp"
 #include "collectives/staging_engine_override.hpp"
@@ -289,6 +292,36 @@ TEST(StagedCommunicator, EveryCollectiveOnCudaLabelledBuffersMatchesTheReference
           }
         });
   }
+}
+
+// A buffer that names its producer stream (Buffer::on_stream) is staged after the work
+// enqueued there before the call: values that stream writes later than the call are
+// the ones reduced, for the chunked and the whole-buffer paths alike.
+TEST(StagedCommunicator, ABufferOrderedOnAStreamIsCopiedAfterThatStreamsEarlierWork) {
+  braid::testing::run_ranks(2, [](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    stage_on_host(*comm);
+    HostStream producer("producer");
+    const float mine = static_cast<float>(comm->rank() + 1);
+    std::vector<float> data(3000, 0.0F);
+    std::vector<float> gathered(2 * data.size(), 0.0F);
+    const auto write_late = [&producer, &data, mine] {
+      producer.enqueue([&data, mine] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        std::fill(data.begin(), data.end(), mine);
+      });
+    };
+    write_late();
+    co_await comm->all_reduce(as_device(data).on_stream(&producer), ReduceOp::sum);
+    EXPECT_THAT(data, ::testing::Each(3.0F));
+    write_late();
+    co_await comm->all_gather(as_device(data).on_stream(&producer),
+                              as_device(gathered).on_stream(&producer));
+    const auto half = static_cast<std::ptrdiff_t>(data.size());
+    EXPECT_TRUE(
+        std::all_of(gathered.begin(), gathered.begin() + half, [](float x) { return x == 1.0F; }));
+    EXPECT_TRUE(
+        std::all_of(gathered.begin() + half, gathered.end(), [](float x) { return x == 2.0F; }));
+  });
 }
 
 TEST(StagedCommunicator, SendAndRecvStageAndAShortMessageLeavesTheRestOfTheBufferAlone) {

@@ -16,7 +16,8 @@
 //  1. Streams. Communication runs on the communicator's own stream (stream(), created with
 //     the device's highest priority so it is scheduled ahead of compute kernels that are
 //     waiting). A call records an event on the compute stream (set_compute_stream; the
-//     legacy default stream until set) and makes the communication stream wait on it:
+//     legacy default stream until set; or the stream its buffer names, Buffer::on_stream)
+//     and makes the communication stream wait on it:
 //     the operation sees everything enqueued on the compute stream before it reaches
 //     NCCL (point 4), and the host never blocks.
 //  2. Completion. The awaitable completes when the operation's event has passed on the
@@ -161,18 +162,22 @@ class NcclCommunicator : public std::enable_shared_from_this<NcclCommunicator> {
                    int device, Clock::duration timeout, cudaStream_t compute_stream);
 
  private:
-  // One NCCL call (or group of calls) as an operation: waits on the compute stream,
-  // enqueues `enqueue` on the communication stream, awaits completion.
+  // One NCCL call (or group of calls) as an operation: waits on `producer` (producer_of
+  // its buffers), enqueues `enqueue` on the communication stream, awaits completion.
   // Takes the operation's place in the issue order (a ticket) now and returns run().
   template <class Enqueue>
-  asio::awaitable<void> issue(trace::Name name, std::size_t bytes, Enqueue enqueue);
-  // When the ticket's turn comes: follows the compute stream, calls `enqueue` (the NCCL
+  asio::awaitable<void> issue(trace::Name name, std::size_t bytes, cudaStream_t producer,
+                              Enqueue enqueue);
+  // The stream a call on these buffers follows: the one a buffer names (Buffer::on_stream),
+  // else the compute stream. Error(invalid_argument) for a host stream.
+  cudaStream_t producer_of(const Buffer& input, const Buffer& output) const;
+  // When the ticket's turn comes: follows `producer`, calls `enqueue` (the NCCL
   // calls; returns the last one's result), waits for them to settle, calls
   // `settled_calls`, passes the turn on and awaits completion. Templates defined (and only
   // used) in nccl_communicator_entry_points.cpp; poll() in nccl_communicator_polling.cpp.
   template <class Enqueue, class Settled>
   asio::awaitable<void> run(std::uint64_t ticket, trace::Name name, std::size_t bytes,
-                            Enqueue enqueue, Settled settled_calls);
+                            cudaStream_t producer, Enqueue enqueue, Settled settled_calls);
   asio::awaitable<std::shared_ptr<NcclCommunicator>> run_split(std::uint64_t ticket, int color,
                                                                int key);
   // Waits until `ticket` is being served; past `deadline` the communicator is aborted.

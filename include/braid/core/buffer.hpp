@@ -1,5 +1,12 @@
 // A Buffer is a non-owning view of typed memory: host or CUDA. The caller keeps the
 // memory alive and unmodified until every operation using the Buffer has completed.
+//
+// A CUDA buffer may name the stream whose work writes and reads it (on_stream): a
+// collective on it then follows that stream (its copies or kernels start after the work
+// enqueued there before the call) instead of the communicator's default producer stream.
+// Why per buffer: the data-parallel reducer's buckets are written on a stream of their
+// own, while other calls on the same communicator follow the training loop's stream; a
+// communicator-wide setting would make one of them wait for the other's later work.
 #pragma once
 
 #include <cstddef>
@@ -12,6 +19,8 @@
 #include <braid/core/enforce.hpp>
 
 namespace braid {
+
+class Stream;
 
 enum class MemoryKind : std::uint8_t { host, cuda };
 
@@ -50,6 +59,14 @@ class Buffer {
   int device() const noexcept { return device_; }
   std::size_t size_bytes() const noexcept { return count_ * dtype_size(dtype_); }
   bool empty() const noexcept { return count_ == 0; }
+  // The stream this buffer's work is ordered on; null: the communicator's default.
+  Stream* stream() const noexcept { return stream_; }
+  // This view, ordered on `stream` (not owned: it must outlive every call on the view).
+  Buffer on_stream(Stream* stream) const noexcept {
+    Buffer ordered = *this;
+    ordered.stream_ = stream;
+    return ordered;
+  }
 
   // Elements [offset, offset + count) of this buffer.
   Buffer slice(std::size_t offset, std::size_t count) const {
@@ -57,7 +74,8 @@ class Buffer {
                   "slice [{}, {}) is outside a buffer of {} elements", offset, offset + count,
                   count_);
     return Buffer(static_cast<std::byte*>(data_) + offset * dtype_size(dtype_), count, dtype_,
-                  memory_, device_);
+                  memory_, device_)
+        .on_stream(stream_);
   }
 
   // Typed access to host memory.
@@ -76,6 +94,7 @@ class Buffer {
   DType dtype_ = DType::u8;
   MemoryKind memory_ = MemoryKind::host;
   int device_ = -1;
+  Stream* stream_ = nullptr;
 };
 
 }  // namespace braid

@@ -21,6 +21,9 @@
 // interleaved at their co_awaits, two buckets' collectives could be issued in different
 // orders on different ranks, which the communicator's issue-order matching cannot allow.
 // The default all-reduce issues one collective, at once, so its buckets overlap.
+//
+// On buckets in device memory (a reducer with a BucketDevice) run all_reduce and compress
+// (its conversions are kernels on the reduction stream); the others refuse them.
 #pragma once
 
 #include <cstddef>
@@ -34,6 +37,7 @@
 
 #include <braid/collectives/communicator.hpp>
 #include <braid/core/buffer.hpp>
+#include <braid/dp/bucket_device.hpp>
 #include <braid/dp/bucket_plan.hpp>
 
 namespace braid::dp {
@@ -51,6 +55,10 @@ struct BucketView {
   // always, but error feedback adds nothing of this rank's and keeps its state for the
   // rank's next real iteration.
   bool shadow = false;
+  // Where the bucket lives when it is device memory (bucket_device.hpp), null for host
+  // buckets. Device work a hook enqueues goes on device->reduction_stream(), which `data`
+  // is ordered on; the reducer's write-back follows it.
+  BucketDevice* device = nullptr;
 };
 
 class CommHook {
@@ -68,6 +76,8 @@ class CommHook {
   virtual bool averages() const noexcept { return false; }
   // The buckets were rebuilt: per-bucket state no longer lines up.
   virtual void buckets_rebuilt() {}
+  // True when reduce() takes buckets in device memory (BucketView::device).
+  virtual bool runs_on_device() const noexcept { return false; }
 };
 
 std::shared_ptr<CommHook> all_reduce_hook();

@@ -23,6 +23,14 @@
 // prepare_for_backward and finalize run on the training loop's thread, never on the
 // communicator's runtime thread (finalize blocks on it).
 //
+// Device memory. Parameters in CUDA memory (all on one device) get buckets in that
+// device's memory through Options::device (bucket_device.hpp, which shows the streams):
+// gradients are copied into their slots on the stream that produced them, each bucket's
+// reduction starts on the reducer's stream once the GPU has written the bucket, and
+// finalize() leaves the write-back enqueued on the producer stream behind the
+// reductions. The comm hooks that run there are all_reduce and compress; the others, and
+// clip_grad_norm, work on host buckets only (an error says so).
+//
 // Misuse is an Error(Errc::invalid_argument) naming the parameter: a gradient marked
 // ready twice in one backward (backward twice after one forward), a mark with no
 // prepare_for_backward (no forward through the wrapper), a new iteration while the
@@ -44,6 +52,7 @@
 #include <braid/core/buffer.hpp>
 #include <braid/core/error.hpp>
 #include <braid/core/future.hpp>
+#include <braid/dp/bucket_device.hpp>
 #include <braid/dp/bucket_plan.hpp>
 #include <braid/dp/comm_hook.hpp>
 #include <braid/trace/recorder.hpp>
@@ -83,16 +92,21 @@ struct ReducerOptions {
   // Keep the buckets in memory every rank on the node maps (Communicator::allocate_shared,
   // one allocation for all of them, made again when they are rebuilt), so each bucket's
   // all-reduce reads and writes peers' buckets directly: no system call, no pinned pages.
-  // Members on several nodes get private memory either way.
+  // Members on several nodes get private memory either way. Host buckets only.
   bool shared_buckets = true;
+  // Where the buckets of parameters in CUDA memory live (cuda_bucket_device()); required
+  // for them, unused for host parameters.
+  std::shared_ptr<BucketDevice> device;
 };
 
 class Reducer {
  public:
   using Options = ReducerOptions;
 
-  // `access` must outlive the reducer. Throws Error(invalid_argument) for parameters the
-  // communicator cannot move (CUDA memory on this host communicator) or non-float dtypes.
+  // `access` must outlive the reducer. Throws Error(invalid_argument) for non-float
+  // dtypes, parameters on more than one device (or host and device), CUDA parameters
+  // without Options::device or on another device than it, and CUDA parameters on a
+  // communicator that cannot move CUDA memory.
   Reducer(std::shared_ptr<collectives::Communicator> comm, std::vector<ParameterSpec> parameters,
           GradientAccess& access, Options options = {});
   ~Reducer();
@@ -133,7 +147,8 @@ class Reducer {
   // set the same kind of hook. Default: all_reduce_hook(). Not during a backward.
   void set_comm_hook(std::shared_ptr<CommHook> hook);
 
-  // Scales the gradients (after finalize) so their global L2 norm is at most max_norm,
+  // Host gradients only. Scales the gradients (after finalize) so their global L2 norm is
+  // at most max_norm,
   // and returns the norm before clipping. All ranks hold the same averaged gradients, so
   // the norm is computed once per rank and the ranks agree on the largest (one 8-byte
   // all-reduce), so every rank applies the same factor. A collective call.
@@ -159,8 +174,12 @@ class Reducer {
   // buckets.
   void end_iteration();
   void bind_gradients();  // gradient_as_bucket_view
-  // Needs mutex_. Bucket `index` has every gradient: its "bucket" span starts.
+  // Needs mutex_. Bucket `index` has every gradient: its "bucket" span starts (and, for a
+  // device bucket, `filled` is recorded on the stream its gradients came on).
   void mark_full(std::size_t index);
+  // Device buckets: the stream the calling thread produces gradients on now is the one
+  // `bucket`'s last gradient came on (Bucket::producer).
+  void note_producer(Bucket& bucket);
   // Needs mutex_. Launches every full bucket from next_launch_ on.
   void launch_ready_buckets();
   // Copies (and scales) parameter `index`'s gradient into its slot; with
@@ -181,6 +200,13 @@ class Reducer {
   // depends on the hook and the dtype alone, which every rank shares, so every rank
   // issues the same reduction.
   bool averaged_in_reduction(const Bucket& bucket) const;
+  // dst = src * factor, and dst = 0: at once in host memory, enqueued on the producer
+  // stream in device memory.
+  void copy_scaled(const Buffer& dst, const Buffer& src, double factor);
+  void clear(const Buffer& dst);
+  // Device buckets: every parameter's memory is device_'s, or an error naming the first
+  // that is not.
+  void check_placement() const;
   // False, leaving the buckets as they are, where rank 0 had no arrival order to share
   // (it shadowed the iteration): every rank learns that from the same broadcast.
   bool rebuild_from_arrival_order();
@@ -193,8 +219,11 @@ class Reducer {
   bool equal_shares_ = true;  // no set_batch_share: every share is 1/W
   trace::Track track_;
   std::shared_ptr<CommHook> hook_;
+  BucketDevice* device_ = nullptr;  // options_.device where the parameters are in CUDA memory
+  std::unique_ptr<Event> reduced_;  // device: every reduction's work on the reduction stream
 
   std::mutex mutex_;
+  std::mutex producer_mutex_;  // Bucket::producer; taken after mutex_ where both are
   std::atomic<State> state_{State::idle};
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<std::size_t> bucket_of_;  // parameter -> bucket
@@ -206,7 +235,12 @@ class Reducer {
   // gradient_as_bucket_view: what the gradients of parameters this rank left unused held
   // before their bucket's all-reduce wrote over them (they are the bucket's memory). Where
   // no rank used one, finalize puts it back: left alone, as in copy mode.
-  std::vector<std::pair<std::size_t, std::vector<std::byte>>> unused_gradients_;
+  struct KeptGradient {
+    std::size_t index;
+    std::shared_ptr<std::byte[]> bytes;  // host memory, or device memory for device buckets
+    std::size_t size;
+  };
+  std::vector<KeptGradient> unused_gradients_;
   std::size_t next_launch_ = 0;
   bool first_sync_done_ = false;
   std::uint64_t iterations_ = 0;  // finalized synchronised iterations

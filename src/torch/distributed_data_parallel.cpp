@@ -8,10 +8,18 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
+#include <braid/build_config.hpp>
 #include <braid/core/error.hpp>
+#include <braid/core/log.hpp>
 #include <braid/torch/distributed_data_parallel.hpp>
 #include <braid/torch/sync_batch_norm.hpp>
 #include <braid/torch/tensor_buffer.hpp>
+#include <braid/transport/world.hpp>
+
+#include "cuda_current_stream.hpp"
+#if BRAID_WITH_CUDA
+#include <braid/collectives/nccl_communicator.hpp>
+#endif
 
 namespace braid::torch::detail {
 namespace {
@@ -48,20 +56,30 @@ DataParallelCore::DataParallelCore(::torch::nn::Module& module,
     const at::Tensor& p = item.value();
     if (!p.requires_grad()) continue;
     const auto dtype = dtype_of(p.scalar_type());
-    if (!p.is_contiguous() || !p.device().is_cpu() || !dtype) {
-      refuse(*comm_, fmt::format("parameter '{}' must be a contiguous CPU tensor of a floating "
-                                 "type for this communicator",
-                                 item.key()));
+    if (!p.is_contiguous() || !(p.device().is_cpu() || p.is_cuda()) || !dtype) {
+      refuse(*comm_, fmt::format("parameter '{}' must be a contiguous CPU or CUDA tensor of a "
+                                 "floating type; it is {} on {}",
+                                 item.key(), c10::toString(p.scalar_type()), p.device().str()));
     }
     parameters_.push_back(p);
     names_.push_back(item.key());
     specs.push_back(dp::ParameterSpec{.name = item.key(),
                                       .count = static_cast<std::size_t>(p.numel()),
                                       .dtype = *dtype,
+                                      .memory = p.is_cuda() ? MemoryKind::cuda : MemoryKind::host,
+                                      .device = p.is_cuda() ? static_cast<int>(p.get_device()) : 0,
                                       .shape = p.sizes().vec()});
   }
   check_same_model();
   check_same_options();
+  // CUDA parameters (all on one device: the reducer refuses a mix, naming it): buckets in
+  // that device's memory, fed from libtorch's current stream, and NCCL where each rank has
+  // a device of its own.
+  std::shared_ptr<dp::BucketDevice> device;
+  if (!specs.empty() && specs.front().memory == MemoryKind::cuda) {
+    device = libtorch_bucket_device(specs.front().device);
+    route_cuda(specs.front().device);
+  }
   std::vector<at::Tensor> state = parameters_;
   for (const auto& buffer : module_.buffers(/*recurse=*/true)) state.push_back(buffer);
   broadcast_from_rank0(state);
@@ -70,7 +88,8 @@ DataParallelCore::DataParallelCore(::torch::nn::Module& module,
       dp::ReducerOptions{.limits = options_.limits,
                          .rebuild_buckets = options_.rebuild_buckets,
                          .gradient_as_bucket_view = options_.gradient_as_bucket_view,
-                         .shared_buckets = options_.shared_buckets});
+                         .shared_buckets = options_.shared_buckets,
+                         .device = std::move(device)});
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     auto accumulator = ::torch::autograd::impl::grad_accumulator(parameters_[i]);
     hook_keys_.push_back(
@@ -140,6 +159,38 @@ void DataParallelCore::check_same_model() {
            "another rank's model differs from rank 0's (that rank's error names the "
            "parameter)");
   }
+}
+
+void DataParallelCore::route_cuda(int device) {
+#if BRAID_WITH_CUDA
+  if (comm_->cuda_route() != nullptr) return;  // the caller chose (on every rank, as it must)
+  // Every rank's (node, device): NCCL needs a device per rank; ranks that share one (two
+  // processes on a one-GPU machine) stage through host memory over UCX instead. Every
+  // rank reads the same table, so all make the same choice.
+  transport::World& world = comm_->world();
+  std::vector<std::int64_t> mine{world.node_of(comm_->world_rank(comm_->rank())), device};
+  std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm_->size()));
+  comm_->launch(comm_->all_gather(Buffer(mine), Buffer(all))).get();
+  for (int a = 0; a < comm_->size(); ++a) {
+    for (int b = a + 1; b < comm_->size(); ++b) {
+      const auto i = static_cast<std::size_t>(2 * a);
+      const auto j = static_cast<std::size_t>(2 * b);
+      if (all[i] == all[j] && all[i + 1] == all[j + 1]) {
+        if (comm_->rank() == 0) {
+          log::info("ddp: ranks {} and {} share CUDA device {} on node {}: gradients are staged "
+                    "through host memory and carried by UCX, not NCCL (NCCL needs a device per "
+                    "rank)",
+                    comm_->world_rank(a), comm_->world_rank(b), all[i + 1], all[i]);
+        }
+        return;
+      }
+    }
+  }
+  comm_->route_cuda_to(comm_->launch(collectives::NcclCommunicator::create(*comm_, device)).get());
+  log::debug("ddp: CUDA gradients on device {} travel on NCCL", device);
+#else
+  (void)device;
+#endif
 }
 
 void DataParallelCore::check_same_options() {

@@ -756,5 +756,23 @@ TEST(DistributedDataParallelMisuse, OptionsThatDifferAcrossRanksFailOnEveryRankN
   }
 }
 
+struct OnMetaImpl : ::torch::nn::Module {
+  OnMetaImpl() {
+    weight = register_parameter("weight",
+                                ::torch::empty({4}, ::torch::TensorOptions().device(::torch::kMeta)));
+  }
+  ::torch::Tensor weight;
+};
+TORCH_MODULE(OnMeta);
+
+TEST(DistributedDataParallelMisuse, ParametersNeitherOnTheCpuNorOnCudaAreRefusedNamingTheDevice) {
+  const auto errors = run_ranks(1, [&](int, std::shared_ptr<Communicator> comm) {
+    OnMeta net;
+    DistributedDataParallel ddp(net, comm);
+  });
+  expect_error_on(errors, 0, "parameter 'weight' must be a contiguous CPU or CUDA tensor");
+  expect_error_on(errors, 0, "on meta");
+}
+
 }  // namespace
 }  // namespace ddp_test

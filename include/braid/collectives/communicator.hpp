@@ -153,6 +153,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // the same kind of memory to each call: a call staged on one rank and routed on another
   // never meets (BRAID_DEBUG=detail names staged calls in its fingerprints).
   void route_cuda_to(std::shared_ptr<NcclCommunicator> nccl);
+  // The NCCL communicator route_cuda_to() set; null while CUDA buffers are staged.
+  const std::shared_ptr<NcclCommunicator>& cuda_route() const noexcept { return nccl_; }
 
   // Runs `operation` on the runtime for a caller that is not a coroutine.
   template <class T>

@@ -105,6 +105,9 @@ class DataParallelCore final : public dp::GradientAccess {
   void on_gradient(std::size_t index);
   void end_of_backward();
   void check_same_model();
+  // CUDA parameters on `device`: routes the communicator's CUDA calls to a new NCCL
+  // communicator unless some ranks share a device (or the caller routed already).
+  void route_cuda(int device);
   // Every rank's options must match (bucket sizes, shared buckets, ...): one that differs
   // would otherwise surface later as a size mismatch or a timeout.
   void check_same_options();

@@ -88,8 +88,8 @@ class CudaBucketDevice final : public BucketDevice {
   Stream& reduction_stream() override { return reduction_; }
 
   void convert(const Buffer& dst, const Buffer& src, double factor, Stream& stream) override {
-    BRAID_ENFORCE(dst.count() == src.count(), "bucket convert of {} elements into {}",
-                  src.count(), dst.count());
+    BRAID_ENFORCE(dst.count() == src.count(), "bucket convert of {} elements into {}", src.count(),
+                  dst.count());
     const braid::detail::CudaDeviceGuard guard(device_);
     if (factor == 1.0 && dst.dtype() == src.dtype()) {
       if (dst.data() != src.data()) {
@@ -98,9 +98,9 @@ class CudaBucketDevice final : public BucketDevice {
       }
       return;
     }
-    const int status = detail::launch_convert(dst.data(), kernel_type(dst.dtype()), src.data(),
-                                              kernel_type(src.dtype()), src.count(), factor,
-                                              native(stream));
+    const int status =
+        detail::launch_convert(dst.data(), kernel_type(dst.dtype()), src.data(),
+                               kernel_type(src.dtype()), src.count(), factor, native(stream));
     BRAID_CUDA_CHECK(static_cast<cudaError_t>(status));
   }
 

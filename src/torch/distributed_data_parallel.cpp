@@ -177,10 +177,11 @@ void DataParallelCore::route_cuda(int device) {
       const auto j = static_cast<std::size_t>(2 * b);
       if (all[i] == all[j] && all[i + 1] == all[j + 1]) {
         if (comm_->rank() == 0) {
-          log::info("ddp: ranks {} and {} share CUDA device {} on node {}: gradients are staged "
-                    "through host memory and carried by UCX, not NCCL (NCCL needs a device per "
-                    "rank)",
-                    comm_->world_rank(a), comm_->world_rank(b), all[i + 1], all[i]);
+          log::info(
+              "ddp: ranks {} and {} share CUDA device {} on node {}: gradients are staged "
+              "through host memory and carried by UCX, not NCCL (NCCL needs a device per "
+              "rank)",
+              comm_->world_rank(a), comm_->world_rank(b), all[i + 1], all[i]);
         }
         return;
       }

@@ -42,11 +42,11 @@ void stage_on_host(Communicator& comm) {
 
 std::vector<ParameterSpec> model(MemoryKind memory, int device = 0) {
   const int where = memory == MemoryKind::cuda ? device : -1;
-  return {ParameterSpec{
-              .name = "w1", .count = 30, .memory = memory, .device = where, .shape = {6, 5}},
-          ParameterSpec{.name = "b1", .count = 5, .memory = memory, .device = where, .shape = {5}},
-          ParameterSpec{
-              .name = "w2", .count = 1200, .memory = memory, .device = where, .shape = {40, 30}}};
+  return {
+      ParameterSpec{.name = "w1", .count = 30, .memory = memory, .device = where, .shape = {6, 5}},
+      ParameterSpec{.name = "b1", .count = 5, .memory = memory, .device = where, .shape = {5}},
+      ParameterSpec{
+          .name = "w2", .count = 1200, .memory = memory, .device = where, .shape = {40, 30}}};
 }
 
 float gradient_value(int rank, std::size_t p, std::size_t i, int step) {
@@ -212,7 +212,8 @@ std::vector<std::vector<float>> train(const Configuration& c, int rank,
     const bool sync = !(c.first_step_no_sync && step == 0);
     const bool leaves_b1 = c.rank1_leaves_b1_unused && rank == 1;
     std::optional<std::vector<std::size_t>> unused;
-    if (c.rank1_leaves_b1_unused) unused = leaves_b1 ? std::vector<std::size_t>{1} : std::vector<std::size_t>{};
+    if (c.rank1_leaves_b1_unused)
+      unused = leaves_b1 ? std::vector<std::size_t>{1} : std::vector<std::size_t>{};
     reducer.prepare_for_backward(sync, unused);
     for (std::size_t p = 3; p-- > 0;) {
       if (leaves_b1 && p == 1) continue;
@@ -239,9 +240,7 @@ TEST(DeviceReducer, EndsWhereTheHostReducerEndsInEveryConfiguration) {
       {.name = "unused b1 on rank 1", .options = small, .rank1_leaves_b1_unused = true},
       {.name = "bucket views", .options = views},
       {.name = "bucket views, unused b1", .options = views, .rank1_leaves_b1_unused = true},
-      {.name = "compress f16",
-       .options = small,
-       .hook = [] { return compress_hook(DType::f16); }},
+      {.name = "compress f16", .options = small, .hook = [] { return compress_hook(DType::f16); }},
       {.name = "uneven shares", .options = small, .uneven_shares = true},
       {.name = "rank 1 shadows", .options = small, .rank1_shadows_last_step = true},
   };
@@ -285,16 +284,19 @@ TEST(DeviceReducer, RefusesMixedDevicesAMissingDeviceAndHostOnlyWork) {
               std::string::npos);
     std::vector<ParameterSpec> two_devices = model(MemoryKind::cuda);
     two_devices[1].device = 1;
-    EXPECT_NE(error_of([&] { Reducer(comm, two_devices, grads, {.device = borrow(device)}); })
-                  .find("'b1' (parameter 1) is on CUDA device 1"),
+    EXPECT_NE(error_of([&] {
+                Reducer(comm, two_devices, grads, {.device = borrow(device)});
+              }).find("'b1' (parameter 1) is on CUDA device 1"),
               std::string::npos);
-    EXPECT_NE(error_of([&] { Reducer(comm, model(MemoryKind::cuda), grads); })
-                  .find("'w1' (parameter 0) is in CUDA memory: its buckets need a device"),
+    EXPECT_NE(error_of([&] {
+                Reducer(comm, model(MemoryKind::cuda), grads);
+              }).find("'w1' (parameter 0) is in CUDA memory: its buckets need a device"),
               std::string::npos);
 
     Reducer reducer(comm, model(MemoryKind::cuda), grads, {.device = borrow(device)});
-    EXPECT_NE(error_of([&] { reducer.set_comm_hook(quantize_8bit_hook()); })
-                  .find("the quantize_8bit comm hook reduces buckets in host memory"),
+    EXPECT_NE(error_of([&] {
+                reducer.set_comm_hook(quantize_8bit_hook());
+              }).find("the quantize_8bit comm hook reduces buckets in host memory"),
               std::string::npos);
     EXPECT_NE(error_of([&] { reducer.set_comm_hook(power_sgd_hook(1)); }).find("power_sgd"),
               std::string::npos);

@@ -24,7 +24,8 @@ namespace braid::testing {
 class HostBucketDevice final : public dp::BucketDevice {
  public:
   explicit HostBucketDevice(int device = 0, int producers = 1) : device_(device) {
-    for (int p = 0; p < producers; ++p) producers_.push_back(std::make_shared<HostStream>("producer"));
+    for (int p = 0; p < producers; ++p)
+      producers_.push_back(std::make_shared<HostStream>("producer"));
   }
 
   int device() const noexcept override { return device_; }

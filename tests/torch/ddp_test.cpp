@@ -758,8 +758,8 @@ TEST(DistributedDataParallelMisuse, OptionsThatDifferAcrossRanksFailOnEveryRankN
 
 struct OnMetaImpl : ::torch::nn::Module {
   OnMetaImpl() {
-    weight = register_parameter("weight",
-                                ::torch::empty({4}, ::torch::TensorOptions().device(::torch::kMeta)));
+    weight = register_parameter(
+        "weight", ::torch::empty({4}, ::torch::TensorOptions().device(::torch::kMeta)));
   }
   ::torch::Tensor weight;
 };

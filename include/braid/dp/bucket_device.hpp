@@ -52,7 +52,6 @@ class BucketDevice {
 // device's highest priority, kernels for convert. `current_stream` returns the
 // cudaStream_t the framework computes on now, on the calling thread (null: the legacy
 // default stream). Throws Error(invalid_argument) in a build without CUDA.
-std::shared_ptr<BucketDevice> cuda_bucket_device(int device,
-                                                 std::function<void*()> current_stream);
+std::shared_ptr<BucketDevice> cuda_bucket_device(int device, std::function<void*()> current_stream);
 
 }  // namespace braid::dp

@@ -53,6 +53,8 @@ options:
   --copy-gradients         copy gradients into the buckets and back (PyTorch's default)
                            instead of keeping them in the buckets (braid's default)
   --private-buckets        buckets in private memory instead of memory the ranks share
+  --device cpu|cuda        where each rank trains (default cpu); cuda: device LOCAL_RANK,
+                           needing braid built against a libtorch with CUDA
   --sync ddp|none          ddp (default); none: no gradient sync, for comparison
   --sharding S             none (default): DDP; optimizer: DDP with ZeroRedundancyOptimizer
                            (ZeRO-1); grad: FSDP SHARD_GRAD_OP (ZeRO-2); full: FSDP
@@ -141,6 +143,7 @@ template <class Model>
 int train(braid::transport::World& world, const Settings& s, Model model) {
   auto comm = braid::collectives::Communicator::world(world);
   const example_models::Task task(s.model.hidden, s.model.transformer());
+  const torch::Device device = example_models::device_of(model);
   // DDP, ZeRO-1 or FSDP: checks the ranks agree, broadcasts rank 0's weights.
   example_models::ShardedTraining<Model> training(model, comm, s.sharding, s.sync, s.training,
                                                   s.lr);
@@ -216,6 +219,8 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     torch::Tensor loss;
     auto micro_step = [&](int i) {
       auto [x, y] = task.batch(comm->rank(), step * micro_batches + i, batch);
+      x = x.to(device);
+      y = y.to(device);
       // Under --cadence each micro-batch's loss counts 1 / micro_batches, so the window's
       // gradient is the mean over its samples.
       loss = torch::mse_loss(training.forward(x), y);
@@ -325,7 +330,8 @@ int main(int argc, char** argv) {
     }
     return example_models::join_and_train(
         settings.model, settings.training.threads,
-        [&](braid::transport::World& world, auto model) { return train(world, settings, model); });
+        [&](braid::transport::World& world, auto model) { return train(world, settings, model); },
+        settings.training.device);
   } catch (const std::invalid_argument& e) {
     std::cerr << "ddp_train: " << e.what() << "\nrun 'ddp_train --help' for usage\n";
     return 2;

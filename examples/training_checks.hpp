@@ -49,6 +49,7 @@ inline std::optional<braid::trace::Timeline> gather_steps_timeline(
 struct TrainingChoice {
   std::string optimizer = "adam";
   int threads = 1;
+  std::string device = "cpu";  // or cuda: CUDA device LOCAL_RANK (modulo the devices)
   braid::torch::DistributedDataParallelOptions ddp;
 
   // Takes `option` (reading its value with `value()`) if it is one of these; false if not.
@@ -65,23 +66,55 @@ struct TrainingChoice {
       ddp.gradient_as_bucket_view = false;
     else if (option == "--private-buckets")
       ddp.shared_buckets = false;
+    else if (option == "--device")
+      device = value();
     else
       return false;
     return true;
   }
 };
 
+// The device rank `local_rank` trains on for `--device`: the CPU, or CUDA device
+// local_rank modulo the devices libtorch sees (ranks beyond them share, as two processes
+// on a one-GPU machine do).
+inline torch::Device training_device(const std::string& device, int local_rank) {
+  if (device == "cpu") return torch::Device(torch::kCPU);
+  if (device != "cuda") throw std::invalid_argument("--device cpu|cuda, not '" + device + "'");
+  const auto count = static_cast<int>(torch::cuda::device_count());
+  if (count == 0) {
+    throw std::invalid_argument(
+        "--device cuda: libtorch sees no CUDA device (no GPU here, or a CPU-only libtorch)");
+  }
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count));
+}
+
 // Joins the job as the launcher's environment says, with tracing on (for the closing summary;
 // BRAID_TRACE also writes files) and `threads` intra-op threads, and calls
-// train(world, model) with the model `choice` names. Returns what train returns.
+// train(world, model) with the model `choice` names, on the `device` training_device()
+// gives this rank. Returns what train returns.
 template <class Train>
-int join_and_train(const ModelChoice& choice, int threads, Train train) {
+int join_and_train(const ModelChoice& choice, int threads, Train train,
+                   const std::string& device = "cpu") {
   torch::set_num_threads(threads);
   braid::trace::set_enabled(true);
   braid::Runtime runtime;
   auto world = braid::transport::World::join(runtime);
-  if (choice.transformer()) return train(*world, choice.make_transformer());
-  return train(*world, choice.make_mlp());
+  const torch::Device on = training_device(device, world->launch().local_rank);
+  if (choice.transformer()) {
+    auto model = choice.make_transformer();
+    model->to(on);
+    return train(*world, model);
+  }
+  auto model = choice.make_mlp();
+  model->to(on);
+  return train(*world, model);
+}
+
+// Where `model` lives: the device its batches go to.
+template <class Model>
+torch::Device device_of(const Model& model) {
+  const auto parameters = model->parameters();
+  return parameters.empty() ? torch::Device(torch::kCPU) : parameters.front().device();
 }
 
 }  // namespace example_models

@@ -104,7 +104,8 @@ std::vector<std::string> model_arguments(const DdpOptions& o) {
           "--batch",       std::to_string(o.batch),
           "--steps",       std::to_string(o.steps),
           "--optimizer",   o.optimizer,
-          "--straggle-ms", fmt::format("{}", o.straggle_ms)};
+          "--straggle-ms", fmt::format("{}", o.straggle_ms),
+          "--device",      o.device};
 }
 
 }  // namespace
@@ -175,10 +176,10 @@ int report_ddp(const DdpOptions& o) {
   const double params = json_number(braid_runs.front(), "parameters").value_or(0);
   std::cout << fmt::format(
       "MLP {}x{} ({:.1f}M parameters, {:.1f} MiB of f32 gradients), batch {} per rank, {}, {} "
-      "ranks; {} steps per run, paired (a synchronised step and a no_sync() step, in "
+      "ranks on {}; {} steps per run, paired (a synchronised step and a no_sync() step, in "
       "alternating order, each timed on its slowest rank); means of {} interleaved rounds:\n\n",
       o.hidden, o.layers, params / 1e6, params * 4 / (1 << 20), o.batch, o.optimizer, o.ranks,
-      o.steps, o.rounds);
+      o.device == "cuda" ? "CUDA" : "the CPU", o.steps, o.rounds);
   // The step's compute depends on the BLAS libtorch calls (docs/user-guide.md, BLAS); an
   // OpenBLAS kernel choice made by hand belongs beside the figures.
   if (o.straggle_ms > 0) {
@@ -207,7 +208,13 @@ int report_ddp(const DdpOptions& o) {
   std::optional<PairedFigures> copy;
   if (!copy_runs.empty()) row("braid DDP, copy mode", *(copy = mean_over_rounds(copy_runs)));
   std::optional<PairedFigures> torch;
-  if (!torch_runs.empty()) row("PyTorch DDP (Gloo)", *(torch = mean_over_rounds(torch_runs)));
+  // The peer's backend: Gloo on the CPU; on GPUs NCCL where every rank has one, else Gloo.
+  const bool nccl_peer =
+      !torch_runs.empty() && json_number(torch_runs.front(), "nccl").value_or(0) != 0;
+  if (!torch_runs.empty()) {
+    row(nccl_peer ? "PyTorch DDP (NCCL)" : "PyTorch DDP (Gloo)",
+        *(torch = mean_over_rounds(torch_runs)));
+  }
   std::optional<PairedFigures> torch_view;
   if (!torch_view_runs.empty()) {
     row("PyTorch DDP, bucket view", *(torch_view = mean_over_rounds(torch_view_runs)));
@@ -283,8 +290,13 @@ int run_ddp(const std::vector<std::string>& args) {
       optimizers = split_list(args[++i]);
     else if (args[i] == "--straggle-ms" && i + 1 < args.size())
       o.straggle_ms = decimal_argument("--straggle-ms", args[++i], 0, 1e6);
+    else if (args[i] == "--device" && i + 1 < args.size())
+      o.device = args[++i];
     else
       throw std::invalid_argument("unknown option " + args[i]);
+  }
+  if (o.device != "cpu" && o.device != "cuda") {
+    throw std::invalid_argument("--device cpu|cuda, not '" + o.device + "'");
   }
   if (o.steps < 8) throw std::invalid_argument("--steps must be at least 8");
   if (!(o.straggle_ms >= 0)) throw std::invalid_argument("--straggle-ms must be >= 0");

@@ -18,6 +18,7 @@ struct DdpOptions {
   std::string optimizer = "sgd";
   double straggle_ms = 0;  // the last rank computes this much more before each backward
   bool balance = false;    // equal shares against the balancers, instead of DDP's figures
+  std::string device = "cpu";  // cuda: each rank on GPU LOCAL_RANK (modulo the GPUs)
 };
 
 // braid-bench-ddp-worker --sync `sync` with `o`'s model, steps and straggler, and `extra`

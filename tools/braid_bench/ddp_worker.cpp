@@ -39,7 +39,7 @@ constexpr const char* kUsage = R"(usage: braid-run -n N braid-bench-ddp-worker [
 options: --model mlp|transformer  --hidden N  --layers N  --batch N  --steps N (>= 8)
          --optimizer adam|sgd  --threads N  --bucket-cap-mib X  --copy-gradients
          --private-buckets  --sync ddp|none|paired  --straggle-ms X
-         --balance equal|shares|cadence
+         --balance equal|shares|cadence  --device cpu|cuda
 )";
 
 struct Settings {
@@ -194,6 +194,7 @@ int train_balanced(braid::transport::World& world, const Settings& s, Model mode
   const example_models::Task task(s.model.hidden, s.model.transformer());
   braid::torch::DistributedDataParallel<Model> ddp(model, comm, s.training.ddp);
   auto optimizer = example_models::make_optimizer(s.training.optimizer, model->parameters(), 1e-3);
+  const torch::Device device = example_models::device_of(model);
   const std::int64_t global_batch = std::int64_t{s.model.batch} * comm->size();
   std::optional<braid::dp::BatchBalancer> shares;
   if (s.balance == "shares") {
@@ -222,7 +223,8 @@ int train_balanced(braid::transport::World& world, const Settings& s, Model mode
     optimizer->zero_grad();
     auto micro_step = [&](int i) {
       auto [x, y] = task.batch(comm->rank(), step * micro_batches + i, batch);
-      torch::Tensor loss = torch::mse_loss(ddp.forward(x), y) / micro_batches;
+      torch::Tensor loss =
+          torch::mse_loss(ddp.forward(x.to(device)), y.to(device)) / micro_batches;
       if (straggler) example_models::compute_for(s.straggle_ms * batch / s.model.batch);
       loss.backward();
     };
@@ -280,6 +282,9 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   for (const auto& p : model->parameters()) parameters += p.numel();
   const bool paired = s.sync == "paired";
   const bool sync = s.sync != "none";
+  // On CUDA, loss.item() below waits for the step's kernels, the optimizer's included, so
+  // the step times are the GPU's as well.
+  const torch::Device device = example_models::device_of(model);
   std::optional<braid::torch::DistributedDataParallel<Model>> ddp;
   if (sync) ddp.emplace(model, comm, s.training.ddp);
   auto optimizer = example_models::make_optimizer(s.training.optimizer, model->parameters(), 1e-3);
@@ -318,6 +323,8 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     const double thread_cpu_started = thread_cpu_ms();
     const auto progress_cpu_started = comm->runtime().progress_cpu_time();
     auto [x, y] = task.batch(comm->rank(), step, s.model.batch);
+    x = x.to(device);
+    y = y.to(device);
     torch::Tensor loss;
     auto train_step = [&] {
       optimizer->zero_grad();
@@ -381,8 +388,10 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     double ms = 0;
     double cpu_ms = 0;  // mean over ranks
   };
-  auto bare_all_reduce = [&](float* data) {
-    const braid::Buffer gradients(data, static_cast<std::size_t>(parameters), braid::DType::f32);
+  auto bare_all_reduce = [&](float* data, int cuda_device) {
+    const braid::Buffer gradients(
+        data, static_cast<std::size_t>(parameters), braid::DType::f32,
+        cuda_device >= 0 ? braid::MemoryKind::cuda : braid::MemoryKind::host, cuda_device);
     // Two untimed calls: the first maps the arena, the second moves a plain buffer onto
     // huge pages (huge_page_advice.hpp), as a training loop's gradients are after step 2.
     for (int i = 0; i < 2; ++i)
@@ -404,14 +413,19 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   };
   Bare bare;
   Bare bare_shared;
-  {
+  if (device.is_cuda()) {
+    // On the device, as DDP's buckets are there; nothing is shared between processes.
+    torch::Tensor gradients = torch::ones({parameters}, torch::TensorOptions().device(device));
+    bare = bare_all_reduce(gradients.data_ptr<float>(), device.index());
+    bare_shared = bare;
+  } else {
     std::vector<float> gradients(static_cast<std::size_t>(parameters), 1.0f);
-    bare = bare_all_reduce(gradients.data());
+    bare = bare_all_reduce(gradients.data(), -1);
     std::shared_ptr<std::byte[]> shared =
         comm->launch(comm->allocate_shared(static_cast<std::size_t>(parameters) * sizeof(float)))
             .get();
     std::fill_n(reinterpret_cast<float*>(shared.get()), parameters, 1.0f);
-    bare_shared = bare_all_reduce(reinterpret_cast<float*>(shared.get()));
+    bare_shared = bare_all_reduce(reinterpret_cast<float*>(shared.get()), -1);
   }
   if (comm->rank() != 0) return 0;
   const braid::trace::Summary summary = braid::trace::summarize(*job);
@@ -450,7 +464,8 @@ int main(int argc, char** argv) {
     const Settings settings = parse(argc, argv);
     return example_models::join_and_train(
         settings.model, settings.training.threads,
-        [&](braid::transport::World& world, auto model) { return train(world, settings, model); });
+        [&](braid::transport::World& world, auto model) { return train(world, settings, model); },
+        settings.training.device);
   } catch (const std::invalid_argument& e) {
     std::cerr << "braid-bench-ddp-worker: " << e.what() << "\n";
     return 2;

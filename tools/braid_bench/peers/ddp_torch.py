@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch DDP with Gloo on the model ddp_train trains, so `braid-bench ddp` can print braid's
+"""PyTorch DDP (Gloo; NCCL on GPUs with --device cuda) on the model ddp_train trains, so `braid-bench ddp` can print braid's
 DistributedDataParallel beside PyTorch's own in the same run.
 
     /usr/bin/python3 tools/braid_bench/peers/ddp_torch.py --ranks 2 --hidden 1024 --layers 8 \
@@ -64,20 +64,34 @@ def model(hidden, layers):
     return torch.nn.Sequential(*body)
 
 
+def backend_for(args):
+    """Gloo on the CPU; on GPUs NCCL where every rank has one of its own, else Gloo (NCCL
+    refuses two ranks on one GPU), as braid's DDP chooses between NCCL and staging."""
+    if args.device == "cpu":
+        return "gloo"
+    return "nccl" if args.ranks <= torch.cuda.device_count() else "gloo"
+
+
 def worker(rank, args, port):
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    backend = backend_for(args)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=args.ranks)
-    net = model(args.hidden, args.layers)
+    net = model(args.hidden, args.layers).to(device)
     ddp = torch.nn.parallel.DistributedDataParallel(
-        net, gradient_as_bucket_view=args.gradient_as_bucket_view)
+        net, device_ids=[device.index] if device.type == "cuda" else None,
+        gradient_as_bucket_view=args.gradient_as_bucket_view)
     if args.optimizer == "adam":
         opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
     else:
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     torch.manual_seed(4242)
-    teacher = torch.randn(16, 1) / 4
+    teacher = (torch.randn(16, 1) / 4).to(device)
     # Paired steps, as braid-bench-ddp-worker --sync paired: pair k syncs first when k is even, second
     # when odd, the other step under no_sync(); every timed step starts after a barrier
     # and counts on its slowest rank.
@@ -91,7 +105,7 @@ def worker(rank, args, port):
             dist.barrier()
         start, cpu_start = time.perf_counter(), time.process_time()
         torch.manual_seed(1000003 * (step + 1) + rank)
-        x = torch.randn(args.batch, args.hidden)
+        x = torch.randn(args.batch, args.hidden).to(device)
         y = torch.tanh(x[:, :16] @ teacher * 2)
         with contextlib.ExitStack() as local:
             if not sync:
@@ -109,8 +123,9 @@ def worker(rank, args, port):
             wall.append((time.perf_counter() - start) * 1e3)
             cpu.append((time.process_time() - cpu_start) * 1e3)
             synced.append(sync)
-    wall_t = torch.tensor(wall, dtype=torch.float64)
-    cpu_t = torch.tensor(cpu, dtype=torch.float64)
+    # loss.item() above waited for the step's kernels, so on a GPU the times are its too.
+    wall_t = torch.tensor(wall, dtype=torch.float64, device=device)
+    cpu_t = torch.tensor(cpu, dtype=torch.float64, device=device)
     dist.all_reduce(wall_t, op=dist.ReduceOp.MAX)
     dist.all_reduce(cpu_t)
     cpu_t /= args.ranks
@@ -126,6 +141,7 @@ def worker(rank, args, port):
                   if len(differences) > 1 else 0.0)
         print(json.dumps({
             "sync": "pytorch_ddp",
+            "nccl": 1 if backend == "nccl" else 0,
             "parameters": sum(p.numel() for p in net.parameters()),
             "ranks": args.ranks,
             "step_ms": mean([wall[i] for i in with_sync]),
@@ -157,6 +173,8 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--optimizer", choices=("adam", "sgd"), default="sgd")
     parser.add_argument("--straggle-ms", type=float, default=0.0)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: rank r on GPU r modulo the GPUs, NCCL where each has one")
     parser.add_argument("--gradient-as-bucket-view", action="store_true",
                         help="DDP's gradient_as_bucket_view=True (default: PyTorch's, False)")
     args = parser.parse_args()

@@ -16,8 +16,8 @@ struct DdpOptions {
   int steps = 30;
   int rounds = 3;
   std::string optimizer = "sgd";
-  double straggle_ms = 0;  // the last rank computes this much more before each backward
-  bool balance = false;    // equal shares against the balancers, instead of DDP's figures
+  double straggle_ms = 0;      // the last rank computes this much more before each backward
+  bool balance = false;        // equal shares against the balancers, instead of DDP's figures
   std::string device = "cpu";  // cuda: each rank on GPU LOCAL_RANK (modulo the GPUs)
 };
 

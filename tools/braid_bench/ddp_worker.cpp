@@ -223,8 +223,7 @@ int train_balanced(braid::transport::World& world, const Settings& s, Model mode
     optimizer->zero_grad();
     auto micro_step = [&](int i) {
       auto [x, y] = task.batch(comm->rank(), step * micro_batches + i, batch);
-      torch::Tensor loss =
-          torch::mse_loss(ddp.forward(x.to(device)), y.to(device)) / micro_batches;
+      torch::Tensor loss = torch::mse_loss(ddp.forward(x.to(device)), y.to(device)) / micro_batches;
       if (straggler) example_models::compute_for(s.straggle_ms * batch / s.model.batch);
       loss.backward();
     };

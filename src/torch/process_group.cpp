@@ -201,7 +201,7 @@ c10::intrusive_ptr<c10d::Work> translating(int rank, std::string_view op, F&& bo
 
 ProcessGroup::ProcessGroup(int rank, int size, std::shared_ptr<JoinedWorld> joined,
                            std::shared_ptr<collectives::Communicator> communicator)
-    : c10d::ProcessGroup(rank, size),
+    : detail::ProcessGroupBase(rank, size),
       remains_(std::make_shared<Remains>()),
       completions_(std::make_shared<Completions>()),
       joined_(std::move(joined)),

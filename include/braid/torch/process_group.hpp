@@ -1,7 +1,8 @@
-// ProcessGroup: braid as a torch.distributed backend. A c10d::ProcessGroup whose
-// collectives run on a braid Communicator, so PyTorch code -- DistributedDataParallel's
-// bucket all-reduces included -- runs on braid's collectives unchanged. Python reaches it
-// through the braid_torch module (python/braid_torch), which registers it as "braid":
+// ProcessGroup: braid as a torch.distributed backend. A c10d::ProcessGroup (a
+// c10d::Backend on PyTorch 2) whose collectives run on a braid Communicator, so PyTorch code --
+// DistributedDataParallel's bucket all-reduces included -- runs on braid's collectives unchanged.
+// Python reaches it through the braid_torch module (python/braid_torch), which registers it as
+// "braid":
 //
 //   import braid_torch
 //   torch.distributed.init_process_group("braid", init_method="env://", rank=r, world_size=n)
@@ -56,6 +57,10 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
 
 #include <braid/collectives/communicator.hpp>
 #include <braid/core/runtime.hpp>
@@ -63,7 +68,19 @@
 
 namespace braid::torch {
 
-class ProcessGroup final : public c10d::ProcessGroup {
+namespace detail {
+// What a registered backend's creator returns. PyTorch 2 wraps a c10d::Backend in a
+// ProcessGroup of its own, which carries the group's name and device map; a bare
+// ProcessGroup subclass is its legacy path, where destroying a subgroup, coalescing and
+// group names fail. PyTorch 1.13 has no Backend class and takes the ProcessGroup.
+#if TORCH_VERSION_MAJOR >= 2
+using ProcessGroupBase = c10d::Backend;
+#else
+using ProcessGroupBase = c10d::ProcessGroup;
+#endif
+}  // namespace detail
+
+class ProcessGroup final : public detail::ProcessGroupBase {
  public:
   // Joins the ranks that share `store` (see Joining above); `timeout` bounds the join and
   // every operation. Collective: every rank calls it. Throws c10::Error naming the rank.

@@ -47,6 +47,7 @@ PYBIND11_MODULE(braid_torch, module) {
     // The devices braid's group serves (a list: a string was iterated per character).
     py::list devices;
     devices.append("cpu");
+    if (BRAID_WITH_TORCH_CUDA != 0) devices.append("cuda");
     backend.attr("register_backend")("braid", module.attr("new_process_group"),
                                      py::arg("extended_api") = false, py::arg("devices") = devices);
 #else

@@ -19,9 +19,12 @@
 #include <boost/asio/detached.hpp>
 #include <c10/util/Exception.h>
 
+#include <braid/build_config.hpp>
 #include <braid/core/error.hpp>
 #include <braid/torch/process_group.hpp>
 #include <braid/torch/tensor_buffer.hpp>
+
+#include "cuda_current_stream.hpp"
 
 namespace braid::torch {
 
@@ -239,17 +242,6 @@ const at::Tensor& only(const std::vector<at::Tensor>& tensors, int rank, std::st
   return tensors[0];
 }
 
-// A Buffer over a contiguous CPU tensor; anything else is a c10::Error naming the call.
-Buffer buffer_of(const at::Tensor& tensor, int rank, std::string_view op) {
-  TORCH_CHECK(tensor.device().is_cpu(), prefix(rank, op), "takes CPU tensors, got one on ",
-              tensor.device());
-  try {
-    return as_buffer(tensor);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, prefix(rank, op), e.what());
-  }
-}
-
 ReduceOp checked_op(const c10d::ReduceOp& op, int rank, std::string_view name) {
   const std::optional<ReduceOp> braid_op = reduce_op_of(op);
   TORCH_CHECK(braid_op.has_value(), prefix(rank, name),
@@ -289,13 +281,38 @@ at::Tensor flat_cat(const std::vector<at::Tensor>& list) {
 
 }  // namespace
 
+Buffer ProcessGroup::buffer_of(const at::Tensor& tensor, std::string_view op) {
+  TORCH_CHECK(tensor.device().is_cpu() || tensor.is_cuda(), prefix(rank_, op),
+              "takes CPU or CUDA tensors, got one on ", tensor.device());
+  Buffer buffer;
+  try {
+    buffer = as_buffer(tensor);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, prefix(rank_, op), e.what());
+  }
+  if (!tensor.is_cuda()) return buffer;
+#if BRAID_WITH_TORCH_CUDA
+  // Ordered on libtorch's current stream, as PyTorch's NCCL backend orders its calls: the
+  // collective starts after the kernels enqueued there before the call.
+  std::lock_guard lock(devices_mutex_);
+  std::shared_ptr<dp::BucketDevice>& device = devices_[buffer.device()];
+  if (!device) device = detail::libtorch_bucket_device(buffer.device());
+  return buffer.on_stream(&device->producer());
+#else
+  TORCH_CHECK(false, prefix(rank_, op),
+              "takes CUDA tensors where braid was built against a libtorch with CUDA; this "
+              "one is CPU-only, got a tensor on ",
+              tensor.device());
+#endif
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::AllreduceOptions& opts) {
   return translating(rank_, "allreduce", [&] {
     const at::Tensor& tensor = only(tensors, rank_, "allreduce");
     const ReduceOp op = checked_op(opts.reduceOp, rank_, "allreduce");
     return start(c10d::OpType::ALLREDUCE, "allreduce",
-                 communicator_->all_reduce(buffer_of(tensor, rank_, "allreduce"), op), tensors);
+                 communicator_->all_reduce(buffer_of(tensor, "allreduce"), op), tensors);
   });
 }
 
@@ -304,15 +321,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_coalesced(
   return translating(rank_, "allreduce_coalesced", [&] {
     TORCH_CHECK(!tensors.empty(), prefix(rank_, "allreduce_coalesced"), "needs a tensor");
     for (const at::Tensor& t : tensors) {
-      TORCH_CHECK(t.scalar_type() == tensors.front().scalar_type() && t.device().is_cpu(),
-                  prefix(rank_, "allreduce_coalesced"), "takes CPU tensors of one dtype; got ",
-                  t.scalar_type(), " on ", t.device(), " beside ", tensors.front().scalar_type());
-      buffer_of(t, rank_, "allreduce_coalesced");  // contiguous, of a dtype braid moves
+      TORCH_CHECK(t.scalar_type() == tensors.front().scalar_type() &&
+                      t.device() == tensors.front().device(),
+                  prefix(rank_, "allreduce_coalesced"),
+                  "takes tensors of one dtype on one device; got ", t.scalar_type(), " on ",
+                  t.device(), " beside ", tensors.front().scalar_type(), " on ",
+                  tensors.front().device());
+      buffer_of(t, "allreduce_coalesced");  // contiguous, of a dtype braid moves
     }
     const ReduceOp op = checked_op(opts.reduceOp, rank_, "allreduce_coalesced");
     // One all-reduce of their concatenation, copied back into each.
     at::Tensor flat = flat_cat(tensors);
-    auto operation = communicator_->all_reduce(buffer_of(flat, rank_, "allreduce_coalesced"), op);
+    auto operation = communicator_->all_reduce(buffer_of(flat, "allreduce_coalesced"), op);
     return start(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", std::move(operation),
                  tensors, copy_out(flat, tensors));
   });
@@ -322,10 +342,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::broadcast(std::vector<at::Tensor>& 
                                                        const c10d::BroadcastOptions& opts) {
   return translating(rank_, "broadcast", [&] {
     const at::Tensor& tensor = only(tensors, rank_, "broadcast");
-    return start(c10d::OpType::BROADCAST, "broadcast",
-                 communicator_->broadcast(buffer_of(tensor, rank_, "broadcast"),
-                                          static_cast<int>(opts.rootRank)),
-                 tensors);
+    return start(
+        c10d::OpType::BROADCAST, "broadcast",
+        communicator_->broadcast(buffer_of(tensor, "broadcast"), static_cast<int>(opts.rootRank)),
+        tensors);
   });
 }
 
@@ -334,10 +354,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce(std::vector<at::Tensor>& ten
   return translating(rank_, "reduce", [&] {
     const at::Tensor& tensor = only(tensors, rank_, "reduce");
     const ReduceOp op = checked_op(opts.reduceOp, rank_, "reduce");
-    return start(c10d::OpType::REDUCE, "reduce",
-                 communicator_->reduce(buffer_of(tensor, rank_, "reduce"), op,
-                                       static_cast<int>(opts.rootRank)),
-                 tensors);
+    return start(
+        c10d::OpType::REDUCE, "reduce",
+        communicator_->reduce(buffer_of(tensor, "reduce"), op, static_cast<int>(opts.rootRank)),
+        tensors);
   });
 }
 
@@ -350,8 +370,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather(
                 "takes one output list (one device), got ", output_tensors.size());
     check_list(output_tensors[0], input, size_, rank_, "allgather");
     at::Tensor flat = at::empty({input.numel() * size_}, input.options());
-    auto operation = communicator_->all_gather(buffer_of(input, rank_, "allgather"),
-                                               buffer_of(flat, rank_, "allgather"));
+    auto operation =
+        communicator_->all_gather(buffer_of(input, "allgather"), buffer_of(flat, "allgather"));
     return start(c10d::OpType::ALLGATHER, "allgather", std::move(operation), output_tensors[0],
                  copy_out(flat, output_tensors[0]));
   });
@@ -361,8 +381,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& /*opts*/) {
   return translating(rank_, "_allgather_base", [&] {
     return start(c10d::OpType::_ALLGATHER_BASE, "_allgather_base",
-                 communicator_->all_gather(buffer_of(input, rank_, "_allgather_base"),
-                                           buffer_of(output, rank_, "_allgather_base")),
+                 communicator_->all_gather(buffer_of(input, "_allgather_base"),
+                                           buffer_of(output, "_allgather_base")),
                  {output});
   });
 }
@@ -377,14 +397,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::gather(
       TORCH_CHECK(output_tensors.empty(), prefix(rank_, "gather"),
                   "takes no output tensors on ranks other than the root");
       return start(c10d::OpType::GATHER, "gather",
-                   communicator_->gather(buffer_of(input, rank_, "gather"), Buffer{}, root), {});
+                   communicator_->gather(buffer_of(input, "gather"), Buffer{}, root), {});
     }
     TORCH_CHECK(output_tensors.size() == 1, prefix(rank_, "gather"),
                 "takes one output list on the root, got ", output_tensors.size());
     check_list(output_tensors[0], input, size_, rank_, "gather");
     at::Tensor flat = at::empty({input.numel() * size_}, input.options());
-    auto operation = communicator_->gather(buffer_of(input, rank_, "gather"),
-                                           buffer_of(flat, rank_, "gather"), root);
+    auto operation =
+        communicator_->gather(buffer_of(input, "gather"), buffer_of(flat, "gather"), root);
     return start(c10d::OpType::GATHER, "gather", std::move(operation), output_tensors[0],
                  copy_out(flat, output_tensors[0]));
   });
@@ -400,15 +420,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::scatter(
       TORCH_CHECK(input_tensors.empty(), prefix(rank_, "scatter"),
                   "takes no input tensors on ranks other than the root");
       return start(c10d::OpType::SCATTER, "scatter",
-                   communicator_->scatter(Buffer{}, buffer_of(output, rank_, "scatter"), root),
+                   communicator_->scatter(Buffer{}, buffer_of(output, "scatter"), root),
                    output_tensors);
     }
     TORCH_CHECK(input_tensors.size() == 1, prefix(rank_, "scatter"),
                 "takes one input list on the root, got ", input_tensors.size());
     check_list(input_tensors[0], output, size_, rank_, "scatter");
     at::Tensor flat = flat_cat(input_tensors[0]);
-    auto operation = communicator_->scatter(buffer_of(flat, rank_, "scatter"),
-                                            buffer_of(output, rank_, "scatter"), root);
+    auto operation =
+        communicator_->scatter(buffer_of(flat, "scatter"), buffer_of(output, "scatter"), root);
     // The flat input lives until the scatter completes.
     return start(c10d::OpType::SCATTER, "scatter", std::move(operation), output_tensors, [flat] {});
   });
@@ -424,8 +444,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter(
     check_list(input_tensors[0], output, size_, rank_, "reduce_scatter");
     const ReduceOp op = checked_op(opts.reduceOp, rank_, "reduce_scatter");
     at::Tensor flat = flat_cat(input_tensors[0]);
-    auto operation = communicator_->reduce_scatter(buffer_of(flat, rank_, "reduce_scatter"),
-                                                   buffer_of(output, rank_, "reduce_scatter"), op);
+    auto operation = communicator_->reduce_scatter(buffer_of(flat, "reduce_scatter"),
+                                                   buffer_of(output, "reduce_scatter"), op);
     return start(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", std::move(operation),
                  output_tensors, [flat] {});
   });
@@ -435,11 +455,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   return translating(rank_, "_reduce_scatter_base", [&] {
     const ReduceOp op = checked_op(opts.reduceOp, rank_, "_reduce_scatter_base");
-    return start(
-        c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base",
-        communicator_->reduce_scatter(buffer_of(input, rank_, "_reduce_scatter_base"),
-                                      buffer_of(output, rank_, "_reduce_scatter_base"), op),
-        {output});
+    return start(c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base",
+                 communicator_->reduce_scatter(buffer_of(input, "_reduce_scatter_base"),
+                                               buffer_of(output, "_reduce_scatter_base"), op),
+                 {output});
   });
 }
 
@@ -448,8 +467,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall_base(at::Tensor& output, a
                                                            std::vector<int64_t>& input_split_sizes,
                                                            const c10d::AllToAllOptions& /*opts*/) {
   return translating(rank_, "alltoall_base", [&] {
-    const Buffer in = buffer_of(input, rank_, "alltoall_base");
-    const Buffer out = buffer_of(output, rank_, "alltoall_base");
+    const Buffer in = buffer_of(input, "alltoall_base");
+    const Buffer out = buffer_of(output, "alltoall_base");
     if (output_split_sizes.empty() && input_split_sizes.empty()) {
       return start(c10d::OpType::ALLTOALL_BASE, "alltoall_base", communicator_->all_to_all(in, out),
                    {output});
@@ -501,8 +520,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::alltoall(std::vector<at::Tensor>& o
     }
     at::Tensor in = flat_cat(input_tensors);
     at::Tensor out = at::empty({received}, output_tensors[0].options());
-    auto operation = communicator_->all_to_all_v(buffer_of(in, rank_, "alltoall"), *send_counts,
-                                                 buffer_of(out, rank_, "alltoall"), *recv_counts);
+    auto operation = communicator_->all_to_all_v(buffer_of(in, "alltoall"), *send_counts,
+                                                 buffer_of(out, "alltoall"), *recv_counts);
     auto copy = copy_out(out, output_tensors);
     return start(c10d::OpType::ALLTOALL, "alltoall", std::move(operation), output_tensors,
                  [copy, in, send_counts, recv_counts] { copy(); });
@@ -514,7 +533,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::send(std::vector<at::Tensor>& tenso
   return translating(rank_, "send", [&] {
     const at::Tensor& tensor = only(tensors, rank_, "send");
     return start(c10d::OpType::SEND, "send",
-                 communicator_->send(buffer_of(tensor, rank_, "send"), dst_rank), tensors);
+                 communicator_->send(buffer_of(tensor, "send"), dst_rank), tensors);
   });
 }
 
@@ -522,7 +541,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::recv(std::vector<at::Tensor>& tenso
                                                   int /*tag*/) {
   return translating(rank_, "recv", [&] {
     const at::Tensor& tensor = only(tensors, rank_, "recv");
-    auto receive = communicator_->recv(buffer_of(tensor, rank_, "recv"), src_rank);
+    auto receive = communicator_->recv(buffer_of(tensor, "recv"), src_rank);
     return start(c10d::OpType::RECV, "recv",
                  receive_exactly(std::move(receive), static_cast<std::size_t>(tensor.numel()),
                                  prefix(rank_, "recv")),

@@ -50,7 +50,9 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,7 +65,9 @@
 #endif
 
 #include <braid/collectives/communicator.hpp>
+#include <braid/core/buffer.hpp>
 #include <braid/core/runtime.hpp>
+#include <braid/dp/bucket_device.hpp>
 #include <braid/transport/world.hpp>
 
 namespace braid::torch {
@@ -174,8 +178,15 @@ class ProcessGroup final : public detail::ProcessGroupBase {
                                        std::vector<at::Tensor> outputs,
                                        std::function<void()> finish = {});
 
+  // A Buffer over a contiguous CPU tensor, or a CUDA one ordered on libtorch's current
+  // stream (a libtorch with CUDA); anything else is a c10::Error naming the call.
+  Buffer buffer_of(const at::Tensor& tensor, std::string_view op);
+
   std::shared_ptr<Remains> remains_;
   std::shared_ptr<Completions> completions_;
+  // CUDA tensors: per device, the braid Stream over libtorch's current stream.
+  std::mutex devices_mutex_;
+  std::map<int, std::shared_ptr<dp::BucketDevice>> devices_;
   std::shared_ptr<JoinedWorld> joined_;
   std::shared_ptr<collectives::Communicator> communicator_;
 };

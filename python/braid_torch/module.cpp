@@ -35,6 +35,8 @@ PYBIND11_MODULE(braid_torch, module) {
   module.doc() =
       "braid as a torch.distributed backend: import it, then init_process_group(\"braid\")";
   module.attr("__version__") = BRAID_VERSION;
+  // Whether the group takes CUDA tensors (built against a libtorch with CUDA).
+  module.attr("with_cuda") = BRAID_WITH_TORCH_CUDA != 0;
   // torch.distributed first: it registers c10d's Store and ProcessGroup with pybind11.
   py::object distributed = py::module::import("torch.distributed");
   module.def("new_process_group", &new_process_group, py::arg("store"), py::arg("rank"),

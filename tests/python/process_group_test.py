@@ -320,6 +320,28 @@ def power_sgd_worker(rank, size, port):
     dist.destroy_process_group()
 
 
+def cuda_worker(rank, size, port):
+    """CUDA tensors on the braid backend (a braid built against a PyTorch with CUDA): each
+    call follows the current stream, so values written there by a kernel still running when
+    the call is made are the ones reduced; the results match Gloo's on CPU copies."""
+    gloo = join(rank, size, port)
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    for dtype in (torch.float32, torch.float16, torch.int64):
+        x = torch.zeros(4099, dtype=dtype, device=device)
+        torch.cuda._sleep(20_000_000)  # ~10 ms of GPU time before the fill, on this stream
+        x.fill_(rank + 1)
+        dist.all_reduce(x)
+        expected = values(rank, 4099, dtype) * 0 + (rank + 1)
+        dist.all_reduce(expected, group=gloo)
+        check_equal(f"all_reduce of CUDA {dtype}", x.cpu(), expected)
+    gathered = [torch.empty(33, device=device) for _ in range(size)]
+    dist.all_gather(gathered, torch.full((33,), float(rank), device=device))
+    for r, g in enumerate(gathered):
+        check_equal(f"all_gather block {r}", g.cpu(), torch.full((33,), float(r)))
+    dist.destroy_process_group()
+
+
 class ProcessGroupTest(unittest.TestCase):
     def spawn(self, worker, size):
         mp.spawn(worker, args=(size, free_port()), nprocs=size, join=True)
@@ -366,6 +388,11 @@ class ProcessGroupTest(unittest.TestCase):
 
     def test_power_sgd_hook_trains_as_on_gloo(self):
         self.spawn(power_sgd_worker, 2)
+
+    @unittest.skipUnless(getattr(braid_torch, "with_cuda", False) and torch.cuda.is_available(),
+                         "braid_torch built without CUDA, or no GPU")
+    def test_cuda_tensors_follow_the_current_stream(self):
+        self.spawn(cuda_worker, 2)
 
 
 if __name__ == "__main__":

@@ -103,15 +103,21 @@ std::unique_ptr<Event> CudaStream::make_event() {
   return std::make_unique<CudaEvent>(device_);
 }
 
+// Record, wait and query make the stream's device current: a borrowed null handle (the
+// legacy default stream, which libtorch's default stream is) means the calling thread's
+// current device's, and a rank's thread training on device 1 may have device 0 current.
 void CudaStream::record(Event& event) {
+  const detail::CudaDeviceGuard guard(device_);
   BRAID_CUDA_CHECK(cudaEventRecord(as_cuda_event(event, device_).native(), stream_));
 }
 
 void CudaStream::wait(const Event& event) {
+  const detail::CudaDeviceGuard guard(device_);
   BRAID_CUDA_CHECK(cudaStreamWaitEvent(stream_, as_cuda_event(event, -1).native(), 0));
 }
 
 bool CudaStream::query() {
+  const detail::CudaDeviceGuard guard(device_);
   return detail::cuda_ready(cudaStreamQuery(stream_), "cudaStreamQuery");
 }
 

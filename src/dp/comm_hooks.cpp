@@ -88,7 +88,7 @@ class CompressHook final : public Float32Hook {
   // synchronises the device).
   asio::awaitable<void> reduce_on_device(Communicator& comm, BucketView bucket) {
     BucketDevice& device = *bucket.device;
-    Stream& stream = device.reduction_stream();
+    Stream& stream = *bucket.data.stream();
     const std::size_t n = bucket.data.count();
     std::shared_ptr<std::byte[]>& memory = device_wire_[bucket.index];
     if (!memory) memory = device.allocate(n * dtype_size(wire_));

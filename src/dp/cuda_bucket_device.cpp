@@ -8,6 +8,7 @@
 #if BRAID_WITH_CUDA
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -56,17 +57,17 @@ class CudaBucketDevice final : public BucketDevice {
   CudaBucketDevice(int device, std::function<void*()> current_stream)
       : device_(device),
         current_stream_(std::move(current_stream)),
-        // Highest priority (lowest number): a bucket's collectives are queued behind the
-        // rest of backward's kernels otherwise.
-        reduction_(device, highest_priority(device)) {}
+        reduction_(make_reduction_streams(device)) {}
 
   int device() const noexcept override { return device_; }
 
   std::shared_ptr<std::byte[]> allocate(std::size_t bytes) override {
     const braid::detail::CudaDeviceGuard guard(device_);
     void* memory = nullptr;
+    // Not zeroed: a cudaMemset would run on the legacy default stream, unordered with the
+    // reducer's streams, and could land after their first writes. Every user writes the
+    // memory on a stream before reading it.
     BRAID_CUDA_CHECK(cudaMalloc(&memory, bytes == 0 ? 1 : bytes));
-    BRAID_CUDA_CHECK(cudaMemset(memory, 0, bytes));
     // cudaFree waits for the device's work in flight, which may still read the memory.
     return std::shared_ptr<std::byte[]>(static_cast<std::byte*>(memory),
                                         [](std::byte* p) { (void)cudaFree(p); });
@@ -85,7 +86,9 @@ class CudaBucketDevice final : public BucketDevice {
     return *found->second;
   }
 
-  Stream& reduction_stream() override { return reduction_; }
+  Stream& reduction_stream(std::size_t bucket) override {
+    return *reduction_[bucket % reduction_.size()];
+  }
 
   void convert(const Buffer& dst, const Buffer& src, double factor, Stream& stream) override {
     BRAID_ENFORCE(dst.count() == src.count(), "bucket convert of {} elements into {}", src.count(),
@@ -110,17 +113,24 @@ class CudaBucketDevice final : public BucketDevice {
   }
 
  private:
-  static int highest_priority(int device) {
-    const braid::detail::CudaDeviceGuard guard(device);
+  // Four: buckets in flight at once beyond that wait for a turn on NCCL anyway. Highest
+  // priority (lowest number): a bucket's collectives are queued behind the rest of
+  // backward's kernels otherwise.
+  static std::vector<std::unique_ptr<CudaStream>> make_reduction_streams(int device) {
     int least = 0;
     int greatest = 0;
-    BRAID_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    return greatest;
+    {
+      const braid::detail::CudaDeviceGuard guard(device);
+      BRAID_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    }
+    std::vector<std::unique_ptr<CudaStream>> streams;
+    for (int i = 0; i < 4; ++i) streams.push_back(std::make_unique<CudaStream>(device, greatest));
+    return streams;
   }
 
   int device_;
   std::function<void*()> current_stream_;
-  CudaStream reduction_;
+  std::vector<std::unique_ptr<CudaStream>> reduction_;
   std::mutex mutex_;  // producers_: mark_ready runs on autograd's threads
   // Borrowed handles, one per stream the framework computed on: the reducer compares
   // producers by identity.

@@ -39,7 +39,6 @@ Reducer::Reducer(std::shared_ptr<Communicator> comm, std::vector<ParameterSpec> 
                                  describe(parameters_[0], 0)));
     }
     device_ = options_.device.get();
-    reduced_ = device_->reduction_stream().make_event();
   }
   check_placement();
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
@@ -143,8 +142,9 @@ void Reducer::build_buckets(const std::vector<std::size_t>& ready_order) {
       // Its collectives follow the reduction stream, which waits for the bucket's gradients.
       bucket->data = Buffer(bucket->storage.get(), layout.count, layout.dtype, MemoryKind::cuda,
                             device_->device())
-                         .on_stream(&device_->reduction_stream());
-      bucket->filled = device_->reduction_stream().make_event();
+                         .on_stream(&device_->reduction_stream(b));
+      bucket->filled = bucket->data.stream()->make_event();
+      bucket->reduced = bucket->data.stream()->make_event();
     } else {
       bucket->data = Buffer(bucket->storage.get(), layout.count, layout.dtype);
     }

@@ -95,11 +95,14 @@ void Reducer::keep_unused_gradient(std::size_t index) {
   if (!gradient || gradient->data() != slot.data()) return;
   const std::size_t size = gradient->size_bytes();
   if (device_ != nullptr) {
-    std::shared_ptr<std::byte[]> kept = device_->allocate(size);
+    // Kept memory per parameter, allocated once: allocating and freeing device memory
+    // every iteration would synchronise the device inside backward.
+    std::shared_ptr<std::byte[]>& kept = kept_on_device_[index];
+    if (!kept) kept = device_->allocate(size);
     copy_scaled(Buffer(kept.get(), gradient->count(), gradient->dtype(), MemoryKind::cuda,
                        device_->device()),
                 *gradient, 1.0);
-    unused_gradients_.push_back({index, std::move(kept), size});
+    unused_gradients_.push_back({index, kept, size});
     return;
   }
   auto kept = std::make_shared<std::byte[]>(size);
@@ -148,6 +151,7 @@ void Reducer::shadow_iteration(bool track_unused) {
     launch_ready_buckets();
   }
   wait_for_reductions();
+  producer_follows_reductions();
   end_iteration();
 }
 
@@ -224,7 +228,7 @@ void Reducer::note_producer(Bucket& bucket) {
     // An earlier gradient of this bucket came on another stream: the reduction stream
     // waits for that one now; `filled` covers this stream's when the bucket is full.
     bucket.producer->record(*bucket.filled);
-    device_->reduction_stream().wait(*bucket.filled);
+    bucket.data.stream()->wait(*bucket.filled);
   }
   bucket.producer = &producer;
 }
@@ -245,7 +249,7 @@ void Reducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->full) {
     Bucket& bucket = *buckets_[next_launch_];
     // In bucket order, so the reduction stream never waits for a later bucket first.
-    if (device_ != nullptr) device_->reduction_stream().wait(*bucket.filled);
+    if (device_ != nullptr) bucket.data.stream()->wait(*bucket.filled);
     // Later than the span's start where the bucket waited for an earlier one to fill.
     trace::instant(trace::Category::bucket, "bucket.launched", track_, bucket.data.size_bytes());
     trace::AsyncSpan span = std::move(bucket.lifetime);

@@ -60,6 +60,18 @@ void Reducer::wait_for_reductions() {
   }
 }
 
+void Reducer::producer_follows_reductions() {
+  if (device_ == nullptr) return;
+  // The collectives are done; hooks' kernels may still be queued on the buckets' streams:
+  // what the producer stream does next (the write-back, the optimizer, the next
+  // iteration's copies into the buckets) follows them.
+  Stream& producer = device_->producer();
+  for (auto& bucket : buckets_) {
+    bucket->data.stream()->record(*bucket->reduced);
+    producer.wait(*bucket->reduced);
+  }
+}
+
 void Reducer::settle_reductions() noexcept {
   for (auto& bucket : buckets_) {
     if (bucket->reduction && !bucket->reduction->wait_for(std::chrono::seconds(30))) {
@@ -105,12 +117,7 @@ void Reducer::finalize() {
     }
   }
   wait_for_reductions();
-  if (device_ != nullptr) {
-    // The collectives are done; hooks' kernels may still be queued on the reduction
-    // stream: the write-back, and the optimizer after it, follow them there.
-    device_->reduction_stream().record(*reduced_);
-    device_->producer().wait(*reduced_);
-  }
+  producer_follows_reductions();
   {
     trace::Span write_back(trace::Category::bucket, "bucket.write_back", track_);
     for (std::size_t i = 0; i < parameters_.size(); ++i) {

@@ -55,6 +55,7 @@ struct Reducer::Bucket {
   // on (a gradient on another stream makes the reduction stream wait for that one too).
   std::unique_ptr<Event> filled;
   Stream* producer = nullptr;
+  std::unique_ptr<Event> reduced;  // the bucket's stream after its reduction, for the producer
   std::shared_ptr<detail::ReductionTurn> turn;  // with hooks that run one bucket at a time
   trace::AsyncSpan lifetime;  // "bucket": from full (every gradient in) to reduced
 

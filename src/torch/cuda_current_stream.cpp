@@ -4,6 +4,7 @@
 #include <braid/core/error.hpp>
 
 #if BRAID_WITH_TORCH_CUDA
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -19,6 +20,20 @@ void* current_cuda_stream(int device) {
               "(-Dlibtorch=<PyTorch's torch/ directory>); this one was built against a "
               "CPU-only libtorch",
               {.operation = "libtorch"});
+#endif
+}
+
+std::function<void()> on_current_stream(int device, std::function<void()> work) {
+#if BRAID_WITH_TORCH_CUDA
+  const c10::cuda::CUDAStream stream =
+      c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+  return [stream, work = std::move(work)] {
+    const c10::cuda::CUDAStreamGuard guard(stream);
+    work();
+  };
+#else
+  (void)device;
+  return work;
 #endif
 }
 

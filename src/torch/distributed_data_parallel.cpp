@@ -37,7 +37,8 @@ std::vector<std::int64_t> signature(const std::vector<at::Tensor>& parameters,
                                     const std::vector<std::string>& names) {
   std::vector<std::int64_t> out{static_cast<std::int64_t>(parameters.size())};
   for (std::size_t i = 0; i < parameters.size(); ++i) {
-    out.push_back(static_cast<std::int64_t>(parameters[i].scalar_type()));
+    out.push_back(static_cast<std::int64_t>(parameters[i].scalar_type()) +
+                  (parameters[i].is_cuda() ? 1000 : 0));  // CUDA and CPU ranks differ here
     out.push_back(parameters[i].dim());
     for (const std::int64_t size : parameters[i].sizes()) out.push_back(size);
     out.push_back(static_cast<std::int64_t>(std::hash<std::string>{}(names[i]) >> 1));
@@ -134,13 +135,15 @@ void DataParallelCore::check_same_model() {
           std::vector<std::int64_t> theirs;
           if (width_b >= 3)
             theirs.assign(reference.begin() + b + 2, reference.begin() + b + width_b - 1);
+          const bool their_cuda = width_b >= 3 && reference[b] >= 1000;
           difference = fmt::format(
-              "parameter {} '{}' is {} [{}]; rank 0's parameter {} is {} [{}] "
+              "parameter {} '{}' is {} [{}] on {}; rank 0's parameter {} is {} [{}] on {} "
               "(or named differently)",
               i, names_[i], c10::toString(parameters_[i].scalar_type()),
-              fmt::join(parameters_[i].sizes(), ", "), i,
-              width_b >= 3 ? c10::toString(static_cast<c10::ScalarType>(reference[b])) : "?",
-              fmt::join(theirs, ", "));
+              fmt::join(parameters_[i].sizes(), ", "),
+              parameters_[i].is_cuda() ? "CUDA" : "the CPU", i,
+              width_b >= 3 ? c10::toString(static_cast<c10::ScalarType>(reference[b] % 1000)) : "?",
+              fmt::join(theirs, ", "), their_cuda ? "CUDA" : "the CPU");
           break;
         }
         a += width_a;

@@ -225,6 +225,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::start(c10d::OpType type, std::strin
                                                    std::vector<at::Tensor> outputs,
                                                    std::function<void()> finish) {
   remains_->release();  // the operations finished since the last call, let go here
+  if (!outputs.empty() && outputs.front().is_cuda()) {
+    // The copies out of a flat result run on the caller's stream (as the flat tensor was
+    // made there), not on whatever stream braid's thread has current; the streams the
+    // buffers name live until the operation ends.
+    if (finish) finish = detail::on_current_stream(outputs.front().get_device(), std::move(finish));
+    finish = [keep = cuda_streams_, work = std::move(finish)] {
+      if (work) work();
+    };
+  }
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
   asio::co_spawn(joined_->runtime->executor(),
                  complete(std::move(operation), future, std::move(outputs), std::move(finish),
@@ -294,8 +303,8 @@ Buffer ProcessGroup::buffer_of(const at::Tensor& tensor, std::string_view op) {
 #if BRAID_WITH_TORCH_CUDA
   // Ordered on libtorch's current stream, as PyTorch's NCCL backend orders its calls: the
   // collective starts after the kernels enqueued there before the call.
-  std::lock_guard lock(devices_mutex_);
-  std::shared_ptr<dp::BucketDevice>& device = devices_[buffer.device()];
+  std::lock_guard lock(cuda_streams_->mutex);
+  std::shared_ptr<dp::BucketDevice>& device = cuda_streams_->by_device[buffer.device()];
   if (!device) device = detail::libtorch_bucket_device(buffer.device());
   return buffer.on_stream(&device->producer());
 #else

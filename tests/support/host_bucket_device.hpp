@@ -31,8 +31,11 @@ class HostBucketDevice final : public dp::BucketDevice {
   int device() const noexcept override { return device_; }
 
   std::shared_ptr<std::byte[]> allocate(std::size_t bytes) override {
-    auto* memory = static_cast<std::byte*>(std::calloc(bytes == 0 ? 1 : bytes, 1));
+    auto* memory = static_cast<std::byte*>(std::malloc(bytes == 0 ? 1 : bytes));
     if (memory == nullptr) throw std::bad_alloc();
+    // Not zeroed, as cudaMalloc's is not: 0xff bytes are NaNs in every float dtype, so a
+    // reducer that read memory it never wrote would show it.
+    std::memset(memory, 0xff, bytes);
     // As cudaFree does, freeing waits for the work still queued on the device's streams.
     return std::shared_ptr<std::byte[]>(memory, [streams = all_streams()](std::byte* p) {
       for (const auto& s : streams) s->synchronize(deadline_after(std::chrono::seconds(20)));
@@ -44,7 +47,9 @@ class HostBucketDevice final : public dp::BucketDevice {
   Stream& producer() override { return *producers_[current_]; }
   HostStream& compute(int p = 0) { return *producers_[static_cast<std::size_t>(p)]; }
   void use_producer(int p) { current_ = static_cast<std::size_t>(p); }
-  Stream& reduction_stream() override { return *reduction_; }
+  Stream& reduction_stream(std::size_t bucket) override {
+    return *reductions_[bucket % reductions_.size()];
+  }
 
   void convert(const Buffer& dst, const Buffer& src, double factor, Stream& stream) override {
     if (dst.count() != src.count()) throw std::invalid_argument("convert: counts differ");
@@ -104,14 +109,15 @@ class HostBucketDevice final : public dp::BucketDevice {
   }
   std::vector<std::shared_ptr<HostStream>> all_streams() const {
     std::vector<std::shared_ptr<HostStream>> all = producers_;
-    all.push_back(reduction_);
+    all.insert(all.end(), reductions_.begin(), reductions_.end());
     return all;
   }
 
   int device_;
   std::vector<std::shared_ptr<HostStream>> producers_;
   std::size_t current_ = 0;
-  std::shared_ptr<HostStream> reduction_ = std::make_shared<HostStream>("reduction");
+  std::vector<std::shared_ptr<HostStream>> reductions_ = {
+      std::make_shared<HostStream>("reduction 0"), std::make_shared<HostStream>("reduction 1")};
 };
 
 }  // namespace braid::testing

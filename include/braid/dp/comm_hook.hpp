@@ -56,7 +56,7 @@ struct BucketView {
   // rank's next real iteration.
   bool shadow = false;
   // Where the bucket lives when it is device memory (bucket_device.hpp), null for host
-  // buckets. Device work a hook enqueues goes on device->reduction_stream(), which `data`
+  // buckets. Device work a hook enqueues goes on data.stream(), the stream `data`
   // is ordered on; the reducer's write-back follows it.
   BucketDevice* device = nullptr;
 };

@@ -41,6 +41,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -189,6 +190,9 @@ class Reducer {
   void fill_slot(std::size_t index, bool bind = true);
   // Waits, bounded, for every launched reduction to end, whatever it ends with.
   void settle_reductions() noexcept;
+  // Device buckets, after the reductions: the producer stream waits for each bucket's
+  // stream, where hooks' kernels may still be queued.
+  void producer_follows_reductions();
   // Needs mutex_. Before a parameter this rank left unused is filled in: unused_gradients_.
   void keep_unused_gradient(std::size_t index);
   // With a hook that averages (the default all-reduce), f32, f64 and bf16 buckets go in
@@ -220,7 +224,6 @@ class Reducer {
   trace::Track track_;
   std::shared_ptr<CommHook> hook_;
   BucketDevice* device_ = nullptr;  // options_.device where the parameters are in CUDA memory
-  std::unique_ptr<Event> reduced_;  // device: every reduction's work on the reduction stream
 
   std::mutex mutex_;
   std::mutex producer_mutex_;  // Bucket::producer; taken after mutex_ where both are
@@ -241,6 +244,7 @@ class Reducer {
     std::size_t size;
   };
   std::vector<KeptGradient> unused_gradients_;
+  std::map<std::size_t, std::shared_ptr<std::byte[]>> kept_on_device_;  // by parameter
   std::size_t next_launch_ = 0;
   bool first_sync_done_ = false;
   std::uint64_t iterations_ = 0;  // finalized synchronised iterations

@@ -184,9 +184,14 @@ class ProcessGroup final : public detail::ProcessGroupBase {
 
   std::shared_ptr<Remains> remains_;
   std::shared_ptr<Completions> completions_;
-  // CUDA tensors: per device, the braid Stream over libtorch's current stream.
-  std::mutex devices_mutex_;
-  std::map<int, std::shared_ptr<dp::BucketDevice>> devices_;
+  // CUDA tensors: per device, the braid Stream over libtorch's current stream. Shared
+  // with the operations in flight, whose buffers name those streams: a group destroyed
+  // while they run leaves them alive.
+  struct CudaStreams {
+    std::mutex mutex;
+    std::map<int, std::shared_ptr<dp::BucketDevice>> by_device;
+  };
+  std::shared_ptr<CudaStreams> cuda_streams_ = std::make_shared<CudaStreams>();
   std::shared_ptr<JoinedWorld> joined_;
   std::shared_ptr<collectives::Communicator> communicator_;
 };

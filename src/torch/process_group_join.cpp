@@ -111,12 +111,16 @@ c10::intrusive_ptr<ProcessGroup> ProcessGroup::join(const c10::intrusive_ptr<c10
       // The subgroup's key in braid's store: drawn by the group's rank 0 and passed through
       // the group's own PyTorch store, so no two groups share one.
       std::string key = "alone";  // a group of one publishes no name
-      if (size > 1) {
-        if (rank == 0) set(*store, kSubgroupKey, random_token());
+      if (size > 1 && rank == 0) {
+        // Rank 0 keeps what it drew: reading it back could come after the last reader
+        // deleted it, and wait for a key that no longer exists until the timeout.
+        key = random_token();
+        set(*store, kSubgroupKey, key);
+      } else if (size > 1) {
         key = get(*store, kSubgroupKey);
         // The last to read it deletes it, so a group name PyTorch uses again finds none
         // stale.
-        if (rank != 0 && store->add(kSubgroupReaders, 1) == size - 1) {
+        if (store->add(kSubgroupReaders, 1) == size - 1) {
           store->deleteKey(kSubgroupKey);
           store->deleteKey(kSubgroupReaders);
         }

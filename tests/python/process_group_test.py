@@ -275,6 +275,8 @@ def new_group_worker(rank, size, port):
         b = torch.full((2,), float(rank))
         dist.broadcast(b, src=2, group=evens)  # src is the global rank
         check_equal("broadcast from rank 2 over ranks 0 and 2", b, torch.full((2,), 2.0))
+        # A subgroup is destroyed by name (PyTorch 2 reads the group's name to do it).
+        dist.destroy_process_group(evens)
     else:
         assert evens == dist.GroupMember.NON_GROUP_MEMBER, "rank 1 should not be in evens"
     w = torch.ones(5)

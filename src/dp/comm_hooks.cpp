@@ -83,7 +83,7 @@ class CompressHook final : public Float32Hook {
   }
 
  private:
-  // The conversions are kernels on the reduction stream, which the wire buffer's
+  // The conversions are kernels on the bucket's reduction stream, which the wire buffer's
   // all-reduce follows; the wire memory is kept per bucket (allocating device memory
   // synchronises the device).
   asio::awaitable<void> reduce_on_device(Communicator& comm, BucketView bucket) {

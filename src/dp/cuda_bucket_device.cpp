@@ -1,5 +1,5 @@
 // cuda_bucket_device() (<braid/dp/bucket_device.hpp>): bucket memory from cudaMalloc, the
-// reducer's stream, and the kernels of bucket_kernels.cu. In a build without CUDA it
+// reducer's streams, and the kernels of bucket_kernels.cu. In a build without CUDA it
 // refuses with an error saying so.
 #include <braid/build_config.hpp>
 #include <braid/core/error.hpp>

@@ -139,7 +139,7 @@ void Reducer::build_buckets(const std::vector<std::size_t>& ready_order) {
     // Aliases the allocation: it lives while any bucket or bound gradient does.
     bucket->storage = std::shared_ptr<std::byte[]>(memory, memory.get() + starts[b]);
     if (device_ != nullptr) {
-      // Its collectives follow the reduction stream, which waits for the bucket's gradients.
+      // Its collectives follow its reduction stream, which waits for the bucket's gradients.
       bucket->data = Buffer(bucket->storage.get(), layout.count, layout.dtype, MemoryKind::cuda,
                             device_->device())
                          .on_stream(&device_->reduction_stream(b));

@@ -225,7 +225,7 @@ void Reducer::note_producer(Bucket& bucket) {
   Stream& producer = device_->producer();
   std::lock_guard lock(producer_mutex_);
   if (bucket.producer != nullptr && bucket.producer != &producer) {
-    // An earlier gradient of this bucket came on another stream: the reduction stream
+    // An earlier gradient of this bucket came on another stream: the bucket's stream
     // waits for that one now; `filled` covers this stream's when the bucket is full.
     bucket.producer->record(*bucket.filled);
     bucket.data.stream()->wait(*bucket.filled);
@@ -248,7 +248,7 @@ void Reducer::mark_full(std::size_t index) {
 void Reducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->full) {
     Bucket& bucket = *buckets_[next_launch_];
-    // In bucket order, so the reduction stream never waits for a later bucket first.
+    // In bucket order, so a reduction stream never waits for a later bucket first.
     if (device_ != nullptr) bucket.data.stream()->wait(*bucket.filled);
     // Later than the span's start where the bucket waited for an earlier one to fill.
     trace::instant(trace::Category::bucket, "bucket.launched", track_, bucket.data.size_bytes());

@@ -51,8 +51,8 @@ struct Reducer::Bucket {
   bool launched = false;
   std::optional<Future<void>> reduction;
   // Device buckets: recorded on the producer stream once the bucket's gradients are in
-  // it; the reduction stream waits for it. `producer` is the stream the last gradient came
-  // on (a gradient on another stream makes the reduction stream wait for that one too).
+  // it; the bucket's reduction stream waits for it. `producer` is the stream the last gradient came
+  // on (a gradient on another stream makes that stream wait for that one too).
   std::unique_ptr<Event> filled;
   Stream* producer = nullptr;
   std::unique_ptr<Event> reduced;  // the bucket's stream after its reduction, for the producer

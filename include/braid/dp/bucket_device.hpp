@@ -53,7 +53,7 @@ class BucketDevice {
   virtual void zero(const Buffer& dst, Stream& stream) = 0;
 };
 
-// The CUDA bucket device for `device`: memory from cudaMalloc, a reduction stream of the
+// The CUDA bucket device for `device`: memory from cudaMalloc, four reduction streams of the
 // device's highest priority, kernels for convert. `current_stream` returns the
 // cudaStream_t the framework computes on now, on the calling thread (null: the legacy
 // default stream). Throws Error(invalid_argument) in a build without CUDA.

@@ -23,7 +23,7 @@
 // The default all-reduce issues one collective, at once, so its buckets overlap.
 //
 // On buckets in device memory (a reducer with a BucketDevice) run all_reduce and compress
-// (its conversions are kernels on the reduction stream); the others refuse them.
+// (its conversions are kernels on the bucket's reduction stream); the others refuse them.
 #pragma once
 
 #include <cstddef>

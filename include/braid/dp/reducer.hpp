@@ -26,7 +26,7 @@
 // Device memory. Parameters in CUDA memory (all on one device) get buckets in that
 // device's memory through Options::device (bucket_device.hpp, which shows the streams):
 // gradients are copied into their slots on the stream that produced them, each bucket's
-// reduction starts on the reducer's stream once the GPU has written the bucket, and
+// reduction starts on its reduction stream once the GPU has written the bucket, and
 // finalize() leaves the write-back enqueued on the producer stream behind the
 // reductions. The comm hooks that run there are all_reduce and compress; the others, and
 // clip_grad_norm, work on host buckets only (an error says so).

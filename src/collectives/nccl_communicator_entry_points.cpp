@@ -129,7 +129,7 @@ void NcclCommunicator::pass_turn() noexcept {
 }
 
 cudaStream_t NcclCommunicator::producer_of(const Buffer& input, const Buffer& output) const {
-  Stream* named = input.stream() != nullptr ? input.stream() : output.stream();
+  Stream* named = stream_of(input, output);
   if (named == nullptr) return compute_stream_;
   auto* cuda = dynamic_cast<CudaStream*>(named);
   if (cuda == nullptr) {

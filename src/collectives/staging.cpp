@@ -148,7 +148,6 @@ asio::awaitable<void> run_elementwise_staged(CopyEngine& engine, StagingPool& po
   const Buffer input = staging.input;
   const Buffer output = staging.output;
   const Buffer& shape = staging.copy_in ? input : output;
-  const Buffer& other = staging.copy_in ? output : input;
   const DType dtype = shape.dtype();
   const StagingPlan plan(shape.size_bytes(), dtype_size(dtype), staging.chunk_bytes, kStagingSlots);
   if (plan.chunks() == 0) {
@@ -172,7 +171,7 @@ asio::awaitable<void> run_elementwise_staged(CopyEngine& engine, StagingPool& po
     stream.record(*brought_in[c.slot]);
   };
 
-  engine.follow_producer(shape.stream() != nullptr ? shape.stream() : other.stream());
+  engine.follow_producer(stream_of(input, output));
   std::exception_ptr failure;
   try {
     for (std::size_t k = 0; k < std::min(plan.slots(), plan.chunks()); ++k) bring_in(k);
@@ -221,7 +220,7 @@ asio::awaitable<void> run_whole_staged(CopyEngine& engine, StagingPool& pool, Bu
 
   Stream& stream = engine.stream();
   auto done = stream.make_event();
-  engine.follow_producer(input.stream() != nullptr ? input.stream() : output.stream());
+  engine.follow_producer(stream_of(input, output));
   std::exception_ptr failure;
   try {
     if (in_bytes != 0) engine.copy(host_in, in_begin, in_bytes);

@@ -2,7 +2,6 @@
 // copied into its bucket's slot as it arrives, and full buckets launched strictly in index
 // order, each reduction on the runtime thread through the comm hook.
 #include <algorithm>
-#include <cstring>
 #include <memory>
 
 #include <boost/asio/redirect_error.hpp>
@@ -93,21 +92,16 @@ void Reducer::keep_unused_gradient(std::size_t index) {
   const Buffer slot = buckets_[bucket_of_[index]]->slot(slot_of_[index], parameters_[index].count);
   // With its own memory it stays untouched: fill_slot does not bind it this iteration.
   if (!gradient || gradient->data() != slot.data()) return;
-  const std::size_t size = gradient->size_bytes();
-  if (device_ != nullptr) {
-    // Kept memory per parameter, allocated once: allocating and freeing device memory
-    // every iteration would synchronise the device inside backward.
-    std::shared_ptr<std::byte[]>& kept = kept_on_device_[index];
-    if (!kept) kept = device_->allocate(size);
-    copy_scaled(Buffer(kept.get(), gradient->count(), gradient->dtype(), MemoryKind::cuda,
-                       device_->device()),
-                *gradient, 1.0);
-    unused_gradients_.push_back({index, kept, size});
-    return;
+  // The gradient is its slot here, so its size never changes: one allocation serves.
+  std::shared_ptr<std::byte[]>& memory = kept_memory_[index];
+  if (!memory) {
+    memory = device_ != nullptr ? device_->allocate(gradient->size_bytes())
+                                : std::make_shared<std::byte[]>(gradient->size_bytes());
   }
-  auto kept = std::make_shared<std::byte[]>(size);
-  std::memcpy(kept.get(), gradient->data(), size);
-  unused_gradients_.push_back({index, std::move(kept), size});
+  const Buffer copy(memory.get(), gradient->count(), gradient->dtype(), gradient->memory(),
+                    gradient->device());
+  copy_scaled(copy, *gradient, 1.0);
+  unused_gradients_.push_back({index, copy});
 }
 
 void Reducer::begin_iteration() {

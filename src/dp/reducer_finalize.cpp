@@ -4,7 +4,6 @@
 // the buckets in the order rank 0's gradients arrived.
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <exception>
 
 #include <fmt/format.h>
@@ -130,15 +129,11 @@ void Reducer::finalize() {
     for (const KeptGradient& kept : unused_gradients_) {
       if (locally_used_[kept.index] != 0) continue;  // some rank used it: it takes the average
       const std::optional<Buffer> gradient = access_.gradient(kept.index, false);
-      if (!gradient || gradient->size_bytes() != kept.size) continue;
-      if (device_ != nullptr) {
-        copy_scaled(*gradient,
-                    Buffer(kept.bytes.get(), gradient->count(), gradient->dtype(), MemoryKind::cuda,
-                           device_->device()),
-                    1.0);
-      } else {
-        std::memcpy(gradient->data(), kept.bytes.get(), kept.size);
-      }
+      if (!gradient || gradient->size_bytes() != kept.copy.size_bytes()) continue;
+      copy_scaled(*gradient,
+                  Buffer(kept.copy.data(), gradient->count(), gradient->dtype(), kept.copy.memory(),
+                         kept.copy.device()),
+                  1.0);
     }
     unused_gradients_.clear();
   }

@@ -1,6 +1,6 @@
 // DDP on a device, checked against one process: every rank of a braid-run job trains a
-// small net under DistributedDataParallel on `--device` (cuda: CUDA device LOCAL_RANK
-// modulo the GPUs), and rank 0 also trains the same net alone on every rank's batch
+// small net under DistributedDataParallel on `--device` (as the main job places its ranks:
+// example_models::training_device), and rank 0 also trains the same net alone on every rank's batch
 // concatenated. After the steps rank 0's parameters must match the lone net's, and every
 // rank's must be rank 0's. On a one-GPU machine `braid-run -n 1` takes the NCCL path and
 // `braid-run -n 2` the staged one (two ranks share the GPU). Prints "ddp_device_probe: OK"
@@ -9,6 +9,7 @@
 //   braid-run -n 2 ddp_device_probe --device cuda [--copy-gradients] [--compress]
 #include <cstdlib>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,8 @@
 #include <braid/torch/distributed_data_parallel.hpp>
 #include <braid/transport/bootstrap.hpp>
 #include <braid/transport/world.hpp>
+
+#include "../../examples/training_checks.hpp"
 
 namespace {
 
@@ -78,16 +81,10 @@ int main(int argc, char** argv) {
     auto world = braid::transport::World::join(runtime);
     auto comm = braid::collectives::Communicator::world(*world);
     torch::Device device(torch::kCPU);
-    if (device_name == "cuda") {
-      const auto gpus = static_cast<int>(torch::cuda::device_count());
-      if (gpus == 0) {
-        std::cerr << "ddp_device_probe: libtorch sees no CUDA device\n";
-        return 2;
-      }
-      device = torch::Device(torch::kCUDA,
-                             static_cast<c10::DeviceIndex>(world->launch().local_rank % gpus));
-    } else if (device_name != "cpu") {
-      std::cerr << "ddp_device_probe: --device cpu|cuda\n";
+    try {
+      device = example_models::training_device(device_name, world->launch().local_rank);
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "ddp_device_probe: " << e.what() << "\n";
       return 2;
     }
     constexpr int kSteps = 5;

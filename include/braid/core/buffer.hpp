@@ -97,4 +97,10 @@ class Buffer {
   Stream* stream_ = nullptr;
 };
 
+// The stream a call on `input` and `output` is ordered on: the one either names (input's
+// first), null where neither does.
+inline Stream* stream_of(const Buffer& input, const Buffer& output) noexcept {
+  return input.stream() != nullptr ? input.stream() : output.stream();
+}
+
 }  // namespace braid

@@ -240,11 +240,12 @@ class Reducer {
   // no rank used one, finalize puts it back: left alone, as in copy mode.
   struct KeptGradient {
     std::size_t index;
-    std::shared_ptr<std::byte[]> bytes;  // host memory, or device memory for device buckets
-    std::size_t size;
+    Buffer copy;  // in kept_memory_, where the gradient is (host or device memory)
   };
   std::vector<KeptGradient> unused_gradients_;
-  std::map<std::size_t, std::shared_ptr<std::byte[]>> kept_on_device_;  // by parameter
+  // By parameter, allocated once: on a device, allocating and freeing every iteration
+  // would synchronise it inside backward.
+  std::map<std::size_t, std::shared_ptr<std::byte[]>> kept_memory_;
   std::size_t next_launch_ = 0;
   bool first_sync_done_ = false;
   std::uint64_t iterations_ = 0;  // finalized synchronised iterations

@@ -170,7 +170,9 @@ class ShardedTraining {
     return run_unit(*model_, [&] { return model_->forward(x, run_unit); });
   }
 
-  void zero_grad() { zero_ ? zero_->zero_grad() : optimizer_->zero_grad(); }
+  // In place, not libtorch 2's default of none: a DDP gradient stays its bucket's view, where
+  // a new tensor each step would cost the reducer a copy into the bucket.
+  void zero_grad() { zero_ ? zero_->zero_grad() : optimizer_->zero_grad(/*set_to_none=*/false); }
 
   void step() {
     if (zero_) {

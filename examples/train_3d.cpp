@@ -225,7 +225,7 @@ int train(const Settings& s) {
       from_ns = braid::trace::now_ns();
     }
     batch = example_models::gpt_global_batch(s, step);
-    optimizer->zero_grad();
+    optimizer->zero_grad(/*set_to_none=*/false);  // in place: the buckets' views stay
     const std::vector<double> losses = executor.run();
     // Megatron-Core's finalize_model_grads order: DP (done in each stage's last backward),
     // then the tied embedding's copies over the embedding group.

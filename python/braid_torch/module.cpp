@@ -12,7 +12,6 @@
 #include <pybind11/chrono.h>
 
 #include <torch/csrc/utils/pybind.h>
-#include <torch/version.h>
 
 #include <braid/build_config.hpp>
 #include <braid/torch/process_group.hpp>
@@ -21,11 +20,11 @@ namespace py = pybind11;
 
 namespace {
 
-// The static type is c10d's (ProcessGroup, or Backend on PyTorch 2), which torch._C
-// registered: pybind11 finds no class for braid's own, and Python needs none.
-c10::intrusive_ptr<braid::torch::detail::ProcessGroupBase> new_process_group(
-    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-    std::chrono::milliseconds timeout) {
+// The static type is c10d's Backend, which torch._C registered: pybind11 finds no class for
+// braid's own, and Python needs none.
+c10::intrusive_ptr<c10d::Backend> new_process_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    int rank, int size,
+                                                    std::chrono::milliseconds timeout) {
   return braid::torch::ProcessGroup::join(store, rank, size, timeout);
 }
 
@@ -45,15 +44,11 @@ PYBIND11_MODULE(braid_torch, module) {
   py::object backend = distributed.attr("Backend");
   // A second import of the module (importlib.reload) finds the backend registered.
   if (!py::hasattr(backend, "BRAID")) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
     // The devices braid's group serves (a list: a string was iterated per character).
     py::list devices;
     devices.append("cpu");
     if (BRAID_WITH_TORCH_CUDA != 0) devices.append("cuda");
     backend.attr("register_backend")("braid", module.attr("new_process_group"),
                                      py::arg("extended_api") = false, py::arg("devices") = devices);
-#else
-    backend.attr("register_backend")("braid", module.attr("new_process_group"));
-#endif
   }
 }

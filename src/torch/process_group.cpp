@@ -2,11 +2,15 @@
 // calls the communicator on the caller's thread (which takes the call's place in the
 // order) and hands the awaitable to start(), which completes a Work from the progress
 // thread. Joining is in process_group_join.cpp.
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -94,26 +98,71 @@ struct ProcessGroup::Remains {
   }
 };
 
+// Completions, in the order the operations were issued, one callback chain running at a
+// time. A job is an operation's completion: marking its future completed, which runs the
+// callbacks chained on it (then()) on the job's thread. A callback may issue operations of
+// its own and wait for them (PowerSGD's hook does, once per bucket), so every job gets a
+// thread when all are busy: a callback that waits never holds up the completion it waits for.
+//
+// The order is what makes callbacks that issue operations safe: every rank must issue a
+// group's operations in one order, and callbacks racing on threads would issue theirs in
+// whatever order the threads ran (PowerSGD's P and Q all-reduces of two buckets crossed).
+// So a job waits for its turn: the jobs before it (by ticket, the order of issue) have
+// been delivered, and the turn is free. The turn passes on when the job's thread issues an
+// operation of this group (it is about to wait for it) or returns; when an operation a
+// callback issued completes, the turn goes back to that callback's thread, which wakes to
+// go on, until it issues again or returns. A holder that does neither within kTurnTimeout
+// is waiting for something else, and the next job goes ahead (no deadlock; the order is
+// then the threads'). Threads are detached and own this state, so no one joins them: a group
+// destroyed on Python's thread, holding the GIL, never waits for a thread that needs it.
+// Cost: a hand-off between threads per operation, and completions held back behind an
+// earlier operation still running.
 struct ProcessGroup::Completions : std::enable_shared_from_this<Completions> {
   // A thread idle this long leaves; the next operation starts one again (tens of us).
   static constexpr auto kIdleExit = std::chrono::seconds(2);
+  static constexpr auto kTurnTimeout = std::chrono::milliseconds(50);
+
+  // A job's thread, while its job runs; callbacks of the job issue on it.
+  struct Runner {
+    bool running = true;
+  };
+  struct Job {
+    std::function<void()> run;
+    std::shared_ptr<Runner> issuer;  // the job whose thread issued the operation, if any
+  };
+
   std::mutex mutex;
   std::condition_variable wake;
-  std::deque<std::function<void()>> queue;
+  std::map<std::uint64_t, Job> done;  // completed operations by ticket, not yet delivered
+  std::uint64_t next_ticket = 0;
+  std::uint64_t next_delivery = 0;
+  std::shared_ptr<Runner> turn;  // who runs now; null: the turn is free
+  std::chrono::steady_clock::time_point turn_since;
   std::size_t idle = 0;
 
-  void post(std::function<void()> job) {
+  // The job this thread runs, where it runs one of this group's.
+  static thread_local std::pair<const Completions*, std::shared_ptr<Runner>> current;
+
+  // At issue, on the issuing thread: the operation's ticket and the job issuing it (null on
+  // threads of the program's own). A job issuing gives up the turn.
+  std::pair<std::uint64_t, std::shared_ptr<Runner>> issue() {
     std::lock_guard lock(mutex);
-    queue.push_back(std::move(job));
-    // Every job waiting needs a thread free to take it: one busy in a callback that waits
-    // may be waiting for this very job. No cap: a cap is a number of waiting callbacks
-    // (PowerSGD's, one per bucket in flight) past which the job they wait for never runs.
-    // Threads are detached and own this state, so no one joins them: a group destroyed on
-    // Python's thread, holding the GIL, never waits for a thread that needs it.
-    if (queue.size() > idle) {
+    std::shared_ptr<Runner> issuer = current.first == this ? current.second : nullptr;
+    if (issuer && turn == issuer) {
+      turn = nullptr;
+      wake.notify_all();
+    }
+    return {next_ticket++, std::move(issuer)};
+  }
+
+  // On the progress thread, once the operation has ended.
+  void post(std::uint64_t ticket, std::shared_ptr<Runner> issuer, std::function<void()> run) {
+    std::lock_guard lock(mutex);
+    done.emplace(ticket, Job{std::move(run), std::move(issuer)});
+    if (done.size() > idle) {
       std::thread([self = shared_from_this()] { self->work(); }).detach();
     } else {
-      wake.notify_one();
+      wake.notify_all();
     }
   }
 
@@ -121,18 +170,47 @@ struct ProcessGroup::Completions : std::enable_shared_from_this<Completions> {
     std::unique_lock lock(mutex);
     for (;;) {
       ++idle;
-      const bool woken = wake.wait_for(lock, kIdleExit, [&] { return !queue.empty(); });
+      const auto idle_since = std::chrono::steady_clock::now();
+      for (;;) {
+        const auto now = std::chrono::steady_clock::now();
+        if (done.contains(next_delivery)) {
+          if (turn && now - turn_since >= kTurnTimeout) turn = nullptr;  // it waits elsewhere
+          if (!turn) break;
+          wake.wait_until(lock, turn_since + kTurnTimeout);
+        } else if (now - idle_since >= kIdleExit) {
+          --idle;
+          return;
+        } else {
+          wake.wait_until(lock, idle_since + kIdleExit);
+        }
+      }
       --idle;
-      if (!woken) return;
-      std::function<void()> job = std::move(queue.front());
-      queue.pop_front();
+      auto node = done.extract(next_delivery++);
+      Job job = std::move(node.mapped());
+      auto runner = std::make_shared<Runner>();
+      turn = runner;
+      turn_since = std::chrono::steady_clock::now();
       lock.unlock();
-      job();
-      job = nullptr;
+      current = {this, runner};
+      job.run();
+      job.run = nullptr;
+      current = {nullptr, nullptr};
       lock.lock();
+      runner->running = false;
+      if (turn == runner) {
+        // Nothing issued: the turn goes back to the callback that issued this operation,
+        // which its completion woke.
+        turn = job.issuer && job.issuer->running ? job.issuer : nullptr;
+        turn_since = std::chrono::steady_clock::now();
+      }
+      wake.notify_all();
     }
   }
 };
+
+thread_local std::pair<const ProcessGroup::Completions*,
+                       std::shared_ptr<ProcessGroup::Completions::Runner>>
+    ProcessGroup::Completions::current{nullptr, nullptr};
 
 namespace {
 
@@ -140,7 +218,9 @@ asio::awaitable<void> complete(asio::awaitable<void> operation,
                                c10::intrusive_ptr<c10::ivalue::Future> future,
                                std::vector<at::Tensor> outputs, std::function<void()> finish,
                                std::string what, std::shared_ptr<ProcessGroup::Remains> remains,
-                               std::shared_ptr<ProcessGroup::Completions> completions) {
+                               std::shared_ptr<ProcessGroup::Completions> completions,
+                               std::uint64_t ticket,
+                               std::shared_ptr<ProcessGroup::Completions::Runner> issuer) {
   std::exception_ptr error;
   try {
     co_await std::move(operation);
@@ -152,15 +232,21 @@ asio::awaitable<void> complete(asio::awaitable<void> operation,
   }
   // On a completion thread, where callbacks chained with then() may wait; their errors are
   // theirs.
-  completions->post([future = std::move(future), outputs = std::move(outputs),
+  completions->post(ticket, std::move(issuer),
+                    [future = std::move(future), outputs = std::move(outputs),
                      finish = std::move(finish), error, remains = std::move(remains)]() mutable {
-    if (error) {
-      future->setError(error);
-    } else {
-      future->markCompleted(c10::IValue(outputs));
-    }
-    remains->keep({std::move(future), std::move(outputs), std::move(finish)});
-  });
+                      if (error) {
+                        future->setError(error);
+                      } else {
+                        future->markCompleted(c10::IValue(outputs));
+                      }
+                      remains->keep({std::move(future), std::move(outputs), std::move(finish)});
+                    });
+}
+
+// The coalesced forms' operations, already in the communicator's order, awaited in turn.
+asio::awaitable<void> one_after_another(std::vector<asio::awaitable<void>> operations) {
+  for (asio::awaitable<void>& operation : operations) co_await std::move(operation);
 }
 
 // recv's awaitable reports the elements received; PyTorch expects the whole tensor.
@@ -204,7 +290,7 @@ c10::intrusive_ptr<c10d::Work> translating(int rank, std::string_view op, F&& bo
 
 ProcessGroup::ProcessGroup(int rank, int size, std::shared_ptr<JoinedWorld> joined,
                            std::shared_ptr<collectives::Communicator> communicator)
-    : detail::ProcessGroupBase(rank, size),
+    : c10d::Backend(rank, size),
       remains_(std::make_shared<Remains>()),
       completions_(std::make_shared<Completions>()),
       joined_(std::move(joined)),
@@ -235,9 +321,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::start(c10d::OpType type, std::strin
     };
   }
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+  auto [ticket, issuer] = completions_->issue();
   asio::co_spawn(joined_->runtime->executor(),
                  complete(std::move(operation), future, std::move(outputs), std::move(finish),
-                          prefix(rank_, op), remains_, completions_),
+                          prefix(rank_, op), remains_, completions_, ticket, std::move(issuer)),
                  asio::detached);
   return c10::make_intrusive<FutureWork>(rank_, type, std::move(future));
 }
@@ -396,6 +483,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_allgather_base(
   });
 }
 
+std::vector<std::pair<Buffer, Buffer>> ProcessGroup::coalesced_buffers(
+    const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+    std::string_view op) {
+  TORCH_CHECK(outputs.size() == inputs.size(), prefix(rank_, op),
+              "takes one output per input, got ", outputs.size(), " outputs for ", inputs.size(),
+              " inputs");
+  std::vector<std::pair<Buffer, Buffer>> buffers;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    buffers.emplace_back(buffer_of(inputs[i], op), buffer_of(outputs[i], op));
+  }
+  return buffers;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& /*opts*/) {
+  constexpr std::string_view op = "allgather_into_tensor_coalesced";
+  return translating(rank_, op, [&] {
+    std::vector<asio::awaitable<void>> operations;
+    for (const auto& [in, out] : coalesced_buffers(outputs, inputs, op)) {
+      operations.push_back(communicator_->all_gather(in, out));
+    }
+    return start(c10d::OpType::COALESCED, op, one_after_another(std::move(operations)), outputs);
+  });
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroup::gather(
     std::vector<std::vector<at::Tensor>>& output_tensors, std::vector<at::Tensor>& input_tensors,
     const c10d::GatherOptions& opts) {
@@ -468,6 +581,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::_reduce_scatter_base(
                  communicator_->reduce_scatter(buffer_of(input, "_reduce_scatter_base"),
                                                buffer_of(output, "_reduce_scatter_base"), op),
                  {output});
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  constexpr std::string_view op = "reduce_scatter_tensor_coalesced";
+  return translating(rank_, op, [&] {
+    const ReduceOp reduce_op = checked_op(opts.reduceOp, rank_, op);
+    std::vector<asio::awaitable<void>> operations;
+    for (const auto& [in, out] : coalesced_buffers(outputs, inputs, op)) {
+      operations.push_back(communicator_->reduce_scatter(in, out, reduce_op));
+    }
+    return start(c10d::OpType::COALESCED, op, one_after_another(std::move(operations)), outputs);
   });
 }
 

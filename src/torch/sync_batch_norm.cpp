@@ -95,7 +95,7 @@ std::vector<std::int64_t> all_but_channels(std::int64_t dims) {
 // and gives the affine parameters this rank's share (DDP averages them). `held` is null
 // where the statistics are this rank's alone (evaluation without running statistics).
 // No double backward, as PyTorch's. Without affine parameters, weight and bias are empty
-// tensors (libtorch 1.13's Function::apply fails on undefined inputs).
+// tensors (libtorch's Function::apply has failed on undefined inputs).
 struct NormaliseWithBatchStatistics : ::torch::autograd::Function<NormaliseWithBatchStatistics> {
   static bool affine(const ::torch::Tensor& weight) { return weight.numel() != 0; }
 

@@ -290,18 +290,32 @@ def new_group_worker(rank, size, port):
     dist.destroy_process_group()
 
 
+def exit_past_gloos_callbacks():
+    """Leaves without Python's finalization. A gloo worker thread can still be letting go of
+    a Python callback's function (PowerSGD's) after the future the training thread waited
+    for completed; if the interpreter is finalizing by then, taking the GIL ends the thread
+    through a forced unwind, which aborts the process ("terminate called without an active
+    exception", PyTorch 2.11). Everything the test checks is checked by now."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def power_sgd_worker(rank, size, port):
-    """PowerSGD's comm hook waits for its all-reduces inside the callbacks it chains on
-    them: on braid it must neither hang nor train differently from gloo."""
+    """PowerSGD's comm hook issues all-reduces inside the callbacks it chains on earlier ones
+    and waits for them there: on braid it must neither hang nor train differently from gloo.
+
+    One bucket: with a bucket per layer the callbacks' all-reduces race the backward pass's,
+    issued on the training thread, on any backend whose futures complete after the collective
+    (gloo's cross or deadlock there too); NCCL's futures complete at enqueue, so its callbacks
+    run on the training thread. The order among callbacks is ordered_callbacks_worker's."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
     gloo = join(rank, size, port)
 
-    def trained(group):
+    def trained(group, bucket_cap_mb):
         torch.manual_seed(1234)
-        # 20 layers, a bucket each: more callbacks waiting at once than any fixed number of
-        # completion threads would serve.
         layers = [torch.nn.Linear(8, 32), torch.nn.ReLU()]
-        for _ in range(18):
+        for _ in range(6):
             layers += [torch.nn.Linear(32, 32), torch.nn.ReLU()]
         model = torch.nn.Sequential(*layers, torch.nn.Linear(32, 2))
         state = powerSGD.PowerSGDState(process_group=group, matrix_approximation_rank=1,
@@ -309,14 +323,44 @@ def power_sgd_worker(rank, size, port):
         # 2 plain all-reduces, then 3 compressed steps.
         return train(model, group, rank, steps=5,
                      prepare=lambda ddp: ddp.register_comm_hook(state, powerSGD.powerSGD_hook),
-                     bucket_cap_mb=0.004)
+                     bucket_cap_mb=bucket_cap_mb)
 
-    on_braid = trained(dist.group.WORLD)
-    on_gloo = trained(gloo)
+    on_braid = trained(dist.group.WORLD, bucket_cap_mb=25)
+    on_gloo = trained(gloo, bucket_cap_mb=25)
     for i, (b, g) in enumerate(zip(on_braid, on_gloo)):
         assert torch.allclose(b, g, rtol=1e-5, atol=1e-6), (
             f"parameter {i} after 5 PowerSGD steps: braid and gloo differ by "
             f"{(b - g).abs().max().item()}")
+    dist.destroy_process_group()
+    exit_past_gloos_callbacks()
+
+
+def ordered_callbacks_worker(rank, size, port):
+    """Callbacks chained on a group's futures that issue collectives of their own issue them
+    in one order on every rank: the order of the operations whose futures they follow.
+    Sixteen all-reduces in flight, each future's callback all-reduces a tensor of its own size
+    on a second group and waits for it; callbacks run out of order on any rank would pair
+    tensors of different sizes, which braid names as a mismatch."""
+    join(rank, size, port)
+    follow = dist.new_group(backend="braid")
+    count = 16
+    results = [None] * count
+
+    def callback_for(i):
+        def callback(fut):
+            t = torch.full((i + 1,), float(i + rank))
+            dist.all_reduce(t, group=follow)  # from the callback, waited for there
+            results[i] = t
+            return t
+        return callback
+
+    futures = [dist.all_reduce(torch.full((4,), float(rank)), async_op=True).get_future()
+               .then(callback_for(i)) for i in range(count)]
+    torch.futures.wait_all(futures)
+    for i in range(count):
+        expected = torch.full((i + 1,), float(size * i + sum(range(size))))
+        check_equal(f"the all-reduce callback {i} issued", results[i], expected)
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -388,6 +432,9 @@ class ProcessGroupTest(unittest.TestCase):
 
     def test_power_sgd_hook_trains_as_on_gloo(self):
         self.spawn(power_sgd_worker, 2)
+
+    def test_callbacks_issue_their_collectives_in_one_order_on_every_rank(self):
+        self.spawn(ordered_callbacks_worker, 2)
 
     @unittest.skipUnless(getattr(braid_torch, "with_cuda", False) and torch.cuda.is_available(),
                          "braid_torch built without CUDA, or no GPU")

@@ -4,7 +4,8 @@
 // concatenated. After the steps rank 0's parameters must match the lone net's, and every
 // rank's must be rank 0's. On a one-GPU machine `braid-run -n 1` takes the NCCL path and
 // `braid-run -n 2` the staged one (two ranks share the GPU). Prints "ddp_device_probe: OK"
-// and exits 0, or names what differs and exits 1; 2 for bad arguments.
+// and exits 0, or names what differs and exits 1; 2 for bad arguments, 77 (skipped) for
+// --device cuda where libtorch sees no device.
 //
 //   braid-run -n 2 ddp_device_probe --device cuda [--copy-gradients] [--compress]
 #include <cstdlib>
@@ -74,6 +75,12 @@ int main(int argc, char** argv) {
                    "[--compress]\n";
       return 2;
     }
+  }
+  // No device to run on: skipped (77, which meson and ctest count as a skip), as the
+  // GPU-labelled tests skip themselves, before any rank joins.
+  if (device_name == "cuda" && torch::cuda::device_count() == 0) {
+    std::cerr << "ddp_device_probe: --device cuda: no CUDA device here; skipped\n";
+    return 77;
   }
   try {
     torch::set_num_threads(1);

@@ -19,7 +19,7 @@
 //   of all of whichever ran during it. Each run starts once the CPUs have been 90% idle
 //   for 200 ms (at most 10 s of waiting).
 // braid runs under braid-run, OpenMPI under mpirun with shared memory only (vader, CMA),
-// Gloo as torch 1.13's ProcessGroupGloo over loopback TCP.
+// Gloo as the build's PyTorch's ProcessGroupGloo over loopback TCP.
 #include "collectives.hpp"
 
 #include <algorithm>

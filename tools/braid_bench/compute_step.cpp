@@ -96,7 +96,7 @@ std::string time_steps(const Settings& s, torch::nn::Module& model, Forward forw
     const auto started = std::chrono::steady_clock::now();
     double backward_done = 0;
     step_scope([&] {
-      optimizer->zero_grad();
+      optimizer->zero_grad(/*set_to_none=*/false);  // as the main job zeroes
       torch::mse_loss(forward(x), y).backward();
       backward_done = ms_since(started);
       optimizer->step();

@@ -220,7 +220,7 @@ int train_balanced(braid::transport::World& world, const Settings& s, Model mode
     const double step_samples =
         static_cast<double>(cadence ? cadence->window_samples() : global_batch);
     const double cpu_started = thread_cpu_ms();
-    optimizer->zero_grad();
+    optimizer->zero_grad(/*set_to_none=*/false);  // in place, as PyTorch's peer zeroes
     auto micro_step = [&](int i) {
       auto [x, y] = task.batch(comm->rank(), step * micro_batches + i, batch);
       torch::Tensor loss = torch::mse_loss(ddp.forward(x.to(device)), y.to(device)) / micro_batches;
@@ -326,7 +326,7 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     y = y.to(device);
     torch::Tensor loss;
     auto train_step = [&] {
-      optimizer->zero_grad();
+      optimizer->zero_grad(/*set_to_none=*/false);
       torch::Tensor prediction = sync ? ddp->forward(x) : model->forward(x);
       loss = torch::mse_loss(prediction, y);
       if (straggler) example_models::compute_for(s.straggle_ms);

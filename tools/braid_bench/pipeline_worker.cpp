@@ -183,7 +183,7 @@ int train(const Settings& s) {
       if (step == warmup) from_ns = braid::trace::now_ns();
     }
     const auto started = std::chrono::steady_clock::now();
-    optimizer.zero_grad();
+    optimizer.zero_grad(/*set_to_none=*/false);
     executor.run();
     if (dps > 1 && !s.overlap_dp) average_gradients(*dp, parameters);
     if (embedding_group && embedding_group->size() > 1) {

@@ -182,6 +182,9 @@ bool on_path(const std::string& name) {
 std::optional<std::string> torch_python() {
   static const std::optional<std::string> found = []() -> std::optional<std::string> {
     std::vector<std::string> candidates;
+    // The Python the build took libtorch from (meson's -Dpython): the peers then run the
+    // same PyTorch braid was built against.
+    if (std::string_view(BRAID_TORCH_PYTHON) != "") candidates.emplace_back(BRAID_TORCH_PYTHON);
     if (auto python = find_on_path("python3")) candidates.push_back(*python);
     candidates.emplace_back("/usr/bin/python3");
     for (const std::string& python : candidates) {

@@ -40,9 +40,9 @@ void wait_until_quiet();
 std::string sibling_program(const std::string& name);
 // Whether an executable `name` is found on PATH.
 bool on_path(const std::string& name);
-// The Python that runs the torch peers: python3 on PATH when it can import torch.distributed
-// (a virtual environment on a GPU machine), else Debian's /usr/bin/python3 with
-// python3-torch; nullopt when neither has torch. Probed once.
+// The Python that runs the torch peers: the one the build took PyTorch from (meson's
+// -Dpython), else python3 on PATH, else /usr/bin/python3, the first that can import
+// torch.distributed; nullopt when none has torch. Probed once.
 std::optional<std::string> torch_python();
 
 }  // namespace braid::bench

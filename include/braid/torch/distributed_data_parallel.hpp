@@ -5,7 +5,7 @@
 //   braid::torch::DistributedDataParallel ddp(model, comm);   // broadcasts rank 0's weights
 //   torch::optim::SGD opt(model->parameters(), 0.1);
 //   for (auto& [x, y] : batches) {
-//     opt.zero_grad();
+//     opt.zero_grad(/*set_to_none=*/false);  // in place: .grad stays its bucket's view
 //     auto loss = torch::mse_loss(ddp.forward(x), y);
 //     loss.backward();   // buckets all-reduce while backward runs; averaged at its end
 //     opt.step();
@@ -56,12 +56,13 @@ struct DistributedDataParallelOptions {
                                         // inputs: from the lowest rank still training)
   bool find_unused_parameters = false;  // walk the graph after forward (costs a traversal)
   bool rebuild_buckets = true;          // once, from the first iteration's arrival order
-  // .grad tensors are views into the buckets: no copies around the all-reduce. Keep
-  // zeroing with optimizer.zero_grad() (in place); a gradient set to a new tensor falls
-  // back to copying. On by default, unlike PyTorch's (docs/architecture.md, "Gradients
-  // live in the buckets by default"): the copies in and out cost a 34 MiB model's step
-  // 4 ms more exposed communication on the dev VM, and hold a second copy of every
-  // gradient. false: copy mode, where .grad tensors are the framework's own.
+  // .grad tensors are views into the buckets: no copies around the all-reduce. Zero in
+  // place, optimizer.zero_grad(/*set_to_none=*/false) (libtorch 2's default sets none); a
+  // gradient set to a new tensor falls back to copying. On by default, unlike PyTorch's
+  // (docs/architecture.md, "Gradients live in the buckets by default"): the copies in and
+  // out cost a 34 MiB model's step 4 ms more exposed communication on the dev VM, and hold
+  // a second copy of every gradient. false: copy mode, where .grad tensors are the
+  // framework's own.
   bool gradient_as_bucket_view = true;
   // Buckets in memory every rank on the node maps (dp::ReducerOptions::shared_buckets).
   bool shared_buckets = true;

@@ -1,6 +1,6 @@
-// ProcessGroup: braid as a torch.distributed backend. A c10d::ProcessGroup (a
-// c10d::Backend on PyTorch 2) whose collectives run on a braid Communicator, so PyTorch code --
-// DistributedDataParallel's bucket all-reduces included -- runs on braid's collectives unchanged.
+// ProcessGroup: braid as a torch.distributed backend. A c10d::Backend whose collectives run
+// on a braid Communicator, so PyTorch code -- DistributedDataParallel's bucket all-reduces,
+// FSDP2, DTensor and pipelining included -- runs on braid's collectives unchanged.
 // Python reaches it through the braid_torch module (python/braid_torch), which registers it as
 // "braid":
 //
@@ -35,6 +35,9 @@
 //   allreduce_coalesced     any number of tensors of one dtype, in one all-reduce
 //   broadcast, barrier
 //   allgather (list), _allgather_base (one tensor), gather
+//   allgather_into_tensor_coalesced, reduce_scatter_tensor_coalesced
+//                           several _allgather_base / _reduce_scatter_base in one Work, each
+//                           its own collective (DTensor's and FSDP2's functional collectives)
 //   reduce_scatter (list), _reduce_scatter_base (one tensor), scatter
 //   alltoall (list), alltoall_base (one tensor, with or without split sizes)
 //   send, recv              matched per pair of ranks in call order; the tag is not used
@@ -55,14 +58,12 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/version.h>
-#if TORCH_VERSION_MAJOR >= 2
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#endif
 
 #include <braid/collectives/communicator.hpp>
 #include <braid/core/buffer.hpp>
@@ -72,19 +73,10 @@
 
 namespace braid::torch {
 
-namespace detail {
-// What a registered backend's creator returns. PyTorch 2 wraps a c10d::Backend in a
-// ProcessGroup of its own, which carries the group's name and device map; a bare
-// ProcessGroup subclass is its legacy path, where destroying a subgroup, coalescing and
-// group names fail. PyTorch 1.13 has no Backend class and takes the ProcessGroup.
-#if TORCH_VERSION_MAJOR >= 2
-using ProcessGroupBase = c10d::Backend;
-#else
-using ProcessGroupBase = c10d::ProcessGroup;
-#endif
-}  // namespace detail
-
-class ProcessGroup final : public detail::ProcessGroupBase {
+// A c10d::Backend, which PyTorch wraps in a c10d::ProcessGroup of its own that carries the
+// group's name and device map; a bare ProcessGroup subclass is PyTorch's legacy path, where
+// destroying a subgroup, coalescing and group names fail.
+class ProcessGroup final : public c10d::Backend {
  public:
   // Joins the ranks that share `store` (see Joining above); `timeout` bounds the join and
   // every operation. Collective: every rank calls it. Throws c10::Error naming the rank.
@@ -112,6 +104,9 @@ class ProcessGroup final : public detail::ProcessGroupBase {
                                            const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& output_tensors,
                                         std::vector<at::Tensor>& input_tensors,
                                         const c10d::GatherOptions& opts) override;
@@ -123,6 +118,9 @@ class ProcessGroup final : public detail::ProcessGroupBase {
                                                 const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& output_split_sizes,
                                                std::vector<int64_t>& input_split_sizes,
@@ -165,7 +163,10 @@ class ProcessGroup final : public detail::ProcessGroupBase {
   // operation (PowerSGD's waits for its all-reduces inside its callbacks): run on braid's
   // thread, it would wait for the thread that must make the progress. A thread is added
   // whenever every one is busy, so a callback that waits never holds up the completion it
-  // waits for; one idle for 2 s leaves. Cost: one hand-off between threads per operation.
+  // waits for; one idle for 2 s leaves. Futures complete in the order their operations were
+  // issued, one callback chain running at a time, so the operations callbacks issue follow
+  // one order on every rank (process_group.cpp). Cost: one hand-off between threads per
+  // operation.
   struct Completions;
 
  private:
@@ -181,6 +182,11 @@ class ProcessGroup final : public detail::ProcessGroupBase {
   // A Buffer over a contiguous CPU tensor, or a CUDA one ordered on libtorch's current
   // stream (a libtorch with CUDA); anything else is a c10::Error naming the call.
   Buffer buffer_of(const at::Tensor& tensor, std::string_view op);
+  // The coalesced forms' (input, output) buffers, every tensor checked before the first
+  // operation is issued, so a refused call issues none.
+  std::vector<std::pair<Buffer, Buffer>> coalesced_buffers(const std::vector<at::Tensor>& outputs,
+                                                           const std::vector<at::Tensor>& inputs,
+                                                           std::string_view op);
 
   std::shared_ptr<Remains> remains_;
   std::shared_ptr<Completions> completions_;

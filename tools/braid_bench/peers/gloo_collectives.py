@@ -17,8 +17,8 @@ with the same meaning as braid-bench-mpi-peer's (tools/braid_bench/peers/README.
 
 Each op uses the first call in FORMS that the installed Gloo accepts: all_gather takes
 all_gather_into_tensor where Gloo has it, else all_gather into views of one output tensor
-(torch 1.13), which is what a torch user writes there. An op with no accepted call (torch
-1.13: reduce_scatter) gets no rows and a note on stderr.
+(older torch), which is what a torch user writes there. An op with no accepted call gets
+no rows and a note on stderr.
 """
 import argparse
 import json

@@ -10,6 +10,7 @@
 // the GIL while it joins, so a Python store's other users (and other threads) go on.
 #include <chrono>
 #include <pybind11/chrono.h>
+#include <string>
 
 #include <torch/csrc/utils/pybind.h>
 
@@ -41,6 +42,34 @@ PYBIND11_MODULE(braid_torch, module) {
   module.def("new_process_group", &new_process_group, py::arg("store"), py::arg("rank"),
              py::arg("size"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
              "Joins the ranks that share `store` into a braid process group (collective).");
+  module.def(
+      "announce_failure", [](const std::string& why) { braid::torch::announce_failure(why); },
+      py::arg("why"), py::call_guard<py::gil_scoped_release>(),
+      "Tells the ranks of every braid group this process joined that it is leaving through "
+      "an error `why`: peers waiting on it fail at once, naming it.");
+  // A Python exception that reaches the interpreter's top never unwinds through C++: the
+  // groups would leave at exit as if cleanly, and peers waiting on this rank would wait
+  // for their deadline. The hook announces the failure first, then hands the exception
+  // to the hook it replaces (which prints it). Not for SystemExit, which Python handles
+  // without the hook.
+  py::object sys = py::module::import("sys");
+  if (!py::hasattr(sys, "_braid_excepthook_installed")) {
+    py::object previous = sys.attr("excepthook");
+    sys.attr("excepthook") =
+        py::cpp_function([previous](py::object type, py::object value, py::object traceback) {
+          std::string what = py::str(type.attr("__name__"));
+          std::string detail = py::str(value);
+          if (detail.size() > 200) detail = detail.substr(0, 200) + "...";
+          const std::string why =
+              "it raised " + what + (detail.empty() ? "" : ": " + detail) + " in Python";
+          {
+            py::gil_scoped_release release;
+            braid::torch::announce_failure(why);
+          }
+          previous(type, value, traceback);
+        });
+    sys.attr("_braid_excepthook_installed") = true;
+  }
   py::object backend = distributed.attr("Backend");
   // A second import of the module (importlib.reload) finds the backend registered.
   if (!py::hasattr(backend, "BRAID")) {

@@ -32,9 +32,11 @@ std::string parent_key(int rank) {
   return fmt::format("braid/parent/{}", rank);
 }
 
-// The World this process joined for its braid groups, while a group uses it.
+// The World this process joined for its braid groups, while a group uses it, and every
+// World joined (announce_failure reaches them all).
 std::mutex joined_mutex;
 std::weak_ptr<ProcessGroup::JoinedWorld> joined_world;
+std::vector<std::weak_ptr<ProcessGroup::JoinedWorld>> every_joined_world;
 
 std::string host_key(int rank) {
   return fmt::format("braid/host/{}", rank);
@@ -178,6 +180,8 @@ c10::intrusive_ptr<ProcessGroup> ProcessGroup::join(const c10::intrusive_ptr<c10
     {
       std::lock_guard lock(joined_mutex);
       if (joined_world.expired()) joined_world = joined;
+      std::erase_if(every_joined_world, [](const auto& w) { return w.expired(); });
+      every_joined_world.push_back(joined);
     }
     auto communicator = joined->communicator;
     return c10::make_intrusive<ProcessGroup>(rank, size, std::move(joined),
@@ -186,6 +190,19 @@ c10::intrusive_ptr<ProcessGroup> ProcessGroup::join(const c10::intrusive_ptr<c10
     throw;
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "braid rank ", rank, ": join: ", e.what());
+  }
+}
+
+void announce_failure(const std::string& why) {
+  std::vector<std::shared_ptr<ProcessGroup::JoinedWorld>> worlds;
+  {
+    std::lock_guard lock(joined_mutex);
+    for (const auto& weak : every_joined_world) {
+      if (auto joined = weak.lock()) worlds.push_back(std::move(joined));
+    }
+  }
+  for (const auto& joined : worlds) {
+    if (joined->world) joined->world->announce_failure(why);
   }
 }
 

@@ -266,11 +266,8 @@ asio::awaitable<void> World::leave(bool after_error) {
   Bytes no_value;
   if (after_error) {
     // Peers still waiting on this rank in a collective learn now that it will never come,
-    // as they would from its will had it died. The first failure keeps the key.
-    std::string key = kFailedKey;
-    Bytes announcement = detail::announcement(
-        rank(), "it left the job through an error (its own output says which)");
-    co_await store_->compare_set(std::move(key), no_value, std::move(announcement));
+    // as they would from its will had it died.
+    co_await announce("it left the job through an error (its own output says which)");
   }
   // Withdrawn before the barrier, so that a clean exit never reads as a death: past it,
   // ranks close their store connections (and rank 0 its store).
@@ -284,9 +281,28 @@ asio::awaitable<void> World::leave(bool after_error) {
   if (rank() == 0) co_await wait_for_live_ranks(&gone_key, deadline);
 }
 
+asio::awaitable<void> World::announce(std::string why) {
+  // The first failure keeps the key: it is the one every survivor names.
+  std::string key = kFailedKey;
+  Bytes no_value;
+  Bytes announcement = detail::announcement(rank(), why);
+  co_await store_->compare_set(std::move(key), no_value, std::move(announcement));
+}
+
+void World::announce_failure(const std::string& why) {
+  if (!store_ || runtime_.on_runtime_thread()) return;
+  failure_announced_ = true;
+  try {
+    runtime_.spawn(announce(why)).get();
+  } catch (const std::exception& e) {
+    log::warn("announcing this rank's failure ({}): {}", why, e.what());
+  }
+}
+
 World::~World() {
-  // Destroyed while an exception unwinds: the program is leaving through an error.
-  const bool after_error = std::uncaught_exceptions() > 0;
+  // Destroyed while an exception unwinds, or after announce_failure(): the program is
+  // leaving through an error.
+  const bool after_error = std::uncaught_exceptions() > 0 || failure_announced_;
   // Only when the world finished joining (a failed join never reaches here) and we are
   // not on the runtime thread, where waiting would deadlock.
   if (store_ && !runtime_.on_runtime_thread()) {

@@ -202,4 +202,11 @@ class ProcessGroup final : public c10d::Backend {
   std::shared_ptr<collectives::Communicator> communicator_;
 };
 
+// Announces that this process is leaving through an error `why` on every World its braid
+// groups joined (transport::World::announce_failure): peers waiting on it fail at once,
+// naming its rank, instead of at their deadline. For errors that never unwind through C++:
+// the braid_torch module calls it from sys.excepthook, for a Python exception that reaches
+// the interpreter's top.
+void announce_failure(const std::string& why);
+
 }  // namespace braid::torch

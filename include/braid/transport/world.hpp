@@ -25,9 +25,9 @@
 // fails during the wait stops being waited for then.
 //
 // Failures: a World destroyed while an exception unwinds (the program is leaving through
-// an error) announces this rank's failure in the store before the barrier, so peers
-// still waiting on it in a collective fail at once, naming it, rather than at their
-// deadline. A rank that dies is announced by its store will.
+// an error), or after announce_failure(), announces this rank's failure in the store before
+// the barrier, so peers still waiting on it in a collective fail at once, naming it, rather
+// than at their deadline. A rank that dies is announced by its store will.
 //
 // Joining waits for every rank's address until Options::join_timeout (BRAID_TIMEOUT):
 // meanwhile it logs which ranks have not arrived, and at the deadline names them and the
@@ -113,12 +113,22 @@ class World {
   // The UCX tag a world message with user tag `tag` travels with.
   static Tag world_tag(std::uint64_t tag) noexcept;
 
+  // Announces now that this rank is leaving through an error `why` (a phrase: "it raised
+  // ValueError in Python"), for programs whose errors never unwind through C++ (a Python
+  // exception reaching the interpreter's top): peers waiting on this rank fail at once,
+  // naming it and `why`, and the destructor leaves as after an error. The first failure
+  // announced in the job keeps the key. Not on the runtime thread; a store already gone is
+  // logged, not thrown.
+  void announce_failure(const std::string& why);
+
  private:
   struct PeerWatch;
 
   World(Runtime& runtime, LaunchInfo launch, Options options);
   // The barrier above; `after_error`: announce this rank's failure first.
   asio::awaitable<void> leave(bool after_error);
+  // The store's failure key, set to this rank and `why` unless a failure holds it already.
+  asio::awaitable<void> announce(std::string why);
   // Waits until `key_of(r)` is set for every rank r not known to have failed, re-counting
   // the ranks when one fails meanwhile.
   asio::awaitable<void> wait_for_live_ranks(std::string (*key_of)(int), Deadline deadline);
@@ -138,6 +148,7 @@ class World {
   std::shared_ptr<PeerWatch> watch_;  // shared with watch_peers(), which may outlive us
   std::vector<int> node_of_rank_;     // world rank -> node, from what each rank published
   bool writes_trace_ = false;         // BRAID_TRACE was set: the destructor writes the trace
+  bool failure_announced_ = false;    // announce_failure(): the destructor leaves as failed
   std::optional<trace::ClockAlignment> clock_;  // once measured
 };
 

@@ -53,15 +53,22 @@ PYBIND11_MODULE(braid_torch, module) {
   // to the hook it replaces (which prints it). Not for SystemExit, which Python handles
   // without the hook.
   py::object sys = py::module::import("sys");
-  if (!py::hasattr(sys, "_braid_excepthook_installed")) {
+  // Not in an interactive interpreter, where an exception ends one statement, not the rank.
+  const bool interactive =
+      py::hasattr(sys, "ps1") || sys.attr("flags").attr("interactive").cast<int>() != 0;
+  if (!interactive && !py::hasattr(sys, "_braid_excepthook_installed")) {
     py::object previous = sys.attr("excepthook");
     sys.attr("excepthook") =
         py::cpp_function([previous](py::object type, py::object value, py::object traceback) {
-          std::string what = py::str(type.attr("__name__"));
-          std::string detail = py::str(value);
-          if (detail.size() > 200) detail = detail.substr(0, 200) + "...";
-          const std::string why =
-              "it raised " + what + (detail.empty() ? "" : ": " + detail) + " in Python";
+          std::string why = "it raised an exception in Python";
+          try {
+            std::string detail = py::str(value);
+            if (detail.size() > 200) detail = detail.substr(0, 200) + "...";
+            why = "it raised " + std::string(py::str(type.attr("__name__"))) +
+                  (detail.empty() ? "" : ": " + detail) + " in Python";
+          } catch (const py::error_already_set&) {
+            // An exception whose str() raises: announced without its text.
+          }
           {
             py::gil_scoped_release release;
             braid::torch::announce_failure(why);

@@ -98,67 +98,92 @@ struct ProcessGroup::Remains {
   }
 };
 
-// Completions, in the order the operations were issued, one callback chain running at a
-// time. A job is an operation's completion: marking its future completed, which runs the
-// callbacks chained on it (then()) on the job's thread. A callback may issue operations of
-// its own and wait for them (PowerSGD's hook does, once per bucket), so every job gets a
-// thread when all are busy: a callback that waits never holds up the completion it waits for.
+// Completions, one callback chain running at a time, in the order the operations were
+// issued among those that have completed. A job is an operation's completion: marking its
+// future completed, which runs the callbacks chained on it (then()) on the job's thread. A
+// callback may issue operations of its own and wait for them (PowerSGD's hook does, once per
+// bucket), so every job gets a thread when all are busy: a callback that waits never holds
+// up the completion it waits for.
 //
 // The order is what makes callbacks that issue operations safe: every rank must issue a
 // group's operations in one order, and callbacks racing on threads would issue theirs in
 // whatever order the threads ran (PowerSGD's P and Q all-reduces of two buckets crossed).
-// So a job waits for its turn: the jobs before it (by ticket, the order of issue) have
-// been delivered, and the turn is free. The turn passes on when the job's thread issues an
-// operation of this group (it is about to wait for it) or returns; when an operation a
-// callback issued completes, the turn goes back to that callback's thread, which wakes to
-// go on, until it issues again or returns. A holder that does neither within kTurnTimeout
-// is waiting for something else, and the next job goes ahead (no deadlock; the order is
-// then the threads'). Threads are detached and own this state, so no one joins them: a group
-// destroyed on Python's thread, holding the GIL, never waits for a thread that needs it.
-// Cost: a hand-off between threads per operation, and completions held back behind an
-// earlier operation still running.
+// So a job waits for the turn: no other callback running. The turn passes on when the
+// job's thread issues an operation on any braid group (it is about to wait for it) or
+// returns; when an operation a callback issued completes, the turn goes back to that
+// callback's thread, which wakes to go on, until it issues again or returns. A completed
+// job never waits for an earlier operation still running (an irecv posted early must not
+// hold up the collectives after it). A holder that does neither within kTurnTimeout is
+// waiting for something else (an operation of the training thread's), and the next job goes
+// ahead: no pattern deadlocks, and only such callbacks are left to the threads' order.
+// Threads are detached and own this state, so no one joins them: a group destroyed on
+// Python's thread, holding the GIL, never waits for a thread that needs it. Cost: a hand-off
+// between threads per operation.
 struct ProcessGroup::Completions : std::enable_shared_from_this<Completions> {
   // A thread idle this long leaves; the next operation starts one again (tens of us).
   static constexpr auto kIdleExit = std::chrono::seconds(2);
-  static constexpr auto kTurnTimeout = std::chrono::milliseconds(50);
+  static constexpr auto kTurnTimeout = std::chrono::milliseconds(500);
 
-  // A job's thread, while its job runs; callbacks of the job issue on it.
+  // A job's thread, while its job runs; callbacks of the job issue on it. `issues` counts
+  // what it issued, so a completion hands the turn back only to a callback still waiting.
   struct Runner {
     bool running = true;
+    std::uint64_t issues = 0;
   };
   struct Job {
     std::function<void()> run;
-    std::shared_ptr<Runner> issuer;  // the job whose thread issued the operation, if any
+    std::shared_ptr<Runner> issuer;   // the job whose thread issued the operation, if any
+    std::uint64_t issuer_issues = 0;  // its count of issues then
   };
 
   std::mutex mutex;
   std::condition_variable wake;
   std::map<std::uint64_t, Job> done;  // completed operations by ticket, not yet delivered
   std::uint64_t next_ticket = 0;
-  std::uint64_t next_delivery = 0;
   std::shared_ptr<Runner> turn;  // who runs now; null: the turn is free
   std::chrono::steady_clock::time_point turn_since;
   std::size_t idle = 0;
 
-  // The job this thread runs, where it runs one of this group's.
-  static thread_local std::pair<const Completions*, std::shared_ptr<Runner>> current;
+  // The job this thread runs, and whose Completions; the job keeps that alive.
+  static thread_local std::pair<Completions*, std::shared_ptr<Runner>> current;
 
-  // At issue, on the issuing thread: the operation's ticket and the job issuing it (null on
-  // threads of the program's own). A job issuing gives up the turn.
-  std::pair<std::uint64_t, std::shared_ptr<Runner>> issue() {
+  // At issue, on the issuing thread: the operation's ticket, the job issuing it (on a job's
+  // thread of this group) and that job's count of issues. A job issuing on any braid group
+  // gives up its group's turn.
+  struct Issued {
+    std::uint64_t ticket;
+    std::shared_ptr<Runner> issuer;
+    std::uint64_t issuer_issues;
+  };
+  Issued issue() {
+    auto [owner, runner] = current;
+    if (owner != nullptr && owner != this) owner->issued_elsewhere(runner);
     std::lock_guard lock(mutex);
-    std::shared_ptr<Runner> issuer = current.first == this ? current.second : nullptr;
-    if (issuer && turn == issuer) {
+    Issued issued{next_ticket++, owner == this ? runner : nullptr, 0};
+    if (issued.issuer) {
+      issued.issuer_issues = ++issued.issuer->issues;
+      if (turn == issued.issuer) {
+        turn = nullptr;
+        wake.notify_all();
+      }
+    }
+    return issued;
+  }
+
+  // A job of this group issued on another group: it waits for that, not for this one.
+  void issued_elsewhere(const std::shared_ptr<Runner>& runner) {
+    std::lock_guard lock(mutex);
+    ++runner->issues;
+    if (turn == runner) {
       turn = nullptr;
       wake.notify_all();
     }
-    return {next_ticket++, std::move(issuer)};
   }
 
   // On the progress thread, once the operation has ended.
-  void post(std::uint64_t ticket, std::shared_ptr<Runner> issuer, std::function<void()> run) {
+  void post(const Issued& issued, std::function<void()> run) {
     std::lock_guard lock(mutex);
-    done.emplace(ticket, Job{std::move(run), std::move(issuer)});
+    done.emplace(issued.ticket, Job{std::move(run), issued.issuer, issued.issuer_issues});
     if (done.size() > idle) {
       std::thread([self = shared_from_this()] { self->work(); }).detach();
     } else {
@@ -173,7 +198,7 @@ struct ProcessGroup::Completions : std::enable_shared_from_this<Completions> {
       const auto idle_since = std::chrono::steady_clock::now();
       for (;;) {
         const auto now = std::chrono::steady_clock::now();
-        if (done.contains(next_delivery)) {
+        if (!done.empty()) {
           if (turn && now - turn_since >= kTurnTimeout) turn = nullptr;  // it waits elsewhere
           if (!turn) break;
           wake.wait_until(lock, turn_since + kTurnTimeout);
@@ -185,7 +210,7 @@ struct ProcessGroup::Completions : std::enable_shared_from_this<Completions> {
         }
       }
       --idle;
-      auto node = done.extract(next_delivery++);
+      auto node = done.extract(done.begin());  // the earliest issued of those completed
       Job job = std::move(node.mapped());
       auto runner = std::make_shared<Runner>();
       turn = runner;
@@ -199,8 +224,10 @@ struct ProcessGroup::Completions : std::enable_shared_from_this<Completions> {
       runner->running = false;
       if (turn == runner) {
         // Nothing issued: the turn goes back to the callback that issued this operation,
-        // which its completion woke.
-        turn = job.issuer && job.issuer->running ? job.issuer : nullptr;
+        // which its completion woke, if it has issued nothing since (it waits for this).
+        const bool waiting =
+            job.issuer && job.issuer->running && job.issuer->issues == job.issuer_issues;
+        turn = waiting ? job.issuer : nullptr;
         turn_since = std::chrono::steady_clock::now();
       }
       wake.notify_all();
@@ -208,7 +235,7 @@ struct ProcessGroup::Completions : std::enable_shared_from_this<Completions> {
   }
 };
 
-thread_local std::pair<const ProcessGroup::Completions*,
+thread_local std::pair<ProcessGroup::Completions*,
                        std::shared_ptr<ProcessGroup::Completions::Runner>>
     ProcessGroup::Completions::current{nullptr, nullptr};
 
@@ -219,8 +246,7 @@ asio::awaitable<void> complete(asio::awaitable<void> operation,
                                std::vector<at::Tensor> outputs, std::function<void()> finish,
                                std::string what, std::shared_ptr<ProcessGroup::Remains> remains,
                                std::shared_ptr<ProcessGroup::Completions> completions,
-                               std::uint64_t ticket,
-                               std::shared_ptr<ProcessGroup::Completions::Runner> issuer) {
+                               ProcessGroup::Completions::Issued issued) {
   std::exception_ptr error;
   try {
     co_await std::move(operation);
@@ -229,19 +255,22 @@ asio::awaitable<void> complete(asio::awaitable<void> operation,
     error = std::current_exception();
   } catch (const std::exception& e) {
     error = std::make_exception_ptr(c10::Error({__func__, __FILE__, __LINE__}, what + e.what()));
+  } catch (...) {
+    error = std::make_exception_ptr(
+        c10::Error({__func__, __FILE__, __LINE__}, what + "failed with an unknown exception"));
   }
   // On a completion thread, where callbacks chained with then() may wait; their errors are
   // theirs.
-  completions->post(ticket, std::move(issuer),
-                    [future = std::move(future), outputs = std::move(outputs),
-                     finish = std::move(finish), error, remains = std::move(remains)]() mutable {
-                      if (error) {
-                        future->setError(error);
-                      } else {
-                        future->markCompleted(c10::IValue(outputs));
-                      }
-                      remains->keep({std::move(future), std::move(outputs), std::move(finish)});
-                    });
+  completions->post(
+      issued, [future = std::move(future), outputs = std::move(outputs), finish = std::move(finish),
+               error, remains = std::move(remains)]() mutable {
+        if (error) {
+          future->setError(error);
+        } else {
+          future->markCompleted(c10::IValue(outputs));
+        }
+        remains->keep({std::move(future), std::move(outputs), std::move(finish)});
+      });
 }
 
 // The coalesced forms' operations, already in the communicator's order, awaited in turn.
@@ -321,10 +350,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::start(c10d::OpType type, std::strin
     };
   }
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
-  auto [ticket, issuer] = completions_->issue();
+  auto what = prefix(rank_, op);
+  auto issued = completions_->issue();
   asio::co_spawn(joined_->runtime->executor(),
                  complete(std::move(operation), future, std::move(outputs), std::move(finish),
-                          prefix(rank_, op), remains_, completions_, ticket, std::move(issuer)),
+                          std::move(what), remains_, completions_, std::move(issued)),
                  asio::detached);
   return c10::make_intrusive<FutureWork>(rank_, type, std::move(future));
 }

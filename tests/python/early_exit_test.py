@@ -14,8 +14,8 @@ import unittest
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "raising_rank.py")
 BRAID_RUN = None
 # Every rank gone within this long of the start: Python's and torch's start-up take a few
-# seconds of it on two loaded cores; the leave barrier alone used to take 30.
-DEADLINE_S = 20
+# seconds of it on two loaded cores; the leave barrier alone used to take 30 after them.
+DEADLINE_S = 25
 
 
 def free_port():
@@ -50,6 +50,8 @@ class ARaisingRankEndsTheJob(unittest.TestCase):
                  for r in range(2)]
         outputs = [p.communicate(timeout=120)[0] for p in ranks]
         self.check("\n".join(outputs), time.monotonic() - start, [p.returncode for p in ranks])
+        # The survivor itself names the rank that raised.
+        self.assertRegex(outputs[0], r"rank 1 .*raised ValueError", outputs[0])
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 import torch
@@ -33,24 +34,35 @@ def run_case(case, backend, out_dir):
     """Runs `case` on `backend` in RANKS processes; returns each rank's parameters at the
     start and the end ({"start": {name: tensor}, "end": {...}})."""
     port = str(free_port())
+    # Output to files, not pipes: a rank whose pipe nobody reads yet would block on it.
+    logs = [open(os.path.join(out_dir, f"{rank}.log"), "w+") for rank in range(RANKS)]
     ranks = [subprocess.Popen([sys.executable, PROGRAM, case, backend, str(rank), str(RANKS),
                                port, out_dir],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              stdout=logs[rank], stderr=subprocess.STDOUT, text=True)
              for rank in range(RANKS)]
+    deadline = time.monotonic() + DEADLINE_S
     failures = []
     for rank, process in enumerate(ranks):
         try:
-            output, _ = process.communicate(timeout=DEADLINE_S)
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             for other in ranks:
                 other.kill()
-            output, _ = process.communicate()
-            failures.append(f"rank {rank} still running after {DEADLINE_S} s:\n{output[-3000:]}")
-            continue
-        if process.returncode != 0:
-            failures.append(f"rank {rank} exited {process.returncode}:\n{output[-3000:]}")
+            process.wait()
+            failures.append(f"rank {rank} still running after {DEADLINE_S} s")
+        if process.returncode != 0 and not failures:
+            failures.append(f"rank {rank} exited {process.returncode}")
     if failures:
-        raise AssertionError(f"{case} on {backend}: " + "\n".join(failures))
+        for other in ranks:
+            other.kill()
+        tails = []
+        for rank, log in enumerate(logs):
+            log.seek(0)
+            tails.append(f"rank {rank}:\n{log.read()[-3000:]}")
+        raise AssertionError(f"{case} on {backend}: " + "; ".join(failures) + "\n" +
+                             "\n".join(tails))
+    for log in logs:
+        log.close()
     return [torch.load(os.path.join(out_dir, f"{rank}.pt")) for rank in range(RANKS)]
 
 

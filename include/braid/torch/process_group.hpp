@@ -163,9 +163,9 @@ class ProcessGroup final : public c10d::Backend {
   // operation (PowerSGD's waits for its all-reduces inside its callbacks): run on braid's
   // thread, it would wait for the thread that must make the progress. A thread is added
   // whenever every one is busy, so a callback that waits never holds up the completion it
-  // waits for; one idle for 2 s leaves. Futures complete in the order their operations were
-  // issued, one callback chain running at a time, so the operations callbacks issue follow
-  // one order on every rank (process_group.cpp). Cost: one hand-off between threads per
+  // waits for; one idle for 2 s leaves. One callback chain runs at a time, the earliest
+  // issued of the completed operations first, so the operations callbacks issue follow one
+  // order on every rank (process_group.cpp). Cost: one hand-off between threads per
   // operation.
   struct Completions;
 

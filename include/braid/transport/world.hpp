@@ -35,6 +35,7 @@
 // the join at once, by its will.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -148,8 +149,8 @@ class World {
   std::shared_ptr<PeerWatch> watch_;  // shared with watch_peers(), which may outlive us
   std::vector<int> node_of_rank_;     // world rank -> node, from what each rank published
   bool writes_trace_ = false;         // BRAID_TRACE was set: the destructor writes the trace
-  bool failure_announced_ = false;    // announce_failure(): the destructor leaves as failed
-  std::optional<trace::ClockAlignment> clock_;  // once measured
+  std::atomic<bool> failure_announced_ = false;  // announce_failure(): leave as failed
+  std::optional<trace::ClockAlignment> clock_;   // once measured
 };
 
 }  // namespace braid::transport

@@ -6,7 +6,6 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <map>
@@ -149,7 +148,7 @@ struct ProcessGroup::Completions : std::enable_shared_from_this<Completions> {
 
   // At issue, on the issuing thread: the operation's ticket, the job issuing it (on a job's
   // thread of this group) and that job's count of issues. A job issuing on any braid group
-  // gives up its group's turn.
+  // gives up its own group's turn: it waits for what it issued, not for that group.
   struct Issued {
     std::uint64_t ticket;
     std::shared_ptr<Runner> issuer;
@@ -157,27 +156,23 @@ struct ProcessGroup::Completions : std::enable_shared_from_this<Completions> {
   };
   Issued issue() {
     auto [owner, runner] = current;
-    if (owner != nullptr && owner != this) owner->issued_elsewhere(runner);
+    if (owner != nullptr && owner != this) {
+      std::lock_guard lock(owner->mutex);
+      owner->count_issue(*runner);
+    }
     std::lock_guard lock(mutex);
     Issued issued{next_ticket++, owner == this ? runner : nullptr, 0};
-    if (issued.issuer) {
-      issued.issuer_issues = ++issued.issuer->issues;
-      if (turn == issued.issuer) {
-        turn = nullptr;
-        wake.notify_all();
-      }
-    }
+    if (issued.issuer) issued.issuer_issues = count_issue(*issued.issuer);
     return issued;
   }
 
-  // A job of this group issued on another group: it waits for that, not for this one.
-  void issued_elsewhere(const std::shared_ptr<Runner>& runner) {
-    std::lock_guard lock(mutex);
-    ++runner->issues;
-    if (turn == runner) {
+  // Under `mutex`: `runner` issued an operation; it gives up the turn if it held it.
+  std::uint64_t count_issue(Runner& runner) {
+    if (turn.get() == &runner) {
       turn = nullptr;
       wake.notify_all();
     }
+    return ++runner.issues;
   }
 
   // On the progress thread, once the operation has ended.

@@ -114,8 +114,7 @@ asio::awaitable<void> CollectiveOp::wait_all(std::span<Message> messages) {
 }
 
 void CollectiveOp::throw_aborted() const {
-  throw Error(Errc::peer_failed, fmt::format("rank {} failed: {}", abort_->peer, abort_->why),
-              {.rank = self_world_rank_, .peer = abort_->peer});
+  throw Error(Errc::peer_failed, abort_->message, {.rank = self_world_rank_, .peer = abort_->peer});
 }
 
 void CollectiveOp::throw_timeout(std::string_view what) const {
@@ -124,10 +123,33 @@ void CollectiveOp::throw_timeout(std::string_view what) const {
 }
 
 void CollectiveOp::abort(int peer, std::string why) {
+  abort_with(peer, fmt::format("rank {} failed: {}", peer, why));
+}
+
+std::string CollectiveOp::failed_member() const {
+  for (const int world_rank : world_ranks_) {
+    if (world_rank == self_world_rank_) continue;
+    if (auto why = transport_.peer_failure(world_rank)) {
+      return fmt::format("rank {} failed: {}", world_rank, *why);
+    }
+  }
+  return {};
+}
+
+void CollectiveOp::abort_with(int peer, std::string message) {
   if (abort_) return;
-  abort_ = Abort{peer, std::move(why)};
+  abort_ = Abort{peer, std::move(message)};
   for (Started& started : transfers_) {
     if (started.transfer.valid()) transport_.cancel(started.transfer);
+  }
+  // Those being awaited too: wait() holds them, out of the Transfers' reach. A point-to-point
+  // op and a collective may share a sequence number; the reserved step tells them apart.
+  if (point_to_point_) {
+    transport_.cancel_receives(communicator_, sequence_,
+                               [](std::uint32_t step) { return step == kPointToPointStep; });
+  } else {
+    transport_.cancel_receives(communicator_, sequence_,
+                               [](std::uint32_t step) { return step != kPointToPointStep; });
   }
 }
 

@@ -183,6 +183,21 @@ class CollectiveOp {
   // A member of the communicator died (world rank `peer`): pending receives are cancelled
   // and every wait from now on fails with Errc::peer_failed naming it.
   void abort(int peer, std::string why);
+  // The first member (by communicator rank) known to have failed, as "rank R failed: why";
+  // empty while none has. For errors that follow from a failure without seeing it.
+  std::string failed_member() const;
+  // As abort(), with the whole of the error's message given (a member that left the job
+  // without issuing this op is not a member that failed).
+  void abort_with(int peer, std::string message);
+
+  // Point-to-point ops (Communicator::send and recv): the peer, a communicator rank, and
+  // the direction; collectives have none.
+  struct PointToPoint {
+    int peer = -1;
+    bool sending = false;
+  };
+  void set_point_to_point(PointToPoint p) noexcept { point_to_point_ = p; }
+  const std::optional<PointToPoint>& point_to_point() const noexcept { return point_to_point_; }
   // After a failure: ends every transfer still in flight (see above). Never throws.
   asio::awaitable<void> settle(std::string why);
 
@@ -278,9 +293,10 @@ class CollectiveOp {
   std::list<Started> transfers_;
   struct Abort {
     int peer;
-    std::string why;
+    std::string message;
   };
   std::optional<Abort> abort_;
+  std::optional<PointToPoint> point_to_point_;
 
   transport::UcxWorker& transport_;
   std::span<const int> world_ranks_;

@@ -7,7 +7,13 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <optional>
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <fmt/format.h>
 
 #include <braid/collectives/communicator.hpp>
@@ -196,10 +202,21 @@ Communicator::Communicator(Private, transport::World& world, std::vector<int> wo
           on_member_failed(peer, why);
         }
       });
+  first_sequence_ = name.first_sequence;
+  ended_listener_ =
+      world.add_peer_ended_listener([this](int peer, const transport::IssuedWork& work) {
+        const auto member = std::find(world_ranks_.begin(), world_ranks_.end(), peer);
+        if (member != world_ranks_.end()) {
+          on_member_ended(static_cast<int>(member - world_ranks_.begin()), work);
+        }
+      });
+  work_source_ = world.add_issued_work_source([this] { return issued_work(); });
 }
 
 Communicator::~Communicator() {
   world_.transport().remove_peer_failure_listener(failure_listener_);
+  world_.remove_peer_ended_listener(ended_listener_);
+  world_.retire_issued_work_source(work_source_);
   if (id_ == detail::kWorldCommunicatorId) return;
   // No operation is in flight (each holds the communicator): every sequence number this
   // rank will ever have used is below the counters.
@@ -310,13 +327,7 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self, Coll
   bool settle = false;
   bool algorithm_started = false;
   try {
-    // A member that died earlier fails the op at once: ranks that do not talk to it
-    // directly would otherwise wait for partners that gave up.
-    for (int r = 0; r < size(); ++r) {
-      if (auto why = world_.transport().peer_failure(world_rank(r)); why && r != rank_) {
-        op.abort(world_rank(r), *why);
-      }
-    }
+    abort_if_unreachable(op);
     if (check_fingerprints_ && size() > 1) co_await detail::exchange_fingerprints(op, call, id_);
     const bool nothing_to_move = call.bytes == 0 && call.kind != CollectiveKind::barrier &&
                                  !(call.kind == CollectiveKind::all_to_all && call.variable);
@@ -339,7 +350,10 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self, Coll
           "; every member must make the same calls in the same order with the same "
           "sizes (BRAID_DEBUG=detail checks each call and names a mismatch)";
     }
-    failure = std::make_exception_ptr(Error(error.code(), std::move(detail), std::move(context)));
+    Error failed(error.code(), std::move(detail), std::move(context));
+    // Its own error, not a peer's failure: what its peers should hear if it leaves through it.
+    if (error.code() != Errc::peer_failed) world_.note_error(failed.what());
+    failure = std::make_exception_ptr(std::move(failed));
     settle = true;
   } catch (...) {
     failure = std::current_exception();
@@ -369,6 +383,119 @@ void Communicator::set_computing(bool computing) noexcept {
 
 void Communicator::on_member_failed(int world_peer, const std::string& why) {
   for (CollectiveOp* op : in_flight_) op->abort(world_peer, why);
+}
+
+namespace {
+
+// Why `op` will never complete now that communicator rank `member` (world rank
+// `world_peer`) left the job having issued `work` on the communicator `id` whose sequence
+// numbers began at `first`; nullopt if it may still (the member issued it).
+std::optional<std::string> never_issued(const CollectiveOp& op, int member, int world_peer,
+                                        int my_world_rank, std::uint32_t id, std::uint64_t first,
+                                        const transport::IssuedWork& work) {
+  const auto mine = std::find_if(work.begin(), work.end(), [&](const auto& c) {
+    return c.communicator == id && c.first_sequence == first;
+  });
+  // Not a member of this use of the id when it left: its ops here ended with it.
+  if (mine == work.end()) return std::nullopt;
+  const char* const hint = "did the ranks run different numbers of steps, or did one return early?";
+  if (const auto& p2p = op.point_to_point()) {
+    if (p2p->peer != member) return std::nullopt;
+    const auto with_me = std::find_if(mine->point_to_point.begin(), mine->point_to_point.end(),
+                                      [&](const auto& p) { return p.world_rank == my_world_rank; });
+    std::uint64_t issued = first;
+    if (with_me != mine->point_to_point.end()) {
+      issued = p2p->sending ? with_me->received : with_me->sent;
+    }
+    if (op.sequence() < issued) return std::nullopt;
+    if (p2p->sending) {
+      return fmt::format(
+          "rank {} ended its program (left the job) after posting {} receive(s) from this rank "
+          "on this communicator; this send is message {} and will never be received ({})",
+          world_peer, issued - first, op.sequence() - first + 1, hint);
+    }
+    return fmt::format(
+        "rank {} ended its program (left the job) after sending {} message(s) to this rank on "
+        "this communicator; this receive waits for message {}, which will never come ({})",
+        world_peer, issued - first, op.sequence() - first + 1, hint);
+  }
+  if (op.sequence() < mine->issued) return std::nullopt;
+  return fmt::format(
+      "rank {} ended its program (left the job) after issuing {} operation(s) on this "
+      "communicator; this is operation {}, which it will never join ({})",
+      world_peer, mine->issued - first, op.sequence() - first + 1, hint);
+}
+
+}  // namespace
+
+void Communicator::on_member_ended(int member, const transport::IssuedWork& work) {
+  bool stuck_send = false;
+  for (CollectiveOp* op : in_flight_) {
+    if (auto why = never_issued(*op, member, world_rank(member), world_rank(rank_), id_,
+                                first_sequence_, work)) {
+      op->abort_with(world_rank(member), std::move(*why));
+      stuck_send = stuck_send || (op->point_to_point() && op->point_to_point()->sending);
+    }
+  }
+  if (!stuck_send) return;
+  // An abort cancels receives; a send UCX cannot cancel (one past the eager size waits for
+  // its receive). The member will never post it, so after the grace its other messages get
+  // to arrive, the endpoint to it closes, which fails the send and frees its buffer.
+  asio::co_spawn(
+      runtime_.executor(),
+      [](std::weak_ptr<Communicator> weak, int member) -> asio::awaitable<void> {
+        asio::steady_timer grace(co_await asio::this_coro::executor);
+        grace.expires_after(std::chrono::milliseconds(200));
+        co_await grace.async_wait(asio::use_awaitable);
+        const std::shared_ptr<Communicator> self = weak.lock();
+        if (!self) co_return;
+        const int peer = self->world_rank(member);
+        const transport::IssuedWork* ended = self->world_.peer_ended(peer);
+        if (ended == nullptr) co_return;
+        for (CollectiveOp* op : self->in_flight_) {
+          const auto& p2p = op->point_to_point();
+          if (!p2p || !p2p->sending || p2p->peer != member) continue;
+          if (!never_issued(*op, member, peer, self->world_rank(self->rank_), self->id_,
+                            self->first_sequence_, *ended)) {
+            continue;
+          }
+          self->world_.transport().fail_peer(
+              peer,
+              "it ended its program (left the job) without receiving a message this rank sent "
+              "it, and the endpoint was closed to release the send buffer");
+          break;
+        }
+      }(weak_from_this(), member),
+      asio::detached);
+}
+
+void Communicator::abort_if_unreachable(CollectiveOp& op) {
+  // A member that died earlier fails the op at once: ranks that do not talk to it directly
+  // would otherwise wait for partners that gave up. So does one that left without issuing it.
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank_) continue;
+    const int peer = world_rank(r);
+    if (auto why = world_.transport().peer_failure(peer)) op.abort(peer, *why);
+    if (const transport::IssuedWork* work = world_.peer_ended(peer)) {
+      if (auto why = never_issued(op, r, peer, world_rank(rank_), id_, first_sequence_, *work)) {
+        op.abort_with(peer, std::move(*why));
+      }
+    }
+  }
+}
+
+transport::CommunicatorWork Communicator::issued_work() const {
+  transport::CommunicatorWork work{.communicator = id_,
+                                   .first_sequence = first_sequence_,
+                                   .issued = next_sequence_.load(std::memory_order_relaxed)};
+  for (std::size_t i = 0; i < world_ranks_.size(); ++i) {
+    const std::uint64_t sent = send_sequence_[i].load(std::memory_order_relaxed);
+    const std::uint64_t received = recv_sequence_[i].load(std::memory_order_relaxed);
+    if (sent == first_sequence_ && received == first_sequence_) continue;
+    work.point_to_point.push_back(
+        {.world_rank = world_ranks_[i], .sent = sent, .received = received});
+  }
+  return work;
 }
 
 }  // namespace braid::collectives

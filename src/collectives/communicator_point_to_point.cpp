@@ -3,6 +3,7 @@
 // disturb the collectives' order. CUDA memory goes to the NCCL communicator where
 // route_cuda_to() says so, to UCX directly where UCX moves it, and through host staging
 // copies otherwise.
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -31,12 +32,23 @@ using detail::site_of;
 
 namespace {
 
-asio::awaitable<std::size_t> run_point_to_point(std::shared_ptr<Communicator> self,
-                                                std::unique_ptr<CollectiveOp> op, bool sending,
-                                                Buffer data, int peer) {
+asio::awaitable<void> discard_count(asio::awaitable<std::size_t> operation) {
+  co_await std::move(operation);
+}
+
+}  // namespace
+
+asio::awaitable<std::size_t> Communicator::run_point_to_point(std::shared_ptr<Communicator> self,
+                                                              std::unique_ptr<CollectiveOp> op,
+                                                              bool sending, Buffer data, int peer) {
+  // In flight like a collective: a peer that fails, or leaves without the matching call,
+  // aborts it.
+  op->set_point_to_point({.peer = peer, .sending = sending});
+  in_flight_.push_back(op.get());
   std::exception_ptr failure;
   std::size_t bytes = 0;
   try {
+    abort_if_unreachable(*op);
     Message message = sending ? op->send_reserved(peer, data, detail::kPointToPointStep)
                               : op->recv_reserved(peer, data, detail::kPointToPointStep, false);
     bytes = co_await op->wait(message);
@@ -47,6 +59,8 @@ asio::awaitable<std::size_t> run_point_to_point(std::shared_ptr<Communicator> se
                          .sequence = op->sequence()};
     failure = std::make_exception_ptr(Error(error.code(), error.detail(), std::move(context)));
   }
+  if (failure) co_await op->settle(sending ? "send" : "recv");
+  in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), op.get()));
   if (failure) std::rethrow_exception(failure);
   const std::size_t element = dtype_size(data.dtype());
   if (!sending && bytes % element != 0) {
@@ -58,15 +72,9 @@ asio::awaitable<std::size_t> run_point_to_point(std::shared_ptr<Communicator> se
                  .operation = "recv",
                  .sequence = op->sequence()});
   }
-  (void)self;
+  (void)self;  // keeps the communicator alive until the operation is done
   co_return bytes / element;
 }
-
-asio::awaitable<void> discard_count(asio::awaitable<std::size_t> operation) {
-  co_await std::move(operation);
-}
-
-}  // namespace
 
 asio::awaitable<std::size_t> Communicator::staged_point_to_point(std::shared_ptr<Communicator> self,
                                                                  std::unique_ptr<CollectiveOp> op,
@@ -82,7 +90,7 @@ asio::awaitable<std::size_t> Communicator::staged_point_to_point(std::shared_ptr
   const Deadline deadline = owned_op->deadline();
   const Buffer nothing(nullptr, 0, buffer.dtype());
   std::size_t elements = 0;
-  detail::WholeRunner transfer = [&owner, &owned_op, &elements, is_send, buffer, partner](
+  detail::WholeRunner transfer = [this, &owner, &owned_op, &elements, is_send, buffer, partner](
                                      Buffer host_in,
                                      Buffer host_out) -> asio::awaitable<std::size_t> {
     elements = co_await run_point_to_point(owner, std::move(owned_op), is_send,

@@ -117,7 +117,7 @@ asio::awaitable<std::vector<Bytes>> await_addresses(StoreClient& store, int worl
     std::vector<std::optional<Bytes>> addresses;
     int outstanding = 0;          // address gets not finished
     std::exception_ptr failure;   // the first get that failed other than by timing out
-    std::optional<Bytes> failed;  // the failure key, once set
+    std::optional<Bytes> failed;  // the job's first event, once it is a failure
   };
   auto arrivals = std::make_shared<Arrivals>(executor, world_size);
   for (int r = 0; r < world_size; ++r) {
@@ -139,10 +139,15 @@ asio::awaitable<std::vector<Bytes>> await_addresses(StoreClient& store, int worl
                      arrivals->wake.cancel();
                    });
   }
-  // Outlives the join when nobody dies; its completion touches only `arrivals`.
-  asio::co_spawn(executor, store.get(kFailedKey, deadline),
+  // The job's first event: a failure ends the join (a clean leave can come first only once
+  // every address is in, when the join is over anyway). Outlives the join when nobody
+  // dies; its completion touches only `arrivals`.
+  asio::co_spawn(executor, store.get(event_key(0), deadline),
                  [arrivals](std::exception_ptr error, Bytes value) {
-                   if (!error) arrivals->failed = std::move(value);
+                   const Event event = error ? Event{} : event_in(value);
+                   if (event.kind == Event::Kind::failed && event.rank >= 0) {
+                     arrivals->failed = std::move(value);
+                   }
                    arrivals->wake.cancel();
                  });
   auto missing = [&arrivals] {
@@ -169,7 +174,7 @@ asio::awaitable<std::vector<Bytes>> await_addresses(StoreClient& store, int worl
     }
   }
   if (arrivals->failed) {
-    const Failure dead = failure_in(*arrivals->failed);
+    const Event dead = event_in(*arrivals->failed);
     throw Error(Errc::peer_failed,
                 fmt::format("rank {} failed while the job was joining: {}", dead.rank, dead.why),
                 {.peer = dead.rank, .operation = "World::join"});

@@ -431,6 +431,23 @@ asio::awaitable<void> StoreClient::set_will(std::string key, Bytes value) {
                            std::move(awaited), &proto::expect_empty));
 }
 
+asio::awaitable<void> StoreClient::set_appending_will(std::string key, Bytes value) {
+  std::string awaited = fmt::format("no reply to set_will of key '{}'", key);
+  proto::Request request =
+      proto::SetWillRequest{.key = std::move(key), .value = std::move(value), .append = true};
+  return run_on(impl_->executor_,
+                Impl::call(impl_, std::move(request), default_deadline(), "store.set_will",
+                           std::move(awaited), &proto::expect_empty));
+}
+
+asio::awaitable<std::int64_t> StoreClient::append(std::string key, Bytes value) {
+  std::string awaited = fmt::format("no reply to append to key '{}'", key);
+  proto::Request request = proto::AppendRequest{std::move(key), std::move(value)};
+  return run_on(impl_->executor_,
+                Impl::call(impl_, std::move(request), default_deadline(), "store.append",
+                           std::move(awaited), &proto::decode_int64));
+}
+
 asio::awaitable<void> StoreClient::clear_will() {
   std::string awaited = "no reply to clear_will";
   proto::Request request = proto::ClearWillRequest{};

@@ -147,6 +147,8 @@ std::string_view to_string(Opcode opcode) noexcept {
       return "wait";
     case Opcode::set_will:
       return "set_will";
+    case Opcode::append:
+      return "append";
     case Opcode::clear_will:
       return "clear_will";
     case Opcode::ok:
@@ -155,6 +157,10 @@ std::string_view to_string(Opcode opcode) noexcept {
       return "error";
   }
   return "unknown";
+}
+
+std::string log_entry_key(std::string_view key, std::int64_t index) {
+  return fmt::format("{}/{}", key, index);
 }
 
 std::string quote_keys(std::span<const std::string> keys) {
@@ -223,6 +229,12 @@ Bytes encode_request(std::uint64_t request_id, const Request& request) {
           return std::move(w).finish();
         } else if constexpr (std::is_same_v<R, SetWillRequest>) {
           FrameWriter w(Opcode::set_will, request_id);
+          w.put_string(r.key);
+          w.put_bytes(r.value);
+          w.put_u8(r.append ? 1 : 0);
+          return std::move(w).finish();
+        } else if constexpr (std::is_same_v<R, AppendRequest>) {
+          FrameWriter w(Opcode::append, request_id);
           w.put_string(r.key);
           w.put_bytes(r.value);
           return std::move(w).finish();
@@ -310,7 +322,15 @@ Request decode_request(const Frame& frame) {
     }
     case Opcode::set_will: {
       std::string key = r.string();
-      out = SetWillRequest{std::move(key), r.bytes()};
+      Bytes value = r.bytes();
+      const std::uint8_t append = r.u8();
+      if (append > 1) malformed(fmt::format("set_will's append field holds {}", append));
+      out = SetWillRequest{std::move(key), std::move(value), append == 1};
+      break;
+    }
+    case Opcode::append: {
+      std::string key = r.string();
+      out = AppendRequest{std::move(key), r.bytes()};
       break;
     }
     case Opcode::clear_will:

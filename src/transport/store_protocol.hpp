@@ -20,8 +20,9 @@
 //   0x05 compare_set  str key, bytes expected, bytes desired    rest: the value afterwards
 //   0x06 erase        str key                                   u8: 1 if the key existed
 //   0x07 wait         u32 n, n x str key, ms timeout            (empty)
-//   0x08 set_will     str key, bytes value                      (empty)
+//   0x08 set_will     str key, bytes value, u8 append           (empty)
 //   0x09 clear_will   (empty)                                   (empty)
+//   0x0a append       str key, bytes value                      i64: the entry's index
 //
 //   server -> client
 //   0x80 ok           as above
@@ -42,9 +43,15 @@
 // down (the client exited, was killed, broke the protocol, stopped reading) with a will
 // registered, the server stores the will's value under its key exactly as a set would,
 // waking the waiters on that key -- unless the key already exists, in which case it keeps
-// the value it has: the first failure reported under a key wins. A client leaving on
-// purpose sends clear_will first (its reply tells it the server saw it before the close).
-// Version 2 added the wills; a version 1 client is refused at hello.
+// the value it has: the first failure reported under a key wins. A will with `append` set
+// is appended to the log at its key instead, as an append request would. A client leaving
+// on purpose sends clear_will first (its reply tells it the server saw it before the close).
+//
+// Logs. append keeps a log at `key`: the key holds the number of entries as decimal text
+// (so add() and get() read it like a counter) and entry i is stored under "<key>/<i>".
+// Readers follow a log with one get per entry, in order, each waiting for the next.
+// Version 3 added append and appending wills; a client of another version is refused at
+// hello.
 //
 // Timeouts travel as relative milliseconds because steady clocks of two machines share no
 // epoch; the server drops a waiter (replying error(timeout)) once its timeout passes, so a
@@ -73,7 +80,7 @@
 namespace braid::transport::store_protocol {
 
 inline constexpr std::uint32_t kMagic = 0x54535242;  // "BRST" as little-endian bytes
-inline constexpr std::uint16_t kVersion = 2;
+inline constexpr std::uint16_t kVersion = 3;
 inline constexpr std::size_t kLengthBytes = 4;
 inline constexpr std::size_t kHeaderBytes = 1 + 8;  // opcode, request id
 inline constexpr std::size_t kMaxFrameBody = std::size_t{64} << 20;
@@ -92,6 +99,7 @@ enum class Opcode : std::uint8_t {
   wait = 0x07,
   set_will = 0x08,
   clear_will = 0x09,
+  append = 0x0a,
   ok = 0x80,
   error = 0x81,
 };
@@ -134,10 +142,19 @@ struct WaitRequest {
 struct SetWillRequest {
   std::string key;
   Bytes value;
+  bool append = false;  // append to the log at `key` rather than set it
 };
 struct ClearWillRequest {};
-using Request = std::variant<HelloRequest, SetRequest, GetRequest, AddRequest, CompareSetRequest,
-                             EraseRequest, WaitRequest, SetWillRequest, ClearWillRequest>;
+struct AppendRequest {
+  std::string key;
+  Bytes value;
+};
+using Request =
+    std::variant<HelloRequest, SetRequest, GetRequest, AddRequest, CompareSetRequest, EraseRequest,
+                 WaitRequest, SetWillRequest, ClearWillRequest, AppendRequest>;
+
+// Where entry `index` of the log at `key` is stored.
+std::string log_entry_key(std::string_view key, std::int64_t index);
 
 struct ErrorReply {
   Errc code = Errc::protocol_error;

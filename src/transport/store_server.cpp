@@ -277,9 +277,15 @@ void StoreServer::Impl::close(const std::shared_ptr<Connection>& connection,
   connections_.erase(connection);
   // A server shutting down is not its clients failing.
   if (connection->will && !stopped_) {
-    auto [key, value] = std::move(*connection->will);
+    auto [key, value, appended] = std::move(*connection->will);
     connection->will.reset();
-    if (data_.contains(key)) {
+    if (appended) {
+      log::debug("store: appending the will of {} to the log at '{}'", connection->peer, key);
+      if (!append(key, std::move(value))) {
+        log::warn("store: the will of {} names '{}', which holds no log; dropped", connection->peer,
+                  key);
+      }
+    } else if (data_.contains(key)) {
       log::debug("store: will of {} for key '{}' not stored: the key already exists",
                  connection->peer, key);
     } else {

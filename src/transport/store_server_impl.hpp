@@ -69,7 +69,7 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
     asio::steady_timer hello_expiry;  // closes the connection if no hello is accepted first
     std::vector<std::shared_ptr<Waiter>> waiters;
     // Stored when the connection closes, unless withdrawn first (store_protocol.hpp, Wills).
-    std::optional<std::pair<std::string, Bytes>> will;
+    std::optional<proto::SetWillRequest> will;
   };
 
   Impl(Runtime& runtime, Options options)
@@ -99,10 +99,16 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
   void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::EraseRequest r);
   void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::WaitRequest r);
   void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::SetWillRequest r);
+  void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id, proto::AppendRequest r);
   void on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
                   proto::ClearWillRequest r);
 
   void store(const std::string& key, Bytes value);
+  // The counter at `key` (absent: 0), or nullopt when the key holds something else.
+  std::optional<std::int64_t> counter_at(const std::string& key) const;
+  // Appends `value` to the log at `key` (store_protocol.hpp, Logs) and returns its index;
+  // nullopt, storing nothing, when the key holds something that is not a count.
+  std::optional<std::int64_t> append(const std::string& key, Bytes value);
   void park(const std::shared_ptr<Connection>& connection, std::uint64_t id,
             std::vector<std::string> missing, std::optional<std::string> value_key,
             std::chrono::milliseconds timeout);

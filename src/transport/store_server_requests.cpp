@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -73,30 +74,62 @@ void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::ui
 
 void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
                                    proto::AddRequest r) {
-  // Counters are stored as decimal text, so a get of a counter reads naturally.
-  std::int64_t current = 0;
-  if (auto it = data_.find(r.key); it != data_.end()) {
-    const auto* first = reinterpret_cast<const char*>(it->second.data());
-    const auto* last = first + it->second.size();
-    auto [end, error] = std::from_chars(first, last, current);
-    if (it->second.empty() || error != std::errc() || end != last) {
-      send(c, proto::encode_error(id, Errc::invalid_argument,
-                                  fmt::format("key '{}' holds {} bytes that are not a decimal "
-                                              "integer, so add cannot update it",
-                                              r.key, it->second.size())));
-      return;
-    }
+  const std::optional<std::int64_t> current = counter_at(r.key);
+  if (!current) {
+    send(c, proto::encode_error(id, Errc::invalid_argument,
+                                fmt::format("key '{}' holds {} bytes that are not a decimal "
+                                            "integer, so add cannot update it",
+                                            r.key, data_.at(r.key).size())));
+    return;
   }
   std::int64_t updated = 0;
-  if (__builtin_add_overflow(current, r.delta, &updated)) {
+  if (__builtin_add_overflow(*current, r.delta, &updated)) {
     send(c, proto::encode_error(id, Errc::invalid_argument,
                                 fmt::format("adding {} to key '{}' (now {}) overflows int64",
-                                            r.delta, r.key, current)));
+                                            r.delta, r.key, *current)));
     return;
   }
   const std::string text = std::to_string(updated);
   send(c, proto::encode_ok_int64(id, updated));
   store(r.key, Bytes(text.begin(), text.end()));
+}
+
+void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
+                                   proto::AppendRequest r) {
+  const std::string key = r.key;
+  const std::optional<std::int64_t> index = append(key, std::move(r.value));
+  if (!index) {
+    send(c, proto::encode_error(id, Errc::invalid_argument,
+                                fmt::format("key '{}' holds {} bytes that are not an entry count, "
+                                            "so append cannot add to its log",
+                                            key, data_.at(key).size())));
+    return;
+  }
+  send(c, proto::encode_ok_int64(id, *index));
+}
+
+std::optional<std::int64_t> StoreServer::Impl::counter_at(const std::string& key) const {
+  // Counters are stored as decimal text, so a get of a counter reads naturally.
+  auto it = data_.find(key);
+  if (it == data_.end()) return 0;
+  std::int64_t current = 0;
+  const auto* first = reinterpret_cast<const char*>(it->second.data());
+  const auto* last = first + it->second.size();
+  auto [end, error] = std::from_chars(first, last, current);
+  if (it->second.empty() || error != std::errc() || end != last) return std::nullopt;
+  return current;
+}
+
+std::optional<std::int64_t> StoreServer::Impl::append(const std::string& key, Bytes value) {
+  const std::optional<std::int64_t> index = counter_at(key);
+  if (!index || *index < 0 || *index == std::numeric_limits<std::int64_t>::max()) {
+    return std::nullopt;
+  }
+  // The entry first, then the count: a reader that sees the count finds every entry below it.
+  store(proto::log_entry_key(key, *index), std::move(value));
+  const std::string count = std::to_string(*index + 1);
+  store(key, Bytes(count.begin(), count.end()));
+  return index;
 }
 
 void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
@@ -130,7 +163,7 @@ void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::ui
 
 void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::uint64_t id,
                                    proto::SetWillRequest r) {
-  c->will.emplace(std::move(r.key), std::move(r.value));
+  c->will = std::move(r);
   send(c, proto::encode_ok(id, {}));
 }
 

@@ -145,6 +145,9 @@ void UcxWorkerImpl::close_endpoint_by_force(UcxPeer& peer) {
   peer.ep = nullptr;
   if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);  // UCX finishes it on its own
   log::debug("ucx: endpoint to rank {} closed by force", peer.rank);
+  // The cancelled sends' completions are delivered by progress, which a sleeping worker
+  // would otherwise run only at its next event (UCX's keepalive, a second later).
+  post_poll();
 }
 
 void UcxWorkerImpl::close_endpoints() {

@@ -125,6 +125,20 @@ void UcxWorkerImpl::detach(UcxOp* op) noexcept {
 void UcxWorkerImpl::cancel(UcxOp* op) {
   if (op->kind == OpKind::recv && !op->finished && !op->abandoned && !closed_) {
     abandon(op, Errc::cancelled);
+    // The cancelled receive's completion waits in the queue progress() delivers: called
+    // from outside progress (a listener aborting an operation), nothing else may run it
+    // before the worker's next event or deadline.
+    post_poll();
+  }
+}
+
+void UcxWorkerImpl::cancel_receives(std::uint32_t communicator, std::uint64_t sequence,
+                                    bool (*step_matches)(std::uint32_t step)) {
+  for (UcxOp* op : pending_snapshot()) {
+    if (op->tag.communicator == communicator && op->tag.sequence == sequence &&
+        step_matches(op->tag.step)) {
+      cancel(op);
+    }
   }
 }
 

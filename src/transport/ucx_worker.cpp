@@ -162,6 +162,11 @@ void UcxWorker::cancel(Transfer& transfer) {
   if (transfer.op_ != nullptr) impl_->cancel(transfer.op_);
 }
 
+void UcxWorker::cancel_receives(std::uint32_t communicator, std::uint64_t sequence,
+                                bool (*step_matches)(std::uint32_t step)) {
+  impl_->cancel_receives(communicator, sequence, step_matches);
+}
+
 std::uint64_t UcxWorker::add_peer_failure_listener(PeerFailureListener listener) {
   return runtime_.run([&] { return impl_->add_peer_failure_listener(std::move(listener)); });
 }

@@ -116,6 +116,8 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   bool poll_in_place(UcxOp* op);
 
   void cancel(UcxOp* op);
+  void cancel_receives(std::uint32_t communicator, std::uint64_t sequence,
+                       bool (*step_matches)(std::uint32_t step));
   std::uint64_t add_peer_failure_listener(UcxWorker::PeerFailureListener listener);
   void remove_peer_failure_listener(std::uint64_t id);
   const UcxPeer& peer(int rank) const { return peers_.at(static_cast<std::size_t>(rank)); }

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <array>
 #include <exception>
 #include <optional>
@@ -15,6 +16,7 @@
 #include <braid/core/config.hpp>
 #include <braid/core/enforce.hpp>
 #include <braid/core/error.hpp>
+#include <braid/core/excerpt.hpp>
 #include <braid/core/log.hpp>
 #include <braid/trace/output.hpp>
 #include <braid/transport/world.hpp>
@@ -29,9 +31,16 @@ namespace braid::transport {
 namespace {
 
 using detail::address_key;
+using detail::Event;
 using detail::gone_key;
-using detail::kFailedKey;
+using detail::kEventsKey;
 using detail::left_key;
+
+// How a failure caused by another names it, so that a chain of them names the first.
+constexpr std::string_view kAfterRank = ", after rank ";
+// How much of a noted error an announcement quotes: a collective's error with both
+// fingerprints fits.
+constexpr std::size_t kNotedErrorBytes = 600;
 
 // A published address: the publishing rank's node (4 bytes, little-endian) and then its
 // UCX worker address.
@@ -121,9 +130,9 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   // address could stand in for the real rank's.
   co_await claim_rank(*world->store_, info.rank);
   // From here on this rank's death -- even one during the rest of the join -- is announced.
-  std::string failed_key = kFailedKey;
+  std::string events_key = kEventsKey;
   Bytes will = detail::will_value(info.rank);
-  co_await world->store_->set_will(std::move(failed_key), std::move(will));
+  co_await world->store_->set_appending_will(std::move(events_key), std::move(will));
 
   // Shared memory for small messages is safe now: the watcher (watch_peers) notices a
   // killed peer that UCX's shared-memory keepalive misses.
@@ -143,6 +152,13 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
         take_node(addresses[static_cast<std::size_t>(r)], r);
   }
   world->ucx_->connect(addresses, info.rank);
+  world->ended_.resize(static_cast<std::size_t>(info.world_size));
+  // Whatever detects it (UCX, a will, an announcement), the first peer failure is what a
+  // failure of this rank's own names as its cause.
+  world->failure_recorder_ =
+      world->ucx_->add_peer_failure_listener([w = world.get()](int peer, const std::string& why) {
+        if (!w->first_failure_) w->first_failure_ = SeenFailure{.rank = peer, .why = why};
+      });
   if (!trace_directory.empty()) co_await world->start_trace_output(trace_directory, deadline);
   asio::co_spawn(runtime.executor(), world->watch_peers(world->watch_), asio::detached);
   log::info("joined a world of {} rank(s) (launched by {}, store {})", info.world_size, info.source,
@@ -172,22 +188,25 @@ asio::awaitable<trace::ClockAlignment> World::clock_alignment(Deadline deadline)
 }
 
 asio::awaitable<void> World::watch_peers(std::shared_ptr<PeerWatch> watch) {
-  // The get waits on the server, costing nothing while every rank lives; it is re-issued
-  // only when its (far) deadline passes.
+  // Follows the job's events one get at a time: each waits on the server, costing nothing
+  // while every rank runs, and is re-issued only when its (far) deadline passes.
   constexpr auto kRearmAfter = std::chrono::hours(24);
-  Bytes failed;
-  for (;;) {
-    std::string key = kFailedKey;
+  for (std::int64_t next = 0;;) {
+    Bytes value;
     std::optional<Error> lost;
     try {
-      failed = co_await store_->get(std::move(key), deadline_after(kRearmAfter));
+      value = co_await store_->get(detail::event_key(next), deadline_after(kRearmAfter));
     } catch (const Error& e) {
       lost = e;
     }
     // Stopped: the World is leaving or gone (its client's destruction ends our get with
     // Errc::closed), and nothing of it may be touched.
     if (watch->stopped) co_return;
-    if (!lost) break;
+    if (!lost) {
+      ++next;
+      on_event(value);
+      continue;
+    }
     if (lost->code() == Errc::timeout) continue;
     // The connection to the store broke: rank 0, which serves it, is gone (or unreachable,
     // which leaves us as stuck as if it were).
@@ -200,14 +219,72 @@ asio::awaitable<void> World::watch_peers(std::shared_ptr<PeerWatch> watch) {
     }
     co_return;
   }
-  detail::Failure dead = detail::failure_in(failed);
-  if (dead.rank == rank()) co_return;  // this rank announced its own failure: it is leaving
-  if (dead.rank < 0 || dead.rank >= size()) {
-    log::warn("the store's '{}' holds {} bytes that name no other rank; not watching peers",
-              kFailedKey, failed.size());
-    co_return;
+}
+
+void World::on_event(const Bytes& value) {
+  Event event = detail::event_in(value);
+  if (event.rank < 0 || event.rank >= size()) {
+    log::warn("the job's events hold {} bytes that name no rank; ignored", value.size());
+    return;
   }
-  ucx_->fail_peer(dead.rank, std::move(dead.why));
+  if (event.rank == rank()) return;  // this rank's own: it is leaving
+  if (event.kind == Event::Kind::failed) {
+    ucx_->fail_peer(event.rank, std::move(event.why));
+    return;
+  }
+  try {
+    ended_[static_cast<std::size_t>(event.rank)] = decode_issued_work(event.work);
+  } catch (const Error& e) {
+    log::warn("rank {} left with issued work this rank cannot read ({}); ignored", event.rank,
+              e.detail());
+    return;
+  }
+  log::debug("rank {} left the job cleanly", event.rank);
+  const auto listeners = ended_listeners_;  // a listener may remove itself
+  for (const auto& [id, listener] : listeners) {
+    listener(event.rank, *ended_[static_cast<std::size_t>(event.rank)]);
+  }
+}
+
+std::uint64_t World::add_issued_work_source(IssuedWorkSource source) {
+  return runtime_.run([&] {
+    work_sources_.emplace_back(next_observer_id_, std::move(source));
+    return next_observer_id_++;
+  });
+}
+
+void World::retire_issued_work_source(std::uint64_t id) {
+  runtime_.run([&] {
+    const auto source = std::find_if(work_sources_.begin(), work_sources_.end(),
+                                     [id](const auto& e) { return e.first == id; });
+    if (source == work_sources_.end()) return;
+    CommunicatorWork last = source->second();
+    work_sources_.erase(source);
+    std::erase_if(retired_work_,
+                  [&](const CommunicatorWork& w) { return w.communicator == last.communicator; });
+    retired_work_.push_back(std::move(last));
+  });
+}
+
+std::uint64_t World::add_peer_ended_listener(PeerEndedListener listener) {
+  return runtime_.run([&] {
+    ended_listeners_.emplace_back(next_observer_id_, std::move(listener));
+    return next_observer_id_++;
+  });
+}
+
+void World::remove_peer_ended_listener(std::uint64_t id) {
+  runtime_.run(
+      [&] { std::erase_if(ended_listeners_, [id](const auto& e) { return e.first == id; }); });
+}
+
+void World::note_error(const std::string& what) {
+  if (noted_error_.empty()) noted_error_ = what;
+}
+
+const IssuedWork* World::peer_ended(int peer) const {
+  const auto& work = ended_.at(static_cast<std::size_t>(peer));
+  return work ? &*work : nullptr;
 }
 
 asio::awaitable<void> World::wait_for_live_ranks(std::string (*key_of)(int), Deadline deadline) {
@@ -266,8 +343,29 @@ asio::awaitable<void> World::leave(bool after_error) {
   Bytes no_value;
   if (after_error) {
     // Peers still waiting on this rank in a collective learn now that it will never come,
-    // as they would from its will had it died.
-    co_await announce("it left the job through an error (its own output says which)");
+    // as they would from its will had it died (announce_failure() may have told them).
+    if (!failure_announced_) {
+      // A named argument, not a temporary, in co_await (the GCC 12 pitfall; see async_join).
+      std::string why =
+          noted_error_.empty()
+              ? std::string("it left the job through an error (its own output says which)")
+              : fmt::format("it left the job through an error: {}",
+                            excerpt(noted_error_, kNotedErrorBytes));
+      co_await announce(std::move(why));
+    }
+  } else {
+    // Peers learn what this rank issued, and fail at once what it never will.
+    IssuedWork work;
+    for (const auto& [id, source] : work_sources_) work.push_back(source());
+    for (const CommunicatorWork& retired : retired_work_) {
+      const bool live = std::any_of(work.begin(), work.end(), [&](const CommunicatorWork& w) {
+        return w.communicator == retired.communicator;
+      });
+      if (!live) work.push_back(retired);
+    }
+    std::string events_key = kEventsKey;
+    Bytes event = detail::ended_event(rank(), encode_issued_work(work));
+    co_await store_->append(std::move(events_key), std::move(event));
   }
   // Withdrawn before the barrier, so that a clean exit never reads as a death: past it,
   // ranks close their store connections (and rank 0 its store).
@@ -282,11 +380,18 @@ asio::awaitable<void> World::leave(bool after_error) {
 }
 
 asio::awaitable<void> World::announce(std::string why) {
-  // The first failure keeps the key: it is the one every survivor names.
-  std::string key = kFailedKey;
-  Bytes no_value;
-  Bytes announcement = detail::announcement(rank(), why);
-  co_await store_->compare_set(std::move(key), no_value, std::move(announcement));
+  // Caused by a peer's failure: name it, or, when that failure was itself caused by
+  // another, the one that began the chain, so every survivor can name the first.
+  if (first_failure_) {
+    const std::string& cause = first_failure_->why;
+    const auto chained = cause.find(kAfterRank);
+    why += chained != std::string::npos
+               ? cause.substr(chained)
+               : fmt::format("{}{} failed: {}", kAfterRank, first_failure_->rank, cause);
+  }
+  std::string key = kEventsKey;
+  Bytes event = detail::failure_event(rank(), why);
+  co_await store_->append(std::move(key), std::move(event));
 }
 
 void World::announce_failure(const std::string& why) {
@@ -321,7 +426,10 @@ World::~World() {
   }
   // The watcher stops, if leaving has not stopped it: from here on, ranks leaving and the
   // store closing are expected, not failures.
-  runtime_.run([this] { watch_->stopped = true; });
+  runtime_.run([this] {
+    watch_->stopped = true;
+    if (ucx_) ucx_->remove_peer_failure_listener(failure_recorder_);
+  });
   // Destroy in reverse order of use: endpoints first, then the store client, then the
   // server other ranks may have been reading from until the leave barrier.
   ucx_.reset();

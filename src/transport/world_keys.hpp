@@ -3,6 +3,7 @@
 #pragma once
 
 #include <charconv>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -24,39 +25,64 @@ inline std::string gone_key(int rank) {
   return fmt::format("braid/world/gone/{}", rank);
 }
 
-// The job's first failure. Every rank's will sets it to the rank's bare number
-// (will_value); a rank leaving through an error sets "<rank>:<why>" itself (announcement).
-// Whoever sets it first wins: wills keep a value already there, and an announcement is a
-// compare_set against an empty key.
-inline constexpr const char* kFailedKey = "braid/world/failed";
+// The job's events, a store log (StoreClient::append): every failure and every clean leave,
+// in the order the store saw them, so a rank follows them all with one pending get. A
+// rank's will appends "F<rank>" when its connection closes (it died); a rank leaving
+// through an error appends "F<rank>:<why>" itself; a rank leaving cleanly appends
+// "E<rank>:" and its issued work (issued_work.hpp). The first failure in the log is the
+// job's first failure, the same for every rank.
+inline constexpr const char* kEventsKey = "braid/world/events";
+
+inline std::string event_key(std::int64_t index) {
+  return fmt::format("{}/{}", kEventsKey, index);
+}
 
 inline Bytes will_value(int rank) {
-  const std::string text = std::to_string(rank);
+  const std::string text = fmt::format("F{}", rank);
   return Bytes(text.begin(), text.end());
 }
 
-inline Bytes announcement(int rank, std::string_view why) {
-  const std::string text = fmt::format("{}:{}", rank, why);
+inline Bytes failure_event(int rank, std::string_view why) {
+  const std::string text = fmt::format("F{}:{}", rank, why);
   return Bytes(text.begin(), text.end());
 }
 
-// A failure as the failure key holds it; rank -1 where the bytes name no rank.
-struct Failure {
+inline Bytes ended_event(int rank, const Bytes& issued_work) {
+  const std::string head = fmt::format("E{}:", rank);
+  Bytes event(head.begin(), head.end());
+  event.insert(event.end(), issued_work.begin(), issued_work.end());
+  return event;
+}
+
+// An event as the log holds it; rank -1 where the bytes name no rank.
+struct Event {
+  enum class Kind { failed, ended };
+  Kind kind = Kind::failed;
   int rank = -1;
-  std::string why;
+  std::string why;  // failed: what happened
+  Bytes work;       // ended: its issued work, encoded
 };
 
-inline Failure failure_in(const Bytes& value) {
+inline Event event_in(const Bytes& value) {
   const auto* first = reinterpret_cast<const char*>(value.data());
   const auto* last = first + value.size();
+  if (first == last || (*first != 'F' && *first != 'E')) return {};
+  const Event::Kind kind = *first == 'F' ? Event::Kind::failed : Event::Kind::ended;
   int rank = -1;
-  auto [end, error] = std::from_chars(first, last, rank);
+  auto [end, error] = std::from_chars(first + 1, last, rank);
   if (error != std::errc() || rank < 0) return {};
   if (end == last) {
-    return {.rank = rank, .why = "its store connection closed (process exited or was killed)"};
+    if (kind == Event::Kind::ended) return {};
+    return {.kind = kind,
+            .rank = rank,
+            .why = "its store connection closed (process exited or was killed)"};
   }
   if (*end != ':') return {};
-  return {.rank = rank, .why = std::string(end + 1, last)};
+  if (kind == Event::Kind::failed) {
+    return {.kind = kind, .rank = rank, .why = std::string(end + 1, last)};
+  }
+  const auto offset = static_cast<std::size_t>(end + 1 - first);
+  return {.kind = kind, .rank = rank, .work = Bytes(value.begin() + offset, value.end())};
 }
 
 }  // namespace braid::transport::detail

@@ -524,6 +524,44 @@ TEST_F(Store, AClearedWillDoesNotFireWhenTheClientIsDestroyed) {
   EXPECT_THAT(e.what(), HasSubstr("'failed'"));
 }
 
+TEST_F(Store, AppendKeepsEveryEntryInOrderAndTheKeyCountsThem) {
+  auto store = connect();
+  auto other = connect();
+  EXPECT_EQ(run_on(runtime_, store->append("log", bytes("first"))), 0);
+  EXPECT_EQ(run_on(runtime_, other->append("log", bytes("second"))), 1);
+  EXPECT_EQ(run_on(runtime_, store->get("log/0", deadline_after(1s))), bytes("first"));
+  EXPECT_EQ(run_on(runtime_, store->get("log/1", deadline_after(1s))), bytes("second"));
+  EXPECT_EQ(run_on(runtime_, store->get("log", deadline_after(1s))), bytes("2"));
+}
+
+TEST_F(Store, AReaderWaitingForTheNextEntryWakesWhenItIsAppended) {
+  auto reader = connect();
+  auto writer = connect();
+  Future<Bytes> next = runtime_.spawn(reader->get("log/0", deadline_after(5s)));
+  EXPECT_FALSE(next.wait_for(20ms));
+  run_on(runtime_, writer->append("log", bytes("news")));
+  EXPECT_EQ(next.get(), bytes("news"));
+}
+
+TEST_F(Store, AppendToAKeyThatHoldsNoCountIsAnInvalidArgument) {
+  auto store = connect();
+  run_on(runtime_, store->set("log", bytes("not a count")));
+  Error e = error_from(runtime_, store->append("log", bytes("x")), Errc::invalid_argument);
+  EXPECT_THAT(e.what(), HasSubstr("'log'"));
+}
+
+TEST_F(Store, EveryAppendingWillThatFiresIsKeptInTheOrderTheyFired) {
+  auto store = connect();
+  auto first = connect();
+  auto second = connect();
+  run_on(runtime_, first->set_appending_will("deaths", bytes("1")));
+  run_on(runtime_, second->set_appending_will("deaths", bytes("2")));
+  first.reset();
+  EXPECT_EQ(run_on(runtime_, store->get("deaths/0", deadline_after(5s))), bytes("1"));
+  second.reset();
+  EXPECT_EQ(run_on(runtime_, store->get("deaths/1", deadline_after(5s))), bytes("2"));
+}
+
 TEST(StoreConnect, RetriesUntilAServerThatStartsLateComesUp) {
   Runtime runtime;
   const std::uint16_t port = find_free_port();

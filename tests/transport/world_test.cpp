@@ -168,9 +168,9 @@ TEST(WorldThreads, ARankThatDiesAfterReachingTheStoreFailsTheJoinAtOnce) {
         StoreAddress address{.host = "127.0.0.1", .port = port, .token = "wills"};
         auto store =
             co_await StoreClient::connect(executor, std::move(address), deadline_after(10s));
-        std::string key = "braid/world/failed";
-        Bytes rank{'1'};
-        co_await store->set_will(std::move(key), std::move(rank));
+        std::string key = "braid/world/events";
+        Bytes rank{'F', '1'};
+        co_await store->set_appending_will(std::move(key), std::move(rank));
       }(other.executor(), port))
       .get();  // the client and its connection are gone: the will fires
   const auto started = Clock::now();

@@ -83,6 +83,7 @@
 #include <braid/core/runtime.hpp>
 #include <braid/trace/recorder.hpp>
 #include <braid/trace/sampling.hpp>
+#include <braid/transport/issued_work.hpp>
 
 namespace braid::transport {
 class World;
@@ -318,6 +319,17 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
                                  Deadline deadline);
   detail::CollectiveCall prepare(CollectiveKind kind);
   void on_member_failed(int world_peer, const std::string& why);
+  // Member `member` (a communicator rank) left the job cleanly having issued `work`: ops it
+  // never issued fail now (transport/issued_work.hpp).
+  void on_member_ended(int member, const transport::IssuedWork& work);
+  // Fails `op` at once when a member it waits on has failed or left without issuing it.
+  void abort_if_unreachable(detail::CollectiveOp& op);
+  // What this rank has issued, for its peers when it leaves.
+  transport::CommunicatorWork issued_work() const;
+  // Runs a send or recv (staged or not): in flight, and so aborted, like a collective.
+  asio::awaitable<std::size_t> run_point_to_point(std::shared_ptr<Communicator> self,
+                                                  std::unique_ptr<detail::CollectiveOp> op,
+                                                  bool sending, Buffer data, int peer);
   std::uint64_t take_sequence() noexcept { return next_sequence_.fetch_add(1); }
 
   transport::World& world_;
@@ -351,6 +363,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // a few at a time, and no allocation per operation once it has grown.
   std::vector<detail::CollectiveOp*> in_flight_;
   std::uint64_t failure_listener_ = 0;
+  std::uint64_t ended_listener_ = 0;
+  std::uint64_t work_source_ = 0;
+  std::uint64_t first_sequence_ = 0;  // the name's: with id_, what peers' issued work names
   // This communicator's row in a timeline ("communicator 1"): its collectives' spans.
   trace::Track track_;
 };

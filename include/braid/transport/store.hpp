@@ -110,6 +110,12 @@ class StoreClient {
   // an empty `expected`); returns the value stored afterwards either way (empty if the
   // key stays absent).
   asio::awaitable<Bytes> compare_set(std::string key, Bytes expected, Bytes desired);
+  // Appends `value` to the log at `key` and returns its index (0 for the first entry). The
+  // key holds the number of entries as decimal text (a counter, for add() and get()) and
+  // entry i is the key "<key>/<i>": a reader follows the log with get("<key>/0"), then
+  // "<key>/1", each waiting until the entry exists. Errc::invalid_argument if the key
+  // holds something other than a count.
+  asio::awaitable<std::int64_t> append(std::string key, Bytes value);
   // Removes the key; true if it existed.
   asio::awaitable<bool> erase(std::string key);
   // Waits until every key exists; Errc::timeout naming the keys at `deadline`.
@@ -124,6 +130,9 @@ class StoreClient {
   // a server that itself goes away fires nothing: clients see their own Errc::peer_failed.
   // Completes once the server has registered it.
   asio::awaitable<void> set_will(std::string key, Bytes value);
+  // As set_will, but the will's value is appended to the log at `key` (see append()), so
+  // every will that fires is kept, in the order they fired.
+  asio::awaitable<void> set_appending_will(std::string key, Bytes value);
   // Withdraws the will, so that closing the client afterwards sets nothing. Completes
   // once the server has withdrawn it; no-op without a will.
   asio::awaitable<void> clear_will();

@@ -156,6 +156,12 @@ class UcxWorker {
   // Errc::cancelled); one whose message is already arriving finishes first. Sends cannot
   // be cancelled (UCX 1.13): fail_peer() closes the endpoint to get their buffer back.
   void cancel(Transfer& transfer);
+  // Cancels every receive still pending with tags of `communicator`'s operation `sequence`
+  // whose step `step_matches` (any peer), awaited ones included, which cancel() cannot
+  // reach once wait() has taken them: how an operation that a failure aborts gets out of
+  // the receive it waits in. Runtime thread only.
+  void cancel_receives(std::uint32_t communicator, std::uint64_t sequence,
+                       bool (*step_matches)(std::uint32_t step));
 
   // Calls `listener(peer, reason)` on the runtime thread, after the fact, each time a peer
   // fails (any detector). Communicators use it to abort collectives that wait on other

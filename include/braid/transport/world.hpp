@@ -24,10 +24,15 @@
 // store will fired, or it announced its own failure) is not waited for, and one that
 // fails during the wait stops being waited for then.
 //
-// Failures: a World destroyed while an exception unwinds (the program is leaving through
-// an error), or after announce_failure(), announces this rank's failure in the store before
-// the barrier, so peers still waiting on it in a collective fail at once, naming it, rather
-// than at their deadline. A rank that dies is announced by its store will.
+// Every exit is announced, in the store's log of the job's events, which every rank
+// follows: a rank that dies, by its store will; a World destroyed while an exception
+// unwinds (the program is leaving through an error), or after announce_failure(), by a
+// failure naming the failure that caused it, if one did; a clean leave (the program ended:
+// it returned, called exit, or ran fewer steps) by what it had issued on each communicator
+// (issued_work.hpp). Peers still waiting on a failed rank fail at once, naming it; peers
+// waiting on an operation a rank that left never issued fail at once, naming it and what it
+// did issue (communicators do this, through the peer-ended listeners). Every failure, not
+// only the first, reaches every rank, so a failure that causes another ends as fast as one.
 //
 // Joining waits for every rank's address until Options::join_timeout (BRAID_TIMEOUT):
 // meanwhile it logs which ranks have not arrived, and at the deadline names them and the
@@ -39,6 +44,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,6 +57,7 @@
 #include <braid/core/runtime.hpp>
 #include <braid/trace/chrome_trace.hpp>
 #include <braid/transport/bootstrap.hpp>
+#include <braid/transport/issued_work.hpp>
 #include <braid/transport/store.hpp>
 #include <braid/transport/ucx_worker.hpp>
 
@@ -122,14 +129,39 @@ class World {
   // logged, not thrown.
   void announce_failure(const std::string& why);
 
+  // Notes an error an operation on this rank raised, one of its own making (a size
+  // mismatch, a desync; not a peer's failure): if the rank then leaves through an error, its
+  // announcement quotes the first such note, so peers that were waiting on it learn what
+  // went wrong rather than only that something did. Runtime thread only.
+  void note_error(const std::string& what);
+
+  // What this rank issued, published when it leaves cleanly: each source (a communicator)
+  // reports its own, read on the runtime thread as the World leaves. A source retired (its
+  // communicator destroyed, as programs do before their World) is read once more then and
+  // its last report kept, the latest per communicator id, so a rank that drops its
+  // communicators and then leaves still tells its peers what it issued. From any thread.
+  using IssuedWorkSource = std::function<CommunicatorWork()>;
+  std::uint64_t add_issued_work_source(IssuedWorkSource source);
+  void retire_issued_work_source(std::uint64_t id);
+  // Calls `listener(peer, work)` on the runtime thread when a peer leaves cleanly while this
+  // rank runs, with what the peer had issued. From any thread.
+  using PeerEndedListener = std::function<void(int peer, const IssuedWork& work)>;
+  std::uint64_t add_peer_ended_listener(PeerEndedListener listener);
+  void remove_peer_ended_listener(std::uint64_t id);
+  // What `peer` had issued when it left cleanly, or null while it has not. Runtime thread.
+  const IssuedWork* peer_ended(int peer) const;
+
  private:
   struct PeerWatch;
 
   World(Runtime& runtime, LaunchInfo launch, Options options);
   // The barrier above; `after_error`: announce this rank's failure first.
   asio::awaitable<void> leave(bool after_error);
-  // The store's failure key, set to this rank and `why` unless a failure holds it already.
+  // Appends this rank's failure to the job's events: `why`, and the failure that caused
+  // it when this rank saw one first.
   asio::awaitable<void> announce(std::string why);
+  // One event of the job's log, as the watcher reads it.
+  void on_event(const Bytes& value);
   // Waits until `key_of(r)` is set for every rank r not known to have failed, re-counting
   // the ranks when one fails meanwhile.
   asio::awaitable<void> wait_for_live_ranks(std::string (*key_of)(int), Deadline deadline);
@@ -150,7 +182,20 @@ class World {
   std::vector<int> node_of_rank_;     // world rank -> node, from what each rank published
   bool writes_trace_ = false;         // BRAID_TRACE was set: the destructor writes the trace
   std::atomic<bool> failure_announced_ = false;  // announce_failure(): leave as failed
-  std::optional<trace::ClockAlignment> clock_;   // once measured
+  // Runtime thread only, from here down.
+  struct SeenFailure {
+    int rank = -1;
+    std::string why;
+  };
+  std::optional<SeenFailure> first_failure_;      // the first peer failure this rank saw
+  std::string noted_error_;                       // note_error()'s first
+  std::uint64_t failure_recorder_ = 0;            // the UCX listener that records it
+  std::vector<std::optional<IssuedWork>> ended_;  // by rank: peers that left cleanly
+  std::vector<std::pair<std::uint64_t, IssuedWorkSource>> work_sources_;
+  std::vector<CommunicatorWork> retired_work_;  // one per communicator id, the latest
+  std::vector<std::pair<std::uint64_t, PeerEndedListener>> ended_listeners_;
+  std::uint64_t next_observer_id_ = 1;
+  std::optional<trace::ClockAlignment> clock_;  // once measured
 };
 
 }  // namespace braid::transport

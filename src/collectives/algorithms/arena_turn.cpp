@@ -39,9 +39,11 @@ asio::awaitable<void> ArenaTurn::start() {
     co_await wait_turn();
   }
   if (arena_.broken()) {
+    const std::string cause = op_.failed_member();
     throw Error(Errc::peer_failed,
-                "an earlier shared-memory collective on this communicator failed, so its ranks "
-                "no longer agree on the arena's state",
+                fmt::format("an earlier shared-memory collective on this communicator failed{}, "
+                            "so its ranks no longer agree on the arena's state",
+                            cause.empty() ? "" : fmt::format(" ({})", cause)),
                 {.rank = op_.world_rank(op_.rank())});
   }
   if (!arena_.mapped() && op_.size() > 1) co_await map();

@@ -139,9 +139,31 @@ Settings parse(int argc, char** argv) {
   return s;
 }
 
+// The flags every rank must be given alike (--device and --threads may differ per rank; the
+// seed, since rank 0's weights are broadcast).
+std::vector<braid::collectives::AgreedValue> agreed_settings(const Settings& s) {
+  return {{"--model", s.model.name},
+          {"--hidden", std::to_string(s.model.hidden)},
+          {"--layers", std::to_string(s.model.layers)},
+          {"--batch", std::to_string(s.model.batch)},
+          {"--steps", std::to_string(s.steps)},
+          {"--lr", fmt::format("{}", s.lr)},
+          {"--optimizer", s.training.optimizer},
+          {"--bucket-cap-mib", std::to_string(s.training.ddp.limits.bucket_cap_bytes)},
+          {"--sync", s.sync ? "ddp" : "none"},
+          {"--sharding", std::to_string(static_cast<int>(s.sharding))},
+          {"--uneven", std::to_string(s.uneven)},
+          {"--straggle-ms", fmt::format("{}", s.straggle_ms)},
+          {"--balance", s.balance ? "on" : "off"},
+          {"--cadence", s.cadence ? "on" : "off"}};
+}
+
 template <class Model>
 int train(braid::transport::World& world, const Settings& s, Model model) {
   auto comm = braid::collectives::Communicator::world(world);
+  // A rank started with other flags is named here, before the first step, rather than
+  // deadlocking or training another model to the end.
+  comm->launch(braid::collectives::expect_agreement(*comm, agreed_settings(s))).get();
   const example_models::Task task(s.model.hidden, s.model.transformer());
   const torch::Device device = example_models::device_of(model);
   // DDP, ZeRO-1 or FSDP: checks the ranks agree, broadcasts rank 0's weights.
@@ -333,7 +355,7 @@ int main(int argc, char** argv) {
         [&](braid::transport::World& world, auto model) { return train(world, settings, model); },
         settings.training.device);
   } catch (const std::invalid_argument& e) {
-    std::cerr << "ddp_train: " << e.what() << "\nrun 'ddp_train --help' for usage\n";
+    std::cerr << "ddp_train: " << e.what() << " (ddp_train --help for usage)\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "ddp_train: " << e.what() << "\n";

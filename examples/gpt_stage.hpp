@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +55,35 @@ struct GptOptions {
     return true;
   }
 };
+
+// What this machine's memory allows, checked before anything is allocated: a mistyped
+// --hidden or --layers otherwise ends in libtorch's allocator failure, naming no flag. The
+// estimate is fp32 parameters, gradients and Adam's two moments (16 bytes a parameter; a
+// block holds 12 hidden^2 of them, split over `tp`, plus the tied embedding) and the
+// activations of one microbatch through this rank's `layers` (about 16 floats per token per
+// hidden unit per block, plus the vocabulary's logits). Throws std::invalid_argument naming
+// the flags and both sizes.
+inline void check_fits_in_memory(const GptOptions& s, int layers, int tp, int micro) {
+  const double memory = memory_of_this_machine();
+  const double hidden = s.hidden;
+  const double parameters = 16.0 * (12.0 * hidden * hidden * layers / tp + 2.0 * s.vocab * hidden);
+  const double tokens = static_cast<double>(s.seq) * micro;
+  const double activations = 4.0 * tokens * (16.0 * hidden * layers + 2.0 * s.vocab);
+  const auto gib = [](double bytes) { return bytes / (1 << 30); };
+  if (parameters > memory) {
+    throw std::invalid_argument(fmt::format(
+        "--layers {} --hidden {} --vocab {}: this rank's share of the model needs about {:.3g} "
+        "GiB for its parameters, gradients and optimizer state, more than this machine's {:.1f} "
+        "GiB",
+        s.layers, s.hidden, s.vocab, gib(parameters), gib(memory)));
+  }
+  if (activations > memory) {
+    throw std::invalid_argument(fmt::format(
+        "--seq {} --global-batch {} --hidden {}: a microbatch's activations need about {:.3g} GiB "
+        "on this rank, more than this machine's {:.1f} GiB",
+        s.seq, s.global_batch, s.hidden, gib(activations), gib(memory)));
+  }
+}
 
 // Which pipeline schedule, over how many microbatches and stages per rank, as the 3D job
 // and braid-bench's pipeline worker take them (--schedule, --microbatches,

@@ -11,9 +11,11 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <unistd.h>
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 namespace example_models {
@@ -117,6 +119,12 @@ struct Task {
   }
 };
 
+// This machine's physical memory in bytes: what a model's size is checked against before it
+// is built.
+inline double memory_of_this_machine() {
+  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+}
+
 // A whole number of at least `least` for `option`; anything else is std::invalid_argument
 // naming the option.
 inline int whole_number(const std::string& option, const std::string& text, int least) {
@@ -210,11 +218,27 @@ struct ModelChoice {
   }
   // Checks the name and fills in the defaults: MLP 512 wide with 5 hidden layers (1.44M
   // parameters in several buckets, enough backward to overlap), transformer 256 x 4.
+  // Refuses a shape this machine's memory cannot hold (fp32 parameters, gradients and Adam's
+  // two moments, 16 bytes a parameter; the activations of one batch, about 16 floats a token
+  // per hidden unit per block in a transformer and 4 a sample per unit in an MLP), before
+  // anything is allocated: a mistyped --hidden otherwise ends in libtorch's allocator error.
   void finish() {
     if (name != "mlp" && name != "transformer")
       throw std::invalid_argument("--model mlp|transformer");
     if (hidden == 0) hidden = transformer() ? 256 : 512;
     if (layers == 0) layers = transformer() ? 4 : 5;
+    const double width = hidden;
+    const double parameters = 16.0 * layers * width * width * (transformer() ? 12 : 1);
+    const double activations =
+        4.0 * batch * width * layers * (transformer() ? 16.0 * kSequence : 4);
+    const double memory = memory_of_this_machine();
+    if (parameters > memory || activations > memory) {
+      throw std::invalid_argument(fmt::format(
+          "--model {} --hidden {} --layers {} --batch {} needs about {:.3g} GiB for the model and "
+          "{:.3g} GiB of activations per rank, more than this machine's {:.1f} GiB",
+          name, hidden, layers, batch, parameters / (1 << 30), activations / (1 << 30),
+          memory / (1 << 30)));
+    }
   }
   bool transformer() const { return name == "transformer"; }
   Mlp make_mlp() const {

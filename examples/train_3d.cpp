@@ -101,7 +101,7 @@ Settings parse(int argc, char** argv) {
         s.stage_layers.push_back(whole_number(arg, item, 0));
       }
     } else {
-      throw std::invalid_argument("unknown option " + arg + "\n" + kUsage);
+      throw std::invalid_argument("unknown option " + arg + " (train_3d --help for usage)");
     }
   }
   if (s.optimizer != "adam" && s.optimizer != "sgd") {
@@ -111,6 +111,30 @@ Settings parse(int argc, char** argv) {
   return s;
 }
 
+// Every flag the ranks must be given alike: all of them.
+std::vector<braid::collectives::AgreedValue> agreed_settings(const Settings& s) {
+  const auto optional = [](const std::optional<int>& v) { return v ? std::to_string(*v) : "auto"; };
+  std::string stage_layers;
+  for (const int n : s.stage_layers) stage_layers += fmt::format("{},", n);
+  return {{"--tp", optional(s.tp)},
+          {"--pp", optional(s.pp)},
+          {"--dp", optional(s.dp)},
+          {"--steps", std::to_string(s.steps)},
+          {"--schedule", s.schedule},
+          {"--microbatches", std::to_string(s.microbatches)},
+          {"--virtual-stages", std::to_string(s.virtual_stages)},
+          {"--stage-layers", stage_layers},
+          {"--layers", std::to_string(s.layers)},
+          {"--hidden", std::to_string(s.hidden)},
+          {"--heads", std::to_string(s.heads)},
+          {"--vocab", std::to_string(s.vocab)},
+          {"--seq", std::to_string(s.seq)},
+          {"--global-batch", std::to_string(s.global_batch)},
+          {"--seed", std::to_string(s.seed)},
+          {"--optimizer", s.optimizer},
+          {"--lr", s.lr ? fmt::format("{}", *s.lr) : "default"}};
+}
+
 using StageImpl = example_models::GptStageImpl;
 
 int train(const Settings& s) {
@@ -118,6 +142,9 @@ int train(const Settings& s) {
   braid::Runtime runtime;
   auto world = braid::transport::World::join(runtime);
   auto comm = braid::collectives::Communicator::world(*world);
+  // Before the grid, which the layout flags shape: a rank started with other flags is named
+  // here rather than deadlocking, or training silently on another model.
+  runtime.spawn(braid::collectives::expect_agreement(*comm, agreed_settings(s))).get();
   braid::parallel::GridOptions grid_options;
   grid_options.tp = s.tp;
   grid_options.pp = s.pp;
@@ -153,6 +180,9 @@ int train(const Settings& s) {
                     dps * s.microbatches));
   }
   const int micro = s.global_batch / dps / s.microbatches;  // sequences per microbatch
+  int my_layers = 0;
+  for (const int stage : schedule.stages_of(grid->stage())) my_layers += stage_layers[stage];
+  example_models::check_fits_in_memory(s, my_layers, grid->degree(Axis::tp), micro);
   const double loss_scale = 1.0 / (static_cast<double>(s.global_batch / dps) * s.seq);
   if (leader) {
     const auto count = [](int n, const char* one, const char* many) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <braid/build_config.hpp>
+#include <braid/collectives/agreement.hpp>
 #include <braid/collectives/algorithm.hpp>
 #include <braid/collectives/communicator.hpp>
 #include <braid/collectives/gather_timeline.hpp>
@@ -14,6 +15,7 @@
 #include <braid/core/dtype.hpp>
 #include <braid/core/enforce.hpp>
 #include <braid/core/error.hpp>
+#include <braid/core/excerpt.hpp>
 #include <braid/core/foreign_completion.hpp>
 #include <braid/core/future.hpp>
 #include <braid/core/heap_policy.hpp>

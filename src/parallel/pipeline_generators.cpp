@@ -27,10 +27,28 @@ namespace {
   throw Error(Errc::invalid_argument, detail, ErrorContext{.operation = "pipeline schedule"});
 }
 
-void check_counts(std::string_view schedule, int ranks, int microbatches) {
+void check_counts(std::string_view schedule, int ranks, int microbatches, int virtual_stages = 1) {
   if (ranks < 1) refuse(fmt::format("{} needs at least one rank, not {}", schedule, ranks));
   if (microbatches < 1) {
     refuse(fmt::format("{} needs at least one microbatch, not {}", schedule, microbatches));
+  }
+  // In 64 bits: ranks, virtual stages and microbatches are ints each, and their products
+  // are what a wrong count makes huge.
+  const std::int64_t stages = std::int64_t{ranks} * std::max(virtual_stages, 1);
+  if (stages > kMaxStages) {
+    refuse(fmt::format("{} with {} ranks x {} virtual stages is {} stages, past the limit of {}",
+                       schedule, ranks, virtual_stages, stages, kMaxStages));
+  }
+  if (microbatches > kMaxMicrobatches) {
+    refuse(fmt::format("{} with {} microbatches is past the limit of {}", schedule, microbatches,
+                       kMaxMicrobatches));
+  }
+  // Three compute actions per stage and microbatch at most (F, I, W).
+  if (const std::int64_t actions = 3 * stages * microbatches; actions > kMaxScheduleActions) {
+    refuse(
+        fmt::format("{} with {} stages x {} microbatches would hold {} actions, past the "
+                    "limit of {}",
+                    schedule, stages, microbatches, actions, kMaxScheduleActions));
   }
 }
 
@@ -97,7 +115,7 @@ Schedule one_f_one_b(int ranks, int microbatches) {
 // backward alternate, then the backwards drain (no more warm-up than there are forwards:
 // current Megatron-Core; earlier versions ran every forward first when m = p).
 Schedule interleaved_one_f_one_b(int ranks, int microbatches, int virtual_stages) {
-  check_counts("Interleaved1F1B", ranks, microbatches);
+  check_counts("Interleaved1F1B", ranks, microbatches, virtual_stages);
   if (virtual_stages < 2) {
     refuse(
         fmt::format("Interleaved1F1B needs at least 2 virtual stages per rank, not {} (with "

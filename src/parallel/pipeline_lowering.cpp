@@ -9,9 +9,12 @@
 // earlier in that walk and, sends never blocking, the lowered schedule cannot deadlock.
 // Cost: O(A log A) for A actions.
 #include <cstddef>
+#include <deque>
+#include <numeric>
 #include <set>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -36,21 +39,39 @@ void walk_global_order(const Schedule& compute) {
   std::vector<std::size_t> next(compute.ranks, 0);
   std::size_t remaining = 0;
   for (const auto& list : compute.actions) remaining += list.size();
-  while (remaining > 0) {
-    bool moved = false;
-    for (int rank = 0; rank < compute.ranks; ++rank) {
-      const auto& list = compute.actions[rank];
-      while (next[rank] < list.size()) {
-        const Action& action = list[next[rank]];
-        const auto input = detail::input_of(compute, action);
-        if (input && !done.contains(key_of(*input))) break;
-        if (const auto output = detail::output_of(action)) done.insert(key_of(*output));
-        ++next[rank];
-        --remaining;
-        moved = true;
-      }
+  // A worklist: a rank runs until its next action waits for an output, and is tried again
+  // only when a neighbouring stage (what its actions take input from) produces one, so the
+  // walk costs O(actions log actions) rather than a pass over every rank per wave.
+  std::deque<int> ready(compute.ranks);
+  std::iota(ready.begin(), ready.end(), 0);
+  std::vector<char> queued(compute.ranks, 1);
+  const auto wake_neighbours = [&](int stage) {
+    for (const int other : {stage - 1, stage + 1}) {
+      if (other < 0 || other >= compute.stages) continue;
+      const int rank = compute.stage_rank[other];
+      if (rank < 0 || rank >= compute.ranks || queued[rank] != 0) continue;
+      queued[rank] = 1;
+      ready.push_back(rank);
     }
-    if (moved) continue;
+  };
+  while (!ready.empty()) {
+    const int rank = ready.front();
+    ready.pop_front();
+    queued[rank] = 0;
+    const auto& list = compute.actions[rank];
+    while (next[rank] < list.size()) {
+      const Action& action = list[next[rank]];
+      const auto input = detail::input_of(compute, action);
+      if (input && !done.contains(key_of(*input))) break;
+      if (const auto output = detail::output_of(action)) {
+        done.insert(key_of(*output));
+        wake_neighbours(action.stage);
+      }
+      ++next[rank];
+      --remaining;
+    }
+  }
+  if (remaining > 0) {
     std::vector<std::pair<int, int>> stuck;
     std::string waits;
     for (int rank = 0; rank < compute.ranks; ++rank) {
@@ -94,7 +115,8 @@ Schedule lower(const Schedule& compute, LowerOptions options) {
   for (int rank = 0; rank < compute.ranks; ++rank) {
     const auto& list = compute.actions[rank];
     // Where each stage's last backward action (B or W) is, for its REDUCE_GRAD.
-    std::vector<int> last_backward(compute.stages, -1);
+    // A map, not a table of every stage: a rank holds a few of them.
+    std::unordered_map<int, int> last_backward;
     for (int position = 0; position < static_cast<int>(list.size()); ++position) {
       const ActionKind kind = list[position].kind;
       if (kind == ActionKind::backward || kind == ActionKind::backward_weight) {
@@ -123,7 +145,8 @@ Schedule lower(const Schedule& compute, LowerOptions options) {
       if (input_gradient && on_other_rank(action.stage - 1)) {
         out.push_back(with(ActionKind::send_backward));
       }
-      if (options.reduce_grad && last_backward[action.stage] == position) {
+      const auto last = last_backward.find(action.stage);
+      if (options.reduce_grad && last != last_backward.end() && last->second == position) {
         out.push_back(Action{.stage = action.stage, .kind = ActionKind::reduce_grad});
       }
     }

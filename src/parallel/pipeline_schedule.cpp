@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <braid/core/error.hpp>
+#include <braid/core/excerpt.hpp>
 #include <braid/parallel/pipeline_schedule.hpp>
 
 #include "pipeline_schedule_checks.hpp"
@@ -91,7 +92,7 @@ Action parse_action(std::string_view text) {
     throw Error(Errc::invalid_argument,
                 fmt::format("'{}' is not a pipeline action ({}; actions read like 0F1, 1B0, "
                             "2I3, 2W3, 0SEND_F1, 1RECV_B2, 3REDUCE_GRAD)",
-                            text, why),
+                            excerpt(text), why),
                 ErrorContext{.operation = "pipeline schedule"});
   };
   std::string_view rest = trim(text);

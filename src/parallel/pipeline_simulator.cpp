@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <iterator>
 #include <limits>
 #include <optional>
@@ -112,18 +113,23 @@ class Walk {
         busy_(static_cast<std::size_t>(schedule.ranks), 0),
         done_(static_cast<std::size_t>(schedule.ranks)) {}
 
+  // A worklist: a rank runs until its next action waits, and is tried again only when an
+  // action of a neighbouring stage completes (what it can wait for: the previous stage's
+  // forward, the next stage's input gradient, a transfer from either). So the walk costs
+  // O(actions), not a pass over every rank per wave of the pipeline.
   SimulationResult run() {
     std::size_t remaining = 0;
     for (const auto& list : schedule_.actions) remaining += list.size();
-    while (remaining > 0) {
-      std::size_t advanced = 0;
-      for (int rank = 0; rank < schedule_.ranks; ++rank) {
-        while (step(rank)) ++advanced;
-      }
-      // validate() refused every schedule whose happens-before graph has a cycle.
-      BRAID_ENFORCE(advanced > 0, "a validated schedule deadlocks in the simulator: {}", stuck());
-      remaining -= advanced;
+    queued_.assign(static_cast<std::size_t>(schedule_.ranks), 1);
+    for (int rank = 0; rank < schedule_.ranks; ++rank) ready_ranks_.push_back(rank);
+    while (!ready_ranks_.empty()) {
+      const int rank = ready_ranks_.front();
+      ready_ranks_.pop_front();
+      queued_[static_cast<std::size_t>(rank)] = 0;
+      while (step(rank)) --remaining;
     }
+    // validate() refused every schedule whose happens-before graph has a cycle.
+    BRAID_ENFORCE(remaining == 0, "a validated schedule deadlocks in the simulator: {}", stuck());
     return result();
   }
 
@@ -214,7 +220,20 @@ class Walk {
     return at;
   }
 
+  // The ranks of the stages next to `stage` may be waiting for what it just did.
+  void wake_neighbours(int stage) {
+    for (const int other : {stage - 1, stage + 1}) {
+      if (other < 0 || other >= schedule_.stages) continue;
+      const auto rank =
+          static_cast<std::size_t>(schedule_.stage_rank[static_cast<std::size_t>(other)]);
+      if (rank >= queued_.size() || queued_[rank] != 0) continue;
+      queued_[rank] = 1;
+      ready_ranks_.push_back(static_cast<int>(rank));
+    }
+  }
+
   void record(const Action& action, double end) {
+    wake_neighbours(action.stage);
     const int s = action.stage;
     const int mb = action.microbatch;
     switch (action.kind) {
@@ -272,6 +291,8 @@ class Walk {
   std::vector<double> free_;       // per rank: when its last action ended
   std::vector<double> busy_;       // per rank: compute time so far
   std::vector<std::vector<SimulatedAction>> done_;
+  std::deque<int> ready_ranks_;  // ranks to try, each at most once in it
+  std::vector<char> queued_;     // per rank: whether it is in ready_ranks_
 };
 
 }  // namespace

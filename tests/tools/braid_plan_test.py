@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 
 def plan(*args):
@@ -34,6 +35,34 @@ def expect_one_line_failure(result, exit_code, needle):
 
 def bubble_line(stdout):
     return next(line for line in stdout.splitlines() if line.startswith("bubble:"))
+
+
+def fastest_plan(*args, runs=3):
+    """The least wall time of `runs` plans, in seconds (two loaded cores: the least is the
+    one least disturbed)."""
+    best = None
+    for _ in range(runs):
+        start = time.monotonic()
+        expect_ok(plan(*args))
+        took = time.monotonic() - start
+        best = took if best is None else min(best, took)
+    return best
+
+
+def check_scaling(tmp):
+    """Planning a CSV four times as wide takes about four times as long, not sixteen: every
+    pass over the schedule is near-linear in its actions (a pass per pipeline wave over
+    every rank was quadratic: 10^4 ranks took 4.7 s, 3x10^4 took 56 s)."""
+    times = {}
+    for ranks in (1024, 4096):
+        csv = os.path.join(tmp, f"wide_{ranks}.csv")
+        expect_ok(plan("--schedule", "1f1b", "--ranks", str(ranks), "--microbatches", "16",
+                       "--quiet", "--write-csv", csv))
+        times[ranks] = fastest_plan("--csv", csv, "--quiet")
+    ratio = times[4096] / times[1024]
+    print(f"braid-plan --csv: 1024 ranks {times[1024]:.2f} s, 4096 ranks {times[4096]:.2f} s "
+          f"({ratio:.1f}x for 4x the ranks)")
+    assert ratio < 10, f"4x the ranks took {ratio:.1f}x as long: {times}"
 
 
 def main():
@@ -94,8 +123,11 @@ def main():
             f.write("0F0,0B0\n1B0,1F0\n")
         expect_one_line_failure(plan("--csv", backward_first), 1, "1B0")
 
-        expect_one_line_failure(plan("--csv", os.path.join(tmp, "absent.csv")), 1, "cannot open")
-    print("braid-plan: good plans, trace, CSV and measured costs; bad input refused")
+        expect_one_line_failure(plan("--csv", os.path.join(tmp, "absent.csv")), 1,
+                                "cannot be opened")
+        check_scaling(tmp)
+    print("braid-plan: good plans, trace, CSV and measured costs; bad input refused; "
+          "near-linear in a CSV's ranks")
     return 0
 
 

@@ -11,6 +11,7 @@
 
 #include <braid/build_config.hpp>
 #include <braid/collectives/selection.hpp>
+#include <braid/core/excerpt.hpp>
 
 #include "collectives.hpp"
 #include "compute_tax.hpp"
@@ -119,10 +120,11 @@ int main(int argc, char** argv) {
       std::cout << braid::collectives::SelectionTable::from_environment().describe();
       return 0;
     }
-    std::cerr << "braid-bench: unknown mode '" << mode << "'\n" << kUsage;
+    std::cerr << "braid-bench: unknown mode '" << braid::excerpt(mode)
+              << "' (braid-bench --help lists them)\n";
     return 2;
   } catch (const std::invalid_argument& e) {
-    std::cerr << "braid-bench " << mode << ": " << e.what() << "\n" << kUsage;
+    std::cerr << "braid-bench " << mode << ": " << e.what() << " (braid-bench --help for usage)\n";
     return 2;
   } catch (const std::bad_alloc&) {
     std::cerr

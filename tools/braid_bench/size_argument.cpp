@@ -2,19 +2,22 @@
 
 #include <stdexcept>
 
+#include <braid/core/excerpt.hpp>
+
 namespace braid::bench {
 
 std::size_t parse_bytes(const std::string& text) {
   // stoull reads "-1" as 2^64 - 1: only digits may start a size.
   if (text.empty() || text[0] < '0' || text[0] > '9') {
-    throw std::invalid_argument("'" + text + "' is not a size (digits, then K, M or G)");
+    throw std::invalid_argument("'" + braid::excerpt(text) +
+                                "' is not a size (digits, then K, M or G)");
   }
   std::size_t end = 0;
   unsigned long long value = 0;
   try {
     value = std::stoull(text, &end);
   } catch (const std::out_of_range&) {
-    throw std::invalid_argument("'" + text + "' is larger than " +
+    throw std::invalid_argument("'" + braid::excerpt(text) + "' is larger than " +
                                 std::to_string(kMostBytes >> 30) + "G");
   }
   std::string suffix = text.substr(end);
@@ -31,10 +34,10 @@ std::size_t parse_bytes(const std::string& text) {
   } else if (suffix == "G" || suffix == "g") {
     multiplier = 1 << 30;
   } else if (!suffix.empty()) {
-    throw std::invalid_argument("'" + text + "' is not a size");
+    throw std::invalid_argument("'" + braid::excerpt(text) + "' is not a size");
   }
   if (value > kMostBytes / multiplier) {
-    throw std::invalid_argument("'" + text + "' is larger than " +
+    throw std::invalid_argument("'" + braid::excerpt(text) + "' is larger than " +
                                 std::to_string(kMostBytes >> 30) + "G");
   }
   return static_cast<std::size_t>(value) * multiplier;

@@ -16,6 +16,7 @@
 #include "json_fields.hpp"
 #include "list_argument.hpp"
 #include "median.hpp"
+#include "size_argument.hpp"
 #include "subprocess.hpp"
 
 namespace braid::bench {
@@ -240,9 +241,13 @@ std::vector<std::size_t> parse_sizes(const std::string& text) {
   std::vector<std::size_t> sizes;
   std::stringstream in(text);
   for (std::string item; std::getline(in, item, ',');) {
-    std::size_t used = 0;
-    const unsigned long long value = std::stoull(item, &used);
-    if (used != item.size() || value == 0) throw std::invalid_argument("bad size '" + item + "'");
+    std::size_t value = 0;
+    try {
+      value = parse_bytes(item);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("--sizes: ") + e.what());
+    }
+    if (value == 0) throw std::invalid_argument("--sizes: a size must be at least 1 byte");
     sizes.push_back(value);
   }
   if (sizes.empty()) throw std::invalid_argument("--sizes needs at least one size");

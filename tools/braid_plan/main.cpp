@@ -172,12 +172,11 @@ Arguments parse(int argc, char** argv) {
   return args;
 }
 
+// A schedule CSV: PyTorch writes a few KiB; this holds every schedule the limits allow.
+constexpr std::uintmax_t kMaxCsvBytes = std::uintmax_t{256} << 20;
+
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw TraceInputError(fmt::format("{}: cannot open", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return std::move(text).str();
+  return braid::tools::trace_tool::read_bounded(path, kMaxCsvBytes);
 }
 
 void write_file(const std::string& path, const std::string& text) {
@@ -307,7 +306,7 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const nlohmann::json::exception& e) {
     std::fprintf(stderr, "braid-plan: malformed trace: a field has the wrong type (%s)\n",
-                 e.what());
+                 braid::tools::trace_tool::json_error_text(e).c_str());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "braid-plan: %s\n", first_line(e.what()).c_str());

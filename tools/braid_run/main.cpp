@@ -59,7 +59,7 @@ when the program cannot be executed, 2 for a usage error.
 )";
 
 [[noreturn]] void usage_error(std::string_view message) {
-  fmt::print(stderr, "braid-run: {}\nrun 'braid-run --help' for usage\n", message);
+  fmt::print(stderr, "braid-run: {} (braid-run --help for usage)\n", message);
   std::exit(2);
 }
 

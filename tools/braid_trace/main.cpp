@@ -44,7 +44,7 @@ struct Arguments {
 };
 
 int usage_error(const std::string& message) {
-  std::fprintf(stderr, "braid-trace: %s\n%s", message.c_str(), kUsage);
+  std::fprintf(stderr, "braid-trace: %s (braid-trace --help for usage)\n", message.c_str());
   return 2;
 }
 
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
   } catch (const nlohmann::json::exception& e) {
     // A field of an unexpected type that the checks above did not name.
     std::fprintf(stderr, "braid-trace: %s: malformed trace: a field has the wrong type (%s)\n",
-                 args->input.c_str(), e.what());
+                 args->input.c_str(), braid::tools::trace_tool::json_error_text(e).c_str());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "braid-trace: %s: %s\n", args->input.c_str(), e.what());

@@ -115,14 +115,11 @@ void check_event(const TraceFile& file, const json& event, std::size_t index) {
 TraceFile read_file(const std::filesystem::path& path) {
   TraceFile file;
   file.path = path;
-  std::ifstream stream(path, std::ios::binary);
-  if (!stream) bad(path, "cannot be opened");
-  std::stringstream text;
-  text << stream.rdbuf();
+  const std::string text = read_bounded(path);
   try {
-    file.document = json::parse(text.str());
+    file.document = json::parse(text);
   } catch (const json::parse_error& e) {
-    bad(path, fmt::format("not valid JSON (truncated or not a trace?): {}", e.what()));
+    bad(path, fmt::format("not valid JSON at byte {} (truncated, or not a trace?)", e.byte));
   }
   if (file.document.is_array()) {  // Chrome's "JSON array format"
     file.document = json{{"traceEvents", std::move(file.document)}};
@@ -179,6 +176,37 @@ int pid_of(const json& event) {
 }
 
 }  // namespace
+
+std::string read_bounded(const std::filesystem::path& path, std::uintmax_t limit) {
+  const auto too_large = [&] {
+    bad(path, fmt::format("is larger than {} MiB, the most the tools read", limit >> 20));
+  };
+  std::error_code error;
+  if (std::filesystem::is_regular_file(path, error) &&
+      std::filesystem::file_size(path, error) > limit) {
+    too_large();
+  }
+  std::ifstream stream(path, std::ios::binary);
+  if (!stream) bad(path, "cannot be opened");
+  std::string text;
+  std::vector<char> chunk(std::size_t{1} << 16);
+  while (stream.read(chunk.data(), static_cast<std::streamsize>(chunk.size())) ||
+         stream.gcount() > 0) {
+    text.append(chunk.data(), static_cast<std::size_t>(stream.gcount()));
+    if (text.size() > limit) too_large();  // a device or a pipe: no size to check first
+  }
+  if (stream.bad()) bad(path, "could not be read");
+  return text;
+}
+
+std::string json_error_text(const nlohmann::json::exception& e) {
+  std::string_view text = e.what();
+  if (text.starts_with("[json.exception.")) {
+    if (const auto end = text.find("] "); end != std::string_view::npos)
+      text.remove_prefix(end + 2);
+  }
+  return std::string(text.substr(0, 200));
+}
 
 TraceSet TraceSet::load(const std::filesystem::path& path) {
   std::error_code error;

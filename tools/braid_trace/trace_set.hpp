@@ -25,6 +25,18 @@ class TraceInputError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The tools read no input file larger than this: a trace of a long job is hundreds of MiB;
+// /dev/zero or a mistaken path is refused after this many bytes rather than taking memory.
+inline constexpr std::uintmax_t kMaxInputBytes = std::uintmax_t{1} << 30;
+
+// The whole of `path`, or a TraceInputError naming it: it cannot be opened, or it holds more
+// than `limit` bytes (a regular file's size is checked before anything is read).
+std::string read_bounded(const std::filesystem::path& path, std::uintmax_t limit = kMaxInputBytes);
+
+// A JSON library error as one plain phrase, without the library's "[json.exception...]"
+// prefix: "syntax error while parsing value - invalid literal" and where.
+std::string json_error_text(const nlohmann::json::exception& e);
+
 struct TraceFile {
   std::filesystem::path path;
   nlohmann::json document;

@@ -34,6 +34,12 @@
 //
 // Costs: every function here is arithmetic on the lists, O(actions) or O(actions log
 // actions); the validation's cycle check is linear in actions plus edges.
+//
+// Limits, checked before anything is built or allocated (an Error(invalid_argument) naming
+// the counts and the limit): at most kMaxStages stages (ranks x virtual stages), kMaxMicrobatches
+// microbatches and kMaxScheduleActions compute actions. A CSV is held to the same, each
+// number in it checked as it is read. They are far past any model (a stage is at least a
+// layer) and keep a mistyped count from taking all memory.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +50,10 @@
 #include <vector>
 
 namespace braid::parallel {
+
+inline constexpr std::int64_t kMaxStages = 4096;
+inline constexpr std::int64_t kMaxMicrobatches = std::int64_t{1} << 20;
+inline constexpr std::int64_t kMaxScheduleActions = std::int64_t{1} << 22;
 
 enum class ActionKind : std::uint8_t {
   forward,          // F

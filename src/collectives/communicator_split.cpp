@@ -125,8 +125,9 @@ asio::awaitable<std::shared_ptr<Communicator>> Communicator::subgroup(
     // A group of one has no one to read it.
     if (world_ranks.size() > 1) co_await world_.store().set(key, std::move(bytes));
   } else {
-    const transport::Bytes bytes =
-        co_await world_.store().get(key, deadline_after(timeout.value_or(timeout_)));
+    // The first member hands the name out: if it fails or leaves first, this fails now.
+    const transport::Bytes bytes = co_await world_.get_from(
+        world_ranks.front(), key, deadline_after(timeout.value_or(timeout_)));
     if (bytes.size() != sizeof(std::int64_t) * name.size()) {
       throw refuse(fmt::format("the store's {} holds {} bytes, not a communicator's name", key,
                                bytes.size()));

@@ -57,7 +57,9 @@ asio::awaitable<std::shared_ptr<NcclCommunicator>> NcclCommunicator::create(Comm
     co_await world.store().set(std::move(set_key), std::move(published));
   } else {
     std::string get_key = key;
-    const transport::Bytes published = co_await world.store().get(std::move(get_key), deadline);
+    // From rank 0 of the bootstrap: if it fails or leaves first, this fails now.
+    const transport::Bytes published =
+        co_await world.get_from(bootstrap.world_rank(0), std::move(get_key), deadline);
     if (published.size() != sizeof(id)) {
       throw Error(Errc::protocol_error,
                   fmt::format("the NCCL unique id in the store has {} bytes, not {}",

@@ -151,7 +151,30 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
     world->node_of_rank_[static_cast<std::size_t>(r)] =
         take_node(addresses[static_cast<std::size_t>(r)], r);
   }
-  world->ucx_->connect(addresses, info.rank);
+  std::optional<Error> connect_error;
+  try {
+    world->ucx_->connect(addresses, info.rank);
+  } catch (const Error& e) {
+    connect_error = e;
+  }
+  if (connect_error) {
+    // A peer that died as we connected to it breaks the connect with UCX's words (a shared
+    // memory segment gone); its will says which rank it was, if it has fired by now.
+    std::string first_event = detail::event_key(0);
+    Bytes value;
+    try {
+      value = co_await world->store_->get(std::move(first_event),
+                                          deadline_after(std::chrono::milliseconds(200)));
+    } catch (const Error&) {
+      // No failure on record: UCX's error is all there is to say.
+    }
+    const Event event = value.empty() ? Event{} : detail::event_in(value);
+    if (event.kind != Event::Kind::failed || event.rank < 0) throw *connect_error;
+    throw Error(Errc::peer_failed,
+                fmt::format("rank {} failed while the job was joining: {} ({})", event.rank,
+                            event.why, connect_error->detail()),
+                {.rank = info.rank, .peer = event.rank, .operation = "World::join"});
+  }
   world->ended_.resize(static_cast<std::size_t>(info.world_size));
   // Whatever detects it (UCX, a will, an announcement), the first peer failure is what a
   // failure of this rank's own names as its cause.
@@ -285,6 +308,70 @@ void World::note_error(const std::string& what) {
 const IssuedWork* World::peer_ended(int peer) const {
   const auto& work = ended_.at(static_cast<std::size_t>(peer));
   return work ? &*work : nullptr;
+}
+
+asio::awaitable<Bytes> World::get_from(int peer, std::string key, Deadline deadline) {
+  // Touched only on the runtime thread; the get cannot be withdrawn, so it may run on to its
+  // end after we have gone (it then touches only `waiting`).
+  struct Waiting {
+    explicit Waiting(const asio::any_io_executor& e) : wake(e) {}
+    asio::steady_timer wake;  // cancelled by the peer leaving or failing, or the get's end
+    bool finished = false;
+    std::exception_ptr error;
+    Bytes value;
+  };
+  const asio::any_io_executor executor = runtime_.executor();
+  auto waiting = std::make_shared<Waiting>(executor);
+  const auto wake_for = [waiting, peer](int who) {
+    if (who == peer) waiting->wake.cancel();
+  };
+  const std::uint64_t failures =
+      ucx_->add_peer_failure_listener([wake_for](int who, const std::string&) { wake_for(who); });
+  const std::uint64_t endings =
+      add_peer_ended_listener([wake_for](int who, const IssuedWork&) { wake_for(who); });
+  struct Unlisten {
+    World& world;
+    std::uint64_t failures, endings;
+    ~Unlisten() {
+      world.ucx_->remove_peer_failure_listener(failures);
+      world.remove_peer_ended_listener(endings);
+    }
+  } unlisten{*this, failures, endings};
+  std::string get_key = key;
+  asio::co_spawn(executor, store_->get(std::move(get_key), deadline),
+                 [waiting](std::exception_ptr error, Bytes value) {
+                   waiting->finished = true;
+                   waiting->error = error;
+                   waiting->value = std::move(value);
+                   waiting->wake.cancel();
+                 });
+  const bool gone_already = ucx_->peer_failure(peer) || peer_ended(peer) != nullptr;
+  if (!gone_already) {
+    waiting->wake.expires_at(Clock::time_point::max());
+    boost::system::error_code ignored;
+    co_await waiting->wake.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
+  }
+  if (waiting->finished) {
+    if (waiting->error) std::rethrow_exception(waiting->error);
+    co_return std::move(waiting->value);
+  }
+  // The peer is gone. Had it set the key, the store saw the set before its leave or its
+  // will (which we have seen), so a get now answers within a round trip; one that does not
+  // never will. The short deadline is only that round trip's allowance.
+  const std::optional<std::string> failure = ucx_->peer_failure(peer);
+  std::string again = key;
+  try {
+    co_return co_await store_->get(
+        std::move(again), std::min(deadline, deadline_after(std::chrono::milliseconds(200))));
+  } catch (const Error& e) {
+    if (e.code() != Errc::timeout) throw;
+  }
+  throw Error(Errc::peer_failed,
+              fmt::format("rank {} {} before setting '{}', which this rank waits for", peer,
+                          failure ? fmt::format("failed ({})", *failure)
+                                  : std::string("ended its program (left the job)"),
+                          key),
+              {.rank = rank(), .peer = peer, .operation = "store.get"});
 }
 
 asio::awaitable<void> World::wait_for_live_ranks(std::string (*key_of)(int), Deadline deadline) {

@@ -1,9 +1,12 @@
 // Communicators split from a parent, on worlds of threads-as-ranks
 // (tests/support/rank_threads.hpp): who joins which, running beside the parent, and the
 // communicator ids coming back for reuse without mixing an old communicator's messages in.
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -100,6 +103,35 @@ TEST(Subgroup, RefusesAListWithoutThisRank) {
       EXPECT_NE(std::string(e.what()).find("this rank"), std::string::npos) << e.what();
     }
   });
+}
+
+// The first member hands the subgroup's name out through the store: a member waiting for it
+// learns at once that the first failed, or ended its program, before handing it out.
+TEST(Subgroup, AMemberWaitingForTheNameFailsAtOnceWhenTheFirstMemberLeavesWithoutIt) {
+  for (const bool throws : {true, false}) {
+    const auto started = std::chrono::steady_clock::now();
+    auto failures = braid::testing::run_ranks_collecting(
+        2,
+        [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+          if (comm->rank() == 0) {
+            if (throws) throw std::runtime_error("rank 0 gives up before the subgroup");
+            co_return;  // ends its program
+          }
+          const std::vector<int> members{0, 1};
+          co_await comm->subgroup(members);
+        },
+        {.timeout = std::chrono::seconds(30)});
+    EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5));
+    ASSERT_TRUE(failures[1]) << "rank 1 made a subgroup without rank 0";
+    try {
+      std::rethrow_exception(failures[1]);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::peer_failed) << e.what();
+      EXPECT_NE(std::string(e.what()).find(throws ? "rank 0 failed" : "rank 0 ended its program"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(Split, IdsComeBackOnceEveryMemberDestroyedItsCommunicatorSoSplittingNeverRunsOut) {

@@ -151,7 +151,8 @@ TEST_P(FaultInjection, EverySurvivorExitsWithinTwoSecondsNamingTheRankThatLeft) 
 std::vector<Case> cases() {
   std::vector<Case> all;
   for (const char* mode : {"kill", "throw", "exit", "return"}) {
-    for (const char* place : {"all_reduce", "barrier", "recv", "send", "chain"}) {
+    for (const char* place :
+         {"all_reduce", "barrier", "all_gather", "recv", "send", "store_wait", "chain"}) {
       all.push_back({mode, place, Launch::by_hand});
     }
     all.push_back({mode, "all_reduce", Launch::braid_run});

@@ -10,6 +10,9 @@
 //          return  end its program early and cleanly, as a rank given fewer steps does
 //   PLACE  all_reduce  every rank all-reduces 64 KiB
 //          barrier     every rank enters a barrier
+//          all_gather  every rank all-gathers 16 KiB (FSDP's parameter gather)
+//          store_wait  every rank makes a subgroup of all ranks, the doomed one named first:
+//                      the others wait in the store for the name it hands out
 //          recv        the doomed rank sends 4 KiB to every other rank, which receives
 //          send        every other rank sends 1 MiB to the doomed rank (past UCX's
 //                      rendezvous threshold: the send needs the receiver)
@@ -73,6 +76,16 @@ awaitable<void> step(Communicator& comm, Communicator* pair, const Plan& plan) {
     co_await comm.all_reduce(Buffer(data), ReduceOp::sum);
   } else if (plan.place == "barrier") {
     co_await comm.barrier();
+  } else if (plan.place == "all_gather") {
+    std::vector<float> shard(4096, 1.0F);
+    std::vector<float> whole(shard.size() * static_cast<std::size_t>(comm.size()));
+    co_await comm.all_gather(Buffer(shard), Buffer(whole));
+  } else if (plan.place == "store_wait") {
+    std::vector<int> members{plan.doomed};
+    for (int r = 0; r < comm.size(); ++r) {
+      if (r != plan.doomed) members.push_back(r);
+    }
+    co_await comm.subgroup(members);
   } else if (plan.place == "recv") {
     std::vector<std::uint8_t> message(4096, 7);
     if (rank == plan.doomed) {
@@ -124,6 +137,7 @@ int main(int argc, char** argv) {
   const Plan plan{.mode = argv[1], .place = argv[2], .doomed = std::atoi(argv[3])};
   int rank = -1;
   try {
+    rank = braid::transport::parse_launch_env().rank;  // for the message, should joining fail
     braid::Runtime runtime;
     auto world = braid::transport::World::join(runtime);
     rank = world->rank();

@@ -129,6 +129,13 @@ class World {
   // logged, not thrown.
   void announce_failure(const std::string& why);
 
+  // A store get of a key that rank `peer` sets (a name, an id it hands out), that knows
+  // whom it waits for: when `peer` fails or leaves the job first, it fails at once with
+  // Errc::peer_failed naming it and the key, unless the key was set before (a set travels
+  // ahead of its rank's leave, so one more get tells). Errc::timeout at `deadline`. On the
+  // runtime thread.
+  asio::awaitable<Bytes> get_from(int peer, std::string key, Deadline deadline);
+
   // Notes an error an operation on this rank raised, one of its own making (a size
   // mismatch, a desync; not a peer's failure): if the rank then leaves through an error, its
   // announcement quotes the first such note, so peers that were waiting on it learn what

@@ -472,7 +472,9 @@ void Communicator::on_member_ended(int member, const transport::IssuedWork& work
 void Communicator::abort_if_unreachable(CollectiveOp& op) {
   // A member that died earlier fails the op at once: ranks that do not talk to it directly
   // would otherwise wait for partners that gave up. So does one that left without issuing it.
-  for (int r = 0; r < size(); ++r) {
+  // A point-to-point op waits on its peer alone (and the transport fails a dead one at once).
+  const auto& p2p = op.point_to_point();
+  for (int r = p2p ? p2p->peer : 0; r < (p2p ? p2p->peer + 1 : size()); ++r) {
     if (r == rank_) continue;
     const int peer = world_rank(r);
     if (auto why = world_.transport().peer_failure(peer)) op.abort(peer, *why);

@@ -3,8 +3,9 @@ raising (the exception never unwinds through C++, so braid_torch's sys.excepthoo
 the failure), sys.exit(3) or returning early (the interpreter's exit destroys the process
 group as a clean leave, which publishes what the rank issued, and the peers fail the
 collective it never joined). The ranks waiting on it fail naming it instead of waiting for
-their deadline. Under braid-run and with torchrun's variables set by hand.
-Arguments: braid-run's path."""
+their deadline. Under braid-run and with torchrun's variables set by hand, and by hand with
+the survivor in DDP's backward, FSDP's gather or a pipeline's send (raising_rank.py's
+places). Arguments: braid-run's path."""
 
 import os
 import re
@@ -45,12 +46,13 @@ def wait_all(processes, limit_s=120):
 
 
 class ARankThatLeavesEarlyEndsTheJob(unittest.TestCase):
-    def check(self, mode, outputs, ended, codes):
+    def check(self, what, outputs, ended, codes, mode=None):
+        mode = mode or what
         stamps = re.findall(r"doomed_at_ns=(\d+)", outputs)
         self.assertEqual(len(stamps), 1, outputs)
         self.assertNotIn(None, ended, f"a rank was still running after 120 s:\n{outputs}")
         slowest = (max(ended) - int(stamps[0])) / 1e9
-        print(f"[ figures ] {mode}: slowest rank gone {slowest * 1000:.0f} ms after rank 1 left",
+        print(f"[ figures ] {what}: slowest rank gone {slowest * 1000:.0f} ms after rank 1 left",
               file=sys.stderr)
         self.assertLess(slowest, BOUND_S, f"the job ended {slowest:.2f} s after:\n{outputs}")
         self.assertTrue(any(code != 0 for code in codes), f"exit codes {codes}:\n{outputs}")
@@ -64,17 +66,19 @@ class ARankThatLeavesEarlyEndsTheJob(unittest.TestCase):
         output = job.communicate()[0]
         self.check(mode, output, ended, [job.returncode])
 
-    def with_torchruns_variables(self, mode):
+    def with_torchruns_variables(self, mode, place="all_reduce"):
         port = str(free_port())
         ranks = [subprocess.Popen([sys.executable, SCRIPT],
-                                  env=dict(os.environ, FAIL_RANK="1", FAIL_MODE=mode, RANK=str(r),
-                                           WORLD_SIZE="2", LOCAL_RANK=str(r),
-                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+                                  env=dict(os.environ, FAIL_RANK="1", FAIL_MODE=mode,
+                                           FAIL_PLACE=place, RANK=str(r), WORLD_SIZE="2",
+                                           LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                                           MASTER_PORT=port),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for r in range(2)]
         ended = wait_all(ranks)
         outputs = [p.communicate()[0] for p in ranks]
-        self.check(mode, "\n".join(outputs), ended, [p.returncode for p in ranks])
+        self.check(f"{mode} {place}", "\n".join(outputs), ended, [p.returncode for p in ranks],
+                   mode)
         # The survivor itself names the rank that left.
         self.assertRegex(outputs[0], NAMED[mode], outputs[0])
 
@@ -95,6 +99,14 @@ class ARankThatLeavesEarlyEndsTheJob(unittest.TestCase):
 
     def test_return_with_torchruns_variables_and_no_launcher(self):
         self.with_torchruns_variables("return")
+
+    # Where the survivor waits when rank 1 leaves: DDP's bucket reduction in backward,
+    # FSDP's gather, a pipeline's receive. Every way of leaving, by hand.
+    def test_every_way_of_leaving_at_every_place(self):
+        for place in ("ddp", "all_gather", "p2p"):
+            for mode in ("raise", "exit", "return"):
+                with self.subTest(place=place, mode=mode):
+                    self.with_torchruns_variables(mode, place)
 
 
 if __name__ == "__main__":

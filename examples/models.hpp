@@ -18,6 +18,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "whole_number.hpp"
+
 namespace example_models {
 
 // hidden -> hidden x layers -> hidden/2 -> 1, ReLU between.
@@ -123,23 +125,6 @@ struct Task {
 // is built.
 inline double memory_of_this_machine() {
   return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-}
-
-// A whole number of at least `least` for `option`; anything else is std::invalid_argument
-// naming the option.
-inline int whole_number(const std::string& option, const std::string& text, int least) {
-  std::size_t used = 0;
-  long long value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || value < least || value > 1'000'000'000) {
-    throw std::invalid_argument(option + " needs a whole number of at least " +
-                                std::to_string(least) + ", not '" + text + "'");
-  }
-  return static_cast<int>(value);
 }
 
 // Keeps this thread's core busy for `ms` milliseconds: a slower rank's extra compute

@@ -9,13 +9,14 @@
 //
 // The compute regions are trace::ComputeRegion scopes; the collectives record themselves.
 #include <cmath>
-#include <cstdlib>
 #include <iostream>
 #include <vector>
 
 #include <braid/braid.hpp>
 #include <braid/collectives/communicator.hpp>
 #include <braid/trace/region.hpp>
+
+#include "whole_number.hpp"
 
 namespace {
 
@@ -35,10 +36,14 @@ double compute(std::vector<double>& activations, int rounds) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 20;
-  const int kib = argc > 2 ? std::atoi(argv[2]) : 4096;
-  if (steps < 1 || kib < 1) {
-    std::cerr << "usage: overlap [steps >= 1] [KiB per all-reduce >= 1]\n";
+  int steps = 20;
+  int kib = 4096;
+  try {
+    if (argc > 1) steps = example_models::whole_number("steps", argv[1], 1, 1'000'000);
+    // The gradients are allocated whole: at most 1 GiB.
+    if (argc > 2) kib = example_models::whole_number("KiB per all-reduce", argv[2], 1, 1 << 20);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "overlap: " << e.what() << " (usage: overlap [steps] [KiB per all-reduce])\n";
     return 2;
   }
   try {

@@ -5,10 +5,11 @@
 //
 // The shape of every braid program: a Runtime (the thread all communication runs on), a
 // World joined from the launcher's environment, and coroutines spawned on the runtime.
-#include <cstdlib>
 #include <iostream>
 
 #include <braid/braid.hpp>
+
+#include "whole_number.hpp"
 
 namespace {
 
@@ -38,9 +39,12 @@ awaitable<std::int64_t> pass_token(braid::transport::World& world, int laps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int laps = argc > 1 ? std::atoi(argv[1]) : 1;
-  if (laps < 1) {
-    std::cerr << "usage: ring [laps >= 1]\n";
+  int laps = 1;
+  try {
+    // A lap is a world message tag: far below 2^32.
+    if (argc > 1) laps = example_models::whole_number("laps", argv[1], 1, 1'000'000);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "ring: " << e.what() << " (usage: ring [laps])\n";
     return 2;
   }
   try {

@@ -7,7 +7,7 @@ are among them: a count that would overflow an int, or size a table past memory,
 by its limit before anything is built.
 
 Paths from the environment (meson sets them): PLAN_PROGRAM, TRACE_PROGRAM, BENCH_PROGRAM,
-RUN_PROGRAM, DDP_TRAIN, TRAIN_3D (not BRAID_*: those are braid's own settings, and the
+RUN_PROGRAM, DDP_TRAIN, TRAIN_3D, RING, OVERLAP (not BRAID_*: those are braid's own settings, and the
 programs run with none but the case's).
 """
 import os
@@ -33,9 +33,9 @@ def cases(tmp):
     long_cell = write("long_cell.csv", "0F0," + "x" * (20 << 20) + "\n")
     not_json = write("not_json.json", "this is not json {")
     wrong_type = write("wrong_type.json", '{"traceEvents": [{"ph": "X", "ts": "soon"}]}')
-    plan, trace, bench, run, ddp, train_3d = (
+    plan, trace, bench, run, ddp, train_3d, ring, overlap = (
         os.environ[k] for k in ("PLAN_PROGRAM", "TRACE_PROGRAM", "BENCH_PROGRAM", "RUN_PROGRAM",
-                                "DDP_TRAIN", "TRAIN_3D"))
+                                "DDP_TRAIN", "TRAIN_3D", "RING", "OVERLAP"))
     one = {"BRAID_WORLD_SIZE": "1"}
     return [
         # braid-plan
@@ -69,6 +69,11 @@ def cases(tmp):
         # braid-run
         ([run, "-n", "abc", "true"], 2, "-n", {}),
         ([run, "-n", "99999999999", "true"], 2, "-n", {}),
+        # the small examples
+        ([ring, "abc"], 2, "laps", one),
+        ([ring, "99999999999"], 2, "laps", one),
+        ([overlap, "20", "99999999999"], 2, "KiB per all-reduce", one),
+        ([overlap, "5abc"], 2, "steps", one),
         # the main job
         ([ddp, "--steps", "abc"], 2, "--steps", one),
         ([ddp, "--steps", "99999999999999999999"], 2, "--steps", one),

@@ -40,8 +40,11 @@ TEST(HeapPolicy, AdamStepsOfTheMlpAreNotFaultedInAgain) {
   EXPECT_LT(faults_per_step("mlp", {}), kFewFaults);
 }
 
+// Over 8 steps, as the MLP's: the transformer's heap may still grow once after the warm-up
+// (where depends on the process's earlier allocations), and 4 MiB of growth averaged over
+// 4 steps alone read as 256 faults a step.
 TEST(HeapPolicy, AdamStepsOfTheTransformerAreNotFaultedInAgain) {
-  EXPECT_LT(faults_per_step("transformer", {}, 4), kFewFaults);
+  EXPECT_LT(faults_per_step("transformer", {}, 8), kFewFaults);
 }
 
 TEST(HeapPolicy, KnobZeroGivesBackGlibcsPerStepFaults) {

@@ -174,10 +174,7 @@ asio::awaitable<std::vector<Bytes>> await_addresses(StoreClient& store, int worl
     }
   }
   if (arrivals->failed) {
-    const Event dead = event_in(*arrivals->failed);
-    throw Error(Errc::peer_failed,
-                fmt::format("rank {} failed while the job was joining: {}", dead.rank, dead.why),
-                {.peer = dead.rank, .operation = "World::join"});
+    throw failed_while_joining(event_in(*arrivals->failed), {.operation = "World::join"});
   }
   if (arrivals->failure) std::rethrow_exception(arrivals->failure);
   if (const std::vector<int> absent = missing(); !absent.empty()) {
@@ -194,6 +191,18 @@ asio::awaitable<std::vector<Bytes>> await_addresses(StoreClient& store, int worl
   std::vector<Bytes> addresses;
   for (auto& address : arrivals->addresses) addresses.push_back(std::move(*address));
   co_return addresses;
+}
+
+Error failed_while_joining(const Event& failed, const ErrorContext& context,
+                           std::string_view also) {
+  ErrorContext named = context;
+  named.peer = failed.rank;
+  return Error(Errc::peer_failed,
+               also.empty() ? fmt::format("rank {} failed while the job was joining: {}",
+                                          failed.rank, failed.why)
+                            : fmt::format("rank {} failed while the job was joining: {} ({})",
+                                          failed.rank, failed.why, also),
+               std::move(named));
 }
 
 }  // namespace braid::transport::detail

@@ -5,18 +5,22 @@
 // error names them and the setting that bounded it (BRAID_TIMEOUT, or the program's
 // WorldOptions::join_timeout).
 //
-// Cost: one store get per rank, all outstanding at once, and one on the failure key.
+// Cost: one store get per rank, all outstanding at once, and one on the job's first event.
 #pragma once
 
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 
 #include <braid/core/deadline.hpp>
+#include <braid/core/error.hpp>
 #include <braid/transport/store.hpp>
 #include <braid/transport/world.hpp>
+
+#include "world_keys.hpp"
 
 namespace braid::transport::detail {
 
@@ -34,5 +38,11 @@ asio::awaitable<std::unique_ptr<StoreClient>> connect_to_store(asio::any_io_exec
 // `store` and `options` outlive the wait.
 asio::awaitable<std::vector<Bytes>> await_addresses(StoreClient& store, int world_size,
                                                     Deadline deadline, const WorldOptions& options);
+
+// The error for a join that a rank's failure ended: the event log's first event, `failed`
+// (a failure event), names it and why. `also`, when not empty, is what else this rank saw
+// go wrong (UCX's words for the connect the death broke), in parentheses after it.
+Error failed_while_joining(const Event& failed, const ErrorContext& context,
+                           std::string_view also = {});
 
 }  // namespace braid::transport::detail

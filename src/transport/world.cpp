@@ -170,10 +170,8 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
     }
     const Event event = value.empty() ? Event{} : detail::event_in(value);
     if (event.kind != Event::Kind::failed || event.rank < 0) throw *connect_error;
-    throw Error(Errc::peer_failed,
-                fmt::format("rank {} failed while the job was joining: {} ({})", event.rank,
-                            event.why, connect_error->detail()),
-                {.rank = info.rank, .peer = event.rank, .operation = "World::join"});
+    throw detail::failed_while_joining(event, {.rank = info.rank, .operation = "World::join"},
+                                       connect_error->detail());
   }
   world->ended_.resize(static_cast<std::size_t>(info.world_size));
   // Whatever detects it (UCX, a will, an announcement), the first peer failure is what a

@@ -15,9 +15,9 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include <braid/torch/parallel_transformer_block.hpp>
-#include <braid/torch/tp_mappings.hpp>
-#include <braid/torch/vocab_parallel.hpp>
+#include <braid/torch/tensor_parallel/parallel_transformer_block.hpp>
+#include <braid/torch/tensor_parallel/tp_mappings.hpp>
+#include <braid/torch/tensor_parallel/vocab_parallel.hpp>
 
 #include "models.hpp"
 

@@ -20,9 +20,9 @@
 #include <torch/torch.h>
 
 #include <braid/braid.hpp>
-#include <braid/torch/distributed_data_parallel.hpp>
-#include <braid/torch/fully_sharded_data_parallel.hpp>
-#include <braid/torch/zero_redundancy_optimizer.hpp>
+#include <braid/torch/data_parallel/distributed_data_parallel.hpp>
+#include <braid/torch/data_parallel/fully_sharded_data_parallel.hpp>
+#include <braid/torch/data_parallel/zero_redundancy_optimizer.hpp>
 
 #include "models.hpp"
 #include "training_checks.hpp"

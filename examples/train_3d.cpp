@@ -26,10 +26,10 @@
 #include <braid/parallel/pipeline_schedule.hpp>
 #include <braid/parallel/pipeline_simulator.hpp>
 #include <braid/parallel/rank_grid.hpp>
-#include <braid/torch/distributed_data_parallel.hpp>
-#include <braid/torch/parallel_transformer_block.hpp>
-#include <braid/torch/pipeline_executor.hpp>
-#include <braid/torch/tp_mappings.hpp>
+#include <braid/torch/data_parallel/distributed_data_parallel.hpp>
+#include <braid/torch/pipeline/pipeline_executor.hpp>
+#include <braid/torch/tensor_parallel/parallel_transformer_block.hpp>
+#include <braid/torch/tensor_parallel/tp_mappings.hpp>
 
 #include "gpt_stage.hpp"
 #include "models.hpp"

@@ -12,7 +12,7 @@
 #include <torch/torch.h>
 
 #include <braid/braid.hpp>
-#include <braid/torch/distributed_data_parallel.hpp>
+#include <braid/torch/data_parallel/distributed_data_parallel.hpp>
 
 #include "models.hpp"
 

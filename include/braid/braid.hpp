@@ -40,10 +40,10 @@
 #include <braid/trace/timeline.hpp>
 #include <braid/trace/timeline_bytes.hpp>
 #include <braid/transport/bootstrap.hpp>
-#include <braid/transport/store.hpp>
-#include <braid/transport/tag.hpp>
-#include <braid/transport/ucx_error.hpp>
-#include <braid/transport/ucx_worker.hpp>
+#include <braid/transport/store/store.hpp>
+#include <braid/transport/ucx/tag.hpp>
+#include <braid/transport/ucx/ucx_error.hpp>
+#include <braid/transport/ucx/ucx_worker.hpp>
 #include <braid/transport/world.hpp>
 
 #if BRAID_WITH_CUDA

@@ -1,6 +1,6 @@
 // The braid_torch Python module: importing it registers braid as the torch.distributed
 // backend "braid" (Backend.register_backend), whose process group is
-// braid::torch::ProcessGroup (braid/torch/process_group.hpp).
+// braid::torch::ProcessGroup (braid/torch/backend/process_group.hpp).
 //
 //   import braid_torch
 //   torch.distributed.init_process_group("braid", init_method="env://", rank=r, world_size=n)
@@ -15,7 +15,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <braid/build_config.hpp>
-#include <braid/torch/process_group.hpp>
+#include <braid/torch/backend/process_group.hpp>
 
 namespace py = pybind11;
 

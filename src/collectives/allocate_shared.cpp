@@ -21,9 +21,9 @@
 #include <braid/core/log.hpp>
 #include <braid/transport/world.hpp>
 
-#include "shared_buffers.hpp"
-#include "shared_memory_arena.hpp"
-#include "shared_segment.hpp"
+#include "collectives/shared_buffers.hpp"
+#include "collectives/shared_memory_arena.hpp"
+#include "collectives/shared_segment.hpp"
 
 namespace braid::collectives {
 namespace {

@@ -1,7 +1,7 @@
 // One set of checks for every collective call of both communicators (call_checks.hpp). The
 // checks of a call run in a fixed order, the root first, so that every communicator names
 // the same first fault of a call in the same words.
-#include "call_checks.hpp"
+#include "collectives/call_checks.hpp"
 
 #include <limits>
 #include <numeric>

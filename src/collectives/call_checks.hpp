@@ -14,7 +14,7 @@
 
 #include <braid/core/buffer.hpp>
 
-#include "collective_call.hpp"
+#include "collectives/collective_call.hpp"
 
 namespace braid::collectives::detail {
 

@@ -1,4 +1,4 @@
-#include "collective_op.hpp"
+#include "collectives/collective_op.hpp"
 
 #include <algorithm>
 #include <chrono>

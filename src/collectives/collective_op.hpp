@@ -39,10 +39,10 @@
 #include <braid/core/deadline.hpp>
 #include <braid/core/reduce_op.hpp>
 #include <braid/trace/span.hpp>
-#include <braid/transport/ucx_worker.hpp>
+#include <braid/transport/ucx/ucx_worker.hpp>
 
-#include "doorbell.hpp"
-#include "scratch_pool.hpp"
+#include "collectives/doorbell.hpp"
+#include "collectives/scratch_pool.hpp"
 
 namespace braid::collectives::detail {
 

@@ -22,16 +22,16 @@
 #include <braid/trace/span.hpp>
 #include <braid/transport/world.hpp>
 
-#include "algorithms/algorithms.hpp"
-#include "call_checks.hpp"
-#include "collective_call.hpp"
-#include "collective_op.hpp"
-#include "communicator_ids.hpp"
-#include "communicator_internal.hpp"
-#include "fingerprints.hpp"
-#include "scratch_pool.hpp"
-#include "shared_memory_arena.hpp"
-#include "staging.hpp"
+#include "collectives/algorithms/algorithms.hpp"
+#include "collectives/call_checks.hpp"
+#include "collectives/collective_call.hpp"
+#include "collectives/collective_op.hpp"
+#include "collectives/communicator_ids.hpp"
+#include "collectives/communicator_internal.hpp"
+#include "collectives/fingerprints.hpp"
+#include "collectives/scratch_pool.hpp"
+#include "collectives/shared_memory_arena.hpp"
+#include "collectives/staging.hpp"
 
 namespace braid::collectives {
 
@@ -130,8 +130,8 @@ asio::awaitable<void> run_message_algorithm(CollectiveOp& op, const CollectiveCa
 namespace {
 
 // Not a coroutine: each call starts its algorithm's frame directly, without one more frame
-// around it; the small shared-memory calls (latency-bound: an 8-byte all-reduce takes a
-// third of a microsecond) run in that one frame.
+// around it; the small shared-memory calls (latency-bound: a frame is a visible part of an
+// 8-byte all-reduce) run in that one frame.
 asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call) {
   if (call.algorithm != Algorithm::shared_memory) return detail::run_message_algorithm(op, call);
   if (detail::fits_inline(call)) return detail::shared_memory_small(op, call);

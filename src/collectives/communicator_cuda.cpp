@@ -9,14 +9,14 @@
 #include <braid/collectives/communicator.hpp>
 #include <braid/core/error.hpp>
 
-#include "collective_call.hpp"
-#include "communicator_internal.hpp"
-#include "staging.hpp"
-#include "staging_engine_override.hpp"
+#include "collectives/collective_call.hpp"
+#include "collectives/communicator_internal.hpp"
+#include "collectives/staging.hpp"
+#include "collectives/staging_engine_override.hpp"
 #if BRAID_WITH_CUDA
 #include <braid/collectives/nccl_communicator.hpp>
 
-#include "cuda_copy_engine.hpp"
+#include "collectives/cuda_copy_engine.hpp"
 #endif
 
 namespace braid::collectives {

@@ -4,9 +4,9 @@
 // anything there).
 #include <braid/collectives/communicator.hpp>
 
-#include "call_checks.hpp"
-#include "collective_call.hpp"
-#include "communicator_internal.hpp"
+#include "collectives/call_checks.hpp"
+#include "collectives/collective_call.hpp"
+#include "collectives/communicator_internal.hpp"
 
 namespace braid::collectives {
 

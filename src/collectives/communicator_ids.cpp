@@ -1,4 +1,4 @@
-#include "communicator_ids.hpp"
+#include "collectives/communicator_ids.hpp"
 
 #include <algorithm>
 #include <atomic>

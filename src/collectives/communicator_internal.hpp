@@ -10,7 +10,7 @@
 
 #include <braid/collectives/communicator.hpp>
 
-#include "call_checks.hpp"
+#include "collectives/call_checks.hpp"
 
 namespace braid::collectives::detail {
 

@@ -15,10 +15,10 @@
 #include <braid/core/error.hpp>
 #include <braid/transport/world.hpp>
 
-#include "call_checks.hpp"
-#include "collective_op.hpp"
-#include "communicator_internal.hpp"
-#include "staging.hpp"
+#include "collectives/call_checks.hpp"
+#include "collectives/collective_op.hpp"
+#include "collectives/communicator_internal.hpp"
+#include "collectives/staging.hpp"
 #if BRAID_WITH_CUDA
 #include <braid/collectives/nccl_communicator.hpp>
 #endif

@@ -14,10 +14,10 @@
 
 #include <braid/collectives/communicator.hpp>
 #include <braid/core/error.hpp>
-#include <braid/transport/tag.hpp>
+#include <braid/transport/ucx/tag.hpp>
 #include <braid/transport/world.hpp>
 
-#include "communicator_ids.hpp"
+#include "collectives/communicator_ids.hpp"
 
 namespace braid::collectives {
 

@@ -1,4 +1,4 @@
-#include "cross_memory.hpp"
+#include "collectives/cross_memory.hpp"
 
 #include <cerrno>
 #include <cstddef>

@@ -1,11 +1,10 @@
-#include "cuda_copy_engine.hpp"
+#include "collectives/cuda_copy_engine.hpp"
 
 #include <cuda_runtime.h>
 
 #include <braid/core/cuda_error.hpp>
+#include <braid/core/cuda_support.hpp>
 #include <braid/core/enforce.hpp>
-
-#include "../core/cuda_support.hpp"
 
 namespace braid::collectives::detail {
 
@@ -13,12 +12,12 @@ CudaCopyEngine::CudaCopyEngine(int device, cudaStream_t producer)
     : device_(device), producer_(producer), stream_(device), produced_(device) {}
 
 void CudaCopyEngine::copy(void* dst, const void* src, std::size_t bytes) {
-  const braid::detail::CudaDeviceGuard guard(device_);
+  const braid::CudaDeviceGuard guard(device_);
   BRAID_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_.native()));
 }
 
 StagingMemory CudaCopyEngine::allocate(std::size_t bytes) {
-  const braid::detail::CudaDeviceGuard guard(device_);
+  const braid::CudaDeviceGuard guard(device_);
   void* memory = nullptr;
   // Portable: pinned for every device's copies, not only this one's.
   BRAID_CUDA_CHECK(cudaHostAlloc(&memory, bytes, cudaHostAllocPortable));
@@ -34,7 +33,7 @@ void CudaCopyEngine::follow_producer(Stream* producer) {
                   to_string(producer->kind()));
     native = cuda->native();
   }
-  const braid::detail::CudaDeviceGuard guard(device_);
+  const braid::CudaDeviceGuard guard(device_);
   BRAID_CUDA_CHECK(cudaEventRecord(produced_.native(), native));
   BRAID_CUDA_CHECK(cudaStreamWaitEvent(stream_.native(), produced_.native(), 0));
 }

@@ -14,7 +14,7 @@
 
 #include <braid/core/cuda_stream.hpp>
 
-#include "staging.hpp"
+#include "collectives/staging.hpp"
 
 namespace braid::collectives::detail {
 

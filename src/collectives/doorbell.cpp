@@ -1,4 +1,4 @@
-#include "doorbell.hpp"
+#include "collectives/doorbell.hpp"
 
 #include <cerrno>
 #include <sys/eventfd.h>

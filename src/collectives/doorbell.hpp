@@ -5,8 +5,8 @@
 // partner still computing backward. Naps (10 µs doubling to 200) cost a wake-up each and
 // leave up to a nap of latency once the partner arrives; meanwhile the partner, done with
 // its share, spins on the napper's flag. On a node whose cores the training threads fill,
-// that spinning and those wake-ups are CPU time taken from backward (measured on the dev
-// VM: see docs/architecture.md, "Waiting for partners").
+// that spinning and those wake-ups are CPU time taken from backward (measured:
+// docs/layers/collectives.md, "Waiting for partners").
 //
 // How: every rank makes an eventfd; each peer takes its own descriptor of it with
 // pidfd_getfd (the same ptrace permission cross-memory attach needs, so where one works

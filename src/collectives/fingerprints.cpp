@@ -1,6 +1,6 @@
 // Fingerprints (fingerprints.hpp): what a call's fingerprint holds, how it reads in an
 // error, and its exchange before the algorithm under BRAID_DEBUG=detail.
-#include "fingerprints.hpp"
+#include "collectives/fingerprints.hpp"
 
 #include <span>
 #include <string>
@@ -11,7 +11,7 @@
 #include <braid/core/config.hpp>
 #include <braid/core/error.hpp>
 
-#include "collective_op.hpp"
+#include "collectives/collective_op.hpp"
 
 namespace braid::collectives::detail {
 

@@ -8,8 +8,8 @@
 
 #include <boost/asio/awaitable.hpp>
 
-#include "collective_call.hpp"
-#include "collective_op.hpp"
+#include "collectives/collective_call.hpp"
+#include "collectives/collective_op.hpp"
 
 namespace braid::collectives::detail {
 

@@ -1,4 +1,4 @@
-#include "huge_page_advice.hpp"
+#include "collectives/huge_page_advice.hpp"
 
 #include <algorithm>
 #include <cerrno>

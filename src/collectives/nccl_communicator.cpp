@@ -15,18 +15,15 @@
 #include <braid/collectives/communicator.hpp>
 #include <braid/collectives/nccl_communicator.hpp>
 #include <braid/core/cuda_error.hpp>
+#include <braid/core/cuda_support.hpp>
 #include <braid/core/log.hpp>
 #include <braid/core/nccl_error.hpp>
 #include <braid/trace/cuda_timeline.hpp>
 #include <braid/trace/span.hpp>
 #include <braid/transport/world.hpp>
 
-#include "../core/cuda_support.hpp"
-
 namespace braid::collectives {
 namespace {
-
-using braid::detail::CudaDeviceGuard;
 
 // How many NcclCommunicators each bootstrap communicator has made on this process: members
 // create them in the same order, so (serial, count) names the same one on every rank. The
@@ -122,7 +119,7 @@ NcclCommunicator::~NcclCommunicator() {
     bool flushed = ncclCommFinalize(comm_) == ncclSuccess;
     if (!flushed) {
       // Non-blocking: finalize returns ncclInProgress and finishes in the background.
-      flushed = braid::detail::poll_with_backoff(deadline_after(timeout_), [this] {
+      flushed = braid::poll_with_backoff(deadline_after(timeout_), [this] {
         ncclResult_t state = ncclSuccess;
         return ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress;
       });

@@ -14,18 +14,16 @@
 
 #include <braid/collectives/nccl_communicator.hpp>
 #include <braid/core/cuda_error.hpp>
+#include <braid/core/cuda_support.hpp>
 #include <braid/core/log.hpp>
 #include <braid/core/nccl_error.hpp>
 #include <braid/trace/cuda_timeline.hpp>
 #include <braid/trace/span.hpp>
 
-#include "../core/cuda_support.hpp"
-#include "call_checks.hpp"
+#include "collectives/call_checks.hpp"
 
 namespace braid::collectives {
 namespace {
-
-using braid::detail::CudaDeviceGuard;
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {

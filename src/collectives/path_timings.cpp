@@ -1,4 +1,4 @@
-#include "path_timings.hpp"
+#include "collectives/path_timings.hpp"
 
 #include <algorithm>
 #include <bit>

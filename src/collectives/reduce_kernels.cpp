@@ -12,8 +12,8 @@
 #include <cpuid.h>
 #endif
 
-#include "reduce_kernel_table.hpp"
-#include "reduce_loops.hpp"
+#include "collectives/reduce_kernel_table.hpp"
+#include "collectives/reduce_loops.hpp"
 
 namespace braid::collectives {
 namespace {

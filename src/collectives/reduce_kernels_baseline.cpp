@@ -1,7 +1,7 @@
 // The reduction kernels for the x86-64 baseline (SSE2), and for every other architecture:
 // reduce_loops.hpp compiled without a target attribute, f16 converted one element at a time.
-#include "reduce_kernel_table.hpp"
-#include "reduce_loops.hpp"
+#include "collectives/reduce_kernel_table.hpp"
+#include "collectives/reduce_loops.hpp"
 
 namespace braid::collectives::detail {
 namespace {

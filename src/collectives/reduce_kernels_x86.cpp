@@ -8,8 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "reduce_kernel_table.hpp"
-#include "reduce_loops.hpp"
+#include "collectives/reduce_kernel_table.hpp"
+#include "collectives/reduce_loops.hpp"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

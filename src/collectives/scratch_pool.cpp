@@ -1,4 +1,4 @@
-#include "scratch_pool.hpp"
+#include "collectives/scratch_pool.hpp"
 
 #include <algorithm>
 #include <new>

@@ -1,4 +1,4 @@
-#include "shared_buffers.hpp"
+#include "collectives/shared_buffers.hpp"
 
 #include <functional>
 

@@ -1,4 +1,4 @@
-#include "shared_memory_arena.hpp"
+#include "collectives/shared_memory_arena.hpp"
 
 #include <sched.h>
 

@@ -32,12 +32,12 @@
 #include <memory>
 #include <string>
 
-#include "collective_call.hpp"
-#include "doorbell.hpp"
-#include "huge_page_advice.hpp"
-#include "path_timings.hpp"
-#include "shared_buffers.hpp"
-#include "shared_segment.hpp"
+#include "collectives/collective_call.hpp"
+#include "collectives/doorbell.hpp"
+#include "collectives/huge_page_advice.hpp"
+#include "collectives/path_timings.hpp"
+#include "collectives/shared_buffers.hpp"
+#include "collectives/shared_segment.hpp"
 
 namespace braid::collectives::detail {
 

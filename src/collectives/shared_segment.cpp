@@ -1,4 +1,4 @@
-#include "shared_segment.hpp"
+#include "collectives/shared_segment.hpp"
 
 #include <cerrno>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "staging.hpp"
+#include "collectives/staging.hpp"
 
 #include <algorithm>
 #include <cstdlib>

@@ -9,7 +9,7 @@
 
 #include <braid/collectives/communicator.hpp>
 
-#include "staging.hpp"
+#include "collectives/staging.hpp"
 
 namespace braid::collectives::detail {
 

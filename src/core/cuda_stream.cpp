@@ -6,10 +6,9 @@
 
 #include <braid/core/cuda_error.hpp>
 #include <braid/core/cuda_stream.hpp>
+#include <braid/core/cuda_support.hpp>
 #include <braid/core/enforce.hpp>
 #include <braid/core/log.hpp>
-
-#include "cuda_support.hpp"
 
 namespace braid {
 namespace {
@@ -17,7 +16,7 @@ namespace {
 // Host-side waits poll (CUDA's blocking synchronise calls take no deadline).
 template <class Done>
 void poll_until(Deadline deadline, Done done, const char* operation) {
-  if (!detail::poll_with_backoff(deadline, done)) {
+  if (!poll_with_backoff(deadline, done)) {
     throw Error(Errc::timeout, "CUDA work did not finish before the deadline",
                 {.operation = operation});
   }
@@ -46,7 +45,7 @@ auto& as_cuda_event(E& event, int device) {
 }  // namespace
 
 CudaEvent::CudaEvent(int device) : device_(device) {
-  detail::CudaDeviceGuard guard(device);
+  CudaDeviceGuard guard(device);
   BRAID_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
 }
 
@@ -65,7 +64,7 @@ CudaEvent::~CudaEvent() {
 }
 
 bool CudaEvent::query() {
-  return detail::cuda_ready(cudaEventQuery(event_), "cudaEventQuery");
+  return cuda_ready(cudaEventQuery(event_), "cudaEventQuery");
 }
 
 void CudaEvent::synchronize(Deadline deadline) {
@@ -75,7 +74,7 @@ void CudaEvent::synchronize(Deadline deadline) {
 
 void CudaEvent::on_complete(ForeignSignal<> signal) {
   if (notify_stream_ == nullptr) {
-    detail::CudaDeviceGuard guard(device_);
+    CudaDeviceGuard guard(device_);
     BRAID_CUDA_CHECK(cudaStreamCreateWithFlags(&notify_stream_, cudaStreamNonBlocking));
   }
   BRAID_CUDA_CHECK(cudaStreamWaitEvent(notify_stream_, event_, 0));
@@ -85,7 +84,7 @@ void CudaEvent::on_complete(ForeignSignal<> signal) {
 }
 
 CudaStream::CudaStream(int device, int priority) : device_(device), owned_(true) {
-  detail::CudaDeviceGuard guard(device);
+  CudaDeviceGuard guard(device);
   BRAID_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
 }
 
@@ -107,18 +106,18 @@ std::unique_ptr<Event> CudaStream::make_event() {
 // legacy default stream, which libtorch's default stream is) means the calling thread's
 // current device's, and a rank's thread training on device 1 may have device 0 current.
 void CudaStream::record(Event& event) {
-  const detail::CudaDeviceGuard guard(device_);
+  const CudaDeviceGuard guard(device_);
   BRAID_CUDA_CHECK(cudaEventRecord(as_cuda_event(event, device_).native(), stream_));
 }
 
 void CudaStream::wait(const Event& event) {
-  const detail::CudaDeviceGuard guard(device_);
+  const CudaDeviceGuard guard(device_);
   BRAID_CUDA_CHECK(cudaStreamWaitEvent(stream_, as_cuda_event(event, -1).native(), 0));
 }
 
 bool CudaStream::query() {
-  const detail::CudaDeviceGuard guard(device_);
-  return detail::cuda_ready(cudaStreamQuery(stream_), "cudaStreamQuery");
+  const CudaDeviceGuard guard(device_);
+  return cuda_ready(cudaStreamQuery(stream_), "cudaStreamQuery");
 }
 
 void CudaStream::synchronize(Deadline deadline) {

@@ -8,7 +8,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "bucket_kernels.hpp"
+#include "dp/bucket_kernels.hpp"
 
 namespace braid::dp::detail {
 namespace {

@@ -10,7 +10,7 @@
 #include <braid/dp/cadence_balancer.hpp>
 #include <braid/trace/span.hpp>
 
-#include "rank_measurements.hpp"
+#include "dp/rank_measurements.hpp"
 
 namespace braid::dp {
 

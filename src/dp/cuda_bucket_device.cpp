@@ -15,9 +15,9 @@
 
 #include <braid/core/cuda_error.hpp>
 #include <braid/core/cuda_stream.hpp>
+#include <braid/core/cuda_support.hpp>
 
-#include "../core/cuda_support.hpp"
-#include "bucket_kernels.hpp"
+#include "dp/bucket_kernels.hpp"
 #endif
 
 namespace braid::dp {
@@ -62,7 +62,7 @@ class CudaBucketDevice final : public BucketDevice {
   int device() const noexcept override { return device_; }
 
   std::shared_ptr<std::byte[]> allocate(std::size_t bytes) override {
-    const braid::detail::CudaDeviceGuard guard(device_);
+    const braid::CudaDeviceGuard guard(device_);
     void* memory = nullptr;
     // Not zeroed: a cudaMemset would run on the legacy default stream, unordered with the
     // reducer's streams, and could land after their first writes. Every user writes the
@@ -93,7 +93,7 @@ class CudaBucketDevice final : public BucketDevice {
   void convert(const Buffer& dst, const Buffer& src, double factor, Stream& stream) override {
     BRAID_ENFORCE(dst.count() == src.count(), "bucket convert of {} elements into {}", src.count(),
                   dst.count());
-    const braid::detail::CudaDeviceGuard guard(device_);
+    const braid::CudaDeviceGuard guard(device_);
     if (factor == 1.0 && dst.dtype() == src.dtype()) {
       if (dst.data() != src.data()) {
         BRAID_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(),
@@ -108,7 +108,7 @@ class CudaBucketDevice final : public BucketDevice {
   }
 
   void zero(const Buffer& dst, Stream& stream) override {
-    const braid::detail::CudaDeviceGuard guard(device_);
+    const braid::CudaDeviceGuard guard(device_);
     BRAID_CUDA_CHECK(cudaMemsetAsync(dst.data(), 0, dst.size_bytes(), native(stream)));
   }
 
@@ -120,7 +120,7 @@ class CudaBucketDevice final : public BucketDevice {
     int least = 0;
     int greatest = 0;
     {
-      const braid::detail::CudaDeviceGuard guard(device);
+      const braid::CudaDeviceGuard guard(device);
       BRAID_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     }
     std::vector<std::unique_ptr<CudaStream>> streams;

@@ -1,4 +1,4 @@
-#include "rank_measurements.hpp"
+#include "dp/rank_measurements.hpp"
 
 #include <algorithm>
 

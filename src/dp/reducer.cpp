@@ -8,8 +8,8 @@
 
 #include <braid/dp/reducer.hpp>
 
-#include "reducer_internal.hpp"
-#include "scaled_copy.hpp"
+#include "dp/reducer_internal.hpp"
+#include "dp/scaled_copy.hpp"
 
 namespace braid::dp {
 

@@ -12,8 +12,8 @@
 #include <braid/core/log.hpp>
 #include <braid/dp/reducer.hpp>
 
-#include "reducer_internal.hpp"
-#include "scaled_copy.hpp"
+#include "dp/reducer_internal.hpp"
+#include "dp/scaled_copy.hpp"
 
 namespace braid::dp {
 

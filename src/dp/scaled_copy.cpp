@@ -1,4 +1,4 @@
-#include "scaled_copy.hpp"
+#include "dp/scaled_copy.hpp"
 
 #include <cstring>
 

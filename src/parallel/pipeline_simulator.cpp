@@ -19,10 +19,9 @@
 
 #include <braid/core/enforce.hpp>
 #include <braid/core/error.hpp>
+#include <braid/core/json_text.hpp>
 #include <braid/parallel/pipeline_schedule.hpp>
 #include <braid/parallel/pipeline_simulator.hpp>
-
-#include "../trace/json_text.hpp"
 
 namespace braid::parallel {
 namespace {
@@ -336,7 +335,7 @@ double textbook_bubble_percent(int ranks, int microbatches, int virtual_stages) 
 }
 
 std::string chrome_trace_json(const Schedule& schedule, const SimulationResult& result) {
-  using trace::detail::append_json_string;
+  using braid::append_json_string;
   std::string out = R"({"displayTimeUnit":"ms","traceEvents":[)";
   bool first = true;
   const auto separate = [&] {

@@ -15,7 +15,7 @@
 
 #include <braid/parallel/pipeline_schedule.hpp>
 
-#include "pipeline_schedule_checks.hpp"
+#include "parallel/pipeline_schedule_checks.hpp"
 
 namespace braid::parallel {
 namespace {

@@ -1,4 +1,4 @@
-#include "cuda_current_stream.hpp"
+#include "torch/cuda_current_stream.hpp"
 
 #include <braid/build_config.hpp>
 #include <braid/core/error.hpp>

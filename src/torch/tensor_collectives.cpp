@@ -1,4 +1,4 @@
-#include "tensor_collectives.hpp"
+#include "torch/tensor_collectives.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

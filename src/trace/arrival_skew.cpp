@@ -1,10 +1,10 @@
-#include "arrival_skew.hpp"
+#include "trace/arrival_skew.hpp"
 
 #include <algorithm>
 #include <string_view>
 #include <tuple>
 
-#include "event_args.hpp"
+#include "trace/event_args.hpp"
 
 namespace braid::trace::detail {
 namespace {

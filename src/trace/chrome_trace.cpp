@@ -9,15 +9,14 @@
 #include <fmt/format.h>
 
 #include <braid/core/error.hpp>
+#include <braid/core/json_text.hpp>
 #include <braid/trace/chrome_trace.hpp>
-
-#include "json_text.hpp"
 
 namespace braid::trace {
 namespace {
 
-using detail::append_json_string;
-using detail::append_microseconds;
+using braid::append_json_string;
+using braid::append_microseconds;
 
 class EventWriter {
  public:

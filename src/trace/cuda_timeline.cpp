@@ -7,12 +7,11 @@
 #include <fmt/format.h>
 
 #include <braid/core/cuda_error.hpp>
+#include <braid/core/cuda_support.hpp>
 #include <braid/core/enforce.hpp>
 #include <braid/core/log.hpp>
 #include <braid/trace/cuda_timeline.hpp>
 #include <braid/trace/output.hpp>
-
-#include "../core/cuda_support.hpp"
 
 namespace braid {
 namespace {
@@ -76,7 +75,7 @@ CudaTimeline::~CudaTimeline() {
 }
 
 void CudaTimeline::calibrate(Deadline deadline) {
-  detail::CudaDeviceGuard guard(device_);
+  CudaDeviceGuard guard(device_);
   cudaEvent_t probe = nullptr;
   BRAID_CUDA_CHECK(cudaEventCreateWithFlags(&reference_, cudaEventDefault));
   BRAID_CUDA_CHECK(cudaEventCreateWithFlags(&probe, cudaEventDefault));
@@ -85,8 +84,8 @@ void CudaTimeline::calibrate(Deadline deadline) {
   // Records `probe` and waits for it; false if the deadline passed first.
   auto probe_completes = [&] {
     BRAID_CUDA_CHECK(cudaEventRecord(probe, stream_));
-    return detail::poll_with_backoff(
-        deadline, [&] { return detail::cuda_ready(cudaEventQuery(probe), "cudaEventQuery"); },
+    return poll_with_backoff(
+        deadline, [&] { return cuda_ready(cudaEventQuery(probe), "cudaEventQuery"); },
         kCalibrationSpin);
   };
 
@@ -151,7 +150,7 @@ void CudaTimeline::flush(Deadline deadline) {
   // The lock is taken per poll, not held while sleeping, so other threads keep
   // beginning and ending spans; spans they end meanwhile are not waited for.
   std::uint64_t left = 0;
-  const bool finished = detail::poll_with_backoff(deadline, [&] {
+  const bool finished = poll_with_backoff(deadline, [&] {
     std::lock_guard lock(mutex_);
     collect_locked();
     left = target - std::min(target, recorded_total_);
@@ -168,7 +167,7 @@ void CudaTimeline::flush(Deadline deadline) {
 cudaEvent_t CudaTimeline::record_event() {
   cudaEvent_t event = nullptr;
   if (free_events_.empty()) {
-    detail::CudaDeviceGuard guard(device_);
+    CudaDeviceGuard guard(device_);
     BRAID_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDefault));
   } else {
     event = free_events_.back();
@@ -185,8 +184,7 @@ std::size_t CudaTimeline::collect_locked() {
   std::size_t appended = 0;
   // Events on one stream complete in the order they were recorded, so the first span
   // whose end is not done is where the finished ones stop.
-  while (!ended_.empty() &&
-         detail::cuda_ready(cudaEventQuery(ended_.front().end), "cudaEventQuery")) {
+  while (!ended_.empty() && cuda_ready(cudaEventQuery(ended_.front().end), "cudaEventQuery")) {
     const EndedSpan span = ended_.front();
     float begin_ms = 0;
     float duration_ms = 0;

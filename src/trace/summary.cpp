@@ -5,11 +5,11 @@
 
 #include <fmt/format.h>
 
+#include <braid/core/json_text.hpp>
 #include <braid/trace/summary.hpp>
 
-#include "arrival_skew.hpp"
-#include "event_args.hpp"
-#include "json_text.hpp"
+#include "trace/arrival_skew.hpp"
+#include "trace/event_args.hpp"
 
 namespace braid::trace {
 namespace {
@@ -252,7 +252,7 @@ void append_rank_json(std::string& out, const RankSummary& rank) {
   for (const auto& [name, stats] : rank.collectives) {
     if (!first) out += ',';
     first = false;
-    detail::append_json_string(out, name);
+    append_json_string(out, name);
     out += ':';
     append_stats_json(out, stats);
   }

@@ -1,9 +1,9 @@
-#include "clock_alignment.hpp"
+#include "transport/clock_alignment.hpp"
 
 #include <array>
 #include <limits>
 
-#include <braid/transport/tag.hpp>
+#include <braid/transport/ucx/tag.hpp>
 
 namespace braid::transport::detail {
 namespace {

@@ -15,7 +15,7 @@
 
 #include <braid/core/deadline.hpp>
 #include <braid/trace/chrome_trace.hpp>
-#include <braid/transport/ucx_worker.hpp>
+#include <braid/transport/ucx/ucx_worker.hpp>
 
 namespace braid::transport::detail {
 

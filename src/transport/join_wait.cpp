@@ -1,4 +1,4 @@
-#include "join_wait.hpp"
+#include "transport/join_wait.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -20,7 +20,7 @@
 #include <braid/core/log.hpp>
 #include <braid/transport/bootstrap.hpp>
 
-#include "world_keys.hpp"
+#include "transport/world_keys.hpp"
 
 namespace braid::transport::detail {
 namespace {

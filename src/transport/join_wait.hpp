@@ -17,10 +17,10 @@
 
 #include <braid/core/deadline.hpp>
 #include <braid/core/error.hpp>
-#include <braid/transport/store.hpp>
+#include <braid/transport/store/store.hpp>
 #include <braid/transport/world.hpp>
 
-#include "world_keys.hpp"
+#include "transport/world_keys.hpp"
 
 namespace braid::transport::detail {
 

@@ -1,4 +1,4 @@
-#include "ptrace_permission.hpp"
+#include "transport/ptrace_permission.hpp"
 
 #include <cerrno>
 #include <charconv>

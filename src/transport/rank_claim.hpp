@@ -9,7 +9,7 @@
 
 #include <boost/asio/awaitable.hpp>
 
-#include <braid/transport/store.hpp>
+#include <braid/transport/store/store.hpp>
 
 namespace braid::transport {
 

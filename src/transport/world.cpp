@@ -21,11 +21,11 @@
 #include <braid/trace/output.hpp>
 #include <braid/transport/world.hpp>
 
-#include "clock_alignment.hpp"
-#include "join_wait.hpp"
-#include "ptrace_permission.hpp"
-#include "rank_claim.hpp"
-#include "world_keys.hpp"
+#include "transport/clock_alignment.hpp"
+#include "transport/join_wait.hpp"
+#include "transport/ptrace_permission.hpp"
+#include "transport/rank_claim.hpp"
+#include "transport/world_keys.hpp"
 
 namespace braid::transport {
 namespace {

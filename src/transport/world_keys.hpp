@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include <braid/transport/store.hpp>
+#include <braid/transport/store/store.hpp>
 
 namespace braid::transport::detail {
 

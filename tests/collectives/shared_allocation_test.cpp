@@ -178,8 +178,8 @@ constexpr std::size_t kSharedCount = 300007;  // f32: ~1.1 MiB, several pieces p
 // allocate_shared, or in private memory (reached by cross-memory attach).
 braid::testing::RankBody reduce_while_computing(int computing, bool shared = true) {
   return [computing, shared](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
-    // Not a co_await inside ?: (GCC 12 resumes such frames wrongly: architecture.md,
-    // Known pitfalls).
+    // Not a co_await inside ?: (GCC 12 resumes such frames wrongly: docs/layers/core.md,
+    // "Coroutine pitfalls under GCC 12").
     std::shared_ptr<std::byte[]> memory = std::make_shared<std::byte[]>(4 << 20);
     if (shared) memory = co_await comm->allocate_shared(4 << 20);
     comm->set_computing(computing < 0 || comm->rank() == computing);

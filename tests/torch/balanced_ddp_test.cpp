@@ -13,7 +13,7 @@
 
 #include <braid/dp/batch_balancer.hpp>
 #include <braid/dp/cadence_balancer.hpp>
-#include <braid/torch/distributed_data_parallel.hpp>
+#include <braid/torch/data_parallel/distributed_data_parallel.hpp>
 
 #include "tp_support.hpp"
 

@@ -19,7 +19,7 @@
 
 #include <braid/core/error.hpp>
 #include <braid/dp/comm_hook.hpp>
-#include <braid/torch/distributed_data_parallel.hpp>
+#include <braid/torch/data_parallel/distributed_data_parallel.hpp>
 #include <braid/transport/bootstrap.hpp>
 #include <braid/transport/world.hpp>
 

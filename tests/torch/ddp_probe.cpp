@@ -21,7 +21,7 @@
 #include <torch/torch.h>
 
 #include <braid/core/error.hpp>
-#include <braid/torch/distributed_data_parallel.hpp>
+#include <braid/torch/data_parallel/distributed_data_parallel.hpp>
 #include <braid/transport/bootstrap.hpp>
 #include <braid/transport/world.hpp>
 

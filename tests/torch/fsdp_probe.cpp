@@ -10,7 +10,7 @@
 
 #include <torch/torch.h>
 
-#include <braid/torch/fully_sharded_data_parallel.hpp>
+#include <braid/torch/data_parallel/fully_sharded_data_parallel.hpp>
 #include <braid/transport/world.hpp>
 
 #include "../support/probe_report.hpp"

@@ -22,10 +22,10 @@
 
 #include <braid/parallel/pipeline_schedule.hpp>
 #include <braid/parallel/rank_grid.hpp>
-#include <braid/torch/distributed_data_parallel.hpp>
-#include <braid/torch/fully_sharded_data_parallel.hpp>
-#include <braid/torch/parallel_linear.hpp>
-#include <braid/torch/pipeline_executor.hpp>
+#include <braid/torch/data_parallel/distributed_data_parallel.hpp>
+#include <braid/torch/data_parallel/fully_sharded_data_parallel.hpp>
+#include <braid/torch/pipeline/pipeline_executor.hpp>
+#include <braid/torch/tensor_parallel/parallel_linear.hpp>
 #include <braid/trace/recorder.hpp>
 
 #include "../support/expect_error.hpp"

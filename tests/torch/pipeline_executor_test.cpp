@@ -16,7 +16,7 @@
 
 #include <braid/core/error.hpp>
 #include <braid/parallel/pipeline_schedule.hpp>
-#include <braid/torch/pipeline_executor.hpp>
+#include <braid/torch/pipeline/pipeline_executor.hpp>
 #include <braid/transport/world.hpp>
 
 #include "../support/expect_error.hpp"

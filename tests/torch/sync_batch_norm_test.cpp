@@ -8,8 +8,8 @@
 #include <torch/torch.h>
 
 #include <braid/core/error.hpp>
-#include <braid/torch/distributed_data_parallel.hpp>
-#include <braid/torch/sync_batch_norm.hpp>
+#include <braid/torch/data_parallel/distributed_data_parallel.hpp>
+#include <braid/torch/data_parallel/sync_batch_norm.hpp>
 
 #include "../support/expect_error.hpp"
 #include "../support/rank_threads.hpp"

@@ -13,9 +13,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <braid/torch/parallel_linear.hpp>
-#include <braid/torch/parallel_transformer_block.hpp>
-#include <braid/torch/tp_mappings.hpp>
+#include <braid/torch/tensor_parallel/parallel_linear.hpp>
+#include <braid/torch/tensor_parallel/parallel_transformer_block.hpp>
+#include <braid/torch/tensor_parallel/tp_mappings.hpp>
 #include <braid/trace/recorder.hpp>
 
 #include "../support/scoped_env.hpp"

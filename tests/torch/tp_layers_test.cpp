@@ -10,9 +10,9 @@
 #include <torch/torch.h>
 
 #include <braid/core/error.hpp>
-#include <braid/torch/parallel_linear.hpp>
-#include <braid/torch/tp_mappings.hpp>
-#include <braid/torch/vocab_parallel.hpp>
+#include <braid/torch/tensor_parallel/parallel_linear.hpp>
+#include <braid/torch/tensor_parallel/tp_mappings.hpp>
+#include <braid/torch/tensor_parallel/vocab_parallel.hpp>
 
 #include "../support/expect_error.hpp"
 #include "tp_support.hpp"

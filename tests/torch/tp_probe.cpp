@@ -17,7 +17,7 @@
 
 #include <braid/core/error.hpp>
 #include <braid/parallel/rank_grid.hpp>
-#include <braid/torch/parallel_transformer_block.hpp>
+#include <braid/torch/tensor_parallel/parallel_transformer_block.hpp>
 #include <braid/transport/world.hpp>
 
 #include "../support/probe_report.hpp"

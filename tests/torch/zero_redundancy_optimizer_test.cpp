@@ -10,8 +10,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <braid/torch/distributed_data_parallel.hpp>
-#include <braid/torch/zero_redundancy_optimizer.hpp>
+#include <braid/torch/data_parallel/distributed_data_parallel.hpp>
+#include <braid/torch/data_parallel/zero_redundancy_optimizer.hpp>
 
 #include "../support/expect_error.hpp"
 #include "tp_support.hpp"

@@ -32,11 +32,11 @@
 
 #include <braid/core/error.hpp>
 #include <braid/core/runtime.hpp>
-#include <braid/transport/store.hpp>
+#include <braid/transport/store/store.hpp>
 
 #include "store_test_helpers.hpp"
 #include "transport/rank_claim.hpp"
-#include "transport/store_protocol.hpp"
+#include "transport/store/store_protocol.hpp"
 
 namespace braid::transport {
 namespace {

@@ -16,10 +16,10 @@
 #include <braid/core/runtime.hpp>
 #include <braid/trace/recorder.hpp>
 #include <braid/transport/bootstrap.hpp>
-#include <braid/transport/store.hpp>
+#include <braid/transport/store/store.hpp>
 
 #include "store_test_helpers.hpp"
-#include "transport/store_protocol.hpp"
+#include "transport/store/store_protocol.hpp"
 
 namespace braid::transport {
 namespace {

@@ -8,7 +8,7 @@
 #include <boost/asio/awaitable.hpp>
 
 #include <braid/core/runtime.hpp>
-#include <braid/transport/store.hpp>
+#include <braid/transport/store/store.hpp>
 
 namespace braid::transport {
 

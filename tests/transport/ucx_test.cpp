@@ -22,9 +22,9 @@
 #include <braid/core/log.hpp>
 #include <braid/core/runtime.hpp>
 #include <braid/trace/recorder.hpp>
-#include <braid/transport/tag.hpp>
-#include <braid/transport/ucx_error.hpp>
-#include <braid/transport/ucx_worker.hpp>
+#include <braid/transport/ucx/tag.hpp>
+#include <braid/transport/ucx/ucx_error.hpp>
+#include <braid/transport/ucx/ucx_worker.hpp>
 
 namespace braid::transport {
 namespace {

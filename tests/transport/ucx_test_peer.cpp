@@ -11,7 +11,7 @@
 #include <fmt/ranges.h>
 
 #include <braid/core/runtime.hpp>
-#include <braid/transport/ucx_worker.hpp>
+#include <braid/transport/ucx/ucx_worker.hpp>
 
 namespace {
 

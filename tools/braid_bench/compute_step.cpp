@@ -30,7 +30,7 @@
 
 #if BRAID_COMPUTE_WITH_BRAID
 #include <braid/braid.hpp>
-#include <braid/torch/distributed_data_parallel.hpp>
+#include <braid/torch/data_parallel/distributed_data_parallel.hpp>
 #endif
 
 namespace {

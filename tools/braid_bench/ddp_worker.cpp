@@ -27,7 +27,7 @@
 #include <braid/braid.hpp>
 #include <braid/dp/batch_balancer.hpp>
 #include <braid/dp/cadence_balancer.hpp>
-#include <braid/torch/distributed_data_parallel.hpp>
+#include <braid/torch/data_parallel/distributed_data_parallel.hpp>
 
 #include "models.hpp"
 #include "training_checks.hpp"

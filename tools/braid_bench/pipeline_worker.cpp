@@ -29,10 +29,10 @@
 #include <braid/braid.hpp>
 #include <braid/parallel/pipeline_schedule.hpp>
 #include <braid/parallel/rank_grid.hpp>
-#include <braid/torch/distributed_data_parallel.hpp>
-#include <braid/torch/pipeline_executor.hpp>
+#include <braid/torch/data_parallel/distributed_data_parallel.hpp>
+#include <braid/torch/pipeline/pipeline_executor.hpp>
 #include <braid/torch/tensor_buffer.hpp>
-#include <braid/torch/tp_mappings.hpp>
+#include <braid/torch/tensor_parallel/tp_mappings.hpp>
 
 #include "gpt_stage.hpp"
 #include "median.hpp"

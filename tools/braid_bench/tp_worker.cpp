@@ -18,7 +18,7 @@
 
 #include <braid/braid.hpp>
 #include <braid/parallel/rank_grid.hpp>
-#include <braid/torch/parallel_transformer_block.hpp>
+#include <braid/torch/tensor_parallel/parallel_transformer_block.hpp>
 
 #include "median.hpp"
 #include "models.hpp"

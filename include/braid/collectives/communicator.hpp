@@ -74,6 +74,7 @@
 #include <boost/asio/awaitable.hpp>
 
 #include <braid/collectives/algorithm.hpp>
+#include <braid/collectives/collective_group.hpp>
 #include <braid/collectives/hierarchy.hpp>
 #include <braid/collectives/selection.hpp>
 #include <braid/core/buffer.hpp>
@@ -122,7 +123,8 @@ struct CommunicatorOptions {
 
 class NcclCommunicator;
 
-class Communicator : public std::enable_shared_from_this<Communicator> {
+class Communicator final : public CollectiveGroup,
+                           public std::enable_shared_from_this<Communicator> {
  public:
   using Options = CommunicatorOptions;
 
@@ -134,8 +136,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  int rank() const noexcept { return rank_; }
-  int size() const noexcept { return static_cast<int>(world_ranks_.size()); }
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return static_cast<int>(world_ranks_.size()); }
   // The world rank of this communicator's rank `rank`.
   int world_rank(int rank) const { return world_ranks_.at(static_cast<std::size_t>(rank)); }
   // Unique among the job's live communicators; the world's is 1. An id comes back into use
@@ -144,7 +146,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Unique in the job and never reused (the world's is 1): what names this communicator's
   // records in the store.
   std::int64_t serial() const noexcept { return serial_; }
-  Runtime& runtime() noexcept { return runtime_; }
+  Runtime& runtime() noexcept override { return runtime_; }
   transport::World& world() noexcept { return world_; }
 
   // From now on, calls (send and recv included) whose buffers are CUDA memory on `nccl`'s
@@ -163,41 +165,26 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     return runtime_.spawn(std::move(operation));
   }
 
-  // ---- reductions
-  // output[i] = op over ranks of input[i]; same count and dtype everywhere.
-  asio::awaitable<void> all_reduce(Buffer input, Buffer output, ReduceOp op);
-  asio::awaitable<void> all_reduce(Buffer data, ReduceOp op);
-  // input holds size() blocks of output.count() elements; rank r gets block r, reduced.
-  asio::awaitable<void> reduce_scatter(Buffer input, Buffer output, ReduceOp op);
-  // In place: the result is data's block rank() (data.count() must divide by size()).
-  asio::awaitable<void> reduce_scatter(Buffer data, ReduceOp op);
-  // The reduction lands in `output` on `root` only; output is ignored elsewhere (pass {}).
-  asio::awaitable<void> reduce(Buffer input, Buffer output, ReduceOp op, int root);
-  asio::awaitable<void> reduce(Buffer data, ReduceOp op, int root);
-
-  // ---- data movement
-  // output = the ranks' inputs, concatenated in rank order (output.count() == size() *
-  // input.count()).
-  asio::awaitable<void> all_gather(Buffer input, Buffer output);
-  // In place: this rank's block of `data` already holds its contribution.
-  asio::awaitable<void> all_gather(Buffer data);
-  // Rank r contributes counts[r] elements; output holds their sum, in rank order. Every
-  // rank passes the same counts. `counts` must stay valid until the operation completes.
+  // ---- the collectives (collective_group.hpp says what each does)
+  asio::awaitable<void> all_reduce(Buffer input, Buffer output, ReduceOp op) override;
+  asio::awaitable<void> all_reduce(Buffer data, ReduceOp op) override;
+  asio::awaitable<void> reduce_scatter(Buffer input, Buffer output, ReduceOp op) override;
+  asio::awaitable<void> reduce_scatter(Buffer data, ReduceOp op) override;
+  asio::awaitable<void> reduce(Buffer input, Buffer output, ReduceOp op, int root) override;
+  asio::awaitable<void> reduce(Buffer data, ReduceOp op, int root) override;
+  asio::awaitable<void> all_gather(Buffer input, Buffer output) override;
+  asio::awaitable<void> all_gather(Buffer data) override;
   asio::awaitable<void> all_gather_v(Buffer input, Buffer output,
-                                     std::span<const std::size_t> counts);
-  asio::awaitable<void> broadcast(Buffer data, int root);
-  // output (root only) = every rank's input in rank order; output ignored elsewhere.
-  asio::awaitable<void> gather(Buffer input, Buffer output, int root);
-  // Rank r gets block r of the root's input (input ignored elsewhere).
-  asio::awaitable<void> scatter(Buffer input, Buffer output, int root);
-  // Block j of input goes to rank j; block i of output comes from rank i.
-  asio::awaitable<void> all_to_all(Buffer input, Buffer output);
-  asio::awaitable<void> all_to_all(Buffer data);
-  // send_counts[j] elements to rank j, recv_counts[i] from rank i, packed in rank order.
-  // The spans must stay valid until the operation completes.
+                                     std::span<const std::size_t> counts) override;
+  asio::awaitable<void> broadcast(Buffer data, int root) override;
+  asio::awaitable<void> gather(Buffer input, Buffer output, int root) override;
+  asio::awaitable<void> scatter(Buffer input, Buffer output, int root) override;
+  asio::awaitable<void> all_to_all(Buffer input, Buffer output) override;
+  asio::awaitable<void> all_to_all(Buffer data) override;
   asio::awaitable<void> all_to_all_v(Buffer input, std::span<const std::size_t> send_counts,
-                                     Buffer output, std::span<const std::size_t> recv_counts);
-  asio::awaitable<void> barrier();
+                                     Buffer output,
+                                     std::span<const std::size_t> recv_counts) override;
+  asio::awaitable<void> barrier() override;
 
   // ---- memory
   // Collective: `bytes` for this rank's buffers, in memory every member maps when they are
@@ -235,10 +222,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   //   before each piece it claims and while it waits.
   void set_computing(bool computing) noexcept;
 
-  // ---- point to point, matched per pair of ranks in call order (independent of the
-  // collectives' order). recv returns the elements received (at most buffer.count()).
-  asio::awaitable<void> send(Buffer data, int peer);
-  asio::awaitable<std::size_t> recv(Buffer data, int peer);
+  // ---- point to point (collective_group.hpp): recv returns the elements received, at
+  // most data.count().
+  asio::awaitable<void> send(Buffer data, int peer) override;
+  asio::awaitable<std::size_t> recv(Buffer data, int peer) override;
 
   // Collective over this communicator: ranks with the same color form a new
   // communicator, ordered by key (ties by rank here). A negative color takes part but

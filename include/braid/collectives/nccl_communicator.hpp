@@ -68,6 +68,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <braid/collectives/collective_group.hpp>
 #include <braid/core/buffer.hpp>
 #include <braid/core/cuda_stream.hpp>
 #include <braid/core/deadline.hpp>
@@ -92,7 +93,8 @@ struct NcclCommunicatorOptions {
   cudaStream_t compute_stream = nullptr;
 };
 
-class NcclCommunicator : public std::enable_shared_from_this<NcclCommunicator> {
+class NcclCommunicator final : public CollectiveGroup,
+                               public std::enable_shared_from_this<NcclCommunicator> {
  public:
   using Options = NcclCommunicatorOptions;
 
@@ -110,40 +112,42 @@ class NcclCommunicator : public std::enable_shared_from_this<NcclCommunicator> {
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
-  int rank() const noexcept { return rank_; }
-  int size() const noexcept { return size_; }
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return size_; }
   int device() const noexcept { return device_; }
   ncclComm_t native() const noexcept { return comm_; }
   // The communication stream (contract point 1).
   CudaStream& stream() noexcept { return stream_; }
   void set_compute_stream(cudaStream_t stream) noexcept { compute_stream_ = stream; }
-  Runtime& runtime() noexcept { return runtime_; }
+  Runtime& runtime() noexcept override { return runtime_; }
 
-  // The same operations as Communicator (communicator.hpp), checked by the same argument
-  // checks, on CUDA buffers of device(). In place is NCCL's: the in-place reduce_scatter's
-  // result and the in-place all_gather's contribution are this rank's block of `data`.
-  asio::awaitable<void> all_reduce(Buffer input, Buffer output, ReduceOp op);
-  asio::awaitable<void> all_reduce(Buffer data, ReduceOp op);
-  asio::awaitable<void> reduce_scatter(Buffer input, Buffer output, ReduceOp op);
-  asio::awaitable<void> reduce_scatter(Buffer data, ReduceOp op);
-  asio::awaitable<void> reduce(Buffer input, Buffer output, ReduceOp op, int root);
-  asio::awaitable<void> reduce(Buffer data, ReduceOp op, int root);
-  asio::awaitable<void> all_gather(Buffer input, Buffer output);
-  asio::awaitable<void> all_gather(Buffer data);
+  // The collectives (collective_group.hpp), checked by the same argument checks as
+  // Communicator's, on CUDA buffers of device(). In place is NCCL's: the in-place
+  // reduce_scatter's result and the in-place all_gather's contribution are this rank's
+  // block of `data`.
+  asio::awaitable<void> all_reduce(Buffer input, Buffer output, ReduceOp op) override;
+  asio::awaitable<void> all_reduce(Buffer data, ReduceOp op) override;
+  asio::awaitable<void> reduce_scatter(Buffer input, Buffer output, ReduceOp op) override;
+  asio::awaitable<void> reduce_scatter(Buffer data, ReduceOp op) override;
+  asio::awaitable<void> reduce(Buffer input, Buffer output, ReduceOp op, int root) override;
+  asio::awaitable<void> reduce(Buffer data, ReduceOp op, int root) override;
+  asio::awaitable<void> all_gather(Buffer input, Buffer output) override;
+  asio::awaitable<void> all_gather(Buffer data) override;
   asio::awaitable<void> all_gather_v(Buffer input, Buffer output,
-                                     std::span<const std::size_t> counts);
-  asio::awaitable<void> broadcast(Buffer data, int root);
-  asio::awaitable<void> gather(Buffer input, Buffer output, int root);
-  asio::awaitable<void> scatter(Buffer input, Buffer output, int root);
-  asio::awaitable<void> all_to_all(Buffer input, Buffer output);
-  asio::awaitable<void> all_to_all(Buffer data);
+                                     std::span<const std::size_t> counts) override;
+  asio::awaitable<void> broadcast(Buffer data, int root) override;
+  asio::awaitable<void> gather(Buffer input, Buffer output, int root) override;
+  asio::awaitable<void> scatter(Buffer input, Buffer output, int root) override;
+  asio::awaitable<void> all_to_all(Buffer input, Buffer output) override;
+  asio::awaitable<void> all_to_all(Buffer data) override;
   asio::awaitable<void> all_to_all_v(Buffer input, std::span<const std::size_t> send_counts,
-                                     Buffer output, std::span<const std::size_t> recv_counts);
-  asio::awaitable<void> barrier();
+                                     Buffer output,
+                                     std::span<const std::size_t> recv_counts) override;
+  asio::awaitable<void> barrier() override;
   // Point to point: NCCL needs the receiver to name the sender's exact count, so recv
   // receives exactly data.count() elements and returns that.
-  asio::awaitable<void> send(Buffer data, int peer);
-  asio::awaitable<std::size_t> recv(Buffer data, int peer);
+  asio::awaitable<void> send(Buffer data, int peer) override;
+  asio::awaitable<std::size_t> recv(Buffer data, int peer) override;
 
   // ncclCommSplit: ranks with the same color form a new communicator ordered by key; a
   // negative color gets nullptr. Collective; non-blocking like create().

@@ -21,8 +21,9 @@ inline Deadline default_deadline() {
 }
 
 // "The default timeout, from when the operation first has to wait": the transport reads
-// the clock only for an operation that does not complete at once (a read is 44 ns on the
-// dev VM, and a short send or an already-arrived receive never needs one).
+// the clock only for an operation that does not complete at once (a clock read costs as
+// much as a short message: docs/benchmarks.md, "braid-bench p2p"; a short send or an
+// already-arrived receive never needs one).
 inline constexpr Deadline kDefaultDeadline = Deadline::min();
 
 }  // namespace braid

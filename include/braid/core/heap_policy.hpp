@@ -9,8 +9,8 @@
 // frees a large mapped block. A C++ training loop whose big buffers live for the whole
 // run (parameters, optimizer state, DDP's buckets in shared memory) settles at a trim
 // threshold of about twice its largest temporary, so the heap's top is given back and
-// faulted in again several times a step: a plain libtorch MLP (512x5, batch 32, Adam)
-// took 2,400 minor faults and 8-12 ms per optimizer step here, 2.5 ms without them.
+// faulted in again several times a step, and the faults can cost more than the step's
+// arithmetic (figures: docs/layers/core.md and docs/benchmarks.md, "The heap policy").
 // Python PyTorch escapes it by accident (the interpreter frees large mapped blocks
 // while it imports, which raises both thresholds).
 //

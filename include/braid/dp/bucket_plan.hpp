@@ -8,8 +8,8 @@
 // when their first parameter is expected, which is the order they launch in on every rank.
 //
 // Why these sizes (PyTorch DDP's): a 25 MiB bucket is long enough that the per-collective
-// latency (tens of microseconds here) is noise against its transfer, and short enough that
-// the last bucket -- the communication nothing can hide -- stays small.
+// latency is noise against its transfer, and short enough that the last bucket -- the
+// communication nothing can hide -- stays small.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,6 @@
 // The gradient reducer: data parallelism's engine, framework-agnostic. An adapter (the
-// libtorch one is braid/torch/distributed_data_parallel.hpp) describes the parameters,
-// calls prepare_for_backward() after each forward, mark_ready(i) from the autograd hook
+// libtorch one is braid/torch/data_parallel/distributed_data_parallel.hpp) describes the
+// parameters, calls prepare_for_backward() after each forward, mark_ready(i) from the autograd hook
 // of each parameter as its gradient becomes final, and finalize() at the end of backward.
 //
 //   mark_ready(i)   copies gradient i into its bucket, scaled by this rank's share (1/W
@@ -198,8 +198,8 @@ class Reducer {
   // With a hook that averages (the default all-reduce), f32, f64 and bf16 buckets go in
   // unscaled (scaled by share x W under set_batch_share) and the all-reduce averages
   // them: the single-copy all-reduce divides each piece while it is in cache. Scaling on
-  // the way in cost a pass over every gradient: ~8 ms of a 34 MiB model's step on the dev
-  // VM, and with gradient_as_bucket_view it was the only pass. f16 buckets keep the
+  // the way in costs a pass over every gradient (docs/benchmarks.md, "braid-bench ddp"),
+  // and with gradient_as_bucket_view it would be the only pass. f16 buckets keep the
   // scaling before the sum, whose unscaled intermediate could overflow. The choice
   // depends on the hook and the dtype alone, which every rank shares, so every rank
   // issues the same reduction.

@@ -14,7 +14,7 @@
 #include <span>
 #include <vector>
 
-#include <braid/transport/store.hpp>
+#include <braid/transport/store/store.hpp>
 
 namespace braid::transport {
 

@@ -58,8 +58,8 @@
 #include <braid/trace/chrome_trace.hpp>
 #include <braid/transport/bootstrap.hpp>
 #include <braid/transport/issued_work.hpp>
-#include <braid/transport/store.hpp>
-#include <braid/transport/ucx_worker.hpp>
+#include <braid/transport/store/store.hpp>
+#include <braid/transport/ucx/ucx_worker.hpp>
 
 namespace braid::transport {
 

@@ -16,8 +16,8 @@
 #include <braid/core/buffer.hpp>
 #include <braid/core/reduce_op.hpp>
 
-#include "../collective_call.hpp"
-#include "../collective_op.hpp"
+#include "collectives/collective_call.hpp"
+#include "collectives/collective_op.hpp"
 
 namespace braid::collectives {
 struct HierarchyPlan;

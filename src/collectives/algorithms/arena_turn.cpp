@@ -2,7 +2,7 @@
 // call, the fingerprint agreement every rank reaches alike, the stage flags and the wait on
 // every rank's, and giving the turn back. Mapping the arena is arena_turn_mapping.cpp; the
 // inline slots, work sharing and peers' buffers have files of their own beside it.
-#include "arena_turn.hpp"
+#include "collectives/algorithms/arena_turn.hpp"
 
 #include <atomic>
 

@@ -22,9 +22,9 @@
 
 #include <braid/core/error.hpp>
 
-#include "../collective_call.hpp"
-#include "../collective_op.hpp"
-#include "../shared_memory_arena.hpp"
+#include "collectives/collective_call.hpp"
+#include "collectives/collective_op.hpp"
+#include "collectives/shared_memory_arena.hpp"
 
 namespace braid::collectives::detail {
 

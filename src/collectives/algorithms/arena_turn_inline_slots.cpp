@@ -2,7 +2,7 @@
 // marking it posted, and the waits on every rank's or one rank's slot.
 #include <atomic>
 
-#include "arena_turn.hpp"
+#include "collectives/algorithms/arena_turn.hpp"
 
 namespace braid::collectives::detail {
 

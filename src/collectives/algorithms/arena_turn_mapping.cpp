@@ -14,8 +14,8 @@
 #include <braid/core/error.hpp>
 #include <braid/core/log.hpp>
 
-#include "../cross_memory.hpp"
-#include "arena_turn.hpp"
+#include "collectives/algorithms/arena_turn.hpp"
+#include "collectives/cross_memory.hpp"
 
 namespace braid::collectives::detail {
 namespace {

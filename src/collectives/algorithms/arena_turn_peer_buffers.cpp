@@ -8,8 +8,8 @@
 
 #include <braid/core/error.hpp>
 
-#include "../cross_memory.hpp"
-#include "arena_turn.hpp"
+#include "collectives/algorithms/arena_turn.hpp"
+#include "collectives/cross_memory.hpp"
 
 namespace braid::collectives::detail {
 

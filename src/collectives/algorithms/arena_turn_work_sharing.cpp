@@ -6,7 +6,7 @@
 
 #include <braid/core/enforce.hpp>
 
-#include "arena_turn.hpp"
+#include "collectives/algorithms/arena_turn.hpp"
 
 namespace braid::collectives::detail {
 namespace {

@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <bit>
 
-#include "algorithms.hpp"
+#include "collectives/algorithms/algorithms.hpp"
 
 namespace braid::collectives::detail {
 namespace {

@@ -6,7 +6,7 @@
 //   time ~ ceil(log2 P) (alpha + n beta + n gamma)
 // The root receives and combines log2(P) vectors. Non-roots keep their partial in
 // scratch, so their buffers are left as they were. Scratch: 2n (root: n).
-#include "algorithms.hpp"
+#include "collectives/algorithms/algorithms.hpp"
 
 namespace braid::collectives::detail {
 

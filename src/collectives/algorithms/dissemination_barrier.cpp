@@ -4,7 +4,7 @@
 //
 // Cost (P ranks): ceil(log2 P) rounds of empty messages: time ~ ceil(log2 P) alpha, for
 // any P (no power-of-two folding needed).
-#include "algorithms.hpp"
+#include "collectives/algorithms/algorithms.hpp"
 
 namespace braid::collectives::detail {
 

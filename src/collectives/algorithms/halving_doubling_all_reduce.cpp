@@ -9,8 +9,8 @@
 // Ring's bandwidth with log2(P) latency terms instead of P-1: the choice for medium
 // vectors. Each block is reduced at one rank, so all ranks end bit-identical.
 // Scratch: n/2.
-#include "algorithms.hpp"
-#include "power_of_two_fold.hpp"
+#include "collectives/algorithms/algorithms.hpp"
+#include "collectives/algorithms/power_of_two_fold.hpp"
 
 namespace braid::collectives::detail {
 

@@ -23,8 +23,8 @@
 #include <braid/collectives/hierarchy.hpp>
 #include <braid/collectives/selection.hpp>
 
-#include "algorithms.hpp"
-#include "ring_phases.hpp"
+#include "collectives/algorithms/algorithms.hpp"
+#include "collectives/algorithms/ring_phases.hpp"
 
 namespace braid::collectives::detail {
 namespace {

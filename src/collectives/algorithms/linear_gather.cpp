@@ -5,7 +5,7 @@
 // root's link, which every byte must cross anyway. A tree would cut the latency terms to
 // log2(P) at the price of copies through intermediate ranks; with the few ranks per node
 // braid targets, the root's P-1 concurrent receives are cheaper.
-#include "algorithms.hpp"
+#include "collectives/algorithms/algorithms.hpp"
 
 namespace braid::collectives::detail {
 

@@ -2,7 +2,7 @@
 //
 // Cost (P ranks, n bytes of input at the root): time ~ alpha + (P-1)/P n beta at the
 // root's link (see linear_gather.cpp for why not a tree).
-#include "algorithms.hpp"
+#include "collectives/algorithms/algorithms.hpp"
 
 namespace braid::collectives::detail {
 

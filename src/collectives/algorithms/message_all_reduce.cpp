@@ -1,6 +1,6 @@
 // The message-based all-reduces by name: what the Communicator runs for a flat group and
 // what the hierarchical all-reduce runs across nodes, from one table lookup each.
-#include "algorithms.hpp"
+#include "collectives/algorithms/algorithms.hpp"
 
 namespace braid::collectives::detail {
 

@@ -6,7 +6,7 @@
 // Cost (P ranks, n bytes sent per rank): time ~ (P-1) alpha + (P-1)/P n beta, the
 // latency terms overlapping since every message is posted at once. Scratch: none out of
 // place; n in place (the input is copied aside first).
-#include "algorithms.hpp"
+#include "collectives/algorithms/algorithms.hpp"
 
 namespace braid::collectives::detail {
 

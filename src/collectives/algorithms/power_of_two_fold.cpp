@@ -1,4 +1,4 @@
-#include "power_of_two_fold.hpp"
+#include "collectives/algorithms/power_of_two_fold.hpp"
 
 #include <bit>
 

@@ -9,7 +9,7 @@
 
 #include <boost/asio/awaitable.hpp>
 
-#include "../collective_op.hpp"
+#include "collectives/collective_op.hpp"
 
 namespace braid::collectives::detail {
 

@@ -8,8 +8,8 @@
 // few KiB); it moves n log2(P) bytes per rank, so it loses to ring and halving-doubling
 // beyond. Both partners combine the same two vectors, and every operator is commutative
 // bit for bit (IEEE a+b == b+a), so all ranks end bit-identical. Scratch: n.
-#include "algorithms.hpp"
-#include "power_of_two_fold.hpp"
+#include "collectives/algorithms/algorithms.hpp"
+#include "collectives/algorithms/power_of_two_fold.hpp"
 
 namespace braid::collectives::detail {
 

@@ -5,8 +5,8 @@
 //   time ~ (P-1) alpha + (P-1)/P n beta
 // Every rank sends and receives (P-1)/P n bytes, the least possible; blocks land directly
 // in the output, so there is no scratch and no copy besides this rank's own block.
-#include "algorithms.hpp"
-#include "ring_phases.hpp"
+#include "collectives/algorithms/algorithms.hpp"
+#include "collectives/algorithms/ring_phases.hpp"
 
 namespace braid::collectives::detail {
 

@@ -7,8 +7,8 @@
 // all-reduce can, so it wins for large vectors; its 2(P-1) latency terms lose to
 // recursive doubling's log2(P) for small ones. Every block is reduced at one rank and then
 // copied, so all ranks end bit-identical. Scratch: 2n/P.
-#include "algorithms.hpp"
-#include "ring_phases.hpp"
+#include "collectives/algorithms/algorithms.hpp"
+#include "collectives/algorithms/ring_phases.hpp"
 
 namespace braid::collectives::detail {
 

@@ -1,4 +1,4 @@
-#include "ring_phases.hpp"
+#include "collectives/algorithms/ring_phases.hpp"
 
 #include <algorithm>
 
@@ -79,7 +79,7 @@ asio::awaitable<void> ring_reduce_scatter_phase(CollectiveOp& op, const Buffer& 
                   layout.block_count(block), dtype);
   };
   // A local copy: lambdas in a coroutine must not capture its by-value parameters (GCC 12
-  // can bind them to the caller's copy; docs/architecture.md).
+  // can bind them to the caller's copy; docs/layers/core.md, "Coroutine pitfalls").
   const std::uint32_t base_step = first_step;
   auto message_step = [&](int step, std::size_t piece) {
     return base_step + static_cast<std::uint32_t>(static_cast<std::size_t>(step) * pieces + piece);
@@ -133,7 +133,7 @@ asio::awaitable<void> ring_all_gather_phase(CollectiveOp& op, const Buffer& outp
   const int left = (rank + world - 1) % world;
   const std::size_t pieces = layout.pieces();
   // A local copy: lambdas in a coroutine must not capture its by-value parameters (GCC 12
-  // can bind them to the caller's copy; docs/architecture.md).
+  // can bind them to the caller's copy; docs/layers/core.md, "Coroutine pitfalls").
   const std::uint32_t base_step = first_step;
   auto message_step = [&](int step, std::size_t piece) {
     return base_step + static_cast<std::uint32_t>(static_cast<std::size_t>(step) * pieces + piece);

@@ -26,7 +26,7 @@
 #include <braid/core/buffer.hpp>
 #include <braid/core/reduce_op.hpp>
 
-#include "../collective_op.hpp"
+#include "collectives/collective_op.hpp"
 
 namespace braid::collectives::detail {
 

@@ -6,8 +6,8 @@
 // Out of place the running partials of other ranks' blocks live in two scratch blocks
 // (2n/P); in place they live in the caller's buffer, whose other blocks are then
 // unspecified, as with MPI_Reduce_scatter_block.
-#include "algorithms.hpp"
-#include "ring_phases.hpp"
+#include "collectives/algorithms/algorithms.hpp"
+#include "collectives/algorithms/ring_phases.hpp"
 
 namespace braid::collectives::detail {
 

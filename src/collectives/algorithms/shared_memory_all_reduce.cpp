@@ -21,7 +21,7 @@
 //   different moments of their backward passes. With fixed shares, a rank that finished
 //   its backward waited for the share of a rank still computing, which reduced it on a
 //   core its own backward needed: that share was all exposed. Now the free rank reduces
-//   most of the vector while the busy one computes (measured in docs/architecture.md,
+//   most of the vector while the busy one computes (measured in docs/layers/collectives.md,
 //   "Work-sharing reductions and the computing hint"). Whoever folds a piece, it is the same sum
 //   bit for bit. In place works: piece j of every rank's buffer is read and written by the one rank
 //   that claimed it, each piece written only after it was read for the last time.
@@ -52,8 +52,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "algorithms.hpp"
-#include "arena_turn.hpp"
+#include "collectives/algorithms/algorithms.hpp"
+#include "collectives/algorithms/arena_turn.hpp"
 
 namespace braid::collectives::detail {
 namespace {

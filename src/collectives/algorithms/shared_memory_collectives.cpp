@@ -46,8 +46,8 @@
 
 #include <braid/core/error.hpp>
 
-#include "algorithms.hpp"
-#include "arena_turn.hpp"
+#include "collectives/algorithms/algorithms.hpp"
+#include "collectives/algorithms/arena_turn.hpp"
 
 namespace braid::collectives::detail {
 namespace {

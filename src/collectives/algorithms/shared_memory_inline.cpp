@@ -39,8 +39,8 @@
 #include <cstring>
 #include <numeric>
 
-#include "algorithms.hpp"
-#include "arena_turn.hpp"
+#include "collectives/algorithms/algorithms.hpp"
+#include "collectives/algorithms/arena_turn.hpp"
 
 namespace braid::collectives::detail {
 

@@ -1,6 +1,6 @@
 // The headers nearly every libbraid_torch source includes, compiled once per build
-// (meson's cpp_pch) instead of once per source: libtorch's <torch/torch.h> alone is ~10 s of
-// parsing on a 2-core machine, paid by each of the library's nineteen sources without it.
+// (meson's cpp_pch) instead of once per source: libtorch's <torch/torch.h> dominates each
+// source's parse, paid by each of the library's sources without it (docs/layers/torch.md).
 // What goes here changes rarely; a change to any of it rebuilds every source of the target.
 
 #include <fmt/format.h>

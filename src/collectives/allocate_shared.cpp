@@ -21,6 +21,7 @@
 #include <braid/core/log.hpp>
 #include <braid/transport/world.hpp>
 
+#include "collectives/communicator_state.hpp"
 #include "collectives/shared_buffers.hpp"
 #include "collectives/shared_memory_arena.hpp"
 #include "collectives/shared_segment.hpp"
@@ -60,13 +61,14 @@ struct SharedAllocation {
 asio::awaitable<std::shared_ptr<std::byte[]>> Communicator::allocate_shared(std::size_t bytes) {
   // Three collectives, numbered now so the allocation keeps its place in the order; and
   // the allocation's number, the same on every rank because calls are made in one order.
-  const std::uint64_t sequence = next_sequence_.fetch_add(3);
-  const std::uint64_t id = shared_allocations_.fetch_add(1) + 1;
+  const std::uint64_t sequence = state_->next_sequence_.fetch_add(3);
+  const std::uint64_t id = state_->shared_allocations_.fetch_add(1) + 1;
   std::shared_ptr<Communicator> self = shared_from_this();
-  return run_allocate_shared(std::move(self), sequence, id, bytes, deadline_after(timeout_));
+  return state_->run_allocate_shared(std::move(self), sequence, id, bytes,
+                                     deadline_after(state_->timeout_));
 }
 
-asio::awaitable<std::shared_ptr<std::byte[]>> Communicator::run_allocate_shared(
+asio::awaitable<std::shared_ptr<std::byte[]>> Communicator::State::run_allocate_shared(
     std::shared_ptr<Communicator> self, std::uint64_t sequence, std::uint64_t id, std::size_t bytes,
     Deadline deadline) {
   const auto members = static_cast<std::size_t>(size());

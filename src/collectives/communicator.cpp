@@ -144,15 +144,51 @@ asio::awaitable<void> run_algorithm(CollectiveOp& op, const CollectiveCall& call
 std::shared_ptr<Communicator> Communicator::world(transport::World& world, Options options) {
   std::vector<int> ranks(static_cast<std::size_t>(world.size()));
   std::iota(ranks.begin(), ranks.end(), 0);
-  Name name{.id = detail::kWorldCommunicatorId,
-            .serial = detail::kWorldCommunicatorId,
-            .ids = std::make_shared<detail::CommunicatorIds>()};
+  detail::CommunicatorIdentity name{.id = detail::kWorldCommunicatorId,
+                                    .serial = detail::kWorldCommunicatorId,
+                                    .ids = std::make_shared<detail::CommunicatorIds>()};
   return std::make_shared<Communicator>(Private{}, world, std::move(ranks), std::move(name),
                                         std::move(options));
 }
 
 Communicator::Communicator(Private, transport::World& world, std::vector<int> world_ranks,
-                           Name name, Options options)
+                           detail::CommunicatorIdentity name, Options options)
+    : state_(std::make_unique<State>(*this, world, std::move(world_ranks), std::move(name),
+                                     std::move(options))) {}
+
+Communicator::~Communicator() = default;
+
+int Communicator::rank() const noexcept {
+  return state_->rank();
+}
+int Communicator::size() const noexcept {
+  return state_->size();
+}
+int Communicator::world_rank(int rank) const {
+  return state_->world_rank(rank);
+}
+std::uint32_t Communicator::id() const noexcept {
+  return state_->id_;
+}
+std::int64_t Communicator::serial() const noexcept {
+  return state_->serial_;
+}
+Runtime& Communicator::runtime() noexcept {
+  return state_->runtime_;
+}
+transport::World& Communicator::world() noexcept {
+  return state_->world_;
+}
+const std::shared_ptr<NcclCommunicator>& Communicator::cuda_route() const noexcept {
+  return state_->nccl_;
+}
+const HierarchyPlan& Communicator::hierarchy() const noexcept {
+  return state_->hierarchy_;
+}
+
+Communicator::State::State(Communicator& self, transport::World& world,
+                           std::vector<int> world_ranks, detail::CommunicatorIdentity name,
+                           Options options)
     : world_(world),
       runtime_(world.runtime()),
       world_ranks_(std::move(world_ranks)),
@@ -169,7 +205,8 @@ Communicator::Communicator(Private, transport::World& world, std::vector<int> wo
       recv_sequence_(new std::atomic<std::uint64_t>[world_ranks_.size()]),
       scratch_(std::make_unique<detail::ScratchPool>()),
       cuda_stream_(options.cuda_stream),
-      track_(trace::track(fmt::format("communicator {}", name.id))) {
+      track_(trace::track(fmt::format("communicator {}", name.id))),
+      self_(self) {
   // Every member on this node (the whole job is): collectives may go through shared memory.
   if (world.launch().num_nodes == 1 && world_ranks_.size() > 1) {
     arena_ = std::make_unique<detail::SharedMemoryArena>(
@@ -213,7 +250,7 @@ Communicator::Communicator(Private, transport::World& world, std::vector<int> wo
   work_source_ = world.add_issued_work_source([this] { return issued_work(); });
 }
 
-Communicator::~Communicator() {
+Communicator::State::~State() {
   world_.transport().remove_peer_failure_listener(failure_listener_);
   world_.remove_peer_ended_listener(ended_listener_);
   world_.retire_issued_work_source(work_source_);
@@ -229,18 +266,19 @@ Communicator::~Communicator() {
 }
 
 Algorithm Communicator::algorithm_for(CollectiveKind kind, std::size_t bytes) const {
-  return selection_->select(
-      kind, bytes, size(), {.one_node = arena_ != nullptr, .grouped_nodes = hierarchy_.worth_it()});
+  return state_->selection_->select(
+      kind, bytes, size(),
+      {.one_node = state_->arena_ != nullptr, .grouped_nodes = state_->hierarchy_.worth_it()});
 }
 
-CollectiveCall Communicator::prepare(CollectiveKind kind) {
+CollectiveCall Communicator::State::prepare(CollectiveKind kind) {
   CollectiveCall call;
   call.kind = kind;
   return call;
 }
 
-asio::awaitable<void> Communicator::submit(CollectiveCall call) {
-  detail::check_call(call, site_of(*this), memory_rule_of(*this));
+asio::awaitable<void> Communicator::State::submit(CollectiveCall call) {
+  detail::check_call(call, site_of(self_), memory_rule_of(self_));
   const bool on_cuda =
       call.input.memory() == MemoryKind::cuda || call.output.memory() == MemoryKind::cuda;
   const Buffer& placed = call.input.memory() == MemoryKind::cuda ? call.input : call.output;
@@ -256,7 +294,7 @@ asio::awaitable<void> Communicator::submit(CollectiveCall call) {
     call.selection = selection_.get();
     call.sequence = take_sequence();
     call.deadline = deadline_after(timeout_);
-    std::shared_ptr<Communicator> self = shared_from_this();
+    std::shared_ptr<Communicator> self = self_.shared_from_this();
     return run_staged(std::move(self), std::move(call));
   }
   // all_to_all_v: each rank's sizes are its own, yet every rank must take the same path
@@ -265,7 +303,7 @@ asio::awaitable<void> Communicator::submit(CollectiveCall call) {
   const bool sizes_differ = call.kind == CollectiveKind::all_to_all && call.variable;
   const std::size_t selected_bytes =
       sizes_differ ? std::numeric_limits<std::size_t>::max() - 1 : call.bytes;
-  call.algorithm = algorithm_for(call.kind, selected_bytes);
+  call.algorithm = self_.algorithm_for(call.kind, selected_bytes);
   // An empty call moves nothing (run() skips it), so it takes no turn in the arena; a
   // barrier moves nothing but is all turn.
   if (call.algorithm == Algorithm::shared_memory &&
@@ -277,13 +315,14 @@ asio::awaitable<void> Communicator::submit(CollectiveCall call) {
   call.selection = selection_.get();
   call.sequence = take_sequence();
   call.deadline = kDefaultDeadline;  // the timeout runs from the op's first wait (CollectiveOp)
-  std::shared_ptr<Communicator> self = shared_from_this();
+  std::shared_ptr<Communicator> self = self_.shared_from_this();
   return run(std::move(self), std::move(call));
 }
 
-asio::awaitable<void> Communicator::run_step(std::shared_ptr<Communicator> self,
-                                             CollectiveKind kind, Buffer input, Buffer output,
-                                             std::uint64_t sequence, Deadline deadline) {
+asio::awaitable<void> Communicator::State::run_step(std::shared_ptr<Communicator> self,
+                                                    CollectiveKind kind, Buffer input,
+                                                    Buffer output, std::uint64_t sequence,
+                                                    Deadline deadline) {
   BRAID_ENFORCE(kind == CollectiveKind::all_gather || kind == CollectiveKind::broadcast,
                 "run_step runs all_gather and broadcast only");
   auto call = prepare(kind);
@@ -297,7 +336,8 @@ asio::awaitable<void> Communicator::run_step(std::shared_ptr<Communicator> self,
   co_await run(std::move(self), std::move(call));
 }
 
-asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self, CollectiveCall call) {
+asio::awaitable<void> Communicator::State::run(std::shared_ptr<Communicator> self,
+                                               CollectiveCall call) {
   CollectiveOp op(world_.transport(), world_ranks_, rank_, id_, call.sequence, call.deadline,
                   timeout_, *scratch_);
   // A small call left out of the trace leaves its steps and waits out too (they nest in
@@ -378,10 +418,10 @@ asio::awaitable<void> Communicator::run(std::shared_ptr<Communicator> self, Coll
 }
 
 void Communicator::set_computing(bool computing) noexcept {
-  if (arena_) arena_->set_computing(computing);
+  if (state_->arena_) state_->arena_->set_computing(computing);
 }
 
-void Communicator::on_member_failed(int world_peer, const std::string& why) {
+void Communicator::State::on_member_failed(int world_peer, const std::string& why) {
   for (CollectiveOp* op : in_flight_) op->abort(world_peer, why);
 }
 
@@ -428,7 +468,7 @@ std::optional<std::string> never_issued(const CollectiveOp& op, int member, int 
 
 }  // namespace
 
-void Communicator::on_member_ended(int member, const transport::IssuedWork& work) {
+void Communicator::State::on_member_ended(int member, const transport::IssuedWork& work) {
   bool stuck_send = false;
   for (CollectiveOp* op : in_flight_) {
     if (auto why = never_issued(*op, member, world_rank(member), world_rank(rank_), id_,
@@ -450,26 +490,26 @@ void Communicator::on_member_ended(int member, const transport::IssuedWork& work
         const std::shared_ptr<Communicator> self = weak.lock();
         if (!self) co_return;
         const int peer = self->world_rank(member);
-        const transport::IssuedWork* ended = self->world_.peer_ended(peer);
+        const transport::IssuedWork* ended = self->state_->world_.peer_ended(peer);
         if (ended == nullptr) co_return;
-        for (CollectiveOp* op : self->in_flight_) {
+        for (CollectiveOp* op : self->state_->in_flight_) {
           const auto& p2p = op->point_to_point();
           if (!p2p || !p2p->sending || p2p->peer != member) continue;
-          if (!never_issued(*op, member, peer, self->world_rank(self->rank_), self->id_,
-                            self->first_sequence_, *ended)) {
+          if (!never_issued(*op, member, peer, self->world_rank(self->state_->rank_),
+                            self->state_->id_, self->state_->first_sequence_, *ended)) {
             continue;
           }
-          self->world_.transport().fail_peer(
+          self->state_->world_.transport().fail_peer(
               peer,
               "it ended its program (left the job) without receiving a message this rank sent "
               "it, and the endpoint was closed to release the send buffer");
           break;
         }
-      }(weak_from_this(), member),
+      }(self_.weak_from_this(), member),
       asio::detached);
 }
 
-void Communicator::abort_if_unreachable(CollectiveOp& op) {
+void Communicator::State::abort_if_unreachable(CollectiveOp& op) {
   // A member that died earlier fails the op at once: ranks that do not talk to it directly
   // would otherwise wait for partners that gave up. So does one that left without issuing it.
   // A point-to-point op waits on its peer alone (and the transport fails a dead one at once).
@@ -486,7 +526,7 @@ void Communicator::abort_if_unreachable(CollectiveOp& op) {
   }
 }
 
-transport::CommunicatorWork Communicator::issued_work() const {
+transport::CommunicatorWork Communicator::State::issued_work() const {
   transport::CommunicatorWork work{.communicator = id_,
                                    .first_sequence = first_sequence_,
                                    .issued = next_sequence_.load(std::memory_order_relaxed)};

@@ -29,10 +29,10 @@ void Communicator::route_cuda_to(std::shared_ptr<NcclCommunicator> nccl) {
                 "an NCCL communicator of {} ranks cannot carry a communicator of {}",
                 nccl == nullptr ? 0 : nccl->size(), size());
 #endif
-  nccl_ = std::move(nccl);
+  state_->nccl_ = std::move(nccl);
 }
 
-bool Communicator::routes_to_nccl(const Buffer& buffer) const {
+bool Communicator::State::routes_to_nccl(const Buffer& buffer) const {
 #if BRAID_WITH_CUDA
   return nccl_ != nullptr && buffer.memory() == MemoryKind::cuda &&
          buffer.device() == nccl_->device();
@@ -42,7 +42,7 @@ bool Communicator::routes_to_nccl(const Buffer& buffer) const {
 #endif
 }
 
-asio::awaitable<void> Communicator::start_on_nccl(const CollectiveCall& c) {
+asio::awaitable<void> Communicator::State::start_on_nccl(const CollectiveCall& c) {
 #if BRAID_WITH_CUDA
   // The NCCL entry points take their place in NCCL's issue order now, at the call, as this
   // communicator's own calls do.
@@ -81,10 +81,10 @@ asio::awaitable<void> Communicator::start_on_nccl(const CollectiveCall& c) {
 }
 
 bool Communicator::accepts_cuda_buffers() const noexcept {
-  return BRAID_WITH_CUDA != 0 || static_cast<bool>(staging_engine_);
+  return BRAID_WITH_CUDA != 0 || static_cast<bool>(state_->staging_engine_);
 }
 
-detail::StagingResources& Communicator::staging_for(int device) {
+detail::StagingResources& Communicator::State::staging_for(int device) {
   for (auto& [staged_device, resources] : staging_) {
     if (staged_device == device) return *resources;
   }
@@ -103,8 +103,8 @@ detail::StagingResources& Communicator::staging_for(int device) {
   return *staging_.back().second;
 }
 
-asio::awaitable<void> Communicator::run_staged(std::shared_ptr<Communicator> self,
-                                               CollectiveCall call) {
+asio::awaitable<void> Communicator::State::run_staged(std::shared_ptr<Communicator> self,
+                                                      CollectiveCall call) {
   // Locals, not the parameters, are what the lambdas below capture (GCC 12 may bind a
   // coroutine lambda's reference capture of a parameter to the caller's copy).
   const std::shared_ptr<Communicator> owner = self;
@@ -164,7 +164,7 @@ asio::awaitable<void> Communicator::run_staged(std::shared_ptr<Communicator> sel
 namespace detail {
 
 void StagingEngineOverride::install(Communicator& comm, Factory make) {
-  comm.staging_engine_ = std::move(make);
+  Communicator::State::of(comm).staging_engine_ = std::move(make);
 }
 
 }  // namespace detail

@@ -13,11 +13,11 @@ namespace braid::collectives {
 using detail::site_of;
 
 asio::awaitable<void> Communicator::all_reduce(Buffer input, Buffer output, ReduceOp op) {
-  return submit({.kind = CollectiveKind::all_reduce,
-                 .input = input,
-                 .output = output,
-                 .reduce_op = op,
-                 .bytes = input.size_bytes()});
+  return state_->submit({.kind = CollectiveKind::all_reduce,
+                         .input = input,
+                         .output = output,
+                         .reduce_op = op,
+                         .bytes = input.size_bytes()});
 }
 
 asio::awaitable<void> Communicator::all_reduce(Buffer data, ReduceOp op) {
@@ -25,11 +25,11 @@ asio::awaitable<void> Communicator::all_reduce(Buffer data, ReduceOp op) {
 }
 
 asio::awaitable<void> Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op) {
-  return submit({.kind = CollectiveKind::reduce_scatter,
-                 .input = input,
-                 .output = output,
-                 .reduce_op = op,
-                 .bytes = input.size_bytes()});
+  return state_->submit({.kind = CollectiveKind::reduce_scatter,
+                         .input = input,
+                         .output = output,
+                         .reduce_op = op,
+                         .bytes = input.size_bytes()});
 }
 
 asio::awaitable<void> Communicator::reduce_scatter(Buffer data, ReduceOp op) {
@@ -38,12 +38,12 @@ asio::awaitable<void> Communicator::reduce_scatter(Buffer data, ReduceOp op) {
 }
 
 asio::awaitable<void> Communicator::reduce(Buffer input, Buffer output, ReduceOp op, int root) {
-  return submit({.kind = CollectiveKind::reduce,
-                 .input = input,
-                 .output = rank_ == root ? output : Buffer{},
-                 .reduce_op = op,
-                 .root = root,
-                 .bytes = input.size_bytes()});
+  return state_->submit({.kind = CollectiveKind::reduce,
+                         .input = input,
+                         .output = state_->rank_ == root ? output : Buffer{},
+                         .reduce_op = op,
+                         .root = root,
+                         .bytes = input.size_bytes()});
 }
 
 asio::awaitable<void> Communicator::reduce(Buffer data, ReduceOp op, int root) {
@@ -51,10 +51,10 @@ asio::awaitable<void> Communicator::reduce(Buffer data, ReduceOp op, int root) {
 }
 
 asio::awaitable<void> Communicator::all_gather(Buffer input, Buffer output) {
-  return submit({.kind = CollectiveKind::all_gather,
-                 .input = input,
-                 .output = output,
-                 .bytes = output.size_bytes()});
+  return state_->submit({.kind = CollectiveKind::all_gather,
+                         .input = input,
+                         .output = output,
+                         .bytes = output.size_bytes()});
 }
 
 asio::awaitable<void> Communicator::all_gather(Buffer data) {
@@ -63,43 +63,43 @@ asio::awaitable<void> Communicator::all_gather(Buffer data) {
 
 asio::awaitable<void> Communicator::all_gather_v(Buffer input, Buffer output,
                                                  std::span<const std::size_t> counts) {
-  return submit({.kind = CollectiveKind::all_gather,
-                 .input = input,
-                 .output = output,
-                 .counts = counts,
-                 .variable = true,
-                 .bytes = output.size_bytes()});
+  return state_->submit({.kind = CollectiveKind::all_gather,
+                         .input = input,
+                         .output = output,
+                         .counts = counts,
+                         .variable = true,
+                         .bytes = output.size_bytes()});
 }
 
 asio::awaitable<void> Communicator::broadcast(Buffer data, int root) {
-  return submit({.kind = CollectiveKind::broadcast,
-                 .input = data,
-                 .output = data,
-                 .root = root,
-                 .bytes = data.size_bytes()});
+  return state_->submit({.kind = CollectiveKind::broadcast,
+                         .input = data,
+                         .output = data,
+                         .root = root,
+                         .bytes = data.size_bytes()});
 }
 
 asio::awaitable<void> Communicator::gather(Buffer input, Buffer output, int root) {
-  return submit({.kind = CollectiveKind::gather,
-                 .input = input,
-                 .output = rank_ == root ? output : Buffer{},
-                 .root = root,
-                 .bytes = input.size_bytes() * static_cast<std::size_t>(size())});
+  return state_->submit({.kind = CollectiveKind::gather,
+                         .input = input,
+                         .output = state_->rank_ == root ? output : Buffer{},
+                         .root = root,
+                         .bytes = input.size_bytes() * static_cast<std::size_t>(size())});
 }
 
 asio::awaitable<void> Communicator::scatter(Buffer input, Buffer output, int root) {
-  return submit({.kind = CollectiveKind::scatter,
-                 .input = rank_ == root ? input : Buffer{},
-                 .output = output,
-                 .root = root,
-                 .bytes = output.size_bytes() * static_cast<std::size_t>(size())});
+  return state_->submit({.kind = CollectiveKind::scatter,
+                         .input = state_->rank_ == root ? input : Buffer{},
+                         .output = output,
+                         .root = root,
+                         .bytes = output.size_bytes() * static_cast<std::size_t>(size())});
 }
 
 asio::awaitable<void> Communicator::all_to_all(Buffer input, Buffer output) {
-  return submit({.kind = CollectiveKind::all_to_all,
-                 .input = input,
-                 .output = output,
-                 .bytes = input.size_bytes()});
+  return state_->submit({.kind = CollectiveKind::all_to_all,
+                         .input = input,
+                         .output = output,
+                         .bytes = input.size_bytes()});
 }
 
 asio::awaitable<void> Communicator::all_to_all(Buffer data) {
@@ -110,17 +110,17 @@ asio::awaitable<void> Communicator::all_to_all_v(Buffer input,
                                                  std::span<const std::size_t> send_counts,
                                                  Buffer output,
                                                  std::span<const std::size_t> recv_counts) {
-  return submit({.kind = CollectiveKind::all_to_all,
-                 .input = input,
-                 .output = output,
-                 .counts = send_counts,
-                 .recv_counts = recv_counts,
-                 .variable = true,
-                 .bytes = input.size_bytes()});
+  return state_->submit({.kind = CollectiveKind::all_to_all,
+                         .input = input,
+                         .output = output,
+                         .counts = send_counts,
+                         .recv_counts = recv_counts,
+                         .variable = true,
+                         .bytes = input.size_bytes()});
 }
 
 asio::awaitable<void> Communicator::barrier() {
-  return submit({.kind = CollectiveKind::barrier});
+  return state_->submit({.kind = CollectiveKind::barrier});
 }
 
 }  // namespace braid::collectives

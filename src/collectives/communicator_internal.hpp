@@ -11,6 +11,7 @@
 #include <braid/collectives/communicator.hpp>
 
 #include "collectives/call_checks.hpp"
+#include "collectives/communicator_state.hpp"
 
 namespace braid::collectives::detail {
 

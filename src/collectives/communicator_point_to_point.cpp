@@ -38,9 +38,9 @@ asio::awaitable<void> discard_count(asio::awaitable<std::size_t> operation) {
 
 }  // namespace
 
-asio::awaitable<std::size_t> Communicator::run_point_to_point(std::shared_ptr<Communicator> self,
-                                                              std::unique_ptr<CollectiveOp> op,
-                                                              bool sending, Buffer data, int peer) {
+asio::awaitable<std::size_t> Communicator::State::run_point_to_point(
+    std::shared_ptr<Communicator> self, std::unique_ptr<CollectiveOp> op, bool sending, Buffer data,
+    int peer) {
   // In flight like a collective: a peer that fails, or leaves without the matching call,
   // aborts it.
   op->set_point_to_point({.peer = peer, .sending = sending});
@@ -76,10 +76,9 @@ asio::awaitable<std::size_t> Communicator::run_point_to_point(std::shared_ptr<Co
   co_return bytes / element;
 }
 
-asio::awaitable<std::size_t> Communicator::staged_point_to_point(std::shared_ptr<Communicator> self,
-                                                                 std::unique_ptr<CollectiveOp> op,
-                                                                 bool sending, Buffer data,
-                                                                 int peer) {
+asio::awaitable<std::size_t> Communicator::State::staged_point_to_point(
+    std::shared_ptr<Communicator> self, std::unique_ptr<CollectiveOp> op, bool sending, Buffer data,
+    int peer) {
   // Locals for the lambda to capture, not the parameters (see run_staged).
   std::shared_ptr<Communicator> owner = self;
   std::unique_ptr<CollectiveOp> owned_op = std::move(op);
@@ -104,34 +103,41 @@ asio::awaitable<std::size_t> Communicator::staged_point_to_point(std::shared_ptr
 
 asio::awaitable<void> Communicator::send(Buffer data, int peer) {
   detail::check_point_to_point("send", data, peer, site_of(*this), memory_rule_of(*this));
-  const std::uint64_t sequence = send_sequence_[static_cast<std::size_t>(peer)].fetch_add(1);
-  auto op = std::make_unique<CollectiveOp>(world_.transport(), world_ranks_, rank_, id_, sequence,
-                                           deadline_after(timeout_), timeout_, *scratch_);
+  const std::uint64_t sequence =
+      state_->send_sequence_[static_cast<std::size_t>(peer)].fetch_add(1);
+  auto op = std::make_unique<CollectiveOp>(
+      state_->world_.transport(), state_->world_ranks_, state_->rank_, state_->id_, sequence,
+      deadline_after(state_->timeout_), state_->timeout_, *state_->scratch_);
   std::shared_ptr<Communicator> self = shared_from_this();
 #if BRAID_WITH_CUDA
-  if (routes_to_nccl(data)) return detail::holding(nccl_, nccl_->send(data, peer));
+  if (state_->routes_to_nccl(data))
+    return detail::holding(state_->nccl_, state_->nccl_->send(data, peer));
 #endif
-  if (data.memory() == MemoryKind::cuda && !world_.transport().moves_cuda_memory()) {
-    return discard_count(staged_point_to_point(std::move(self), std::move(op), true, data, peer));
+  if (data.memory() == MemoryKind::cuda && !state_->world_.transport().moves_cuda_memory()) {
+    return discard_count(
+        state_->staged_point_to_point(std::move(self), std::move(op), true, data, peer));
   }
   asio::awaitable<std::size_t> sending =
-      run_point_to_point(std::move(self), std::move(op), true, data, peer);
+      state_->run_point_to_point(std::move(self), std::move(op), true, data, peer);
   return discard_count(std::move(sending));
 }
 
 asio::awaitable<std::size_t> Communicator::recv(Buffer data, int peer) {
   detail::check_point_to_point("recv", data, peer, site_of(*this), memory_rule_of(*this));
-  const std::uint64_t sequence = recv_sequence_[static_cast<std::size_t>(peer)].fetch_add(1);
-  auto op = std::make_unique<CollectiveOp>(world_.transport(), world_ranks_, rank_, id_, sequence,
-                                           deadline_after(timeout_), timeout_, *scratch_);
+  const std::uint64_t sequence =
+      state_->recv_sequence_[static_cast<std::size_t>(peer)].fetch_add(1);
+  auto op = std::make_unique<CollectiveOp>(
+      state_->world_.transport(), state_->world_ranks_, state_->rank_, state_->id_, sequence,
+      deadline_after(state_->timeout_), state_->timeout_, *state_->scratch_);
   std::shared_ptr<Communicator> self = shared_from_this();
 #if BRAID_WITH_CUDA
-  if (routes_to_nccl(data)) return detail::holding(nccl_, nccl_->recv(data, peer));
+  if (state_->routes_to_nccl(data))
+    return detail::holding(state_->nccl_, state_->nccl_->recv(data, peer));
 #endif
-  if (data.memory() == MemoryKind::cuda && !world_.transport().moves_cuda_memory()) {
-    return staged_point_to_point(std::move(self), std::move(op), false, data, peer);
+  if (data.memory() == MemoryKind::cuda && !state_->world_.transport().moves_cuda_memory()) {
+    return state_->staged_point_to_point(std::move(self), std::move(op), false, data, peer);
   }
-  return run_point_to_point(std::move(self), std::move(op), false, data, peer);
+  return state_->run_point_to_point(std::move(self), std::move(op), false, data, peer);
 }
 
 }  // namespace braid::collectives

@@ -61,10 +61,8 @@
 // division truncates toward zero (like C++), so avg of {1, 2} is 1; sums wrap around.
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -82,27 +80,15 @@
 #include <braid/core/future.hpp>
 #include <braid/core/reduce_op.hpp>
 #include <braid/core/runtime.hpp>
-#include <braid/trace/recorder.hpp>
-#include <braid/trace/sampling.hpp>
-#include <braid/transport/issued_work.hpp>
 
 namespace braid::transport {
 class World;
-class UcxWorker;
-class StoreClient;
 }  // namespace braid::transport
 
 namespace braid::collectives {
 
 namespace detail {
-struct CollectiveCall;
-class CollectiveOp;
-class CommunicatorIds;
-class CopyEngine;
-class ScratchPool;
-class SharedMemoryArena;
-struct StagingEngineOverride;
-struct StagingResources;
+struct CommunicatorIdentity;
 }  // namespace detail
 
 struct CommunicatorOptions {
@@ -136,18 +122,18 @@ class Communicator final : public CollectiveGroup,
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  int rank() const noexcept override { return rank_; }
-  int size() const noexcept override { return static_cast<int>(world_ranks_.size()); }
+  int rank() const noexcept override;
+  int size() const noexcept override;
   // The world rank of this communicator's rank `rank`.
-  int world_rank(int rank) const { return world_ranks_.at(static_cast<std::size_t>(rank)); }
+  int world_rank(int rank) const;
   // Unique among the job's live communicators; the world's is 1. An id comes back into use
   // once every member has destroyed its communicator (and split again since).
-  std::uint32_t id() const noexcept { return id_; }
+  std::uint32_t id() const noexcept;
   // Unique in the job and never reused (the world's is 1): what names this communicator's
   // records in the store.
-  std::int64_t serial() const noexcept { return serial_; }
-  Runtime& runtime() noexcept override { return runtime_; }
-  transport::World& world() noexcept { return world_; }
+  std::int64_t serial() const noexcept;
+  Runtime& runtime() noexcept override;
+  transport::World& world() noexcept;
 
   // From now on, calls (send and recv included) whose buffers are CUDA memory on `nccl`'s
   // device run on `nccl` (same members, same order) instead of being staged through host
@@ -157,12 +143,12 @@ class Communicator final : public CollectiveGroup,
   // never meets (BRAID_DEBUG=detail names staged calls in its fingerprints).
   void route_cuda_to(std::shared_ptr<NcclCommunicator> nccl);
   // The NCCL communicator route_cuda_to() set; null while CUDA buffers are staged.
-  const std::shared_ptr<NcclCommunicator>& cuda_route() const noexcept { return nccl_; }
+  const std::shared_ptr<NcclCommunicator>& cuda_route() const noexcept;
 
   // Runs `operation` on the runtime for a caller that is not a coroutine.
   template <class T>
   Future<T> launch(asio::awaitable<T> operation) {
-    return runtime_.spawn(std::move(operation));
+    return runtime().spawn(std::move(operation));
   }
 
   // ---- the collectives (collective_group.hpp says what each does)
@@ -251,7 +237,7 @@ class Communicator final : public CollectiveGroup,
   // The algorithm this communicator would use.
   Algorithm algorithm_for(CollectiveKind kind, std::size_t bytes) const;
   // How the members group into nodes (World::node_of): what hierarchical algorithms use.
-  const HierarchyPlan& hierarchy() const noexcept { return hierarchy_; }
+  const HierarchyPlan& hierarchy() const noexcept;
   // Whether calls may pass CUDA buffers (built with CUDA, or a test gave a host staging
   // engine).
   bool accepts_cuda_buffers() const noexcept;
@@ -260,101 +246,13 @@ class Communicator final : public CollectiveGroup,
   struct Private {};
 
  public:
-  // A split communicator's name: its id, its serial, the sequence its numbering starts
-  // from (communicator_ids.hpp), and the pool its id returns to.
-  struct Name {
-    std::uint32_t id = 0;
-    std::int64_t serial = 0;
-    std::uint64_t first_sequence = 0;
-    std::shared_ptr<detail::CommunicatorIds> ids;
-  };
-  Communicator(Private, transport::World& world, std::vector<int> world_ranks, Name name,
-               Options options);
+  // The implementation, private to libbraid (src/collectives/communicator_state.hpp).
+  class State;
+  Communicator(Private, transport::World& world, std::vector<int> world_ranks,
+               detail::CommunicatorIdentity name, Options options);
 
  private:
-  friend struct detail::CollectiveCall;
-  friend struct detail::StagingEngineOverride;
-
-  // Checks the call (the checks both communicators share), picks the algorithm, takes the
-  // call's place in the order (sequence number, shared-memory turn) now, and returns run().
-  asio::awaitable<void> submit(detail::CollectiveCall call);
-  // Runs the call (fingerprints, algorithm, error context, settling after a failure).
-  asio::awaitable<void> run(std::shared_ptr<Communicator> self, detail::CollectiveCall call);
-  // Whether a call on `buffer` goes to the NCCL communicator (route_cuda_to()).
-  bool routes_to_nccl(const Buffer& buffer) const;
-  // Hands a checked call to the NCCL communicator, which takes its place in NCCL's order
-  // now.
-  asio::awaitable<void> start_on_nccl(const detail::CollectiveCall& call);
-  // A call on CUDA buffers: run() on host staging copies of them (docs/gpu.md).
-  asio::awaitable<void> run_staged(std::shared_ptr<Communicator> self, detail::CollectiveCall call);
-  detail::StagingResources& staging_for(int device);
-  // send and recv of CUDA memory that UCX cannot take directly.
-  asio::awaitable<std::size_t> staged_point_to_point(std::shared_ptr<Communicator> self,
-                                                     std::unique_ptr<detail::CollectiveOp> op,
-                                                     bool sending, Buffer data, int peer);
-  asio::awaitable<std::shared_ptr<Communicator>> run_split(std::shared_ptr<Communicator> self,
-                                                           std::uint64_t sequence, int color,
-                                                           int key, Deadline deadline);
-  asio::awaitable<std::shared_ptr<std::byte[]>> run_allocate_shared(
-      std::shared_ptr<Communicator> self, std::uint64_t sequence, std::uint64_t id,
-      std::size_t bytes, Deadline deadline);
-  // One step of a call made of several (split, allocate_shared), at a sequence number the
-  // outer call reserved: all_gather by ring, broadcast (from rank 0) by binomial tree,
-  // message algorithms that take no arena turn.
-  asio::awaitable<void> run_step(std::shared_ptr<Communicator> self, CollectiveKind kind,
-                                 Buffer input, Buffer output, std::uint64_t sequence,
-                                 Deadline deadline);
-  detail::CollectiveCall prepare(CollectiveKind kind);
-  void on_member_failed(int world_peer, const std::string& why);
-  // Member `member` (a communicator rank) left the job cleanly having issued `work`: ops it
-  // never issued fail now (transport/issued_work.hpp).
-  void on_member_ended(int member, const transport::IssuedWork& work);
-  // Fails `op` at once when a member it waits on has failed or left without issuing it.
-  void abort_if_unreachable(detail::CollectiveOp& op);
-  // What this rank has issued, for its peers when it leaves.
-  transport::CommunicatorWork issued_work() const;
-  // Runs a send or recv (staged or not): in flight, and so aborted, like a collective.
-  asio::awaitable<std::size_t> run_point_to_point(std::shared_ptr<Communicator> self,
-                                                  std::unique_ptr<detail::CollectiveOp> op,
-                                                  bool sending, Buffer data, int peer);
-  std::uint64_t take_sequence() noexcept { return next_sequence_.fetch_add(1); }
-
-  transport::World& world_;
-  Runtime& runtime_;
-  std::vector<int> world_ranks_;  // this communicator's rank r is world rank world_ranks_[r]
-  int rank_ = -1;
-  std::uint32_t id_ = 0;
-  std::int64_t serial_ = 0;
-  std::shared_ptr<detail::CommunicatorIds> ids_;  // shared with every communicator split off
-  Clock::duration timeout_;
-  bool check_fingerprints_ = false;
-  std::size_t trace_steps_from_ = 0;       // BRAID_TRACE_STEPS_KIB, in bytes
-  trace::SmallOpSampling trace_sampling_;  // BRAID_TRACE_SAMPLE_KIB and _EVERY
-  std::shared_ptr<const SelectionTable> selection_;
-  std::atomic<std::uint64_t> next_sequence_{0};
-  std::atomic<std::uint64_t> shared_allocations_{0};  // allocate_shared calls so far
-  // Point-to-point sequence numbers, per peer and direction.
-  std::unique_ptr<std::atomic<std::uint64_t>[]> send_sequence_;
-  std::unique_ptr<std::atomic<std::uint64_t>[]> recv_sequence_;
-  std::unique_ptr<detail::ScratchPool> scratch_;
-  std::unique_ptr<detail::SharedMemoryArena> arena_;  // null unless every member is on this node
-  HierarchyPlan hierarchy_;
-  // Makes the copy engine that stages CUDA buffers of a device. Empty: CUDA's (a copy
-  // stream and pinned memory), in builds with CUDA. Tests give a host engine
-  // (staging_engine_override.hpp).
-  std::function<std::unique_ptr<detail::CopyEngine>(int device)> staging_engine_;
-  void* cuda_stream_ = nullptr;
-  std::vector<std::pair<int, std::unique_ptr<detail::StagingResources>>> staging_;  // by device
-  std::shared_ptr<NcclCommunicator> nccl_;  // route_cuda_to()
-  // Collectives in flight (runtime thread only), aborted when a member dies. A vector:
-  // a few at a time, and no allocation per operation once it has grown.
-  std::vector<detail::CollectiveOp*> in_flight_;
-  std::uint64_t failure_listener_ = 0;
-  std::uint64_t ended_listener_ = 0;
-  std::uint64_t work_source_ = 0;
-  std::uint64_t first_sequence_ = 0;  // the name's: with id_, what peers' issued work names
-  // This communicator's row in a timeline ("communicator 1"): its collectives' spans.
-  trace::Track track_;
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace braid::collectives

@@ -11,7 +11,7 @@
 //   braid-run -n 2 build/examples/ddp_train --sharding full     # FSDP FULL_SHARD (ZeRO-3)
 //
 // The benchmark modes (paired synchronised and no_sync() steps, a slower rank, timings as
-// JSON) are braid-bench's: tools/braid_bench/ddp_worker.cpp.
+// JSON) are braid-bench's: tools/braid_bench/workers/ddp_worker.cpp.
 #include <deque>
 #include <iostream>
 #include <numeric>
@@ -27,9 +27,9 @@
 #include <braid/dp/cadence_balancer.hpp>
 #include <braid/torch/data_parallel/distributed_data_parallel.hpp>
 
-#include "models.hpp"
-#include "sharded_training.hpp"
-#include "training_checks.hpp"
+#include "braid_models/models.hpp"
+#include "braid_models/sharded_training.hpp"
+#include "braid_models/training_checks.hpp"
 
 namespace {
 

@@ -16,7 +16,7 @@
 #include <braid/collectives/communicator.hpp>
 #include <braid/trace/region.hpp>
 
-#include "whole_number.hpp"
+#include "braid_models/whole_number.hpp"
 
 namespace {
 

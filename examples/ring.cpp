@@ -9,7 +9,7 @@
 
 #include <braid/braid.hpp>
 
-#include "whole_number.hpp"
+#include "braid_models/whole_number.hpp"
 
 namespace {
 

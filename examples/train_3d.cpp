@@ -31,9 +31,9 @@
 #include <braid/torch/tensor_parallel/parallel_transformer_block.hpp>
 #include <braid/torch/tensor_parallel/tp_mappings.hpp>
 
-#include "gpt_stage.hpp"
-#include "models.hpp"
-#include "training_checks.hpp"
+#include "braid_models/gpt_stage.hpp"
+#include "braid_models/models.hpp"
+#include "braid_models/training_checks.hpp"
 
 namespace {
 

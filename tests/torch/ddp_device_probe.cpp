@@ -23,7 +23,7 @@
 #include <braid/transport/bootstrap.hpp>
 #include <braid/transport/world.hpp>
 
-#include "../../examples/training_checks.hpp"
+#include "braid_models/training_checks.hpp"
 
 namespace {
 

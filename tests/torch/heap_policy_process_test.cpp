@@ -1,7 +1,7 @@
 // A braid process's training steps take their temporaries from the heap, not from fresh
 // mappings the kernel faults in every step (braid/core/heap_policy.hpp). Each case runs
-// braid-bench's compute worker (tools/braid_bench/compute_step.cpp, a one-rank braid process
-// training the main job's models under no_sync()) in a process of its own, since the policy
+// braid-bench's compute worker (tools/braid_bench/workers/compute_step.cpp, a one-rank braid
+// process training the main job's models under no_sync()) in a process of its own, since the policy
 // is process-wide, and reads the minor page faults per step it reports.
 #include <string>
 

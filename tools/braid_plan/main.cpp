@@ -28,7 +28,7 @@
 #include <braid/parallel/pipeline_schedule.hpp>
 #include <braid/parallel/pipeline_simulator.hpp>
 
-#include "../braid_bench/size_argument.hpp"
+#include "../braid_bench/harness/byte_size.hpp"
 #include "measured_costs.hpp"
 #include "trace_set.hpp"
 

@@ -1,11 +1,11 @@
 #!/usr/bin/python3
 """One training step of the main job's models in Python PyTorch, for `braid-bench compute-tax`
 to print beside the same step in a plain libtorch C++ program and in a braid process
-(tools/braid_bench/compute_step.cpp).
+(tools/braid_bench/workers/compute_step.cpp).
 
     /usr/bin/python3 tools/braid_bench/peers/compute_torch.py --model mlp --optimizer adam
 
-The models mirror examples/models.hpp: the MLP is hidden -> hidden x layers -> hidden/2 -> 1
+The models mirror models/braid_models/models.hpp: the MLP is hidden -> hidden x layers -> hidden/2 -> 1
 with ReLU (512 x 5 by default); the transformer is `layers` encoder layers (4 heads,
 feed-forward 2 x hidden, no dropout) on sequences of 16 tokens and a linear head on the mean
 token (256 x 4). One fixed batch, MSE loss, Adam (lr 1e-3) or SGD (lr 0.01, momentum 0.9),

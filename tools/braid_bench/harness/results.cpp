@@ -1,0 +1,58 @@
+#include "results.hpp"
+
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "subprocess.hpp"
+
+namespace braid::bench {
+
+std::optional<double> json_number(const std::string& line, const std::string& key) {
+  const auto at = line.find("\"" + key + "\":");
+  if (at == std::string::npos) return std::nullopt;
+  try {
+    return std::stod(line.substr(at + key.size() + 3));
+  } catch (const std::exception&) {
+    throw std::runtime_error("\"" + key + "\" is not followed by a number in " + line);
+  }
+}
+
+std::string json_text(const std::string& line, const std::string& key) {
+  const auto at = line.find("\"" + key + "\":\"");
+  if (at == std::string::npos) return "";
+  const auto from = at + key.size() + 4;
+  return line.substr(from, line.find('"', from) - from);
+}
+
+std::map<std::string, double> medians(const std::vector<std::string>& lines,
+                                      const std::vector<std::string>& keys) {
+  std::map<std::string, double> figures;
+  for (const std::string& key : keys) {
+    std::vector<double> values;
+    for (const std::string& line : lines) {
+      if (const auto value = json_number(line, key)) values.push_back(*value);
+    }
+    if (!values.empty()) figures[key] = median(values);
+  }
+  return figures;
+}
+
+std::optional<std::string> result_line(const CommandResult& result, std::string_view marker,
+                                       std::string_view mode, std::string_view who, bool any_exit) {
+  std::stringstream lines(result.output);
+  const std::string start = fmt::format("{{\"{}\"", marker);
+  for (std::string line; std::getline(lines, line);) {
+    const auto brace = line.find(start);
+    if (brace != std::string::npos && (any_exit || result.exit_code == 0)) {
+      return line.substr(brace);
+    }
+  }
+  std::cerr << fmt::format("braid-bench {}: {} printed no result (exit {}):\n{}\n", mode, who,
+                           result.exit_code, result.output);
+  return std::nullopt;
+}
+
+}  // namespace braid::bench

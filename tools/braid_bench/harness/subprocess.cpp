@@ -1,0 +1,170 @@
+#include "subprocess.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sstream>
+#include <stdexcept>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+namespace braid::bench {
+namespace {
+
+std::vector<char*> c_argv(const std::vector<std::string>& argv) {
+  std::vector<char*> out;
+  for (const auto& a : argv) out.push_back(const_cast<char*>(a.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+int spawn(const std::vector<std::string>& argv, int stdout_fd) {
+  auto args = c_argv(argv);
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    if (stdout_fd >= 0) {
+      dup2(stdout_fd, STDOUT_FILENO);
+      dup2(stdout_fd, STDERR_FILENO);
+    } else {
+      const int null_fd = open("/dev/null", O_WRONLY);
+      dup2(null_fd, STDOUT_FILENO);
+      dup2(null_fd, STDERR_FILENO);
+    }
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+int decode_status(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+// Polls waitpid until `pid` exits or `timeout` passes; -1 on timeout.
+int wait_with_timeout(int pid, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid) return decode_status(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return -1;
+}
+
+}  // namespace
+
+CommandResult run_command(const std::vector<std::string>& argv, std::chrono::seconds timeout) {
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) throw std::runtime_error("pipe failed");
+  const int pid = spawn(argv, pipe_fds[1]);
+  close(pipe_fds[1]);
+  fcntl(pipe_fds[0], F_SETFL, O_NONBLOCK);
+  CommandResult result;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  char chunk[4096];
+  int status = 0;
+  for (;;) {
+    const ssize_t n = read(pipe_fds[0], chunk, sizeof chunk);
+    if (n > 0) {
+      result.output.append(chunk, static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n == 0) break;  // every writer closed: the program (and its children) are done
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      result.output += "\n(killed after the benchmark's timeout)\n";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  close(pipe_fds[0]);
+  waitpid(pid, &status, 0);
+  result.exit_code = decode_status(status);
+  return result;
+}
+
+BackgroundProcess::BackgroundProcess(const std::vector<std::string>& argv)
+    : pid_(spawn(argv, -1)) {}
+
+BackgroundProcess::~BackgroundProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+int BackgroundProcess::wait(std::chrono::seconds timeout) {
+  const int code = wait_with_timeout(pid_, timeout);
+  if (code >= 0) pid_ = -1;
+  return code;
+}
+
+std::string sibling_program(const std::string& name) {
+  const auto self = std::filesystem::read_symlink("/proc/self/exe");
+  return (self.parent_path() / name).string();
+}
+
+std::vector<std::string> under_braid_run(int ranks, const std::string& program,
+                                         const std::vector<std::string>& args,
+                                         bool one_blas_thread) {
+  std::vector<std::string> argv;
+  if (one_blas_thread) argv = {"env", "OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"};
+  argv.insert(argv.end(), {sibling_program("braid-run"), "-n", std::to_string(ranks),
+                           sibling_program(program)});
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+namespace {
+
+// The first executable `name` on PATH, as a full path.
+std::optional<std::string> find_on_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return std::nullopt;
+  std::string_view rest(path);
+  while (!rest.empty()) {
+    const auto colon = rest.find(':');
+    const auto candidate = std::filesystem::path(rest.substr(0, colon)) / name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate.string();
+    if (colon == std::string_view::npos) break;
+    rest.remove_prefix(colon + 1);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool on_path(const std::string& name) {
+  return find_on_path(name).has_value();
+}
+
+std::optional<std::string> torch_python() {
+  static const std::optional<std::string> found = []() -> std::optional<std::string> {
+    std::vector<std::string> candidates;
+    // The Python the build took libtorch from (meson's -Dpython): the peers then run the
+    // same PyTorch braid was built against.
+    if (std::string_view(BRAID_TORCH_PYTHON) != "") candidates.emplace_back(BRAID_TORCH_PYTHON);
+    if (auto python = find_on_path("python3")) candidates.push_back(*python);
+    candidates.emplace_back("/usr/bin/python3");
+    for (const std::string& python : candidates) {
+      if (access(python.c_str(), X_OK) != 0) continue;
+      const auto probe =
+          run_command({python, "-c", "import torch.distributed"}, std::chrono::seconds(60));
+      if (probe.exit_code == 0) return python;
+    }
+    return std::nullopt;
+  }();
+  return found;
+}
+
+}  // namespace braid::bench

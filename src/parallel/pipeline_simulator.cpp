@@ -22,6 +22,7 @@
 #include <braid/core/json_text.hpp>
 #include <braid/parallel/pipeline_schedule.hpp>
 #include <braid/parallel/pipeline_simulator.hpp>
+#include <braid/trace/pipeline_bubble.hpp>
 
 namespace braid::parallel {
 namespace {
@@ -271,8 +272,8 @@ class Walk {
       for (const SimulatedAction& a : rank_actions) out.step_time = std::max(out.step_time, a.end);
     }
     for (const double busy : busy_) {
-      out.bubble_percent.push_back(out.step_time > 0 ? 100 * (out.step_time - busy) / out.step_time
-                                                     : 0);
+      // The window starts at 0, the first action's start (trace/pipeline_bubble.hpp).
+      out.bubble_percent.push_back(trace::bubble_percent(busy, out.step_time));
     }
     for (auto& rank_actions : done_) {
       std::move(rank_actions.begin(), rank_actions.end(), std::back_inserter(out.actions));

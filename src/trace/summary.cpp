@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <braid/core/json_text.hpp>
+#include <braid/trace/pipeline_bubble.hpp>
 #include <braid/trace/summary.hpp>
 
 #include "trace/arrival_skew.hpp"
@@ -162,19 +163,6 @@ void add_rank_figures(OverlapFigures& job, const OverlapFigures& rank) {
 }
 
 namespace {
-
-std::optional<double> bubble_of(const RankTimeline& rank) {
-  std::vector<Interval> busy;
-  for (const TimelineEvent& event : rank.events) {
-    if (event.category == "pipeline" && !event.instant)
-      busy.push_back({event.begin_ns, event.end_ns});
-  }
-  if (busy.empty()) return std::nullopt;
-  busy = union_of(std::move(busy));
-  const std::int64_t window = busy.back().end - busy.front().begin;
-  if (window <= 0) return std::nullopt;
-  return 100.0 * static_cast<double>(window - total_length(busy)) / static_cast<double>(window);
-}
 
 // In the largest unit it reaches, so a column reads in one unit from 1 us on: three
 // significant digits below ten of the unit, one decimal above.
@@ -383,6 +371,18 @@ Summary summarize(const Timeline& timeline) {
   std::map<std::int64_t, Samples> job_buckets;
   std::vector<double> bubbles;
   const std::vector<detail::RankArrivals> arrivals = detail::arrival_skew(timeline);
+  // The bubble's window (pipeline_bubble.hpp): from the job's first compute action to its
+  // last. Traces do not say which ranks form a pipeline, so every rank's count, over every
+  // traced step: time between steps (the optimizer, data loading) is in the bubble too.
+  std::vector<std::vector<Interval>> compute_spans;
+  Interval window{.begin = std::numeric_limits<std::int64_t>::max(),
+                  .end = std::numeric_limits<std::int64_t>::min()};
+  for (const RankTimeline& rank : timeline.ranks) {
+    compute_spans.push_back(pipeline_compute_spans(rank));
+    if (compute_spans.back().empty()) continue;
+    window.begin = std::min(window.begin, compute_spans.back().front().begin);
+    window.end = std::max(window.end, compute_spans.back().back().end);
+  }
   for (std::size_t index = 0; index < timeline.ranks.size(); ++index) {
     const RankTimeline& rank = timeline.ranks[index];
     RankSummary out;
@@ -404,7 +404,10 @@ Summary summarize(const Timeline& timeline) {
     }
     for (auto& [name, samples] : collectives) out.collectives[name] = samples.stats();
     for (auto& [index, samples] : buckets) out.buckets[index] = samples.stats();
-    out.bubble_percent = bubble_of(rank);
+    if (!compute_spans[index].empty() && window.end > window.begin) {
+      out.bubble_percent =
+          bubble_percent(difference_of(compute_spans[index], reduction_waits(rank)), window);
+    }
     out.overwritten_records = rank.overwritten_records;
     summary.job.overwritten_records += rank.overwritten_records;
     if (out.bubble_percent) bubbles.push_back(*out.bubble_percent);

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <braid/trace/pipeline_bubble.hpp>
 #include <braid/trace/summary.hpp>
 
 namespace braid::trace {
@@ -198,12 +199,46 @@ TEST(Latency, BucketsAreKeyedByTheirIndexArgument) {
 }
 
 TEST(Pipeline, BubbleIsTheIdleShareOfTheWindowBetweenFirstAndLastStage) {
-  const Summary s = summarize(
-      one_rank({event("pipeline", 0, 30, "forward"), event("pipeline", 50, 100, "backward")}));
+  const Summary s =
+      summarize(one_rank({event("pipeline", 0, 30, "F"), event("pipeline", 50, 100, "B")}));
   ASSERT_TRUE(s.ranks[0].bubble_percent.has_value());
   EXPECT_DOUBLE_EQ(*s.ranks[0].bubble_percent, 20.0);
   EXPECT_DOUBLE_EQ(*s.job.bubble_percent, 20.0);
   EXPECT_FALSE(summarize(one_rank({event("comm", 0, 1)})).job.bubble_percent.has_value());
+}
+
+TEST(Pipeline, AStageWaitingForItsFirstInputOrItsLastGradientIsInItsBubble) {
+  // Two stages, one microbatch: stage 1 waits for the forward (the fill), stage 0 for the
+  // backward (the drain); each computes half of the pipeline's window.
+  Timeline timeline;
+  timeline.world_size = 2;
+  timeline.ranks.push_back(RankTimeline{
+      .rank = 0, .events = {event("pipeline", 0, 10, "F"), event("pipeline", 30, 40, "B")}});
+  timeline.ranks.push_back(RankTimeline{
+      .rank = 1, .events = {event("pipeline", 10, 20, "F"), event("pipeline", 20, 30, "B")}});
+  const Summary s = summarize(timeline);
+  EXPECT_DOUBLE_EQ(*s.ranks[0].bubble_percent, 50.0);
+  EXPECT_DOUBLE_EQ(*s.ranks[1].bubble_percent, 50.0);
+  EXPECT_DOUBLE_EQ(*s.job.bubble_percent, 50.0);
+}
+
+TEST(Pipeline, ABackwardWaitingForItsDataParallelReductionIsNotComputing) {
+  // The reduction launched its last bucket at 40 and wrote back at 70: 30 of the
+  // backward's 100 are a wait.
+  TimelineEvent launched = event("bucket", 40, 40, "bucket.launched");
+  launched.instant = true;
+  const Summary s = summarize(one_rank(
+      {event("pipeline", 0, 100, "B"), launched, event("bucket", 70, 80, "bucket.write_back")}));
+  EXPECT_DOUBLE_EQ(*s.ranks[0].bubble_percent, 30.0);
+}
+
+TEST(Pipeline, TheBubbleIsTheWindowsShareOutsideComputingWhereverItIsAsked) {
+  EXPECT_DOUBLE_EQ(bubble_percent(3.0, 4.0), 25.0);
+  EXPECT_DOUBLE_EQ(bubble_percent(1.0, 0.0), 0.0);  // an empty window has no bubble
+  // Computing outside the window does not count; overlapping intervals count once.
+  EXPECT_DOUBLE_EQ(bubble_percent(union_of({{-10, 5}, {2, 8}, {15, 30}}), {0, 20}), 35.0);
+  EXPECT_EQ(difference_of({{0, 10}, {20, 30}}, {{5, 22}, {25, 26}}),
+            (std::vector<Interval>{{0, 5}, {22, 25}, {26, 30}}));
 }
 
 TEST(Formats, TextHasTheTableAndJsonParsesWithTheSameFigures) {

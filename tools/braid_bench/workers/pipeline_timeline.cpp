@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <braid/trace/pipeline_bubble.hpp>
 #include <braid/trace/summary.hpp>
 
 #include "../harness/results.hpp"
@@ -15,28 +16,6 @@ namespace braid::bench {
 namespace {
 
 using trace::Interval;
-
-bool is_compute_action(const trace::TimelineEvent& event) {
-  return !event.instant && event.category == "pipeline" &&
-         (event.name == "F" || event.name == "B" || event.name == "I" || event.name == "W");
-}
-
-// Where the rank waited for its DDP reduction inside a backward: from the last
-// "bucket.launched" before each "bucket.write_back" to the write-back's begin (merged).
-std::vector<Interval> reduction_waits(const trace::RankTimeline& rank) {
-  std::vector<Interval> waits;
-  std::int64_t launched = -1;                              // none since the last write-back
-  for (const trace::TimelineEvent& event : rank.events) {  // by begin time
-    if (event.category != "bucket") continue;
-    if (event.instant && event.name == "bucket.launched") {
-      launched = event.begin_ns;
-    } else if (!event.instant && event.name == "bucket.write_back" && launched >= 0) {
-      waits.push_back({launched, event.begin_ns});
-      launched = -1;
-    }
-  }
-  return trace::union_of(std::move(waits));
-}
 
 // The comm spans of communicator `id` on the rank, merged.
 std::vector<Interval> communicator_spans(const trace::RankTimeline& rank, std::uint32_t id) {
@@ -76,7 +55,7 @@ PipelineTimelineFigures pipeline_timeline_figures(const trace::Timeline& timelin
     const trace::RankTimeline& rank = timeline.ranks[r];
     std::vector<Interval> spans;
     for (const trace::TimelineEvent& event : rank.events) {
-      if (!is_compute_action(event)) continue;
+      if (!trace::is_pipeline_compute(event)) continue;
       spans.push_back({event.begin_ns, event.end_ns});
       durations[event.name].push_back(static_cast<double>(event.duration_ns()) / 1e6);
     }
@@ -94,7 +73,7 @@ PipelineTimelineFigures pipeline_timeline_figures(const trace::Timeline& timelin
       step_spans[r].push_back(
           trace::union_of({from, from + static_cast<std::ptrdiff_t>(per_step)}));
     }
-    waits[r] = reduction_waits(rank);
+    waits[r] = trace::reduction_waits(rank);
 
     const std::vector<Interval> dp = communicator_spans(rank, dp_comm_of[r]);
     const std::vector<Interval> covered =
@@ -127,7 +106,8 @@ PipelineTimelineFigures pipeline_timeline_figures(const trace::Timeline& timelin
       const double window = static_cast<double>(end - begin);
       for (std::size_t r = 0; r < ranks; ++r) {
         if (pipeline_of[r] != pipeline) continue;
-        out.rank_bubble_percent[r] += 100.0 * (1.0 - busy_ns(step_spans[r][k], waits[r]) / window);
+        out.rank_bubble_percent[r] +=
+            trace::bubble_percent(busy_ns(step_spans[r][k], waits[r]), window);
       }
       slowest = std::max(slowest, window / 1e6);
     }

@@ -36,6 +36,12 @@ asio::awaitable<void> discard_count(asio::awaitable<std::size_t> operation) {
   co_await std::move(operation);
 }
 
+[[maybe_unused]] asio::awaitable<std::size_t> counted(asio::awaitable<void> operation,
+                                                      std::size_t count) {
+  co_await std::move(operation);
+  co_return count;
+}
+
 }  // namespace
 
 asio::awaitable<std::size_t> Communicator::State::run_point_to_point(
@@ -101,43 +107,62 @@ asio::awaitable<std::size_t> Communicator::State::staged_point_to_point(
   co_return elements;
 }
 
+asio::awaitable<std::size_t> Communicator::State::point_to_point(bool sending, Buffer data,
+                                                                 int peer, std::uint64_t sequence,
+                                                                 bool may_route) {
+  auto op = std::make_unique<CollectiveOp>(world_.transport(), world_ranks_, rank_, id_, sequence,
+                                           deadline_after(timeout_), timeout_, *scratch_);
+  std::shared_ptr<Communicator> self = self_.shared_from_this();
+#if BRAID_WITH_CUDA
+  if (may_route && routes_to_nccl(data)) {
+    if (sending) return detail::holding(nccl_, counted(nccl_->send(data, peer), data.count()));
+    return detail::holding(nccl_, nccl_->recv(data, peer));
+  }
+#else
+  (void)may_route;
+#endif
+  if (data.memory() == MemoryKind::cuda && !world_.transport().moves_cuda_memory()) {
+    return staged_point_to_point(std::move(self), std::move(op), sending, data, peer);
+  }
+  return run_point_to_point(std::move(self), std::move(op), sending, data, peer);
+}
+
+std::uint64_t Communicator::State::numbered_sequence(
+    std::unique_ptr<std::atomic<std::uint64_t>[]>& counters, int peer, std::uint64_t number) {
+  const std::uint64_t sequence = first_sequence_ + number;
+  // What this rank reports as issued when it leaves counts every number below the highest.
+  std::atomic<std::uint64_t>& issued = counters[static_cast<std::size_t>(peer)];
+  std::uint64_t seen = issued.load(std::memory_order_relaxed);
+  while (seen <= sequence && !issued.compare_exchange_weak(seen, sequence + 1)) {
+  }
+  return sequence;
+}
+
 asio::awaitable<void> Communicator::send(Buffer data, int peer) {
   detail::check_point_to_point("send", data, peer, site_of(*this), memory_rule_of(*this));
   const std::uint64_t sequence =
       state_->send_sequence_[static_cast<std::size_t>(peer)].fetch_add(1);
-  auto op = std::make_unique<CollectiveOp>(
-      state_->world_.transport(), state_->world_ranks_, state_->rank_, state_->id_, sequence,
-      deadline_after(state_->timeout_), state_->timeout_, *state_->scratch_);
-  std::shared_ptr<Communicator> self = shared_from_this();
-#if BRAID_WITH_CUDA
-  if (state_->routes_to_nccl(data))
-    return detail::holding(state_->nccl_, state_->nccl_->send(data, peer));
-#endif
-  if (data.memory() == MemoryKind::cuda && !state_->world_.transport().moves_cuda_memory()) {
-    return discard_count(
-        state_->staged_point_to_point(std::move(self), std::move(op), true, data, peer));
-  }
-  asio::awaitable<std::size_t> sending =
-      state_->run_point_to_point(std::move(self), std::move(op), true, data, peer);
-  return discard_count(std::move(sending));
+  return discard_count(state_->point_to_point(true, data, peer, sequence, true));
 }
 
 asio::awaitable<std::size_t> Communicator::recv(Buffer data, int peer) {
   detail::check_point_to_point("recv", data, peer, site_of(*this), memory_rule_of(*this));
   const std::uint64_t sequence =
       state_->recv_sequence_[static_cast<std::size_t>(peer)].fetch_add(1);
-  auto op = std::make_unique<CollectiveOp>(
-      state_->world_.transport(), state_->world_ranks_, state_->rank_, state_->id_, sequence,
-      deadline_after(state_->timeout_), state_->timeout_, *state_->scratch_);
-  std::shared_ptr<Communicator> self = shared_from_this();
-#if BRAID_WITH_CUDA
-  if (state_->routes_to_nccl(data))
-    return detail::holding(state_->nccl_, state_->nccl_->recv(data, peer));
-#endif
-  if (data.memory() == MemoryKind::cuda && !state_->world_.transport().moves_cuda_memory()) {
-    return state_->staged_point_to_point(std::move(self), std::move(op), false, data, peer);
-  }
-  return state_->run_point_to_point(std::move(self), std::move(op), false, data, peer);
+  return state_->point_to_point(false, data, peer, sequence, true);
+}
+
+asio::awaitable<void> Communicator::send_numbered(Buffer data, int peer, std::uint64_t number) {
+  detail::check_point_to_point("send_numbered", data, peer, site_of(*this), memory_rule_of(*this));
+  const std::uint64_t sequence = state_->numbered_sequence(state_->send_sequence_, peer, number);
+  return discard_count(state_->point_to_point(true, data, peer, sequence, false));
+}
+
+asio::awaitable<std::size_t> Communicator::recv_numbered(Buffer data, int peer,
+                                                         std::uint64_t number) {
+  detail::check_point_to_point("recv_numbered", data, peer, site_of(*this), memory_rule_of(*this));
+  const std::uint64_t sequence = state_->numbered_sequence(state_->recv_sequence_, peer, number);
+  return state_->point_to_point(false, data, peer, sequence, false);
 }
 
 }  // namespace braid::collectives

@@ -106,6 +106,14 @@ class Communicator::State {
                                                   std::unique_ptr<detail::CollectiveOp> op,
                                                   bool sending, Buffer data, int peer);
   std::uint64_t take_sequence() noexcept { return next_sequence_.fetch_add(1); }
+  // A send or recv at `sequence`: to NCCL where `may_route` and route_cuda_to() say so,
+  // through host staging for CUDA memory UCX cannot take, else over UCX directly.
+  asio::awaitable<std::size_t> point_to_point(bool sending, Buffer data, int peer,
+                                              std::uint64_t sequence, bool may_route);
+  // The sequence of numbered message `number` with `peer`, counted in `counters` (sends or
+  // receives) as issued, with every number below it.
+  std::uint64_t numbered_sequence(std::unique_ptr<std::atomic<std::uint64_t>[]>& counters, int peer,
+                                  std::uint64_t number);
 
   transport::World& world_;
   Runtime& runtime_;

@@ -270,5 +270,34 @@ TEST(PointToPoint, SendAndRecvMatchPerPairInCallOrder) {
   });
 }
 
+TEST(PointToPoint, NumberedMessagesMatchByNumberWhateverOrderEitherSideCallsIn) {
+  run_ranks(2, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+    const int peer = 1 - comm->rank();
+    // Rank 0 sends 0, 1, 2 in order; rank 1 posts 2, 0, 1 before any arrives, and each
+    // takes its own message. The other direction sends 1 before 0.
+    std::vector<std::vector<float>> out, in(3, std::vector<float>(3, -1.0f));
+    for (int n = 0; n < 3; ++n) out.emplace_back(3, static_cast<float>(10 * comm->rank() + n));
+    if (comm->rank() == 0) {
+      for (int n = 0; n < 3; ++n) co_await comm->send_numbered(Buffer(out[n]), peer, n);
+      EXPECT_EQ(co_await comm->recv_numbered(Buffer(in[0]), peer, 0), 3u);
+      EXPECT_EQ(co_await comm->recv_numbered(Buffer(in[1]), peer, 1), 3u);
+      EXPECT_EQ(in[0][0], 10.0f);
+      EXPECT_EQ(in[1][2], 11.0f);
+    } else {
+      std::vector<Future<std::size_t>> posted;
+      for (const int n : {2, 0, 1}) {
+        posted.push_back(comm->launch(comm->recv_numbered(Buffer(in[n]), peer, n)));
+      }
+      co_await comm->send_numbered(Buffer(out[1]), peer, 1);
+      co_await comm->send_numbered(Buffer(out[0]), peer, 0);
+      for (auto& done : posted) {
+        while (!done.ready()) co_await asio::post(comm->runtime().executor(), asio::use_awaitable);
+        EXPECT_EQ(done.get(), 3u);
+      }
+      for (int n = 0; n < 3; ++n) EXPECT_EQ(in[n], std::vector<float>(3, static_cast<float>(n)));
+    }
+  });
+}
+
 }  // namespace
 }  // namespace braid::collectives

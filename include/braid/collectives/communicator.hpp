@@ -213,6 +213,19 @@ class Communicator final : public CollectiveGroup,
   asio::awaitable<void> send(Buffer data, int peer) override;
   asio::awaitable<std::size_t> recv(Buffer data, int peer) override;
 
+  // ---- numbered point to point: the caller numbers each message, from 0 per pair of ranks
+  // and direction, instead of the call order numbering it. A receive takes the message its
+  // peer sent under the same number, whichever side calls first and in whatever order
+  // either calls: for exchanges whose receiving order is not the sending order (a
+  // pipeline's activations and gradients, received ahead of their use). A pair uses
+  // numbered or ordered calls, not both. Numbers between one pair go out in increasing
+  // order: a rank that leaves the job is taken to have sent every number below its highest,
+  // and a receive of a number it never sent fails then, naming it. Host memory over UCX,
+  // CUDA memory through host staging; never NCCL (route_cuda_to), which matches by call
+  // order only, and runs a posted receive before anything issued after it.
+  asio::awaitable<void> send_numbered(Buffer data, int peer, std::uint64_t number);
+  asio::awaitable<std::size_t> recv_numbered(Buffer data, int peer, std::uint64_t number);
+
   // Collective over this communicator: ranks with the same color form a new
   // communicator, ordered by key (ties by rank here). A negative color takes part but
   // joins none and gets nullptr. Ids come from the World's store, so communicators split

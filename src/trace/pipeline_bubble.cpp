@@ -59,8 +59,4 @@ std::vector<Interval> difference_of(const std::vector<Interval>& intervals,
   return out;
 }
 
-std::vector<Interval> pipeline_computing(const RankTimeline& rank) {
-  return difference_of(pipeline_compute_spans(rank), reduction_waits(rank));
-}
-
 }  // namespace braid::trace

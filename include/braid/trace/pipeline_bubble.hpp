@@ -19,8 +19,8 @@ namespace braid::trace {
 
 // 100 * (window - computing) / window; 0 for an empty window.
 double bubble_percent(double computing, double window);
-// The same, from the rank's computing intervals (pipeline_computing(); parts outside the
-// window do not count).
+// The same, from the rank's computing intervals (merged; parts outside the window do not
+// count).
 double bubble_percent(const std::vector<Interval>& computing, Interval window);
 
 // Whether a timeline event is a compute action of a pipeline (F, B, I or W).
@@ -30,10 +30,9 @@ std::vector<Interval> pipeline_compute_spans(const RankTimeline& rank);
 // Where the rank waited for its data-parallel reduction inside a backward: from the last
 // "bucket.launched" before each "bucket.write_back" to the write-back's begin, merged.
 std::vector<Interval> reduction_waits(const RankTimeline& rank);
-// `intervals` (merged) less `removed` (merged): what computing is, from the two above.
+// `intervals` (merged) less `removed` (merged): a rank's computing is
+// difference_of(pipeline_compute_spans(), reduction_waits()).
 std::vector<Interval> difference_of(const std::vector<Interval>& intervals,
                                     const std::vector<Interval>& removed);
-// The rank's computing: pipeline_compute_spans() less reduction_waits().
-std::vector<Interval> pipeline_computing(const RankTimeline& rank);
 
 }  // namespace braid::trace

@@ -29,10 +29,9 @@ std::vector<Interval> communicator_spans(const trace::RankTimeline& rank, std::u
   return trace::union_of(std::move(spans));
 }
 
-// The length of `merged` outside `waits`.
+// The length of `merged` outside `waits` (both merged).
 double busy_ns(const std::vector<Interval>& merged, const std::vector<Interval>& waits) {
-  return static_cast<double>(trace::total_length(merged) -
-                             trace::total_length(trace::intersection_of(merged, waits)));
+  return static_cast<double>(trace::total_length(trace::difference_of(merged, waits)));
 }
 
 }  // namespace

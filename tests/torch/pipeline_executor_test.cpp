@@ -149,18 +149,13 @@ std::vector<Failure> run_with_a_slow_stage(int ranks, int slow, std::chrono::sec
 }
 
 TEST(PipelineExecutor, AComputeThatWaitsTooLongNamesWhatItWaitsFor) {
-  // The first stage is slow to produce microbatch 0: the second times out waiting for it
-  // and leaves; the first, reaching its backward, learns that the gradient it waits for
-  // will never come.
+  // The first stage is slow to produce microbatch 0.
   const auto failures = run_with_a_slow_stage(kRanks, 0, std::chrono::seconds(2));
-  EXPECT_EQ(failures[1].code, braid::Errc::timeout) << failures[1].what;
+  for (const Failure& f : failures) EXPECT_EQ(f.code, braid::Errc::timeout) << f.what;
   EXPECT_THAT(failures[1].what,
               ::testing::HasSubstr("pipeline rank 1 stage 1 microbatch 0: 1F0 waited 0.5 s for the "
                                    "activation from world rank 0"));
-  EXPECT_EQ(failures[0].code, braid::Errc::peer_failed) << failures[0].what;
-  EXPECT_THAT(failures[0].what, ::testing::HasSubstr("stage 0 microbatch 0: 0B0 receiving from "
-                                                     "world rank 1"));
-  EXPECT_THAT(failures[0].what, ::testing::HasSubstr("rank 1 ended its program"));
+  EXPECT_THAT(failures[0].what, ::testing::HasSubstr("stage 0 microbatch 0: 0B0 waited"));
 }
 
 // Rank 1 of three is stuck computing its first forward: rank 2 waits for its activation,

@@ -4,7 +4,6 @@
 // Usage:
 //   pipeline_probe forward D    at step 2 rank D kills itself (SIGKILL) in its first forward
 //   pipeline_probe backward D   at step 2 rank D kills itself in its first backward
-//   pipeline_probe leave D      rank D ends its program cleanly after 2 steps
 // A survivor whose step fails prints "rank R saw: <what>" on stderr and exits 3; one that
 // never sees a failure says so and exits 1; other errors exit 2.
 #include <csignal>
@@ -23,8 +22,8 @@
 
 int main(int argc, char** argv) {
   const std::string mode = argc == 3 ? argv[1] : "";
-  if (mode != "forward" && mode != "backward" && mode != "leave") {
-    std::cerr << "usage: pipeline_probe forward|backward|leave DOOMED_RANK\n";
+  if (mode != "forward" && mode != "backward") {
+    std::cerr << "usage: pipeline_probe forward|backward DOOMED_RANK\n";
     return 2;
   }
   const int doomed = std::stoi(argv[2]);
@@ -63,14 +62,6 @@ int main(int argc, char** argv) {
         pipeline, braid::parallel::lower(braid::parallel::one_f_one_b(stages, kMicrobatches)),
         {stage}, {.activation_shape = {8, 32}});
     torch::optim::SGD opt(linear->parameters(), 0.01);
-    if (mode == "leave" && rank == doomed) {
-      for (step = 0; step < 2; ++step) {
-        opt.zero_grad();
-        executor.run();
-        opt.step();
-      }
-      return 0;
-    }
     return braid::testing::report_training(rank, [&] {
       for (step = 0; step < 100; ++step) {
         opt.zero_grad();

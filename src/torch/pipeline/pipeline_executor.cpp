@@ -29,6 +29,15 @@ using parallel::Action;
 using parallel::ActionKind;
 using ::torch::Tensor;
 
+// Transfer tags: above every tag a program would pick by hand, then direction, the stage
+// that receives, and the microbatch. World tags below 2^32 are distinct.
+constexpr std::uint64_t kTagBase = std::uint64_t{1} << 31;
+std::uint64_t transfer_tag(bool gradient, int receiving_stage, int microbatch) {
+  return kTagBase | (gradient ? std::uint64_t{1} << 30 : 0) |
+         (static_cast<std::uint64_t>(receiving_stage) << 16) |
+         static_cast<std::uint64_t>(microbatch);
+}
+
 // Each kind's text as a trace name, interned once (records keep names by pointer).
 template <std::size_t... Kind>
 std::array<trace::Name, sizeof...(Kind)> interned_kinds(std::index_sequence<Kind...>) {
@@ -41,22 +50,19 @@ trace::Name span_name(ActionKind kind) {
 }
 
 using Key = std::pair<int, int>;  // (stage, microbatch)
-// A transfer: (gradient, the stage that receives it, microbatch).
-using TransferKey = std::tuple<bool, int, int>;
 
 // A transfer as a comm span from its start until it completes, on the "pipeline
 // transfers" track: what braid-trace's overlap counts as hidden where compute ran beside it.
-// Numbered messages of the pipeline's communicator (communicator.hpp): a receive is posted
-// ahead of its use, in whatever order, and a peer that fails or leaves fails it.
-asio::awaitable<void> traced_send(collectives::Communicator& pipeline, int peer, Buffer data,
-                                  std::uint64_t number, trace::AsyncSpan span) {
-  co_await pipeline.send_numbered(data, peer, number);
+asio::awaitable<void> traced_send(transport::World& world, int peer, Buffer data, std::uint64_t tag,
+                                  trace::AsyncSpan span) {
+  co_await world.send(peer, data, tag);
   span.end();
 }
-asio::awaitable<std::size_t> traced_receive(collectives::Communicator& pipeline, int peer,
-                                            Buffer data, std::uint64_t number,
-                                            trace::AsyncSpan span) {
-  const std::size_t received = co_await pipeline.recv_numbered(data, peer, number);
+// No deadline of its own: the compute that needs it waits with the executor's timeout,
+// which names the action; a dead peer fails it through the World's failure detection.
+asio::awaitable<std::size_t> traced_receive(transport::World& world, int peer, Buffer data,
+                                            std::uint64_t tag, trace::AsyncSpan span) {
+  const std::size_t received = co_await world.recv(peer, data, tag, Deadline::max());
   span.end();
   co_return received;
 }
@@ -131,13 +137,6 @@ struct PipelineExecutor::State {
     Future<void> done;
   };
   std::vector<Send> sends;
-  // Message numbers (Communicator::send_numbered): each transfer's place among a step's
-  // messages from its sender to its receiver, in the sender's list order, and per peer how
-  // many a step sends to it and receives from it. Both ends count from the same lists, so
-  // they agree without exchanging anything.
-  std::map<TransferKey, std::uint64_t> send_number, receive_number;
-  std::vector<std::uint64_t> sent_per_step, received_per_step;  // by pipeline rank
-  bool broken = false;  // a step failed: the pair's numbers are out of step
   trace::Track track = trace::track("pipeline");
   trace::Track transfers = trace::track("pipeline transfers");
 };
@@ -159,6 +158,12 @@ PipelineExecutor::PipelineExecutor(std::shared_ptr<collectives::Communicator> pi
   parallel::validate(schedule_);
   if (!schedule_.lowered() && schedule_.ranks > 1) {
     refuse("the schedule has no transfers: lower() it first");
+  }
+  if (schedule_.stages >= (1 << 14) || schedule_.microbatches >= (1 << 16)) {
+    refuse(
+        fmt::format("{} stages and {} microbatches: the transfers' tags hold fewer than "
+                    "16384 stages and 65536 microbatches",
+                    schedule_.stages, schedule_.microbatches));
   }
   if (pipeline_->size() != schedule_.ranks) {
     refuse(fmt::format("the schedule has {} ranks, the pipeline {}", schedule_.ranks,
@@ -190,33 +195,8 @@ PipelineExecutor::PipelineExecutor(std::shared_ptr<collectives::Communicator> pi
       state_->sends_backward.insert({mine[i].stage, mine[i].microbatch});
     }
   }
-  number_messages();
   if (schedule_.stages > 1 && options_.activation_shape.empty()) {
     refuse("activation_shape is needed to receive between stages");
-  }
-}
-
-void PipelineExecutor::number_messages() {
-  State& s = *state_;
-  const auto ranks = static_cast<std::size_t>(schedule_.ranks);
-  s.sent_per_step.assign(ranks, 0);
-  s.received_per_step.assign(ranks, 0);
-  for (int sender = 0; sender < schedule_.ranks; ++sender) {
-    std::vector<std::uint64_t> to(ranks, 0);  // numbers given so far, by receiver
-    for (const Action& a : schedule_.actions[static_cast<std::size_t>(sender)]) {
-      if (a.kind != ActionKind::send_forward && a.kind != ActionKind::send_backward) continue;
-      const bool gradient = a.kind == ActionKind::send_backward;
-      const int receiving_stage = gradient ? a.stage - 1 : a.stage + 1;
-      const auto receiver =
-          static_cast<std::size_t>(schedule_.stage_rank[static_cast<std::size_t>(receiving_stage)]);
-      const TransferKey key{gradient, receiving_stage, a.microbatch};
-      if (sender == pipeline_rank_) s.send_number[key] = to[receiver];
-      if (static_cast<int>(receiver) == pipeline_rank_) s.receive_number[key] = to[receiver];
-      ++to[receiver];
-    }
-    if (sender == pipeline_rank_) s.sent_per_step = to;
-    s.received_per_step[static_cast<std::size_t>(sender)] =
-        to[static_cast<std::size_t>(pipeline_rank_)];
   }
 }
 
@@ -308,18 +288,7 @@ class PipelineExecutor::Step {
 };
 
 std::vector<double> PipelineExecutor::run() {
-  if (state_->broken) {
-    throw Error(Errc::invalid_argument,
-                "an earlier step failed, and its transfers left the pipeline's messages out of "
-                "step: make a new PipelineExecutor",
-                {.rank = world_.rank(), .operation = "pipeline"});
-  }
-  try {
-    return Step(*this).run();
-  } catch (...) {
-    state_->broken = true;
-    throw;
-  }
+  return Step(*this).run();
 }
 
 std::vector<double> PipelineExecutor::Step::run() {
@@ -489,12 +458,9 @@ void PipelineExecutor::Step::post_receive(const Action& action, bool gradient, i
   Tensor tensor = ::torch::empty(options.activation_shape,
                                  ::torch::TensorOptions().dtype(options.activation_dtype));
   const int peer = peer_of(from_stage);
-  const int pipeline_peer = schedule_.stage_rank[static_cast<std::size_t>(from_stage)];
-  const std::uint64_t number =
-      executor_.steps_run_ * s_.received_per_step[static_cast<std::size_t>(pipeline_peer)] +
-      s_.receive_number.at({gradient, action.stage, action.microbatch});
   Future<std::size_t> done = runtime_.spawn(
-      traced_receive(*executor_.pipeline_, pipeline_peer, as_buffer(tensor), number,
+      traced_receive(executor_.world_, peer, as_buffer(tensor),
+                     transfer_tag(gradient, action.stage, action.microbatch),
                      trace::AsyncSpan(trace::Category::comm, span_name(action.kind), s_.transfers,
                                       static_cast<std::uint64_t>(tensor.nbytes()))));
   s_.receives[{gradient, action.stage, action.microbatch}] = {tensor, std::move(done), peer};
@@ -541,12 +507,9 @@ void PipelineExecutor::Step::start_send(const Action& action, const Tensor& tens
                      fmt::join(options.activation_shape, ", "),
                      c10::toString(options.activation_dtype)));
   }
-  const int pipeline_peer = schedule_.stage_rank[static_cast<std::size_t>(to_stage)];
-  const std::uint64_t number =
-      executor_.steps_run_ * s_.sent_per_step[static_cast<std::size_t>(pipeline_peer)] +
-      s_.send_number.at({gradient, to_stage, action.microbatch});
   Future<void> done = runtime_.spawn(
-      traced_send(*executor_.pipeline_, pipeline_peer, as_buffer(payload), number,
+      traced_send(executor_.world_, peer_of(to_stage), as_buffer(payload),
+                  transfer_tag(gradient, to_stage, action.microbatch),
                   trace::AsyncSpan(trace::Category::comm, span_name(action.kind), s_.transfers,
                                    static_cast<std::uint64_t>(payload.nbytes()))));
   s_.sends.push_back({payload, std::move(done)});

@@ -108,10 +108,10 @@ class PipelineExecutor {
   std::vector<double> run();
 
   // The last run()'s time on this rank, from its start until its last send completed, and
-  // the part of it its compute actions (F, B, I, W) took: trace::bubble_percent(compute,
-  // wall) is the rank's bubble in that step (trace/pipeline_bubble.hpp; take the pipeline's
-  // longest wall for the window). braid-trace's window spans every traced step, and so also
-  // counts what runs between steps (the optimizer, data loading). `gradients_sent_early`: input
+  // the part of it its compute actions (F, B, I, W) took: 1 - compute / wall is the
+  // rank's bubble in that step, as the simulator counts it (take the pipeline's longest
+  // wall for the step's). braid-trace's bubble spans every traced step, and so also counts
+  // what runs between steps (the optimizer, data loading). `gradients_sent_early`: input
   // gradients a reducing backward sent from inside itself, before the data-parallel
   // reduction's wait (one per stage after the first that has a prepare_backward, where the
   // reducing action is a B; 0 under zero-bubble schedules, whose reducing action is a W).
@@ -128,8 +128,6 @@ class PipelineExecutor {
  private:
   struct State;
   class Step;  // one run(): a method per kind of action
-  // Gives every transfer its message number (State::send_number, receive_number).
-  void number_messages();
   // BRAID_DEBUG=detail, after a receive timed out: where every rank of the pipeline waits.
   std::string diagnose_hang(std::size_t position, const parallel::Action& action);
 

@@ -103,8 +103,8 @@ asio::awaitable<std::unique_ptr<StoreClient>> connect_to_store(asio::any_io_exec
   }
 }
 
-asio::awaitable<std::vector<Bytes>> await_addresses(StoreClient& store, int world_size,
-                                                    Deadline deadline,
+asio::awaitable<std::vector<Bytes>> await_published(StoreClient& store, int world_size,
+                                                    JoinRound round, Deadline deadline,
                                                     const WorldOptions& options) {
   const Clock::duration timeout = options.join_timeout.value_or(default_timeout());
   const std::string bound = join_bound(options, timeout);
@@ -122,7 +122,7 @@ asio::awaitable<std::vector<Bytes>> await_addresses(StoreClient& store, int worl
   auto arrivals = std::make_shared<Arrivals>(executor, world_size);
   for (int r = 0; r < world_size; ++r) {
     ++arrivals->outstanding;
-    asio::co_spawn(executor, store.get(address_key(r), deadline),
+    asio::co_spawn(executor, store.get(round.key_of(r), deadline),
                    [arrivals, r](std::exception_ptr error, Bytes value) {
                      --arrivals->outstanding;
                      if (!error) {
@@ -184,7 +184,7 @@ asio::awaitable<std::vector<Bytes>> await_addresses(StoreClient& store, int worl
         fmt::format("{} {} of {} never joined: {} ('{}'{}) {} not in the store within "
                     "{}; {} started, with this job's BRAID_STORE and BRAID_TOKEN?",
                     one ? "rank" : "ranks", list_ranks(absent), world_size,
-                    one ? "its address" : "their addresses", address_key(absent.front()),
+                    one ? round.one : round.several, round.key_of(absent.front()),
                     one ? "" : ", ...", one ? "was" : "were", bound, one ? "was it" : "were they"),
         {.operation = "World::join"});
   }

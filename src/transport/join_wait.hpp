@@ -31,13 +31,25 @@ asio::awaitable<std::unique_ptr<StoreClient>> connect_to_store(asio::any_io_exec
                                                                Deadline deadline,
                                                                const WorldOptions& options);
 
-// Every rank's published address (address_key), in rank order, waiting for the ranks still
-// joining. A will firing meanwhile (a rank that reached the store died) ends the wait at
-// once with Errc::peer_failed naming that rank; at `deadline`, Errc::timeout names the
-// ranks still missing. A broken store connection is thrown as the store reports it.
-// `store` and `options` outlive the wait.
-asio::awaitable<std::vector<Bytes>> await_addresses(StoreClient& store, int world_size,
-                                                    Deadline deadline, const WorldOptions& options);
+// One round of joining in which every rank publishes a value under its key: the key, and
+// what the wait's error calls the value.
+struct JoinRound {
+  std::string (*key_of)(int rank);
+  const char* one;      // "its address"
+  const char* several;  // "their addresses"
+};
+inline constexpr JoinRound kAddressRound{address_key, "its address", "their addresses"};
+inline constexpr JoinRound kPlacementRound{placement_key, "its node and machine",
+                                           "their nodes and machines"};
+
+// Every rank's value for `round`, in rank order, waiting for the ranks still joining. A
+// will firing meanwhile (a rank that reached the store died) ends the wait at once with
+// Errc::peer_failed naming that rank; at `deadline`, Errc::timeout names the ranks still
+// missing. A broken store connection is thrown as the store reports it. `store` and
+// `options` outlive the wait.
+asio::awaitable<std::vector<Bytes>> await_published(StoreClient& store, int world_size,
+                                                    JoinRound round, Deadline deadline,
+                                                    const WorldOptions& options);
 
 // The error for a join that a rank's failure ended: the event log's first event, `failed`
 // (a failure event), names it and why. `also`, when not empty, is what else this rank saw

@@ -23,6 +23,7 @@
 
 #include "transport/clock_alignment.hpp"
 #include "transport/join_wait.hpp"
+#include "transport/machine_identity.hpp"
 #include "transport/ptrace_permission.hpp"
 #include "transport/rank_claim.hpp"
 #include "transport/world_keys.hpp"
@@ -71,6 +72,27 @@ int take_node(Bytes& published, int rank) {
 // Listen on every interface of the store host's family, so ranks on other nodes reach it.
 std::string listen_host_for(const std::string& store_host) {
   return store_host.find(':') != std::string::npos ? "::" : "0.0.0.0";
+}
+
+// See machine_identity.hpp. Before UCX starts, since what it may use depends on it: whether
+// UCX must keep to its network transports.
+asio::awaitable<bool> check_placement(StoreClient& store, const LaunchInfo& info, Deadline deadline,
+                                      const WorldOptions& options) {
+  co_await store.set(
+      detail::placement_key(info.rank),
+      detail::encode_placement(info.node_rank, detail::MachineIdentity::of_this_process()));
+  const std::vector<Bytes> published = co_await detail::await_published(
+      store, info.world_size, detail::kPlacementRound, deadline, options);
+  std::vector<int> nodes;
+  std::vector<detail::MachineIdentity> machines;
+  for (int r = 0; r < info.world_size; ++r) {
+    auto [node, machine] = detail::decode_placement(published[static_cast<std::size_t>(r)], r);
+    nodes.push_back(node);
+    machines.push_back(std::move(machine));
+  }
+  const detail::PlacementCheck check = detail::check_placement(nodes, machines, info.rank);
+  if (check.network_only && info.local_rank == 0) log::info("{}", check.why);
+  co_return check.network_only;
 }
 
 }  // namespace
@@ -134,6 +156,10 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   Bytes will = detail::will_value(info.rank);
   co_await world->store_->set_appending_will(std::move(events_key), std::move(will));
 
+  if (info.num_nodes > 1) {
+    world->options_.ucx.network_only =
+        co_await check_placement(*world->store_, info, deadline, world->options_);
+  }
   // Shared memory for small messages is safe now: the watcher (watch_peers) notices a
   // killed peer that UCX's shared-memory keepalive misses.
   world->options_.ucx.shared_memory_peer_errors = true;
@@ -144,8 +170,8 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   // runs (hierarchical collectives need it) without another round of store traffic.
   co_await world->store_->set(address_key(info.rank),
                               with_node(info.node_rank, world->ucx_->address()));
-  std::vector<Bytes> addresses =
-      co_await detail::await_addresses(*world->store_, info.world_size, deadline, world->options_);
+  std::vector<Bytes> addresses = co_await detail::await_published(
+      *world->store_, info.world_size, detail::kAddressRound, deadline, world->options_);
   world->node_of_rank_.resize(static_cast<std::size_t>(info.world_size));
   for (int r = 0; r < info.world_size; ++r) {
     world->node_of_rank_[static_cast<std::size_t>(r)] =

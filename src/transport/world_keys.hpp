@@ -17,6 +17,11 @@ namespace braid::transport::detail {
 inline std::string address_key(int rank) {
   return fmt::format("braid/world/ucx_address/{}", rank);
 }
+// Where rank `rank` publishes its node and machine (machine_identity.hpp), in jobs of
+// several nodes.
+inline std::string placement_key(int rank) {
+  return fmt::format("braid/world/placement/{}", rank);
+}
 // The leave barrier's phases: `rank` has started leaving; `rank` is past the first phase.
 inline std::string left_key(int rank) {
   return fmt::format("braid/world/left/{}", rank);

@@ -10,14 +10,23 @@
 //              says so and exits 1. Survivors ignore SIGTERM: braid-run sends it to them
 //              as soon as it reaps rank D, and what is tested is what they see on their
 //              own (braid-run still kills them after --grace).
+//   link BYTES IFACE
+//              one sum all_reduce of BYTES bytes of f32 between barriers; every rank prints
+//              "rank R node N: IFACE sent S bytes during an all_reduce of BYTES bytes in T
+//              s", S
+//              the growth of the network interface's transmit counter (/proc/net/dev, this
+//              rank's network namespace) across the all_reduce.
 // Other errors are printed as "error: <what>" on stderr, with exit code 2.
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <span>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -230,9 +239,44 @@ awaitable<void> die(Communicator& comm, int doomed, std::string collective) {
   for (int i = 0; i < 1000; ++i) co_await once();
 }
 
+// The bytes `interface` has transmitted, from /proc/net/dev (this process's network
+// namespace); -1 when it has no such interface.
+long long transmitted(const std::string& interface) {
+  std::ifstream dev("/proc/net/dev");
+  for (std::string line; std::getline(dev, line);) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    name.erase(0, name.find_first_not_of(' '));
+    if (name != interface) continue;
+    std::istringstream fields(line.substr(colon + 1));
+    long long value = 0;
+    for (int i = 0; i < 9; ++i) fields >> value;  // receive's 8 columns, then transmit bytes
+    return value;
+  }
+  return -1;
+}
+
+struct LinkUse {
+  long long sent = 0;
+  double seconds = 0;  // the all_reduce on this rank
+};
+
+awaitable<LinkUse> link_use(Communicator& comm, std::size_t bytes, std::string interface) {
+  std::vector<float> data(bytes / sizeof(float), 1.0F);
+  co_await comm.barrier();
+  const long long before = transmitted(interface);
+  const auto start = std::chrono::steady_clock::now();
+  co_await comm.all_reduce(Buffer(data), ReduceOp::sum);
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  co_await comm.barrier();
+  co_return LinkUse{.sent = transmitted(interface) - before, .seconds = took.count()};
+}
+
 int usage() {
   std::cerr << "usage: collective_probe check | reuse | die RANK "
-               "[all_reduce|broadcast|all_gather|small_all_reduce|barrier|shared_all_reduce]\n";
+               "[all_reduce|broadcast|all_gather|small_all_reduce|barrier|shared_all_reduce] "
+               "| link BYTES IFACE\n";
   return 2;
 }
 
@@ -240,7 +284,10 @@ int usage() {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode != "check" && mode != "reuse" && !(mode == "die" && argc > 2)) return usage();
+  if (mode != "check" && mode != "reuse" && !(mode == "die" && argc > 2) &&
+      !(mode == "link" && argc > 3)) {
+    return usage();
+  }
   const int doomed = mode == "die" ? std::stoi(argv[2]) : -1;
   if (mode == "die") std::signal(SIGTERM, SIG_IGN);
   try {
@@ -262,6 +309,15 @@ int main(int argc, char** argv) {
                 << to_string(comm->algorithm_for(braid::collectives::CollectiveKind::all_reduce,
                                                  std::size_t{1} << 20))
                 << ")\n";
+      return 0;
+    }
+    if (mode == "link") {
+      const std::size_t bytes = std::stoull(argv[2]);
+      const LinkUse use = runtime.spawn(link_use(*comm, bytes, argv[3])).get();
+      std::cout << fmt::format(
+          "rank {} node {}: {} sent {} bytes during an all_reduce of {} "
+          "bytes in {:.4f} s\n",
+          rank, world->node_of(world->rank()), argv[3], use.sent, bytes, use.seconds);
       return 0;
     }
     try {

@@ -91,6 +91,8 @@ class Job {
   int run();
 
  private:
+  void take_signals();
+  int start_emulated_nodes();
   std::vector<std::string> rank_environment(int local_rank) const;
   void start_rank(int local_rank);
   void supervise();
@@ -106,6 +108,10 @@ class Job {
   int running_count() const;
 
   const LaunchOptions& options_;
+  // What the job's members are: this node's ranks, or (--emulate-nodes) the nodes, each
+  // a braid-run of its own under an init braid-run supervises like a rank.
+  const char* noun_ = "rank";
+  std::optional<EmulatedNodes> emulation_;
   std::vector<std::string> shared_env_;  // the parent's environment plus the job-wide BRAID_*
   std::vector<Rank> ranks_;
   int signal_fd_ = -1;
@@ -315,13 +321,13 @@ void Job::give_verdict() {
   std::string also;
   for (const Failure& f : failures_) {
     if (f.rank == culprit.rank) continue;
-    also +=
-        fmt::format("{}rank {} {}", also.empty() ? "; also " : ", ", f.rank->rank, how(f.status));
+    also += fmt::format("{}{} {} {}", also.empty() ? "; also " : ", ", noun_, f.rank->rank,
+                        how(f.status));
   }
   const int others = running_count();
-  report(fmt::format("rank {} (pid {}) {}{}{}", culprit.rank->rank, culprit.rank->pid,
-                     how(culprit.status), also,
-                     others > 0 ? fmt::format("; stopping the other {} rank(s)", others) : ""));
+  report(fmt::format(
+      "{} {} (pid {}) {}{}{}", noun_, culprit.rank->rank, culprit.rank->pid, how(culprit.status),
+      also, others > 0 ? fmt::format("; stopping the other {} {}(s)", others, noun_) : ""));
   stopping_ = true;
   stop(SIGTERM);
 }
@@ -339,15 +345,15 @@ void Job::reap_children() {
 void Job::on_signal(int sig) {
   if (stopping_) {
     // A second Ctrl-C means now.
-    report(fmt::format("received {} while stopping; killing {} rank(s)", signal_name(sig),
-                       running_count()));
+    report(fmt::format("received {} while stopping; killing {} {}(s)", signal_name(sig),
+                       running_count(), noun_));
     kill_remaining();
     return;
   }
   stopping_ = true;
   exit_status_ = 128 + sig;
-  report(
-      fmt::format("received {}; forwarding it to {} rank(s)", signal_name(sig), running_count()));
+  report(fmt::format("received {}; forwarding it to {} {}(s)", signal_name(sig), running_count(),
+                     noun_));
   stop(sig);
 }
 
@@ -355,7 +361,9 @@ void Job::stop(int sig) {
   for (const Rank& rank : ranks_) {
     if (rank.running) ::kill(-rank.pid, sig);
   }
-  auto grace = std::chrono::duration_cast<Clock::duration>(options_.grace);
+  // A node's braid-run gives its ranks the grace, then reports: a little longer for it.
+  auto grace = std::chrono::duration_cast<Clock::duration>(options_.grace) +
+               (emulation_ ? std::chrono::seconds(2) : std::chrono::seconds(0));
   if (!kill_at_) kill_at_ = Clock::now() + grace;
 }
 
@@ -409,15 +417,15 @@ void Job::supervise() {
     if (!stopping_ && now >= deadline_) {
       stopping_ = true;
       exit_status_ = 124;  // what timeout(1) returns
-      report(fmt::format("the job ran longer than --timeout {:g} s; stopping {} rank(s)",
-                         std::chrono::duration<double>(*options_.timeout).count(),
-                         running_count()));
+      report(fmt::format("the job ran longer than --timeout {:g} s; stopping {} {}(s)",
+                         std::chrono::duration<double>(*options_.timeout).count(), running_count(),
+                         noun_));
       stop(SIGTERM);
     }
     if (kill_at_ && now >= *kill_at_) {
       for (const Rank& rank : ranks_) {
         if (!rank.running) continue;
-        report(fmt::format("rank {} (pid {}) did not stop within {:g} s; sending SIGKILL",
+        report(fmt::format("{} {} (pid {}) did not stop within {:g} s; sending SIGKILL", noun_,
                            rank.rank, rank.pid,
                            std::chrono::duration<double>(options_.grace).count()));
       }
@@ -427,7 +435,73 @@ void Job::supervise() {
   }
 }
 
+// Signals arrive through the signalfd, in the poll loop, never in a handler.
+void Job::take_signals() {
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM}) sigaddset(&mask, sig);
+  if (::sigprocmask(SIG_BLOCK, &mask, &old_mask_) != 0) throw_errno("sigprocmask");
+  signal_fd_ = ::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (signal_fd_ < 0) throw_errno("signalfd");
+  ::signal(SIGPIPE, SIG_IGN);
+  if (options_.timeout) {
+    deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(*options_.timeout);
+  }
+}
+
+// --emulate-nodes: the members are nodes, each running a braid-run of its own for its
+// ranks (which prefixes and supervises them as on a real node), and this braid-run
+// supervises the nodes' inits as it would ranks: a failed node stops the others, signals
+// and the timeout reach every node's ranks through their node's braid-run.
+int Job::start_emulated_nodes() {
+  noun_ = "node";
+  std::string token = config::string_value("BRAID_TOKEN");
+  if (token.empty()) token = random_token();  // one secret for every node's braid-run
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (!std::string_view(*e).starts_with("BRAID_TOKEN=")) env.emplace_back(*e);
+  }
+  env.push_back(fmt::format("BRAID_TOKEN={}", token));
+  std::array<char, 4096> self{};
+  if (::readlink("/proc/self/exe", self.data(), self.size() - 1) < 0) {
+    throw_errno("readlink /proc/self/exe");
+  }
+  take_signals();
+  emulation_.emplace(options_.emulate_nodes, options_.link_rate);
+  for (int node = 0; node < options_.emulate_nodes && !stopping_; ++node) {
+    std::vector<std::string> argv{
+        self.data(),
+        "--nproc-per-node",
+        std::to_string(options_.nproc_per_node),
+        "--nnodes",
+        std::to_string(options_.emulate_nodes),
+        "--node-rank",
+        std::to_string(node),
+        "--master-addr",
+        EmulatedNodes::address_of(0),
+        "--grace",
+        fmt::format("{:g}", std::chrono::duration<double>(options_.grace).count())};
+    if (options_.master_port) {
+      argv.insert(argv.end(), {"--master-port", std::to_string(*options_.master_port)});
+    }
+    if (!options_.prefix_output) argv.emplace_back("--no-prefix");
+    argv.emplace_back("--");
+    argv.insert(argv.end(), options_.command.begin(), options_.command.end());
+    Rank& member = ranks_.emplace_back();
+    member.rank = node;
+    member.pid = emulation_->start_node(node, argv, env, old_mask_);
+    member.running = true;
+  }
+  supervise();
+  const std::string traffic = emulation_->traffic_report();
+  for (std::size_t at = 0, end; (end = traffic.find('\n', at)) != std::string::npos; at = end + 1) {
+    report(traffic.substr(at, end - at));
+  }
+  return exit_status_;
+}
+
 int Job::run() {
+  if (options_.emulate_nodes > 0) return start_emulated_nodes();
   for (const char* name : kRankVariables) config::knob(name);
 
   std::string host = options_.master_addr.empty() ? "127.0.0.1" : options_.master_addr;
@@ -483,18 +557,7 @@ int Job::run() {
     shared_env_.push_back("OMP_NUM_THREADS=1");
   }
 
-  // Signals arrive through the signalfd, in the poll loop, never in a handler.
-  sigset_t mask;
-  sigemptyset(&mask);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM}) sigaddset(&mask, sig);
-  if (::sigprocmask(SIG_BLOCK, &mask, &old_mask_) != 0) throw_errno("sigprocmask");
-  signal_fd_ = ::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
-  if (signal_fd_ < 0) throw_errno("signalfd");
-  ::signal(SIGPIPE, SIG_IGN);
-
-  if (options_.timeout) {
-    deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(*options_.timeout);
-  }
+  take_signals();
   ranks_.reserve(static_cast<std::size_t>(options_.nproc_per_node));
   for (int i = 0; i < options_.nproc_per_node && !stopping_; ++i) start_rank(i);
   supervise();

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "emulated_nodes.hpp"
+
 namespace braid::launcher {
 
 struct LaunchOptions {
@@ -27,10 +29,13 @@ struct LaunchOptions {
   std::chrono::nanoseconds grace = std::chrono::seconds(5);  // SIGTERM to SIGKILL
   std::optional<std::chrono::nanoseconds> timeout;           // empty: none
   bool prefix_output = true;
-  std::vector<std::string> command;  // the program and its arguments
+  std::vector<std::string> command;   // the program and its arguments
+  int emulate_nodes = 0;              // > 0: run the job on this many emulated nodes
+  std::optional<LinkRate> link_rate;  // with emulate_nodes: each link shaped to this rate
 };
 
-// Runs the job to the end and returns braid-run's exit status: 0 when every rank exited
+// Runs the job to the end (on emulate_nodes emulated nodes, each running a braid-run of
+// its own, when set) and returns braid-run's exit status: 0 when every rank exited
 // with 0; else the first failure's code (128 + signal for a rank killed by a signal),
 // 124 after the timeout, 128 + signal when braid-run itself was told to stop, 127 (or
 // 126) when the program cannot be executed. Reports each of these on stderr. Throws

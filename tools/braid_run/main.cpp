@@ -38,6 +38,13 @@ options (options end at the program, or at --):
                           with --nnodes > 1 (default 127.0.0.1)
   --master-port PORT      the store's port (default 29500 with --master-addr, else a
                           free local port)
+  --emulate-nodes N       run the job on N nodes emulated on this machine (needs root):
+                          each node its own network, IPC, PID, UTS and mount namespaces,
+                          hostname node<i>, address 198.18.0.<i+1> on a bridge; -n ranks
+                          on each. Everything it makes goes when braid-run ends, however
+                          it ends; the bytes each node sent and received are reported
+  --link-rate RATE        with --emulate-nodes: shape each node's link to RATE both ways
+                          (tc tbf; e.g. 1gbit, 10gbit)
   --grace SECONDS         how long stopping ranks get between SIGTERM and SIGKILL
                           (default 5)
   --timeout SECONDS       stop the job and fail with status 124 if it runs longer
@@ -132,6 +139,14 @@ Cli parse_command_line(int argc, char** argv) {
       if (o.master_addr.empty()) usage_error("--master-addr needs a host");
     } else if (flag == "--master-port") {
       o.master_port = static_cast<std::uint16_t>(parse_int_flag(flag, value(), 1, 65535));
+    } else if (flag == "--emulate-nodes") {
+      o.emulate_nodes = parse_int_flag(flag, value(), 1, 4096);
+    } else if (flag == "--link-rate") {
+      try {
+        o.link_rate = braid::launcher::LinkRate::parse(value());
+      } catch (const std::invalid_argument& e) {
+        usage_error(e.what());
+      }
     } else if (flag == "--grace") {
       o.grace = parse_seconds_flag(flag, value());
     } else if (flag == "--timeout") {
@@ -156,6 +171,15 @@ Cli parse_command_line(int argc, char** argv) {
 
   if (!cli.nproc_given) usage_error("say how many ranks to start: -n N");
   if (o.command.empty()) usage_error("no program to run");
+  if (o.emulate_nodes > 0 && (o.nnodes > 1 || o.node_rank > 0 || !o.master_addr.empty())) {
+    usage_error(
+        "--emulate-nodes makes the nodes itself: leave out --nnodes, --node-rank and "
+        "--master-addr");
+  }
+  if (o.link_rate && o.emulate_nodes == 0) usage_error("--link-rate needs --emulate-nodes");
+  if (static_cast<long long>(o.emulate_nodes) * o.nproc_per_node > INT_MAX) {
+    usage_error("--emulate-nodes times --nproc-per-node is too large");
+  }
   if (o.node_rank >= o.nnodes) {
     usage_error(fmt::format("--node-rank {} is not below --nnodes {}", o.node_rank, o.nnodes));
   }

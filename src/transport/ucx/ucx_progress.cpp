@@ -32,11 +32,14 @@
 // the core (yield_after).
 // BRAID_UCX_SPIN_US trades a busy core after each burst for latency; 0 sleeps at once
 // (an epoll wake-up per message).
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <sched.h>
 #include <string>
+#include <string_view>
 #include <unistd.h>
 #include <utility>
 
@@ -82,6 +85,7 @@ UcxWorkerImpl::UcxWorkerImpl(Runtime& runtime, const UcxWorker::Options& options
       spin_(spin_from(options)),
       keepalive_interval_(options.keepalive_interval),
       shared_memory_peer_errors_(options.shared_memory_peer_errors),
+      network_only_(options.network_only),
       close_timeout_(options.close_timeout) {}
 
 UcxWorkerImpl::~UcxWorkerImpl() = default;
@@ -101,6 +105,22 @@ void UcxWorkerImpl::open() {
       if (shared_memory_peer_errors_ && std::getenv("UCX_POSIX_ERROR_HANDLING") == nullptr &&
           std::getenv("UCX_SYSV_ERROR_HANDLING") == nullptr) {
         set_default(config, "MM_ERROR_HANDLING", "y");
+      }
+      if (network_only_) {
+        const char* chosen = std::getenv("UCX_TLS");
+        const std::string_view tls = chosen != nullptr ? chosen : "";
+        const bool may_share =
+            tls.starts_with('^') ||
+            std::ranges::any_of(
+                std::array{"all", "sm", "posix", "sysv", "cma", "knem", "xpmem"},
+                [&](const char* t) { return tls.find(t) != std::string_view::npos; });
+        if (chosen != nullptr && may_share) {
+          log::warn(
+              "UCX_TLS={} is kept as set, though ranks of other nodes share this "
+              "machine's memory: bytes between nodes may not cross the network",
+              chosen);
+        }
+        set_default(config, "TLS", "^posix,sysv,cma,knem,xpmem");
       }
       ucp_params_t params{};
       params.field_mask = UCP_PARAM_FIELD_FEATURES;

@@ -167,6 +167,7 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   std::chrono::nanoseconds spin_;
   std::chrono::milliseconds keepalive_interval_;
   bool shared_memory_peer_errors_;
+  bool network_only_;
   std::chrono::milliseconds close_timeout_;
 
   ucp_context_h context_ = nullptr;

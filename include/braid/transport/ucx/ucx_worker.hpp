@@ -107,6 +107,10 @@ class UcxWorker {
     // user's UCX_MM_ERROR_HANDLING / UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING,
     // when set, win either way.
     bool shared_memory_peer_errors = false;
+    // Keeps UCX to its network transports (UCX_TLS=^posix,sysv,cma,knem,xpmem unless the
+    // user set UCX_TLS): set by a World whose ranks of other nodes run on this machine and
+    // could share its memory, so that bytes between nodes cross the network.
+    bool network_only = false;
   };
 
   // Creates the UCX context and worker on `runtime`'s thread. Throws Error (ucx

@@ -1,0 +1,199 @@
+// Several nodes on this one machine (braid-run --emulate-nodes): jobs across them give
+// exact results with their bytes on the links between the nodes, links shaped to a rate
+// carry no more than it, pretend nodes without namespaces still talk over the network,
+// and nothing the emulation makes outlives it. Needs root (CI runs as root); each test
+// skips itself, saying why, where this machine cannot make namespaces.
+//
+// Programs come from the build through the environment: BRAID_RUN (the launcher) and
+// COLLECTIVE_PROBE (tests/collectives/collective_probe.cpp).
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <braid/transport/bootstrap.hpp>
+
+#include "../support/child_process.hpp"
+
+namespace braid {
+namespace {
+
+using braid::testing::ChildProcess;
+using braid::testing::program_from_env;
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+std::string braid_run() {
+  return program_from_env("BRAID_RUN");
+}
+std::string probe() {
+  return program_from_env("COLLECTIVE_PROBE");
+}
+
+#define SKIP_WITHOUT_NAMESPACES()                                                                \
+  if (ChildProcess({"/usr/bin/unshare", "--net", "--ipc", "--uts", "--mount", "--pid", "--fork", \
+                    "/bin/true"})                                                                \
+          .wait()                                                                                \
+          .status != 0) {                                                                        \
+    GTEST_SKIP() << "this machine does not let the test make namespaces (run it as root)";       \
+  }
+
+// What collective_probe's `link` mode printed: per node, the most bytes any of its ranks
+// saw its interface send, and the longest all_reduce.
+struct LinkUse {
+  std::map<int, long long> sent_by_node;
+  double seconds = 0;
+};
+
+LinkUse link_use(const std::string& out) {
+  static const std::regex line(R"(rank \d+ node (\d+): \S+ sent (\d+) bytes during an all_reduce )"
+                               R"(of \d+ bytes in ([0-9.]+) s)");
+  LinkUse use;
+  for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it) {
+    const int node = std::stoi((*it)[1]);
+    use.sent_by_node[node] = std::max(use.sent_by_node[node], std::stoll((*it)[2]));
+    use.seconds = std::max(use.seconds, std::stod((*it)[3]));
+  }
+  return use;
+}
+
+TEST(EmulatedNodes, EveryCollectiveIsExactOnTwoNodesOfTwoRanks) {
+  SKIP_WITHOUT_NAMESPACES();
+  auto result = ChildProcess({braid_run(), "--emulate-nodes", "2", "-n", "2", "--timeout", "120",
+                              probe(), "check"},
+                             {}, 150s)
+                    .wait();
+  ASSERT_EQ(result.status, 0) << result.out << result.err;
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_THAT(result.out,
+                HasSubstr(fmt::format("[{}] rank {} ok (all_reduce of 1 MiB: hierarchical)", r, r)))
+        << result.err;
+  }
+  // braid-run's closing report, one line per node.
+  EXPECT_THAT(result.err, HasSubstr("node 0 (198.18.0.1) sent "));
+  EXPECT_THAT(result.err, HasSubstr("node 1 (198.18.0.2) sent "));
+}
+
+// Each node has its own IPC and PID namespaces, so UCX finds no shared memory between
+// nodes, and the all-reduce's bytes cross the veth links.
+TEST(EmulatedNodes, AnAllReduceAcrossNodesSendsItsBytesOverTheLinks) {
+  SKIP_WITHOUT_NAMESPACES();
+  constexpr long long kBytes = 4 << 20;
+  auto result = ChildProcess({braid_run(), "--emulate-nodes", "2", "-n", "2", "--timeout", "120",
+                              probe(), "link", std::to_string(kBytes), "eth0"},
+                             {}, 150s)
+                    .wait();
+  ASSERT_EQ(result.status, 0) << result.out << result.err;
+  const LinkUse use = link_use(result.out);
+  ASSERT_EQ(use.sent_by_node.size(), 2U) << result.out;
+  EXPECT_GE(use.sent_by_node.at(0) + use.sent_by_node.at(1), kBytes) << result.out;
+}
+
+// At 100 Mbit/s (12.5 MB/s) what a node sends takes at least that long: the shaping holds.
+TEST(EmulatedNodes, ALinkShapedToARateCarriesNoMoreThanIt) {
+  SKIP_WITHOUT_NAMESPACES();
+  constexpr long long kBytes = 2 << 20;
+  auto result =
+      ChildProcess({braid_run(), "--emulate-nodes", "2", "-n", "1", "--link-rate", "100mbit",
+                    "--timeout", "120", probe(), "link", std::to_string(kBytes), "eth0"},
+                   {}, 150s)
+          .wait();
+  ASSERT_EQ(result.status, 0) << result.out << result.err;
+  const LinkUse use = link_use(result.out);
+  ASSERT_EQ(use.sent_by_node.size(), 2U) << result.out;
+  const long long most = std::max(use.sent_by_node.at(0), use.sent_by_node.at(1));
+  ASSERT_GE(most, kBytes / 2) << result.out;
+  // Less the burst tbf lets through at once (64 KiB).
+  EXPECT_GE(use.seconds, 0.9 * static_cast<double>(most - (64 << 10)) / 12.5e6) << result.out;
+}
+
+// Two launchers on one machine told they are two nodes, in one network namespace with
+// nothing else in it: UCX would find shared memory between them, but braid keeps it to the
+// network across nodes, so the all-reduce's bytes go over the loopback interface.
+TEST(EmulatedNodes, PretendNodesOnOneMachineStillTalkOverTheNetwork) {
+  SKIP_WITHOUT_NAMESPACES();
+  constexpr long long kBytes = 4 << 20;
+  const std::string port = std::to_string(braid::transport::find_free_port());
+  auto node = [&](int rank) {
+    return fmt::format(
+        "{} -n 1 --nnodes 2 --node-rank {} --master-addr 127.0.0.1 --master-port {} "
+        "--timeout 100 {} link {} lo",
+        braid_run(), rank, port, probe(), kBytes);
+  };
+  const std::string script =
+      fmt::format("ip link set lo up && {{ {} & {}; wait $!; }}", node(0), node(1));
+  auto result = ChildProcess({"/usr/bin/unshare", "--net", "/bin/sh", "-c", script},
+                             {{"BRAID_TOKEN", "pretend-nodes"}}, 150s)
+                    .wait();
+  ASSERT_EQ(result.status, 0) << result.out << result.err;
+  const LinkUse use = link_use(result.out);
+  ASSERT_EQ(use.sent_by_node.size(), 2U) << result.out;
+  // Both nodes' ranks share the one loopback counter.
+  EXPECT_GE(use.sent_by_node.at(0), kBytes) << result.out;
+}
+
+// The processes whose command line holds `marker`.
+int processes_with(const std::string& marker) {
+  int found = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream cmdline(entry.path() / "cmdline");
+    std::string text((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    found += text.find(marker) != std::string::npos ? 1 : 0;
+  }
+  return found;
+}
+
+// SIGKILL gives braid-run no chance to clean up: the kernel does, since every namespace
+// the emulation made lives only as long as braid-run and the nodes' first processes.
+TEST(EmulatedNodes, NothingOutlivesALauncherKilledMidJob) {
+  SKIP_WITHOUT_NAMESPACES();
+  const std::string marker = fmt::format("987.{}", ::getpid());  // seconds, for sleep
+  ChildProcess launcher({braid_run(), "--emulate-nodes", "2", "-n", "2", "/bin/sh", "-c",
+                         "echo started && exec sleep \"$0\"", marker},
+                        {}, 60s);
+  launcher.read_until("started", 4);
+  const std::string sleeping = std::string("sleep") + '\0' + marker;  // its command line
+  ASSERT_EQ(processes_with(sleeping), 4);
+  ::kill(launcher.pid(), SIGKILL);
+  launcher.wait();
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (processes_with(marker) > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  // Neither the ranks nor the nodes' inits and braid-runs, whose command lines hold it too.
+  EXPECT_EQ(processes_with(marker), 0);
+  // Nor did anything of it ever show in this machine's network namespace.
+  std::ifstream dev("/proc/net/dev");
+  const std::string interfaces((std::istreambuf_iterator<char>(dev)),
+                               std::istreambuf_iterator<char>());
+  EXPECT_THAT(interfaces, ::testing::Not(HasSubstr("braid0")));
+}
+
+TEST(EmulatedNodes, EachNodeHasItsOwnHostnameAddressAndProcesses) {
+  SKIP_WITHOUT_NAMESPACES();
+  auto result = ChildProcess({braid_run(), "--emulate-nodes", "3", "-n", "1", "/bin/sh", "-c",
+                              "echo $(hostname) $(ip -4 -o addr show eth0 | awk '{print $4}') "
+                              "$(ls /proc | grep -c '^[0-9]')"},
+                             {}, 60s)
+                    .wait();
+  ASSERT_EQ(result.status, 0) << result.out << result.err;
+  // A node's processes: its init, its braid-run, the shell and what it runs (at most 4).
+  for (int node = 0; node < 3; ++node) {
+    EXPECT_THAT(result.out,
+                ::testing::ContainsRegex(fmt::format(R"(\[{}\] node{} 198\.18\.0\.{}/15 [2-6]\b)",
+                                                     node, node, node + 1)))
+        << result.err;
+  }
+}
+
+}  // namespace
+}  // namespace braid

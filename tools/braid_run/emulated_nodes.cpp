@@ -1,0 +1,274 @@
+#include "emulated_nodes.hpp"
+
+#include <array>
+#include <cerrno>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <fstream>
+#include <regex>
+#include <sched.h>
+#include <sstream>
+#include <stdexcept>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <system_error>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+namespace braid::launcher {
+namespace {
+
+constexpr const char* kBridge = "braid0";
+constexpr int kMaxNodes = 4096;  // addresses stay inside 198.18.0.0/15 with room to spare
+
+std::string switch_port(int node) {
+  return fmt::format("n{}", node);
+}
+
+[[noreturn]] void throw_errno(const std::string& what) {
+  throw std::system_error(errno, std::generic_category(), what);
+}
+
+// Runs `argv` (found on PATH) to its end, in the network namespace of process `netns_of`
+// when given, and throws std::runtime_error quoting the command when it fails.
+void run_command(const std::vector<std::string>& argv, std::optional<pid_t> netns_of = {}) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  int netns = -1;
+  if (netns_of) {
+    netns = ::open(fmt::format("/proc/{}/ns/net", *netns_of).c_str(), O_RDONLY | O_CLOEXEC);
+    if (netns < 0) throw_errno(fmt::format("cannot open node process {}'s namespace", *netns_of));
+  }
+  const pid_t pid = ::fork();
+  if (pid < 0) throw_errno("fork");
+  if (pid == 0) {
+    if (netns >= 0 && ::setns(netns, CLONE_NEWNET) != 0) ::_exit(126);
+    ::execvp(args[0], args.data());
+    ::_exit(errno == ENOENT ? 127 : 126);
+  }
+  if (netns >= 0) ::close(netns);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) throw_errno("waitpid");
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+  std::string command;
+  for (const std::string& a : argv) command += (command.empty() ? "" : " ") + a;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 127) {
+    throw std::runtime_error(
+        fmt::format("'{}' is not installed (Debian: apt-get install {})", argv[0],
+                    argv[0] == "ip" || argv[0] == "tc" ? "iproute2" : argv[0]));
+  }
+  throw std::runtime_error(fmt::format("'{}' failed (status {})", command, status));
+}
+
+// What the node's init needs, all of it built before clone(): the child is a copy of this
+// single-threaded process and must not allocate while another thread might hold a lock.
+struct NodeStart {
+  int node = 0;
+  int go_fd = -1;  // read end: one byte once the node's link is up; EOF: give up
+  std::string hostname;
+  std::vector<char*> argv;
+  std::vector<char*> envp;
+  sigset_t blocked_mask{};
+};
+
+[[noreturn]] void init_failed(const NodeStart& start, const char* what) {
+  const std::string message =
+      fmt::format("braid-run: node {}: {}: {}\n", start.node, what, std::strerror(errno));
+  ssize_t ignored = ::write(STDERR_FILENO, message.data(), message.size());
+  static_cast<void>(ignored);
+  ::_exit(125);
+}
+
+// The node's first process: PID 1 of its PID namespace. Mounts the node's own /proc, /sys
+// (so they show its processes and its network) and /dev/shm, names the node, waits for its
+// link, then starts the node's braid-run and stays as the init that reaps orphans.
+int node_init(void* arg) {
+  const NodeStart& start = *static_cast<const NodeStart*>(arg);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // braid-run gone: so is the node
+  ::setpgid(0, 0);
+  // Private first, so that nothing mounted here propagates back to the machine.
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    init_failed(start, "cannot make its mounts private");
+  }
+  if (::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+    init_failed(start, "cannot mount its /proc");
+  }
+  if (::mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+    init_failed(start, "cannot mount its /sys");
+  }
+  if (::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") != 0) {
+    init_failed(start, "cannot mount its /dev/shm");
+  }
+  if (::sethostname(start.hostname.data(), start.hostname.size()) != 0) {
+    init_failed(start, "cannot set its hostname");
+  }
+  char go = 0;
+  ssize_t n;
+  while ((n = ::read(start.go_fd, &go, 1)) < 0 && errno == EINTR) {
+  }
+  if (n != 1) ::_exit(125);  // braid-run could not make the link and says why
+  ::close(start.go_fd);
+
+  const pid_t launcher = ::fork();
+  if (launcher < 0) init_failed(start, "cannot fork");
+  if (launcher == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::sigprocmask(SIG_SETMASK, &start.blocked_mask, nullptr);
+    ::execve(start.argv[0], start.argv.data(), start.envp.data());
+    init_failed(start, "cannot execute braid-run");
+  }
+  for (;;) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, 0);
+    if (pid == launcher) {
+      ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+    }
+    if (pid < 0 && errno != EINTR) ::_exit(125);
+  }
+}
+
+}  // namespace
+
+LinkRate LinkRate::parse(const std::string& text) {
+  static const std::regex pattern(R"(([0-9]+(\.[0-9]+)?)(bit|kbit|mbit|gbit|tbit))");
+  std::smatch match;
+  if (!std::regex_match(text, match, pattern)) {
+    throw std::invalid_argument(fmt::format(
+        "link rate '{}' is not a number and a unit (bit, kbit, mbit, gbit, tbit: 10gbit)", text));
+  }
+  const std::string unit = match[3];
+  const double scale = unit == "bit"    ? 1
+                       : unit == "kbit" ? 1e3
+                       : unit == "mbit" ? 1e6
+                       : unit == "gbit" ? 1e9
+                                        : 1e12;
+  const double bits = std::stod(match[1]) * scale;
+  if (bits < 1e5) {
+    throw std::invalid_argument(
+        fmt::format("link rate '{}' is below 100kbit, too slow to start a job over", text));
+  }
+  return LinkRate{.text = text, .bytes_per_second = bits / 8};
+}
+
+std::string EmulatedNodes::address_of(int node) {
+  const std::uint32_t host = static_cast<std::uint32_t>(node) + 1;  // inside 198.18.0.0/15
+  return fmt::format("198.{}.{}.{}", 18 + (host >> 16), (host >> 8) & 0xff, host & 0xff);
+}
+
+EmulatedNodes::EmulatedNodes(int nodes, std::optional<LinkRate> rate)
+    : nodes_(nodes), rate_(std::move(rate)) {
+  if (nodes < 1 || nodes > kMaxNodes) {
+    throw std::invalid_argument(fmt::format("--emulate-nodes {} is not 1 to {}", nodes, kMaxNodes));
+  }
+  if (::unshare(CLONE_NEWNET) != 0) {
+    throw std::runtime_error(fmt::format(
+        "--emulate-nodes needs root (CAP_SYS_ADMIN) to make network namespaces: unshare: {}",
+        std::strerror(errno)));
+  }
+  run_command({"ip", "link", "add", kBridge, "type", "bridge"});
+  run_command({"ip", "link", "set", kBridge, "up"});
+}
+
+EmulatedNodes::~EmulatedNodes() {
+  for (int fd : node_netns_) ::close(fd);
+}
+
+pid_t EmulatedNodes::start_node(int node, const std::vector<std::string>& argv,
+                                const std::vector<std::string>& env, const sigset_t& blocked_mask) {
+  NodeStart start{.node = node, .hostname = fmt::format("node{}", node)};
+  for (const std::string& a : argv) start.argv.push_back(const_cast<char*>(a.c_str()));
+  start.argv.push_back(nullptr);
+  for (const std::string& e : env) start.envp.push_back(const_cast<char*>(e.c_str()));
+  start.envp.push_back(nullptr);
+  start.blocked_mask = blocked_mask;
+  std::array<int, 2> go{};
+  if (::pipe2(go.data(), O_CLOEXEC) != 0) throw_errno("pipe2");
+  start.go_fd = go[0];
+
+  constexpr std::size_t kStackBytes = std::size_t{256} << 10;
+  std::vector<char> stack(kStackBytes);
+  const int flags =
+      CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNS | SIGCHLD;
+  const pid_t pid = ::clone(node_init, stack.data() + stack.size(), flags, &start);
+  ::close(go[0]);
+  if (pid < 0) {
+    ::close(go[1]);
+    throw_errno(fmt::format("cannot make node {}'s namespaces (clone)", node));
+  }
+  ::setpgid(pid, pid);
+  const int netns = ::open(fmt::format("/proc/{}/ns/net", pid).c_str(), O_RDONLY | O_CLOEXEC);
+  if (netns >= 0) node_netns_.push_back(netns);
+  // Closing `go` unsent (an exception below) tells the init to give up.
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{go[1]};
+
+  const std::string port = switch_port(node);
+  const std::string address = fmt::format("{}/15", address_of(node));
+  run_command({"ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns",
+               std::to_string(pid)});
+  run_command({"ip", "link", "set", port, "master", kBridge});
+  run_command({"ip", "link", "set", port, "up"});
+  run_command({"ip", "link", "set", "lo", "up"}, pid);
+  run_command({"ip", "addr", "add", address, "dev", "eth0"}, pid);
+  run_command({"ip", "link", "set", "eth0", "up"}, pid);
+  if (rate_) {
+    // Burst: 1 ms at the rate (at least 64 KiB); queue: 50 ms at the rate, so TCP sees a
+    // link of that speed rather than drops.
+    const auto burst = static_cast<long long>(std::max(65536.0, rate_->bytes_per_second / 1e3));
+    const auto limit = static_cast<long long>(std::max(262144.0, rate_->bytes_per_second / 20));
+    const std::vector<std::string> shape{
+        "rate", rate_->text, "burst", std::to_string(burst), "limit", std::to_string(limit)};
+    for (bool inside : {false, true}) {
+      std::vector<std::string> tc{"tc",   "qdisc", "add", "dev", inside ? "eth0" : port,
+                                  "root", "tbf"};
+      tc.insert(tc.end(), shape.begin(), shape.end());
+      if (inside) {
+        run_command(tc, pid);
+      } else {
+        run_command(tc);
+      }
+    }
+  }
+  const char byte = 1;
+  if (::write(go[1], &byte, 1) != 1) throw_errno(fmt::format("cannot start node {}", node));
+  return pid;
+}
+
+std::string EmulatedNodes::traffic_report() const {
+  // /proc/net/dev shows the reader's network namespace: the switch's. A port's received
+  // bytes are what its node sent.
+  std::ifstream dev("/proc/net/dev");
+  std::string line, report;
+  std::vector<std::pair<long long, long long>> bytes(static_cast<std::size_t>(nodes_), {-1, -1});
+  while (std::getline(dev, line)) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    name.erase(0, name.find_first_not_of(' '));
+    if (name.size() < 2 || name[0] != 'n') continue;
+    const int node = std::atoi(name.c_str() + 1);
+    if (node < 0 || node >= nodes_ || name != switch_port(node)) continue;
+    std::istringstream fields(line.substr(colon + 1));
+    std::array<long long, 9> value{};
+    for (long long& v : value) fields >> v;
+    bytes[static_cast<std::size_t>(node)] = {value[0], value[8]};  // rx bytes, tx bytes
+  }
+  for (int node = 0; node < nodes_; ++node) {
+    const auto [sent, received] = bytes[static_cast<std::size_t>(node)];
+    if (sent < 0) continue;
+    report += fmt::format("node {} ({}) sent {} bytes and received {} bytes over its link\n", node,
+                          address_of(node), sent, received);
+  }
+  return report;
+}
+
+}  // namespace braid::launcher

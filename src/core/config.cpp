@@ -29,6 +29,9 @@ constexpr std::array kKnobs{
     Knob{"BRAID_NNODES", "", "number of nodes in the job; set by braid-run"},
     Knob{"BRAID_STORE", "", "host:port of the rendezvous store served by rank 0"},
     Knob{"BRAID_TOKEN", "", "shared secret a store client must present; empty: no check"},
+    Knob{"BRAID_NETWORK_TIMEOUT", "10",
+         "seconds a store connection may go unanswered (a node lost, a link cut) before "
+         "its other end is declared failed; 0: TCP's own, about 15 minutes"},
     Knob{"BRAID_RUNTIME_CPUS", "",
          "CPUs the runtime thread (all of braid's communication work) may run on, as taskset "
          "writes them (3, 0-3, 0,2): keeps it off the cores the training threads use; empty: "

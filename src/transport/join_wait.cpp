@@ -20,25 +20,24 @@
 #include <braid/core/log.hpp>
 #include <braid/transport/bootstrap.hpp>
 
+#include "transport/rank_list.hpp"
 #include "transport/world_keys.hpp"
 
 namespace braid::transport::detail {
 namespace {
 
-// "1, 3-5, 9": the ranks as runs, and past `shown` runs how many ranks more.
-std::string list_ranks(const std::vector<int>& ranks, std::size_t shown = 16) {
-  std::string text;
-  std::size_t runs = 0;
-  std::size_t i = 0;
-  while (i < ranks.size() && runs < shown) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (runs++ > 0) text += ", ";
-    text += j == i ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]);
-    i = j + 1;
+// " (node 1's, by the launchers' numbering)": the nodes whose ranks are missing, where the
+// launchers numbered ranks in blocks of `ranks_per_node`; empty where they did not.
+std::string nodes_of(const std::vector<int>& ranks, int ranks_per_node) {
+  if (ranks_per_node <= 0) return {};
+  std::vector<int> nodes;
+  for (int rank : ranks) {
+    if (nodes.empty() || nodes.back() != rank / ranks_per_node) {
+      nodes.push_back(rank / ranks_per_node);
+    }
   }
-  if (i < ranks.size()) text += fmt::format(" and {} more", ranks.size() - i);
-  return text;
+  return fmt::format(" ({} {}'s, by the launchers' numbering)",
+                     nodes.size() == 1 ? "node" : "nodes", list_ranks(nodes));
 }
 
 // What bounds the join, for messages: the program's join timeout or BRAID_TIMEOUT.
@@ -104,7 +103,8 @@ asio::awaitable<std::unique_ptr<StoreClient>> connect_to_store(asio::any_io_exec
 }
 
 asio::awaitable<std::vector<Bytes>> await_published(StoreClient& store, int world_size,
-                                                    JoinRound round, Deadline deadline,
+                                                    int ranks_per_node, JoinRound round,
+                                                    Deadline deadline,
                                                     const WorldOptions& options) {
   const Clock::duration timeout = options.join_timeout.value_or(default_timeout());
   const std::string bound = join_bound(options, timeout);
@@ -179,14 +179,14 @@ asio::awaitable<std::vector<Bytes>> await_published(StoreClient& store, int worl
   if (arrivals->failure) std::rethrow_exception(arrivals->failure);
   if (const std::vector<int> absent = missing(); !absent.empty()) {
     const bool one = absent.size() == 1;
-    throw Error(
-        Errc::timeout,
-        fmt::format("{} {} of {} never joined: {} ('{}'{}) {} not in the store within "
-                    "{}; {} started, with this job's BRAID_STORE and BRAID_TOKEN?",
-                    one ? "rank" : "ranks", list_ranks(absent), world_size,
-                    one ? round.one : round.several, round.key_of(absent.front()),
-                    one ? "" : ", ...", one ? "was" : "were", bound, one ? "was it" : "were they"),
-        {.operation = "World::join"});
+    throw Error(Errc::timeout,
+                fmt::format("{} {} of {}{} never joined: {} ('{}'{}) {} not in the store within "
+                            "{}; {} started, with this job's BRAID_STORE and BRAID_TOKEN?",
+                            one ? "rank" : "ranks", list_ranks(absent), world_size,
+                            nodes_of(absent, ranks_per_node), one ? round.one : round.several,
+                            round.key_of(absent.front()), one ? "" : ", ...", one ? "was" : "were",
+                            bound, one ? "was it" : "were they"),
+                {.operation = "World::join"});
   }
   std::vector<Bytes> addresses;
   for (auto& address : arrivals->addresses) addresses.push_back(std::move(*address));

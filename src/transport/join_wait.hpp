@@ -47,9 +47,11 @@ inline constexpr JoinRound kPlacementRound{placement_key, "its node and machine"
 // Errc::peer_failed naming that rank; at `deadline`, Errc::timeout names the ranks still
 // missing. A broken store connection is thrown as the store reports it. `store` and
 // `options` outlive the wait.
+// `ranks_per_node`: when the launchers number ranks in blocks of this many per node (0 when
+// not, or on one node), the error names the nodes of the missing ranks too.
 asio::awaitable<std::vector<Bytes>> await_published(StoreClient& store, int world_size,
-                                                    JoinRound round, Deadline deadline,
-                                                    const WorldOptions& options);
+                                                    int ranks_per_node, JoinRound round,
+                                                    Deadline deadline, const WorldOptions& options);
 
 // The error for a join that a rank's failure ended: the event log's first event, `failed`
 // (a failure event), names it and why. `also`, when not empty, is what else this rank saw

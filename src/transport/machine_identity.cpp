@@ -1,14 +1,19 @@
 #include "transport/machine_identity.hpp"
 
+#include <array>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include <braid/core/error.hpp>
+
+#include "transport/rank_list.hpp"
 
 namespace braid::transport::detail {
 namespace {
@@ -22,6 +27,10 @@ std::uint64_t namespace_inode(const char* path) {
 
 MachineIdentity MachineIdentity::of_this_process() {
   MachineIdentity machine;
+  std::array<char, 256> host{};
+  machine.hostname = ::gethostname(host.data(), host.size() - 1) == 0 && host[0] != '\0'
+                         ? std::string(host.data())
+                         : "unnamed";
   std::ifstream boot_id("/proc/sys/kernel/random/boot_id");
   std::getline(boot_id, machine.boot_id);
   if (machine.boot_id.empty()) machine.boot_id = "unknown";
@@ -31,8 +40,8 @@ MachineIdentity MachineIdentity::of_this_process() {
 }
 
 Bytes encode_placement(int node, const MachineIdentity& machine) {
-  const std::string text = fmt::format("{} {} {} {}", node, machine.boot_id, machine.ipc_namespace,
-                                       machine.pid_namespace);
+  const std::string text = fmt::format("{} {} {} {} {}", node, machine.hostname, machine.boot_id,
+                                       machine.ipc_namespace, machine.pid_namespace);
   return Bytes(text.begin(), text.end());
 }
 
@@ -40,7 +49,8 @@ std::pair<int, MachineIdentity> decode_placement(const Bytes& published, int ran
   std::istringstream in(std::string(published.begin(), published.end()));
   int node = -1;
   MachineIdentity machine;
-  in >> node >> machine.boot_id >> machine.ipc_namespace >> machine.pid_namespace;
+  in >> node >> machine.hostname >> machine.boot_id >> machine.ipc_namespace >>
+      machine.pid_namespace;
   if (!in || node < 0) {
     throw Error(Errc::protocol_error,
                 fmt::format("rank {} published a placement this rank cannot read ({} bytes); "
@@ -84,6 +94,24 @@ PlacementCheck check_placement(std::span<const int> node_of_rank,
         ranks);
   }
   return check;
+}
+
+std::vector<std::string> describe_places(std::span<const int> node_of_rank,
+                                         std::span<const MachineIdentity> machine_of_rank) {
+  std::map<int, std::vector<int>> ranks_of_node;
+  for (std::size_t r = 0; r < node_of_rank.size(); ++r) {
+    ranks_of_node[node_of_rank[r]].push_back(static_cast<int>(r));
+  }
+  std::map<int, std::string> listed;
+  for (const auto& [node, ranks] : ranks_of_node) {
+    listed[node] = fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", list_ranks(ranks));
+  }
+  std::vector<std::string> places;
+  for (std::size_t r = 0; r < node_of_rank.size(); ++r) {
+    places.push_back(fmt::format("; it ran on node {} ({}), with {}", node_of_rank[r],
+                                 machine_of_rank[r].hostname, listed[node_of_rank[r]]));
+  }
+  return places;
 }
 
 }  // namespace braid::transport::detail

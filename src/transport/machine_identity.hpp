@@ -17,12 +17,14 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <braid/transport/store/store.hpp>
 
 namespace braid::transport::detail {
 
 struct MachineIdentity {
+  std::string hostname;             // for messages: where a node is
   std::string boot_id;              // /proc/sys/kernel/random/boot_id
   std::uint64_t ipc_namespace = 0;  // inode of /proc/self/ns/ipc
   std::uint64_t pid_namespace = 0;  // inode of /proc/self/ns/pid
@@ -51,5 +53,10 @@ struct PlacementCheck {
 // (Errc::invalid_environment) naming two ranks that claim one node on different machines.
 PlacementCheck check_placement(std::span<const int> node_of_rank,
                                std::span<const MachineIdentity> machine_of_rank, int rank);
+
+// For each rank, where it runs, as failure messages end: "; it ran on node 1 (node1), with
+// ranks 2-3". A node lost whole fails each of its ranks, and each failure names the rest.
+std::vector<std::string> describe_places(std::span<const int> node_of_rank,
+                                         std::span<const MachineIdentity> machine_of_rank);
 
 }  // namespace braid::transport::detail

@@ -74,15 +74,28 @@ std::string listen_host_for(const std::string& store_host) {
   return store_host.find(':') != std::string::npos ? "::" : "0.0.0.0";
 }
 
-// See machine_identity.hpp. Before UCX starts, since what it may use depends on it: whether
-// UCX must keep to its network transports.
-asio::awaitable<bool> check_placement(StoreClient& store, const LaunchInfo& info, Deadline deadline,
-                                      const WorldOptions& options) {
+// The launchers' block of ranks per node, for naming the nodes of ranks that never join;
+// 0 on one node or where the blocks do not tile the world.
+int ranks_per_node(const LaunchInfo& info) {
+  const bool blocks =
+      info.num_nodes > 1 &&
+      static_cast<long long>(info.num_nodes) * info.local_world_size == info.world_size;
+  return blocks ? info.local_world_size : 0;
+}
+
+// See machine_identity.hpp. Before UCX starts, since what it may use depends on it.
+struct Placement {
+  bool network_only = false;        // keep UCX to its network transports
+  std::vector<std::string> places;  // where each rank runs, for failure messages
+};
+
+asio::awaitable<Placement> check_placement(StoreClient& store, const LaunchInfo& info,
+                                           Deadline deadline, const WorldOptions& options) {
   co_await store.set(
       detail::placement_key(info.rank),
       detail::encode_placement(info.node_rank, detail::MachineIdentity::of_this_process()));
   const std::vector<Bytes> published = co_await detail::await_published(
-      store, info.world_size, detail::kPlacementRound, deadline, options);
+      store, info.world_size, ranks_per_node(info), detail::kPlacementRound, deadline, options);
   std::vector<int> nodes;
   std::vector<detail::MachineIdentity> machines;
   for (int r = 0; r < info.world_size; ++r) {
@@ -92,7 +105,8 @@ asio::awaitable<bool> check_placement(StoreClient& store, const LaunchInfo& info
   }
   const detail::PlacementCheck check = detail::check_placement(nodes, machines, info.rank);
   if (check.network_only && info.local_rank == 0) log::info("{}", check.why);
-  co_return check.network_only;
+  co_return Placement{.network_only = check.network_only,
+                      .places = detail::describe_places(nodes, machines)};
 }
 
 }  // namespace
@@ -156,9 +170,10 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   Bytes will = detail::will_value(info.rank);
   co_await world->store_->set_appending_will(std::move(events_key), std::move(will));
 
+  Placement placement;
   if (info.num_nodes > 1) {
-    world->options_.ucx.network_only =
-        co_await check_placement(*world->store_, info, deadline, world->options_);
+    placement = co_await check_placement(*world->store_, info, deadline, world->options_);
+    world->options_.ucx.network_only = placement.network_only;
   }
   // Shared memory for small messages is safe now: the watcher (watch_peers) notices a
   // killed peer that UCX's shared-memory keepalive misses.
@@ -170,8 +185,9 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   // runs (hierarchical collectives need it) without another round of store traffic.
   co_await world->store_->set(address_key(info.rank),
                               with_node(info.node_rank, world->ucx_->address()));
-  std::vector<Bytes> addresses = co_await detail::await_published(
-      *world->store_, info.world_size, detail::kAddressRound, deadline, world->options_);
+  std::vector<Bytes> addresses =
+      co_await detail::await_published(*world->store_, info.world_size, ranks_per_node(info),
+                                       detail::kAddressRound, deadline, world->options_);
   world->node_of_rank_.resize(static_cast<std::size_t>(info.world_size));
   for (int r = 0; r < info.world_size; ++r) {
     world->node_of_rank_[static_cast<std::size_t>(r)] =
@@ -180,6 +196,7 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   std::optional<Error> connect_error;
   try {
     world->ucx_->connect(addresses, info.rank);
+    if (!placement.places.empty()) world->ucx_->set_peer_places(std::move(placement.places));
   } catch (const Error& e) {
     connect_error = e;
   }

@@ -80,7 +80,9 @@ inline Event event_in(const Bytes& value) {
     if (kind == Event::Kind::ended) return {};
     return {.kind = kind,
             .rank = rank,
-            .why = "its store connection closed (process exited or was killed)"};
+            .why =
+                "its store connection closed (the process exited or was killed) or went "
+                "silent (its node or the network to it lost)"};
   }
   if (*end != ':') return {};
   if (kind == Event::Kind::failed) {

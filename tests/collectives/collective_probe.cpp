@@ -16,6 +16,12 @@
 //              s", S
 //              the growth of the network interface's transmit counter (/proc/net/dev, this
 //              rank's network namespace) across the all_reduce.
+//   die_node N all ranks all_reduce 4 MiB until one fails; after the first, node N's rank
+//              of local rank 0 kills its node's braid-run and itself (under braid-run
+//              --emulate-nodes, the whole node goes). Survivors report as in die.
+//   until_failure
+//              as die_node with no node killed: for failures made from outside (a link
+//              cut). Every rank prints "rank R looping" after its first all_reduce.
 // Other errors are printed as "error: <what>" on stderr, with exit code 2.
 #include <algorithm>
 #include <chrono>
@@ -28,6 +34,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include <fmt/format.h>
@@ -239,6 +246,22 @@ awaitable<void> die(Communicator& comm, int doomed, std::string collective) {
   for (int i = 0; i < 1000; ++i) co_await once();
 }
 
+// die_node and until_failure: all_reduce of 4 MiB until one fails. On node `doomed_node`
+// (-1: none) the rank of local rank 0 kills its node's braid-run and itself after the
+// first: under braid-run --emulate-nodes the node's init then ends with its braid-run,
+// and the kernel kills every process of the node. Every other rank says "rank R looping"
+// after its first all_reduce.
+awaitable<void> until_failure(Communicator& comm, int node, int local_rank, int doomed_node) {
+  std::vector<float> data(std::size_t{1} << 20, 1.0F);
+  co_await comm.all_reduce(Buffer(data), ReduceOp::avg);
+  if (node == doomed_node && local_rank == 0) {
+    ::kill(::getppid(), SIGKILL);
+    std::raise(SIGKILL);
+  }
+  std::cout << "rank " << comm.rank() << " looping" << std::endl;
+  for (;;) co_await comm.all_reduce(Buffer(data), ReduceOp::avg);
+}
+
 // The bytes `interface` has transmitted, from /proc/net/dev (this process's network
 // namespace); -1 when it has no such interface.
 long long transmitted(const std::string& interface) {
@@ -276,7 +299,7 @@ awaitable<LinkUse> link_use(Communicator& comm, std::size_t bytes, std::string i
 int usage() {
   std::cerr << "usage: collective_probe check | reuse | die RANK "
                "[all_reduce|broadcast|all_gather|small_all_reduce|barrier|shared_all_reduce] "
-               "| link BYTES IFACE\n";
+               "| link BYTES IFACE | die_node NODE | until_failure\n";
   return 2;
 }
 
@@ -285,11 +308,14 @@ int usage() {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode != "check" && mode != "reuse" && !(mode == "die" && argc > 2) &&
-      !(mode == "link" && argc > 3)) {
+      !(mode == "link" && argc > 3) && !(mode == "die_node" && argc > 2) &&
+      mode != "until_failure") {
     return usage();
   }
-  const int doomed = mode == "die" ? std::stoi(argv[2]) : -1;
-  if (mode == "die") std::signal(SIGTERM, SIG_IGN);
+  const int doomed = mode == "die" || mode == "die_node" ? std::stoi(argv[2]) : -1;
+  if (mode == "die" || mode == "die_node" || mode == "until_failure") {
+    std::signal(SIGTERM, SIG_IGN);
+  }
   try {
     braid::Runtime runtime;
     braid::transport::World::Options options;
@@ -321,7 +347,14 @@ int main(int argc, char** argv) {
       return 0;
     }
     try {
-      runtime.spawn(die(*comm, doomed, argc > 3 ? argv[3] : "all_reduce")).get();
+      if (mode == "die") {
+        runtime.spawn(die(*comm, doomed, argc > 3 ? argv[3] : "all_reduce")).get();
+      } else {
+        const int node = world->node_of(world->rank());
+        const int local_rank = std::atoi(
+            std::getenv("BRAID_LOCAL_RANK") != nullptr ? std::getenv("BRAID_LOCAL_RANK") : "0");
+        runtime.spawn(until_failure(*comm, node, local_rank, doomed)).get();
+      }
     } catch (const braid::Error& e) {
       std::cerr << "rank " << rank << " saw: " << e.what() << "\n";
       return 3;

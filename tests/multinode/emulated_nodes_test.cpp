@@ -178,6 +178,77 @@ TEST(EmulatedNodes, NothingOutlivesALauncherKilledMidJob) {
   EXPECT_THAT(interfaces, ::testing::Not(HasSubstr("braid0")));
 }
 
+// The survivors' "rank R saw: ..." lines, by rank.
+std::map<int, std::string> what_survivors_saw(const std::string& out) {
+  static const std::regex line(R"(rank (\d+) saw: ([^\n]*))");
+  std::map<int, std::string> saw;
+  for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it) {
+    saw[std::stoi((*it)[1])] = (*it)[2];
+  }
+  return saw;
+}
+
+// Node 1 lost whole (its braid-run and every rank killed at once) in the middle of an
+// all-reduce: node 0's ranks fail at once, naming the node and its ranks.
+TEST(EmulatedNodes, AWholeNodeLostFailsEverySurvivorNamingTheNodeAndItsRanks) {
+  SKIP_WITHOUT_NAMESPACES();
+  auto result = ChildProcess({braid_run(), "--emulate-nodes", "2", "-n", "2", "--grace", "1",
+                              "--timeout", "100", probe(), "die_node", "1"},
+                             {}, 120s)
+                    .wait();
+  EXPECT_NE(result.status, 0);
+  const auto saw = what_survivors_saw(result.err);
+  ASSERT_EQ(saw.size(), 2U) << result.out << result.err;
+  for (const auto& [rank, what] : saw) {
+    EXPECT_LT(rank, 2) << what;
+    EXPECT_THAT(what, HasSubstr("peer failed")) << what;
+    EXPECT_THAT(what, HasSubstr("it ran on node 1 (node1), with ranks 2-3")) << what;
+  }
+  // Well within BRAID_TIMEOUT (300 s): the failure is noticed, not waited out.
+  EXPECT_LT(result.elapsed, 30s) << result.err;
+}
+
+// Node 1's link goes down in the middle of all-reduces: nothing tells either side, and
+// TCP alone would retransmit for minutes; BRAID_NETWORK_TIMEOUT (2 s here) bounds it, and
+// each side fails naming the other's node.
+TEST(EmulatedNodes, ALinkCutMidCollectiveFailsBothSidesWithinTheNetworkTimeout) {
+  SKIP_WITHOUT_NAMESPACES();
+  ChildProcess job({braid_run(), "--emulate-nodes", "2", "-n", "1", "--grace", "1", "--timeout",
+                    "100", probe(), "until_failure"},
+                   {{"BRAID_NETWORK_TIMEOUT", "2"}}, 120s);
+  job.read_until("looping", 2);
+  // The switch lives in braid-run's own network namespace.
+  const auto cut = std::chrono::steady_clock::now();
+  auto down = ChildProcess({"/usr/bin/nsenter", fmt::format("--net=/proc/{}/ns/net", job.pid()),
+                            "/usr/sbin/ip", "link", "set", "n1", "down"})
+                  .wait();
+  ASSERT_EQ(down.status, 0) << down.err;
+  const auto result = job.wait();
+  const auto after_cut = std::chrono::steady_clock::now() - cut;
+  const auto saw = what_survivors_saw(result.err);
+  ASSERT_EQ(saw.size(), 2U) << result.out << result.err;
+  EXPECT_THAT(saw.at(0), HasSubstr("it ran on node 1 (node1), with rank 1"));
+  EXPECT_THAT(saw.at(1), HasSubstr("it ran on node 0 (node0), with rank 0"));
+  EXPECT_LT(after_cut, 20s) << result.err;
+}
+
+// A node whose program never joins: the others' join fails when BRAID_TIMEOUT ends it,
+// naming the ranks and their node.
+TEST(EmulatedNodes, ANodeThatNeverArrivesIsNamedWhenTheJoinTimesOut) {
+  SKIP_WITHOUT_NAMESPACES();
+  const std::string program = fmt::format(
+      "if [ \"$BRAID_NODE_RANK\" = 1 ]; then exec sleep 60; else exec {} check; fi", probe());
+  auto result = ChildProcess({braid_run(), "--emulate-nodes", "2", "-n", "2", "--grace", "1",
+                              "--timeout", "100", "/bin/sh", "-c", program},
+                             {{"BRAID_TIMEOUT", "3"}}, 120s)
+                    .wait();
+  EXPECT_NE(result.status, 0);
+  EXPECT_THAT(result.err, HasSubstr("ranks 2-3 of 4 (node 1's, by the launchers' numbering) "
+                                    "never joined"))
+      << result.out << result.err;
+  EXPECT_LT(result.elapsed, 30s) << result.err;
+}
+
 TEST(EmulatedNodes, EachNodeHasItsOwnHostnameAddressAndProcesses) {
   SKIP_WITHOUT_NAMESPACES();
   auto result = ChildProcess({braid_run(), "--emulate-nodes", "3", "-n", "1", "/bin/sh", "-c",

@@ -14,7 +14,10 @@ namespace {
 using ::testing::HasSubstr;
 
 MachineIdentity machine(std::string boot_id, std::uint64_t ipc, std::uint64_t pid) {
-  return MachineIdentity{.boot_id = std::move(boot_id), .ipc_namespace = ipc, .pid_namespace = pid};
+  return MachineIdentity{.hostname = "host",
+                         .boot_id = std::move(boot_id),
+                         .ipc_namespace = ipc,
+                         .pid_namespace = pid};
 }
 
 TEST(MachineIdentity, ThisProcessHasABootIdAndNamespaces) {
@@ -28,6 +31,7 @@ TEST(MachineIdentity, ThisProcessHasABootIdAndNamespaces) {
 TEST(MachineIdentity, APlacementReadsBackAsPublished) {
   const auto [node, read] = decode_placement(encode_placement(3, machine("b00t", 11, 12)), 5);
   EXPECT_EQ(node, 3);
+  EXPECT_EQ(read.hostname, "host");
   EXPECT_EQ(read.boot_id, "b00t");
   EXPECT_EQ(read.ipc_namespace, 11U);
   EXPECT_EQ(read.pid_namespace, 12U);
@@ -84,6 +88,16 @@ TEST(PlacementCheck, RanksGivenOneNodeOnTwoMachinesAreRefusedByName) {
     EXPECT_THAT(e.what(), HasSubstr("ranks 0 and 2 both run on node 0"));
     EXPECT_THAT(e.what(), HasSubstr("give each machine its own node rank"));
   }
+}
+
+TEST(PlacementCheck, EachRanksPlaceNamesItsNodeHostAndTheNodesRanks) {
+  const std::vector<int> nodes{0, 0, 1, 1, 1};
+  std::vector<MachineIdentity> machines(5, machine("a", 1, 2));
+  machines[2].hostname = machines[3].hostname = machines[4].hostname = "gpu7";
+  const std::vector<std::string> places = describe_places(nodes, machines);
+  ASSERT_EQ(places.size(), 5U);
+  EXPECT_EQ(places[0], "; it ran on node 0 (host), with ranks 0-1");
+  EXPECT_EQ(places[3], "; it ran on node 1 (gpu7), with ranks 2-4");
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 #include <braid/transport/store/store.hpp>
 
 #include "transport/store/store_frame_io.hpp"
+#include "transport/store/store_keepalive.hpp"
 #include "transport/store/store_protocol.hpp"
 
 namespace braid::transport {
@@ -236,6 +237,7 @@ void StoreClient::Impl::start() {
   started_ = true;
   boost::system::error_code ignored;
   socket_.set_option(tcp::no_delay(true), ignored);
+  detail::give_up_on_silence(socket_);
   log::debug("store client: connected to {}", where_);
   asio::co_spawn(
       executor_, [self = shared_from_this()] { return self->read_replies(); }, asio::detached);

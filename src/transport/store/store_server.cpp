@@ -30,6 +30,7 @@
 #include <braid/transport/store/store.hpp>
 
 #include "transport/store/store_frame_io.hpp"
+#include "transport/store/store_keepalive.hpp"
 #include "transport/store/store_protocol.hpp"
 #include "transport/store/store_server_impl.hpp"
 #include "transport/summary_log.hpp"
@@ -128,6 +129,7 @@ void StoreServer::Impl::admit(tcp::socket socket) {
   auto connection = std::make_shared<Connection>(std::move(socket), acceptor_.get_executor());
   boost::system::error_code ignored;
   connection->socket.set_option(tcp::no_delay(true), ignored);
+  detail::give_up_on_silence(connection->socket);
   const auto remote = connection->socket.remote_endpoint(ignored);
   connection->peer = fmt::format("{}:{}", remote.address().to_string(), remote.port());
   log::debug("store: port {} accepted a connection from {}", port_, connection->peer);

@@ -93,6 +93,9 @@ void UcxWorkerImpl::fail_peer(int rank, std::string why, bool close_now) {
   if (peer.failed) return;
   peer.failed = true;
   peer.failure = std::move(why);
+  if (static_cast<std::size_t>(rank) < places_.size()) {
+    peer.failure += places_[static_cast<std::size_t>(rank)];
+  }
 
   std::vector<UcxOp*> affected = pending_snapshot();
   std::erase_if(affected, [rank](const UcxOp* op) { return op->peer != rank || op->abandoned; });

@@ -69,6 +69,10 @@ void UcxWorker::connect(const std::vector<Bytes>& addresses_by_rank, int my_rank
   runtime_.run([&] { impl_->connect(addresses_by_rank, my_rank); });
 }
 
+void UcxWorker::set_peer_places(std::vector<std::string> places) {
+  runtime_.run([&] { impl_->set_peer_places(std::move(places)); });
+}
+
 void UcxWorker::fail_peer(int peer, std::string reason) {
   runtime_.run([&] {
     if (peer < 0 || peer >= impl_->size()) {

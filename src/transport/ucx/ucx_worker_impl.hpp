@@ -127,6 +127,8 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   int size() const noexcept { return static_cast<int>(peers_.size()); }
   bool moves_cuda_memory() const noexcept { return moves_cuda_memory_; }
 
+  void set_peer_places(std::vector<std::string> places) { places_ = std::move(places); }
+
  private:
   // ucx_progress.cpp
   void progress();
@@ -177,6 +179,7 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   int rank_ = -1;
   // Sized once by connect(); endpoint error callbacks hold pointers into it.
   std::vector<UcxPeer> peers_;
+  std::vector<std::string> places_;  // UcxWorker::set_peer_places; empty: none
   bool closed_ = false;
 
   // Progress: at any time either a poll is posted (spinning) or the worker is armed and

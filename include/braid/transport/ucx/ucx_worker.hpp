@@ -186,6 +186,11 @@ class UcxWorker {
   // outside the world.
   void fail_peer(int peer, std::string reason);
 
+  // Where each rank runs, for failure messages: every reason rank r fails with ends with
+  // `places[r]` (a World of several nodes gives "; it ran on node 1 (node1), with ranks
+  // 2-3"). Call after connect(), from any thread.
+  void set_peer_places(std::vector<std::string> places);
+
  private:
   // A Transfer for an operation just started: `op` null when UCX finished it inside the
   // call, with `length` bytes received.

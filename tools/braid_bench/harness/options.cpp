@@ -244,4 +244,10 @@ std::vector<std::string> arguments(const OptionTable& table,
   return args;
 }
 
+std::vector<std::string> arguments(const OptionTable& table) {
+  std::vector<std::string_view> names;
+  for (const Option& o : table) names.push_back(o.name);
+  return arguments(table, names);
+}
+
 }  // namespace braid::bench

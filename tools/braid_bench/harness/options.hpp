@@ -64,6 +64,8 @@ std::string wrap(const std::string& head, std::string_view words, std::size_t in
 // (a worker, a peer) is given them: {"--hidden", "256", "--json", ...}; a flag only when set.
 std::vector<std::string> arguments(const OptionTable& table,
                                    const std::vector<std::string_view>& names);
+// Every option of the table, likewise.
+std::vector<std::string> arguments(const OptionTable& table);
 
 // A whole number from `least` to `most`; anything else (a sign, a suffix, an overflow) is a
 // std::invalid_argument naming the option.

@@ -1,6 +1,7 @@
 #include "results.hpp"
 
 #include <iostream>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
@@ -27,17 +28,35 @@ std::string json_text(const std::string& line, const std::string& key) {
   return line.substr(from, line.find('"', from) - from);
 }
 
-std::map<std::string, double> medians(const std::vector<std::string>& lines,
-                                      const std::vector<std::string>& keys) {
+namespace {
+
+// Each of `keys` the lines hold, `of` the values of the lines that hold it.
+template <class Of>
+std::map<std::string, double> figures_of(const std::vector<std::string>& lines,
+                                         const std::vector<std::string>& keys, Of&& of) {
   std::map<std::string, double> figures;
   for (const std::string& key : keys) {
     std::vector<double> values;
     for (const std::string& line : lines) {
       if (const auto value = json_number(line, key)) values.push_back(*value);
     }
-    if (!values.empty()) figures[key] = median(values);
+    if (!values.empty()) figures[key] = of(values);
   }
   return figures;
+}
+
+}  // namespace
+
+std::map<std::string, double> medians(const std::vector<std::string>& lines,
+                                      const std::vector<std::string>& keys) {
+  return figures_of(lines, keys, [](const std::vector<double>& values) { return median(values); });
+}
+
+std::map<std::string, double> means(const std::vector<std::string>& lines,
+                                    const std::vector<std::string>& keys) {
+  return figures_of(lines, keys, [&](const std::vector<double>& values) {
+    return std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(lines.size());
+  });
 }
 
 std::optional<std::string> result_line(const CommandResult& result, std::string_view marker,

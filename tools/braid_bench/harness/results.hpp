@@ -30,6 +30,15 @@ std::string json_text(const std::string& line, const std::string& key);
 // Each of `keys` the lines hold, the median over the lines that hold it.
 std::map<std::string, double> medians(const std::vector<std::string>& lines,
                                       const std::vector<std::string>& keys);
+// Each of `keys` the lines hold, its sum over the lines that hold it over all the lines.
+std::map<std::string, double> means(const std::vector<std::string>& lines,
+                                    const std::vector<std::string>& keys);
+// The figure `key` of `figures`, nullopt where absent.
+inline std::optional<double> figure(const std::map<std::string, double>& figures,
+                                    const std::string& key) {
+  const auto at = figures.find(key);
+  return at == figures.end() ? std::nullopt : std::optional(at->second);
+}
 
 // The JSON line that starts with `{"<marker>"` in a worker's output (braid-run prefixes it with
 // "[0] "); nullopt, with the output on stderr naming `mode` and `who`, where it printed none

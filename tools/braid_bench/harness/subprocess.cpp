@@ -125,6 +125,35 @@ std::vector<std::string> under_braid_run(int ranks, const std::string& program,
   return argv;
 }
 
+std::vector<std::string> bench_worker(int ranks, const std::string& mode,
+                                      const std::vector<std::string>& args, int timeout_s) {
+  std::vector<std::string> argv{sibling_program("braid-run"), "-n", std::to_string(ranks)};
+  if (timeout_s > 0) argv.insert(argv.end(), {"--timeout", std::to_string(timeout_s)});
+  argv.insert(argv.end(), {sibling_program("braid-bench"), mode, "--worker"});
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+std::optional<std::vector<std::string>> python_peer(const std::string& script) {
+  const std::optional<std::string> python = torch_python();
+  const std::string path = sibling_program(script);
+  if (!python || !std::filesystem::exists(path)) return std::nullopt;
+  return std::vector<std::string>{*python, path};
+}
+
+bool have_worker(std::string_view mode, const std::string& program) {
+  if (std::filesystem::exists(sibling_program(program))) return true;
+  std::cerr << "braid-bench " << mode << ": the worker is built with libtorch only\n";
+  return false;
+}
+
+std::vector<std::string> words_of(std::string_view line) {
+  std::vector<std::string> words;
+  std::istringstream stream{std::string(line)};
+  for (std::string word; stream >> word;) words.push_back(word);
+  return words;
+}
+
 namespace {
 
 // The first executable `name` on PATH, as a full path.

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace braid::bench {
@@ -40,6 +41,17 @@ std::string sibling_program(const std::string& name);
 std::vector<std::string> under_braid_run(int ranks, const std::string& program,
                                          const std::vector<std::string>& args,
                                          bool one_blas_thread = false);
+// braid-bench's own `mode` on `ranks` ranks under braid-run (which kills them after
+// `timeout_s` where it is not 0), as the mode's measured ranks: `mode --worker`, then `args`.
+std::vector<std::string> bench_worker(int ranks, const std::string& mode,
+                                      const std::vector<std::string>& args, int timeout_s = 0);
+// A Python peer: `script` (beside this program) under torch_python(); nullopt where either is
+// missing.
+std::optional<std::vector<std::string>> python_peer(const std::string& script);
+// Whether the worker `program` was built (it is, with libtorch); if not, says so on stderr.
+bool have_worker(std::string_view mode, const std::string& program);
+// A fixed command line written as one string: its words, split at spaces.
+std::vector<std::string> words_of(std::string_view line);
 // Whether an executable `name` is found on PATH.
 bool on_path(const std::string& name);
 // The Python that runs the torch peers: the one the build took PyTorch from (meson's

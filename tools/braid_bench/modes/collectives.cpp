@@ -25,11 +25,8 @@
 // Gloo as the build's PyTorch's ProcessGroupGloo over loopback TCP.
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <iostream>
-#include <map>
 #include <optional>
-#include <regex>
 #include <sstream>
 #include <stdexcept>
 #include <unistd.h>
@@ -40,6 +37,7 @@
 #include <braid/braid.hpp>
 #include <braid/collectives/communicator.hpp>
 
+#include "../harness/report.hpp"
 #include "../harness/results.hpp"
 #include "../harness/rounds.hpp"
 #include "../harness/subprocess.hpp"
@@ -127,25 +125,20 @@ std::string to_json(const Row& row) {
 }
 
 std::optional<Row> parse_row(const std::string& line) {
-  auto text = [&](const char* key) -> std::optional<std::string> {
-    const std::regex pattern(std::string("\"") + key + R"re("\s*:\s*("([^"]*)"|[-0-9.eE+]+))re");
-    std::smatch match;
-    if (!std::regex_search(line, match, pattern)) return std::nullopt;
-    return match[2].matched ? match[2].str() : match[1].str();
-  };
-  const auto peer = text("peer"), op = text("op"), ranks = text("ranks"), bytes = text("bytes"),
-             iters = text("iters"), time = text("time_us"), algbw = text("algbw_gbps"),
-             busbw = text("busbw_gbps"), wrong = text("wrong");
-  if (!peer || !op || !ranks || !bytes || !time || !busbw || !wrong) return std::nullopt;
-  return Row{*peer,
-             *op,
-             std::stoi(*ranks),
-             std::stoull(*bytes),
-             iters ? std::stoi(*iters) : 0,
-             std::stod(*time),
-             algbw ? std::stod(*algbw) : 0,
-             std::stod(*busbw),
-             std::stoll(*wrong)};
+  const auto ranks = json_number(line, "ranks"), bytes = json_number(line, "bytes"),
+             time = json_number(line, "time_us"), busbw = json_number(line, "busbw_gbps"),
+             wrong = json_number(line, "wrong");
+  Row row{json_text(line, "peer"), json_text(line, "op")};
+  if (row.peer.empty() || row.op.empty() || !ranks || !bytes || !time || !busbw || !wrong)
+    return std::nullopt;
+  row.ranks = static_cast<int>(*ranks);
+  row.bytes = static_cast<std::size_t>(*bytes);
+  row.iters = static_cast<int>(json_number(line, "iters").value_or(0));
+  row.time_us = *time;
+  row.algbw_gbps = json_number(line, "algbw_gbps").value_or(0);
+  row.busbw_gbps = *busbw;
+  row.wrong = static_cast<long long>(*wrong);
+  return row;
 }
 
 // ---------------------------------------------------------------- the measured ranks
@@ -442,17 +435,11 @@ std::vector<Row> rows_from(const CommandResult& result, const std::string& who) 
 }
 
 std::vector<Row> run_braid(CollectivesOptions& options, int ranks) {
-  std::vector<std::string> argv{sibling_program("braid-run"),
-                                "-n",
-                                std::to_string(ranks),
-                                "--timeout",
-                                "1200",
-                                sibling_program("braid-bench"),
-                                "collectives",
-                                "--worker"};
-  for (auto& a : common_arguments(options)) argv.push_back(a);
-  if (options.shared_buffers) argv.push_back("--shared-buffers");
-  return rows_from(run_command(argv, std::chrono::seconds(1300)), "braid");
+  std::vector<std::string> args = common_arguments(options);
+  if (options.shared_buffers) args.push_back("--shared-buffers");
+  return rows_from(
+      run_command(bench_worker(ranks, "collectives", args, 1200), std::chrono::seconds(1300)),
+      "braid");
 }
 
 std::vector<Row> run_openmpi(CollectivesOptions& options, int ranks) {
@@ -462,44 +449,26 @@ std::vector<Row> run_openmpi(CollectivesOptions& options, int ranks) {
     return {};
   }
   // Shared memory only (vader, CMA), every rank yielding when idle as braid's do.
-  std::vector<std::string> argv{"env",
-                                "OMPI_ALLOW_RUN_AS_ROOT=1",
-                                "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                                "mpirun",
-                                "--allow-run-as-root",
-                                "--oversubscribe",
-                                "--bind-to",
-                                "none",
-                                "-np",
-                                std::to_string(ranks),
-                                "--mca",
-                                "pml",
-                                "ob1",
-                                "--mca",
-                                "btl",
-                                "self,vader",
-                                "--mca",
-                                "oob_tcp_if_include",
-                                "lo",
-                                "--mca",
-                                "mpi_yield_when_idle",
-                                "1",
-                                peer};
+  std::vector<std::string> argv = words_of(fmt::format(
+      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --allow-run-as-root "
+      "--oversubscribe --bind-to none -np {} --mca pml ob1 --mca btl self,vader --mca "
+      "oob_tcp_if_include lo --mca mpi_yield_when_idle 1",
+      ranks));
+  argv.push_back(peer);
   for (auto& a : common_arguments(options)) argv.push_back(a);
   return rows_from(run_command(argv, std::chrono::seconds(1300)), "mpirun");
 }
 
 std::vector<Row> run_gloo(CollectivesOptions& options, int ranks) {
-  const std::string script = sibling_program("braid-bench-gloo-peer.py");
-  const std::optional<std::string> python = torch_python();
-  if (!python || access(script.c_str(), R_OK) != 0) {
-    std::cerr << "braid-bench collectives: no Gloo peer (a python3 with torch, or " << script
-              << ", missing)\n";
+  std::optional<std::vector<std::string>> argv = python_peer("braid-bench-gloo-peer.py");
+  if (!argv) {
+    std::cerr << "braid-bench collectives: no Gloo peer (a python3 with torch, or "
+              << sibling_program("braid-bench-gloo-peer.py") << ", missing)\n";
     return {};
   }
-  std::vector<std::string> argv{*python, script, "--ranks", std::to_string(ranks)};
-  for (auto& a : common_arguments(options)) argv.push_back(a);
-  return rows_from(run_command(argv, std::chrono::seconds(1800)), "gloo");
+  argv->insert(argv->end(), {"--ranks", std::to_string(ranks)});
+  for (auto& a : common_arguments(options)) argv->push_back(a);
+  return rows_from(run_command(*argv, std::chrono::seconds(1800)), "gloo");
 }
 
 std::optional<Row> find(const std::vector<Row>& rows, const Row& like) {
@@ -549,18 +518,16 @@ std::string peer_json(const std::optional<Row>& row) {
                      row->busbw_gbps, row->wrong);
 }
 
-// `absent` where there is no value: "-" in the table, "null" in JSON.
-std::string optional_number(const std::optional<double>& value, const char* format,
-                            const char* absent = "-") {
-  return value ? fmt::format(fmt::runtime(format), *value) : std::string(absent);
-}
-
 int run_driver(CollectivesOptions& options) {
   long long wrong = 0;
   bool any = false;
   using Runner = std::vector<Row> (*)(CollectivesOptions&, int);
   std::vector<Runner> runners{run_braid};
   if (!options.no_peers) runners.insert(runners.end(), {run_openmpi, run_gloo});
+  const Report report(options.json,
+                      {"size", "|", "braid us", "algbw", "busbw", "wrong", "|", "ompi us", "busbw",
+                       "x ompi", "|", "gloo us", "busbw", "x gloo"},
+                      {9, 1, 10, 8, 8, 5, 1, 10, 8, 7, 1, 10, 8, 7});
   for (int ranks : options.ranks) {
     auto rounds = run_rounds(options.rounds, runners,
                              [&](Runner runner) { return std::optional(runner(options, ranks)); });
@@ -574,40 +541,34 @@ int run_driver(CollectivesOptions& options) {
       const auto mpi = find(openmpi, row);
       const auto torch = find(gloo, row);
       wrong += row.wrong + (mpi ? mpi->wrong : 0) + (torch ? torch->wrong : 0);
-      if (options.json) {
-        std::cout << fmt::format(
-                         R"({{"bench":"collectives","op":"{}","ranks":{},"bytes":{},"rounds":{},)"
-                         R"("braid":{},"openmpi":{},"gloo":{},"speedup_openmpi":{},)"
-                         R"("speedup_gloo":{}}})",
-                         row.op, row.ranks, row.bytes, options.rounds, peer_json(row),
-                         peer_json(mpi), peer_json(torch),
-                         optional_number(speedup(row, mpi), "{:.3f}", "null"),
-                         optional_number(speedup(row, torch), "{:.3f}", "null"))
-                  << "\n";
-        continue;
-      }
       if (row.op != current_op) {
         current_op = row.op;
-        std::cout << fmt::format(
+        report.say(fmt::format(
             "\n# {} on {} ranks (f32, sum; busbw in GB/s; x = peer time / braid time){}{}\n",
             row.op, ranks, options.shared_buffers ? "; braid's buffers from allocate_shared" : "",
             options.rounds > 1
                 ? fmt::format("; median of {} rounds, braid and peers taking turns", options.rounds)
-                : "");
-        std::cout << fmt::format(
-            "{:>9} | {:>10} {:>8} {:>8} {:>5} | {:>10} {:>8} {:>7} | {:>10} {:>8} {:>7}\n", "size",
-            "braid us", "algbw", "busbw", "wrong", "ompi us", "busbw", "x ompi", "gloo us", "busbw",
-            "x gloo");
+                : ""));
+        report.heading();
       }
-      std::cout << fmt::format(
-          "{:>9} | {:>10.2f} {:>8.3f} {:>8.3f} {:>5} | {:>10} {:>8} {:>7} | {:>10} {:>8} {:>7}\n",
-          human_bytes(row.bytes), row.time_us, row.algbw_gbps, row.busbw_gbps, row.wrong,
-          mpi ? fmt::format("{:.2f}", mpi->time_us) : "-",
-          mpi ? fmt::format("{:.3f}", mpi->busbw_gbps) : "-",
-          optional_number(speedup(row, mpi), "{:.2f}x"),
-          torch ? fmt::format("{:.2f}", torch->time_us) : "-",
-          torch ? fmt::format("{:.3f}", torch->busbw_gbps) : "-",
-          optional_number(speedup(row, torch), "{:.2f}x"));
+      const auto of = [](const std::optional<Row>& peer, double Row::*figure) {
+        return peer ? std::optional((*peer).*figure) : std::nullopt;
+      };
+      const auto speedup_json = [&](const std::optional<Row>& peer) {
+        const auto x = speedup(row, peer);
+        return x ? fmt::format("{:.3f}", *x) : std::string("null");
+      };
+      report.row(
+          fmt::format(R"({{"bench":"collectives","op":"{}","ranks":{},"bytes":{},"rounds":{},)"
+                      R"("braid":{},"openmpi":{},"gloo":{},"speedup_openmpi":{},)"
+                      R"("speedup_gloo":{}}})",
+                      row.op, row.ranks, row.bytes, options.rounds, peer_json(row), peer_json(mpi),
+                      peer_json(torch), speedup_json(mpi), speedup_json(torch)),
+          {human_bytes(row.bytes), "|", fixed(row.time_us, 2), fixed(row.algbw_gbps, 3),
+           fixed(row.busbw_gbps, 3), std::to_string(row.wrong), "|",
+           fixed(of(mpi, &Row::time_us), 2), fixed(of(mpi, &Row::busbw_gbps), 3),
+           fixed(speedup(row, mpi), 2, "x"), "|", fixed(of(torch, &Row::time_us), 2),
+           fixed(of(torch, &Row::busbw_gbps), 3), fixed(speedup(row, torch), 2, "x")});
     }
   }
   if (!any) {

@@ -6,18 +6,16 @@
 // step time over the fastest of the three (goal: at most 1.03).
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
 #include <map>
 #include <optional>
-#include <sstream>
-#include <stdexcept>
 #include <string_view>
 
 #include <fmt/format.h>
 
+#include "../harness/report.hpp"
 #include "../harness/results.hpp"
 #include "../harness/rounds.hpp"
 #include "../harness/subprocess.hpp"
@@ -52,12 +50,11 @@ std::optional<std::string> run_runner(std::string_view runner, const std::string
     argv = {sibling_program("braid-bench-compute-plain")};
   } else if (runner == "braid") {
     // One rank under the launcher, as the main job's ranks start.
-    argv = {sibling_program("braid-run"), "-n", "1", sibling_program("braid-bench-compute-braid")};
+    argv = under_braid_run(1, "braid-bench-compute-braid", {});
+  } else if (auto peer = python_peer("braid-bench-compute-peer.py")) {
+    argv = *peer;
   } else {
-    const std::optional<std::string> python = torch_python();
-    const std::string script = sibling_program("braid-bench-compute-peer.py");
-    if (!python || !std::filesystem::exists(script)) return std::nullopt;
-    argv = {*python, script};
+    return std::nullopt;
   }
   argv.insert(argv.end(), step_arguments.begin(), step_arguments.end());
   return result_line(run_command(argv, std::chrono::seconds(600)), "compute_step", "compute-tax",
@@ -70,18 +67,18 @@ int run(ComputeTaxOptions& o) {
     return 1;
   }
   if (!torch_python()) std::cerr << "braid-bench compute-tax: no Python with torch; no peer\n";
-  if (!o.json) {
-    std::cout << fmt::format(
-        "compute tax: one training step with no communication (zero_grad, forward, MSE loss, "
-        "backward, optimizer step), batch 32, one intra-op thread; medians over {} steps, then "
-        "over {} rounds taken in turns. plain: a libtorch C++ program without braid; braid: a "
-        "braid process (Runtime, World, DistributedDataParallel under no_sync()); python: "
-        "PyTorch.\n\n",
-        o.steps, o.rounds);
-    std::cout << fmt::format("{:<12} {:<5} {:>20} {:>20} {:>20} {:>14} {:>10}\n", "model", "opt",
-                             "plain ms (faults)", "braid ms (faults)", "python ms (faults)",
-                             "braid/fastest", "braid/plain");
-  }
+  const Report report(o.json,
+                      {"model", "opt", "plain ms (faults)", "braid ms (faults)",
+                       "python ms (faults)", "braid/fastest", "braid/plain"},
+                      {-12, -5, 20, 20, 20, 14, 10});
+  report.say(fmt::format(
+      "compute tax: one training step with no communication (zero_grad, forward, MSE loss, "
+      "backward, optimizer step), batch 32, one intra-op thread; medians over {} steps, then "
+      "over {} rounds taken in turns. plain: a libtorch C++ program without braid; braid: a "
+      "braid process (Runtime, World, DistributedDataParallel under no_sync()); python: "
+      "PyTorch.\n\n",
+      o.steps, o.rounds));
+  report.heading();
   int status = 0;
   for (const auto& model : o.models) {
     for (const auto& optimizer : o.optimizers) {
@@ -103,35 +100,27 @@ int run(ComputeTaxOptions& o) {
       for (auto& [runner, f] : figures) fastest = std::min(fastest, f["step_ms"]);
       const double braid_over_fastest = figures["braid"]["step_ms"] / fastest;
       const double braid_over_plain = figures["braid"]["step_ms"] / figures["plain"]["step_ms"];
-      if (o.json) {
-        std::string line = fmt::format("{{\"model\":\"{}\",\"optimizer\":\"{}\"", model, optimizer);
-        for (auto& [runner, f] : figures) {
-          line += fmt::format(
-              ",\"{0}_step_ms\":{1:.3f},\"{0}_optimizer_ms\":{2:.3f},\"{0}_faults_per_step\":{3:."
-              "1f}",
-              runner, f["step_ms"], f["optimizer_ms"], f["faults_per_step"]);
-        }
-        line += fmt::format(",\"braid_over_fastest\":{:.3f},\"braid_over_plain\":{:.3f}}}",
-                            braid_over_fastest, braid_over_plain);
-        std::cout << line << std::endl;
-        continue;
+      JsonLine json;
+      json.add("model", model).add("optimizer", optimizer);
+      for (auto& [runner, f] : figures) {
+        const std::string prefix = std::string(runner) + "_";
+        json.add_each(f, {"step_ms", "optimizer_ms"}, "{:.3f}", prefix)
+            .add_each(f, {"faults_per_step"}, "{:.1f}", prefix);
       }
+      json.add("braid_over_fastest", braid_over_fastest, "{:.3f}")
+          .add("braid_over_plain", braid_over_plain, "{:.3f}");
       auto cell = [&](std::string_view runner) {
         if (!figures.count(runner)) return std::string("-");
         auto& f = figures[runner];
         return fmt::format("{:.2f} ({:.0f})", f["step_ms"], f["faults_per_step"]);
       };
-      std::cout << fmt::format("{:<12} {:<5} {:>20} {:>20} {:>20} {:>14} {:>10}\n", model,
-                               optimizer, cell("plain"), cell("braid"), cell("python"),
-                               fmt::format("{:.2f}x", braid_over_fastest),
-                               fmt::format("{:.2f}x", braid_over_plain))
-                << std::flush;
+      report.row(json.str(), {model, optimizer, cell("plain"), cell("braid"), cell("python"),
+                              fixed(braid_over_fastest, 2, "x"), fixed(braid_over_plain, 2, "x")});
     }
   }
-  if (!o.json) {
-    std::cout << "\nfaults: minor page faults per step (memory the step's temporaries took back "
-                 "from the kernel); goal: braid/fastest <= 1.03.\n";
-  }
+  report.say(
+      "\nfaults: minor page faults per step (memory the step's temporaries took back "
+      "from the kernel); goal: braid/fastest <= 1.03.\n");
   return status;
 }
 

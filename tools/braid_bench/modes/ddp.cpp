@@ -1,77 +1,44 @@
-// braid-bench ddp: DDP's figures (ddp_runs.hpp says what each report runs). The runs, the
-// mean over rounds of their paired figures, and the table beside PyTorch.
+// braid-bench ddp: one model and batch trained three ways in one run -- braid's
+// DistributedDataParallel (the main job's loop, braid-bench-ddp-worker), PyTorch DDP with Gloo
+// (peers/ddp_torch.py) and no gradient sync at all -- with step times, the communication each
+// DDP leaves exposed (its step time minus the no-sync step time), the bare all-reduce of all
+// gradients, and braid's ratios to PyTorch.
+// ddp --balance: the same job with a slower last rank three ways in one run -- equal batch
+// shares, dp::BatchBalancer's shares and dp::CadenceBalancer's windows -- beside the ideal
+// step (the global batch over the sum of the ranks' measured throughputs), each figure the
+// mean over interleaved rounds.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <iostream>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
+#include "../harness/report.hpp"
 #include "../harness/results.hpp"
 #include "../harness/rounds.hpp"
 #include "../harness/subprocess.hpp"
-#include "ddp_runs.hpp"
 #include "modes.hpp"
 
 namespace braid::bench {
 namespace {
 
-// One configuration's paired figures, the mean over its rounds (braid-bench-ddp-worker --sync
-// paired and the PyTorch peer print the same fields).
-struct PairedFigures {
-  double step_ms = 0;
-  double none_step_ms = 0;
-  double exposed_ms = 0;
-  double exposed_ci_ms = 0;  // 95% half-width of the mean over rounds
-  double cpu_ms = 0;
-  double exposed_cpu_ms = 0;
-  std::optional<double> runtime_cpu_ms;  // braid's runtime thread: synchronised - no_sync()
-  double bare_ms = 0;                    // a plain buffer
-  double bare_cpu_ms = 0;
-  double bare_shared_ms = 0;  // memory the ranks share, as DDP's buckets are
-  double bare_shared_cpu_ms = 0;
-  std::optional<double> traced_exposed_ms;
-  // braid's: how much longer the training thread was off its core in a synchronised step
-  std::optional<double> off_core_ms;
+struct DdpOptions {
+  int ranks = 2;
+  int hidden = 1024;
+  int layers = 8;
+  int batch = 0;  // 0: 32, or 128 with --balance (balancing is for compute-bound steps)
+  int steps = 30;
+  int rounds = 3;
+  std::vector<std::string> optimizers{"sgd", "adam"};
+  std::string optimizer = "sgd";  // the one being run
+  double straggle_ms = 0;         // the last rank computes this much more before each backward
+  bool balance = false;           // equal shares against the balancers, instead of DDP's figures
+  std::string device = "cpu";     // cuda: each rank on GPU LOCAL_RANK (modulo the GPUs)
 };
-
-PairedFigures mean_over_rounds(const std::vector<std::string>& runs) {
-  const auto n = static_cast<double>(runs.size());
-  // The sum of `key` (through `of`) over the runs that print it, over all runs; nullopt where
-  // none does.
-  auto mean = [&](const std::string& key, auto&& of) -> std::optional<double> {
-    std::optional<double> sum;
-    for (const std::string& run : runs) {
-      if (const auto value = json_number(run, key)) sum = sum.value_or(0) + of(*value);
-    }
-    return sum ? std::optional(*sum / n) : std::nullopt;
-  };
-  const auto same = [](double x) { return x; };
-  auto plain = [&](const std::string& key) { return mean(key, same).value_or(0); };
-  PairedFigures f{
-      .step_ms = plain("step_ms"),
-      .none_step_ms = plain("none_step_ms"),
-      .exposed_ms = plain("exposed_ms"),
-      .exposed_ci_ms =
-          std::sqrt(mean("exposed_ci_ms", [](double ci) { return ci * ci; }).value_or(0) * n) / n,
-      .cpu_ms = plain("cpu_ms"),
-      .exposed_cpu_ms = plain("exposed_cpu_ms"),
-      .bare_ms = plain("bare_all_reduce_ms"),
-      .bare_cpu_ms = plain("bare_cpu_ms"),
-      .bare_shared_ms = plain("bare_shared_all_reduce_ms"),
-      .bare_shared_cpu_ms = plain("bare_shared_cpu_ms"),
-      .traced_exposed_ms = mean("exposed_ms_per_step", same),
-      .off_core_ms = mean("exposed_off_core_ms", same)};
-  if (const auto with = mean("progress_cpu_ms", same)) {
-    f.runtime_cpu_ms = *with - plain("none_progress_cpu_ms");
-  }
-  return f;
-}
 
 OptionTable table(DdpOptions& o) {
   return {count("--ranks", o.ranks, 1, 1000000000),
@@ -100,10 +67,10 @@ std::vector<std::string> model_arguments(const DdpOptions& o) {
   return args;
 }
 
-}  // namespace
-
+// braid-bench-ddp-worker --sync `sync` with `o`'s model, steps and straggler, and `extra`
+// arguments: the JSON line it printed, or nullopt (its output shown on stderr).
 std::optional<std::string> run_braid(const DdpOptions& o, const std::string& sync,
-                                     const std::vector<std::string>& extra) {
+                                     const std::vector<std::string>& extra = {}) {
   std::vector<std::string> argv =
       under_braid_run(o.ranks, "braid-bench-ddp-worker", {"--sync", sync});
   for (auto& a : model_arguments(o)) argv.push_back(a);
@@ -112,22 +79,41 @@ std::optional<std::string> run_braid(const DdpOptions& o, const std::string& syn
                      "braid-bench-ddp-worker --sync " + sync, true);
 }
 
-namespace {
-
 std::optional<std::string> run_pytorch(const DdpOptions& o,
                                        const std::vector<std::string>& extra = {}) {
-  const std::string script = sibling_program("braid-bench-ddp-peer.py");
-  const std::optional<std::string> python = torch_python();
-  if (!python || !std::filesystem::exists(script)) {
-    std::cerr << "braid-bench ddp: no PyTorch peer (a python3 with torch, or " << script << ")\n";
+  std::optional<std::vector<std::string>> argv = python_peer("braid-bench-ddp-peer.py");
+  if (!argv) {
+    std::cerr << "braid-bench ddp: no PyTorch peer (a python3 with torch, or "
+              << sibling_program("braid-bench-ddp-peer.py") << ")\n";
     return std::nullopt;
   }
-  std::vector<std::string> argv{*python, script, "--ranks", std::to_string(o.ranks)};
-  for (auto& a : model_arguments(o)) argv.push_back(a);
-  for (auto& a : extra) argv.push_back(a);
+  argv->insert(argv->end(), {"--ranks", std::to_string(o.ranks)});
+  for (auto& a : model_arguments(o)) argv->push_back(a);
+  for (auto& a : extra) argv->push_back(a);
   // Any exit: Gloo's processes can crash in their teardown, after the line is printed.
-  return result_line(run_command(argv, std::chrono::seconds(900)), "sync", "ddp",
+  return result_line(run_command(*argv, std::chrono::seconds(900)), "sync", "ddp",
                      extra.empty() ? "PyTorch DDP" : "PyTorch DDP with " + extra.front(), true);
+}
+
+// One configuration's paired figures, the mean over its rounds (braid-bench-ddp-worker --sync
+// paired and the PyTorch peer print the same keys), and two of its own: exposed_ci_ms, the
+// 95% half-width of the mean over rounds, and runtime_cpu_ms, braid's runtime thread's CPU
+// in a synchronised step less in a no_sync() one.
+using Figures = std::map<std::string, double>;
+
+Figures mean_over_rounds(const std::vector<std::string>& runs) {
+  Figures f = means(runs, {"step_ms", "none_step_ms", "exposed_ms", "cpu_ms", "exposed_cpu_ms",
+                           "bare_all_reduce_ms", "bare_cpu_ms", "bare_shared_all_reduce_ms",
+                           "bare_shared_cpu_ms", "exposed_ms_per_step", "exposed_off_core_ms",
+                           "progress_cpu_ms", "none_progress_cpu_ms"});
+  double squares = 0;
+  for (const std::string& run : runs)
+    squares += std::pow(json_number(run, "exposed_ci_ms").value_or(0), 2);
+  f["exposed_ci_ms"] = std::sqrt(squares) / static_cast<double>(runs.size());
+  if (f.count("progress_cpu_ms")) {
+    f["runtime_cpu_ms"] = f["progress_cpu_ms"] - figure(f, "none_progress_cpu_ms").value_or(0);
+  }
+  return f;
 }
 
 // One optimizer's runs and report.
@@ -158,7 +144,7 @@ int report_ddp(const DdpOptions& o) {
   const auto& [braid_runs, copy_runs, torch_runs, torch_view_runs] =
       std::tie(runs[0], runs[1], runs[2], runs[3]);
   if (braid_runs.empty()) return 1;
-  const PairedFigures braid = mean_over_rounds(braid_runs);
+  Figures braid = mean_over_rounds(braid_runs);
   const double params = json_number(braid_runs.front(), "parameters").value_or(0);
   std::cout << fmt::format(
       "MLP {}x{} ({:.1f}M parameters, {:.1f} MiB of f32 gradients), batch {} per rank, {}, {} "
@@ -177,34 +163,30 @@ int report_ddp(const DdpOptions& o) {
   if (const char* core = std::getenv("OPENBLAS_CORETYPE"); core != nullptr && *core != '\0') {
     std::cout << fmt::format("(OPENBLAS_CORETYPE={}, for braid and PyTorch alike)\n\n", core);
   }
-  std::cout << fmt::format("{:<24} {:>9} {:>12} {:>22} {:>8} {:>9} {:>9} {:>9} {:>9}\n", "",
-                           "step ms", "no-sync ms", "exposed ms (95% CI)", "traced", "off-core",
-                           "CPU ms", "comm CPU", "runtime");
-  auto optional_ms = [](const std::optional<double>& ms) {
-    return ms ? fmt::format("{:.2f}", *ms) : std::string("-");
+  const Report report(false,
+                      {"", "step ms", "no-sync ms", "exposed ms (95% CI)", "traced", "off-core",
+                       "CPU ms", "comm CPU", "runtime"},
+                      {-24, 9, 12, 22, 8, 9, 9, 9, 9});
+  report.heading();
+  // Each configuration's row; nullopt where it has no runs.
+  auto row = [&](const std::string& name, const std::vector<std::string>& runs) {
+    if (runs.empty()) return std::optional<Figures>();
+    Figures f = mean_over_rounds(runs);
+    report.say(report.line({name, fixed(f["step_ms"], 2), fixed(f["none_step_ms"], 2),
+                            fmt::format("{:.2f} +- {:.2f}", f["exposed_ms"], f["exposed_ci_ms"]),
+                            fixed(figure(f, "exposed_ms_per_step"), 2),
+                            fixed(figure(f, "exposed_off_core_ms"), 2), fixed(f["cpu_ms"], 2),
+                            fixed(f["exposed_cpu_ms"], 2), fixed(figure(f, "runtime_cpu_ms"), 2)}));
+    return std::optional(f);
   };
-  auto row = [&](const std::string& name, const PairedFigures& f) {
-    std::cout << fmt::format(
-        "{:<24} {:>9.2f} {:>12.2f} {:>22} {:>8} {:>9} {:>9.2f} {:>9.2f} {:>9}\n", name, f.step_ms,
-        f.none_step_ms, fmt::format("{:.2f} +- {:.2f}", f.exposed_ms, f.exposed_ci_ms),
-        optional_ms(f.traced_exposed_ms), optional_ms(f.off_core_ms), f.cpu_ms, f.exposed_cpu_ms,
-        optional_ms(f.runtime_cpu_ms));
-  };
-  row("braid DDP", braid);
-  std::optional<PairedFigures> copy;
-  if (!copy_runs.empty()) row("braid DDP, copy mode", *(copy = mean_over_rounds(copy_runs)));
-  std::optional<PairedFigures> torch;
+  row("braid DDP", braid_runs);
+  const std::optional<Figures> copy = row("braid DDP, copy mode", copy_runs);
   // The peer's backend: Gloo on the CPU; on GPUs NCCL where every rank has one, else Gloo.
   const bool nccl_peer =
       !torch_runs.empty() && json_number(torch_runs.front(), "nccl").value_or(0) != 0;
-  if (!torch_runs.empty()) {
-    row(nccl_peer ? "PyTorch DDP (NCCL)" : "PyTorch DDP (Gloo)",
-        *(torch = mean_over_rounds(torch_runs)));
-  }
-  std::optional<PairedFigures> torch_view;
-  if (!torch_view_runs.empty()) {
-    row("PyTorch DDP, bucket view", *(torch_view = mean_over_rounds(torch_view_runs)));
-  }
+  std::optional<Figures> torch =
+      row(nccl_peer ? "PyTorch DDP (NCCL)" : "PyTorch DDP (Gloo)", torch_runs);
+  const std::optional<Figures> torch_view = row("PyTorch DDP, bucket view", torch_view_runs);
   std::cout << fmt::format(
       "\nexposed: synchronised minus no_sync() step, pair by pair; traced: what braid-trace "
       "counts as exposed;\noff-core: the same difference in the time the training thread spent "
@@ -216,32 +198,98 @@ int report_ddp(const DdpOptions& o) {
       "runs: {:.2f} ms ({:.2f} ms CPU) on a plain buffer; {:.2f} ms ({:.2f} ms CPU) on memory "
       "from allocate_shared, where DDP keeps its buckets. Each configuration's ratios below "
       "use the bare all-reduce its own runs measured.\n",
-      braid.bare_ms, braid.bare_cpu_ms, braid.bare_shared_ms, braid.bare_shared_cpu_ms);
+      braid["bare_all_reduce_ms"], braid["bare_cpu_ms"], braid["bare_shared_all_reduce_ms"],
+      braid["bare_shared_cpu_ms"]);
   // `view_peer`: for a row whose gradients live in the buckets, PyTorch's run with
   // gradient_as_bucket_view (its default, the reference above, copies as copy mode does).
-  auto ratios = [&](const std::string& name, const PairedFigures& f,
-                    const std::optional<PairedFigures>& view_peer) {
-    const double exposed = std::max(f.exposed_ms, 0.0);
+  auto ratios = [&](const std::string& name, Figures f, std::optional<Figures> view_peer) {
+    const double exposed = std::max(f["exposed_ms"], 0.0);
+    const double bare = f["bare_all_reduce_ms"], bare_shared = f["bare_shared_all_reduce_ms"];
     std::cout << fmt::format(
         "{}: exposed / bare all-reduce {:.2f} ({:.2f} / {:.2f} ms, the bare all-reduce measured "
         "in these runs; goal <= 0.7; {:.2f} against the shared-memory one, {:.2f} ms)",
-        name, f.bare_ms > 0 ? exposed / f.bare_ms : 0.0, exposed, f.bare_ms,
-        f.bare_shared_ms > 0 ? exposed / f.bare_shared_ms : 0.0, f.bare_shared_ms);
+        name, bare > 0 ? exposed / bare : 0.0, exposed, bare,
+        bare_shared > 0 ? exposed / bare_shared : 0.0, bare_shared);
     if (torch) {
       std::cout << fmt::format(
           "; step / PyTorch's {:.2f} (goal <= 0.9); exposed / PyTorch's {:.2f} (goal <= 0.5)",
-          f.step_ms / torch->step_ms, exposed / std::max(torch->exposed_ms, 1e-9));
+          f["step_ms"] / (*torch)["step_ms"], exposed / std::max((*torch)["exposed_ms"], 1e-9));
     }
     if (view_peer) {
       std::cout << fmt::format(
           "; like for like, against PyTorch with gradient_as_bucket_view: step {:.2f}, exposed "
           "{:.2f}",
-          f.step_ms / view_peer->step_ms, exposed / std::max(view_peer->exposed_ms, 1e-9));
+          f["step_ms"] / (*view_peer)["step_ms"],
+          exposed / std::max((*view_peer)["exposed_ms"], 1e-9));
     }
     std::cout << "\n";
   };
   ratios("braid DDP", braid, torch_view);
   if (copy) ratios("braid DDP, copy mode", *copy, std::nullopt);
+  return 0;
+}
+
+// --balance: one optimizer's runs and report.
+int report_ddp_balance(const DdpOptions& run) {
+  const std::vector<std::string> modes{"equal", "shares", "cadence"};
+  const auto lines = run_rounds(run.rounds, modes, [&](const std::string& mode) {
+    return run_braid(run, "ddp", {"--balance", mode});
+  });
+  std::map<std::string, Figures> figures;
+  double global_batch = 0;
+  for (std::size_t m = 0; m < modes.size(); ++m) {
+    if (lines[m].empty()) return 1;
+    figures[modes[m]] = means(
+        lines[m], {"step_ms", "slowest_compute_ms", "samples_per_step", "ideal_ms", "speed_ratio"});
+    global_batch = json_number(lines[m].back(), "global_batch").value_or(0);
+  }
+  Figures& equal = figures["equal"];
+  Figures& balanced = figures["shares"];
+  Figures& cadence = figures["cadence"];
+  // The ideal from the balanced runs' own throughputs (a rank's throughput depends a little
+  // on its batch size).
+  const double ideal_ms = balanced["ideal_ms"];
+  // The last round's throughputs and batch sizes.
+  const auto last_text = [&](std::size_t m, const char* key) {
+    return json_text(lines[m].back(), key);
+  };
+  std::cout << fmt::format(
+      "{} ranks, the last computing {} ms more per {} samples (measured: the fastest rank "
+      "{:.2f}x the slowest, samples per second of compute {}); global batch {}; steps {} to {} "
+      "timed on the slowest rank; means of {} interleaved rounds:\n\n",
+      run.ranks, run.straggle_ms, static_cast<int>(global_batch) / run.ranks,
+      balanced["speed_ratio"], last_text(1, "throughputs"), global_batch, run.steps / 2 + 1,
+      run.steps, run.rounds);
+  // The last column is two spaces after the one before it, its cells unpadded.
+  const Report report(
+      false,
+      {"", "step ms", "samples", "ms per batch", "samples/s", "compute", "/ ideal", " per rank"},
+      {-30, 9, 10, 14, 11, 9, 8, 0});
+  report.heading();
+  auto row = [&](const std::string& name, Figures& f, const std::string& per_rank) {
+    const double per_batch = f["step_ms"] * global_batch / f["samples_per_step"];
+    report.say(report.line(
+        {name, fixed(f["step_ms"], 2), fixed(f["samples_per_step"], 0), fixed(per_batch, 2),
+         fixed(1e3 * f["samples_per_step"] / f["step_ms"], 0), fixed(f["slowest_compute_ms"], 2),
+         fixed(per_batch / ideal_ms, 2), " " + per_rank}));
+  };
+  row("equal shares", equal, "");
+  row("balanced (BatchBalancer)", balanced, "batch " + last_text(1, "counts"));
+  row("cadence (CadenceBalancer)", cadence, "micro-batches " + last_text(2, "counts"));
+  report.say(
+      report.line({"ideal (batch / sum of rates)", fixed(ideal_ms, 2), fixed(global_batch, 0),
+                   fixed(ideal_ms, 2), fixed(1e3 * global_batch / ideal_ms, 0)}));
+  std::cout << fmt::format(
+      "\nsamples: every rank's per step (a cadence step is a window of micro-batches); ms per "
+      "batch: the time per {:.0f} samples; compute: the slowest rank's forward and backward "
+      "per step (its thread's CPU time). The rest of a step is the optimizer and the exposed "
+      "synchronisation, which balancing does not shrink: {:.2f} ms equal, {:.2f} ms "
+      "balanced.\nbalanced / ideal {:.2f} (goal <= 1.15); its compute / the ideal {:.2f} (what "
+      "the balancer decides); balanced / equal {:.2f}; cadence / ideal {:.2f}\n",
+      global_batch, equal["step_ms"] - equal["slowest_compute_ms"],
+      balanced["step_ms"] - balanced["slowest_compute_ms"], balanced["step_ms"] / ideal_ms,
+      balanced["slowest_compute_ms"] / ideal_ms, balanced["step_ms"] / equal["step_ms"],
+      cadence["step_ms"] * global_batch / cadence["samples_per_step"] / ideal_ms);
   return 0;
 }
 

@@ -29,6 +29,7 @@
 #include <braid/collectives/communicator.hpp>
 #include <braid/collectives/nccl_communicator.hpp>
 
+#include "../harness/report.hpp"
 #include "../harness/results.hpp"
 #include "../harness/subprocess.hpp"
 #include "modes.hpp"
@@ -98,12 +99,13 @@ awaitable<void> measure_nccl(Communicator& bootstrap, const GpuOptions& options)
   check_cuda(cudaMalloc(&output, options.max_bytes), "cudaMalloc");
   check_cuda(cudaMemset(input, 0, options.max_bytes), "cudaMemset");
 
-  if (!options.json) {
-    std::cout << "# braid-bench nccl: all_reduce sum f32, one rank on device 0, each operation "
-                 "completed before the next\n";
-    std::cout << fmt::format("{:>12} {:>7} {:>14} {:>14} {:>10} {:>11}\n", "bytes", "iters",
-                             "direct (us)", "braid (us)", "overhead", "added (us)");
-  }
+  const Report report(options.json,
+                      {"bytes", "iters", "direct (us)", "braid (us)", "overhead", "added (us)"},
+                      {12, 7, 14, 14, 10, 11});
+  report.say(
+      "# braid-bench nccl: all_reduce sum f32, one rank on device 0, each operation completed "
+      "before the next\n");
+  report.heading();
   for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 4) {
     const std::size_t count = bytes / 4;
     const int iterations = iterations_for(options, bytes);
@@ -131,19 +133,14 @@ awaitable<void> measure_nccl(Communicator& bootstrap, const GpuOptions& options)
     const double direct_median = median(direct_us);
     const double braid_median = median(braid_us);
     const double overhead = (braid_median / direct_median - 1) * 100;
-    if (options.json) {
-      std::cout
-          << fmt::format(
-                 R"({{"bench":"nccl","op":"all_reduce","bytes":{},"iters":{},)"
-                 R"("direct_us":{:.3f},"braid_us":{:.3f},"overhead_pct":{:.2f},"added_us":{:.3f}}})",
-                 bytes, iterations, direct_median, braid_median, overhead,
-                 braid_median - direct_median)
-          << "\n";
-    } else {
-      std::cout << fmt::format("{:>12} {:>7} {:>14.2f} {:>14.2f} {:>9.1f}% {:>11.2f}\n", bytes,
-                               iterations, direct_median, braid_median, overhead,
-                               braid_median - direct_median);
-    }
+    report.row(
+        fmt::format(R"({{"bench":"nccl","op":"all_reduce","bytes":{},"iters":{},)"
+                    R"("direct_us":{:.3f},"braid_us":{:.3f},"overhead_pct":{:.2f},)"
+                    R"("added_us":{:.3f}}})",
+                    bytes, iterations, direct_median, braid_median, overhead,
+                    braid_median - direct_median),
+        {std::to_string(bytes), std::to_string(iterations), fixed(direct_median, 2),
+         fixed(braid_median, 2), fixed(overhead, 1, "%"), fixed(braid_median - direct_median, 2)});
     if (bytes > options.max_bytes / 4) break;
   }
   (void)cudaFree(input);
@@ -211,38 +208,33 @@ awaitable<void> measure_cuda_p2p(Communicator& comm, const GpuOptions& options) 
 }
 
 int cuda_p2p_driver(GpuOptions& options) {
-  std::vector<std::string> argv{
-      sibling_program("braid-run"),   "-n",       "2",       "--timeout", "600",
-      sibling_program("braid-bench"), "cuda-p2p", "--worker"};
-  for (auto& a : arguments(table(options), {"--min-bytes", "--max-bytes", "--rounds", "--iters"}))
-    argv.push_back(a);
-  const auto result = run_command(argv, std::chrono::seconds(620));
+  const auto result = run_command(
+      bench_worker(2, "cuda-p2p",
+                   arguments(table(options), {"--min-bytes", "--max-bytes", "--rounds", "--iters"}),
+                   600),
+      std::chrono::seconds(620));
   if (result.exit_code != 0) {
     std::cerr << "braid-bench cuda-p2p: the measurement failed (exit " << result.exit_code << "):\n"
               << result.output;
     return 1;
   }
-  if (!options.json) {
-    std::cout << "# braid-bench cuda-p2p: 2 processes on device 0, UCX communicator send/recv, "
-                 "one message at a time\n";
-    std::cout << fmt::format("{:>12} {:>7} {:>16} {:>16} {:>11}\n", "bytes", "iters", "cuda (GB/s)",
-                             "host (GB/s)", "cuda/host");
-  }
+  const Report report(options.json, {"bytes", "iters", "cuda (GB/s)", "host (GB/s)", "cuda/host"},
+                      {12, 7, 16, 16, 11});
+  report.say(
+      "# braid-bench cuda-p2p: 2 processes on device 0, UCX communicator send/recv, one message "
+      "at a time\n");
+  report.heading();
   const std::regex row(std::string(kResultMarker) + R"( (\d+) (\d+) ([0-9.]+) ([0-9.]+))");
   for (std::sregex_iterator it(result.output.begin(), result.output.end(), row), end; it != end;
        ++it) {
     const auto& m = *it;
     const double cuda = std::stod(m[3]);
     const double host = std::stod(m[4]);
-    if (options.json) {
-      std::cout << fmt::format(R"({{"bench":"cuda-p2p","bytes":{},"iters":{},"cuda_gbps":{:.4f},)"
-                               R"("host_gbps":{:.4f},"ratio":{:.3f}}})",
-                               m[1].str(), m[2].str(), cuda, host, cuda / host)
-                << "\n";
-    } else {
-      std::cout << fmt::format("{:>12} {:>7} {:>16.3f} {:>16.3f} {:>10.2f}x\n", m[1].str(),
-                               m[2].str(), cuda, host, cuda / host);
-    }
+    report.row(
+        fmt::format(R"({{"bench":"cuda-p2p","bytes":{},"iters":{},"cuda_gbps":{:.4f},)"
+                    R"("host_gbps":{:.4f},"ratio":{:.3f}}})",
+                    m[1].str(), m[2].str(), cuda, host, cuda / host),
+        {m[1].str(), m[2].str(), fixed(cuda, 3), fixed(host, 3), fixed(cuda / host, 2, "x")});
   }
   return 0;
 }

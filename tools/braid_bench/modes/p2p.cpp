@@ -32,6 +32,7 @@
 
 #include <braid/braid.hpp>
 
+#include "../harness/report.hpp"
 #include "../harness/subprocess.hpp"
 #include "modes.hpp"
 
@@ -187,11 +188,9 @@ int run_worker(const P2pOptions& options) {
 // ---------------------------------------------------------------- the driver
 
 std::optional<Figures> run_braid(P2pOptions& options) {
-  std::vector<std::string> argv{
-      sibling_program("braid-run"),   "-n",  "2",       "--timeout", "300",
-      sibling_program("braid-bench"), "p2p", "--worker"};
-  for (auto& a : arguments(table(options), {"--latency-iters", "--bandwidth-iters", "--window"}))
-    argv.push_back(a);
+  const auto argv = bench_worker(
+      2, "p2p", arguments(table(options), {"--latency-iters", "--bandwidth-iters", "--window"}),
+      300);
   const auto result = run_command(argv, std::chrono::seconds(320));
   std::smatch match;
   const std::regex line(std::string(kResultMarker) +
@@ -243,44 +242,35 @@ std::optional<Figures> run_ucx_perftest(const P2pOptions& options) {
   return Figures{(*latency)[1], (*latency)[2], (*bandwidth)[5] * (1 << 20) / 1e9};
 }
 
-void print_row(const P2pOptions& options, std::string_view metric, std::string_view size,
-               double braid, std::optional<double> peer, bool higher_is_better) {
-  const std::optional<double> ratio = peer ? std::optional(braid / *peer) : std::nullopt;
-  if (options.json) {
-    std::cout << fmt::format(R"({{"bench":"p2p","metric":"{}","size":"{}","braid":{:.4f},)"
-                             R"("ucx_perftest":{},"ratio":{},"better":"{}"}})",
-                             metric, size, braid, peer ? fmt::format("{:.4f}", *peer) : "null",
-                             ratio ? fmt::format("{:.3f}", *ratio) : "null",
-                             higher_is_better ? "higher" : "lower")
-              << "\n";
-    return;
-  }
-  std::cout << fmt::format("{:<24} {:>7} {:>12.3f} {:>14} {:>12}\n", metric, size, braid,
-                           peer ? fmt::format("{:.3f}", *peer) : "-",
-                           ratio ? fmt::format("{:.2f}x", *ratio) : "-");
-}
-
 int run_driver(P2pOptions& options) {
   const auto braid = run_braid(options);
   if (!braid) return 1;
   std::optional<Figures> peer;
   if (!options.no_peers && on_path("ucx_perftest")) peer = run_ucx_perftest(options);
-  if (!options.json) {
-    const char* tls = std::getenv("UCX_TLS");
-    std::cout << fmt::format("# braid-bench p2p: 2 processes on this host, UCX_TLS={}\n",
-                             tls != nullptr ? tls : "(default)");
-    std::cout << fmt::format("{:<24} {:>7} {:>12} {:>14} {:>12}\n", "metric", "size", "braid",
-                             "ucx_perftest", "braid/peer");
-  }
-  auto peer_value = [&](double Figures::*field) {
-    return peer ? std::optional((*peer).*field) : std::nullopt;
+  const char* tls = std::getenv("UCX_TLS");
+  const Report report(options.json, {"metric", "size", "braid", "ucx_perftest", "braid/peer"},
+                      {-24, 7, 12, 14, 12});
+  report.say(fmt::format("# braid-bench p2p: 2 processes on this host, UCX_TLS={}\n",
+                         tls != nullptr ? tls : "(default)"));
+  report.heading();
+  auto row = [&](std::string_view metric, std::string_view size, double Figures::*field,
+                 bool higher_is_better) {
+    const double mine = (*braid).*field;
+    const std::optional<double> theirs = peer ? std::optional((*peer).*field) : std::nullopt;
+    const std::optional<double> ratio = peer ? std::optional(mine / *theirs) : std::nullopt;
+    const auto json = [](const std::optional<double>& x, const char* format) {
+      return x ? fmt::format(fmt::runtime(format), *x) : std::string("null");
+    };
+    report.row(fmt::format(R"({{"bench":"p2p","metric":"{}","size":"{}","braid":{:.4f},)"
+                           R"("ucx_perftest":{},"ratio":{},"better":"{}"}})",
+                           metric, size, mine, json(theirs, "{:.4f}"), json(ratio, "{:.3f}"),
+                           higher_is_better ? "higher" : "lower"),
+               {std::string(metric), std::string(size), fixed(mine, 3), fixed(theirs, 3),
+                fixed(ratio, 2, "x")});
   };
-  print_row(options, "latency median (us)", "8 B", braid->latency_median_us,
-            peer_value(&Figures::latency_median_us), false);
-  print_row(options, "latency mean (us)", "8 B", braid->latency_mean_us,
-            peer_value(&Figures::latency_mean_us), false);
-  print_row(options, "bandwidth (GB/s)", "4 MiB", braid->bandwidth_gbps,
-            peer_value(&Figures::bandwidth_gbps), true);
+  row("latency median (us)", "8 B", &Figures::latency_median_us, false);
+  row("latency mean (us)", "8 B", &Figures::latency_mean_us, false);
+  row("bandwidth (GB/s)", "4 MiB", &Figures::bandwidth_gbps, true);
   return 0;
 }
 

@@ -6,11 +6,8 @@
 // layouts the reduction's exposed time with the executor's overlap (reduced in each stage's
 // last backward) and without (one all-reduce after the step's last action).
 #include <chrono>
-#include <filesystem>
-#include <iostream>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -18,6 +15,7 @@
 #include <braid/parallel/pipeline_schedule.hpp>
 #include <braid/parallel/pipeline_simulator.hpp>
 
+#include "../harness/report.hpp"
 #include "../harness/results.hpp"
 #include "../harness/rounds.hpp"
 #include "../harness/subprocess.hpp"
@@ -176,17 +174,9 @@ std::string costs_text(const std::map<std::string, double>& f) {
   return fmt::format("{:.2f}/{:.2f}+{:.2f}", f.at("F_ms"), f.at("I_ms"), f.at("W_ms"));
 }
 
-std::string optional_ms(const std::map<std::string, double>* figures, const char* key) {
-  return figures != nullptr && figures->count(key) ? fmt::format("{:.2f}", figures->at(key))
-                                                   : std::string("-");
-}
-
 int run(PipelineBenchOptions& o) {
   check(o);
-  if (!std::filesystem::exists(sibling_program("braid-bench-pipeline-worker"))) {
-    std::cerr << "braid-bench pipeline: the worker is built with libtorch only\n";
-    return 1;
-  }
+  if (!have_worker("pipeline", "braid-bench-pipeline-worker")) return 1;
   std::vector<Config> configs;
   for (const Layout& layout : o.layouts) {
     for (const std::string& schedule : o.schedules) {
@@ -202,22 +192,18 @@ int run(PipelineBenchOptions& o) {
     if (!lines[c].empty()) figures[configs[c].key()] = figures_of(lines[c]);
   }
 
-  if (!o.json) {
-    std::cout << fmt::format(
-        "pipeline parallelism: the 3D job's model (models/braid_models/gpt_stage.hpp), {} blocks "
-        "of hidden "
-        "{}, {} heads, sequence {}, {} sequences per step in {} microbatches per data-parallel "
-        "replica, Adam; one intra-op and one BLAS thread per rank; medians over {} steps (after "
-        "a warm-up), then over {} rounds taken in turns.\n\n",
-        o.layers, o.hidden, o.heads, o.seq, o.global_batch, o.microbatches, o.steps, o.rounds);
-    std::cout << fmt::format(
-        "{:<8} {:<12} {:>8} {:>8} {:>7} {:>8} {:>6} {:>8} {:>16} {:>8} {:>8} {:>8}\n", "layout",
-        "schedule", "step ms", "pipe ms", "sim ms", "bubble%", "sim%", "formula%", "F/B ms",
-        "exposed", "no-ovl", "no-ovl");
-    std::cout << fmt::format(
-        "{:<8} {:<12} {:>8} {:>8} {:>7} {:>8} {:>6} {:>8} {:>16} {:>8} {:>8} {:>8}\n", "", "", "",
-        "", "", "", "", "", "", "DP ms", "exp ms", "step ms");
-  }
+  const Report report(o.json,
+                      {"layout", "schedule", "step ms", "pipe ms", "sim ms", "bubble%", "sim%",
+                       "formula%", "F/B ms", "exposed\nDP ms", "no-ovl\nexp ms", "no-ovl\nstep ms"},
+                      {-8, -12, 8, 8, 7, 8, 6, 8, 16, 8, 8, 8});
+  report.say(fmt::format(
+      "pipeline parallelism: the 3D job's model (models/braid_models/gpt_stage.hpp), {} blocks "
+      "of hidden "
+      "{}, {} heads, sequence {}, {} sequences per step in {} microbatches per data-parallel "
+      "replica, Adam; one intra-op and one BLAS thread per rank; medians over {} steps (after "
+      "a warm-up), then over {} rounds taken in turns.\n\n",
+      o.layers, o.hidden, o.heads, o.seq, o.global_batch, o.microbatches, o.steps, o.rounds));
+  report.heading();
   int status = 0;
   for (const Config& c : configs) {
     if (!c.overlap_dp) continue;  // its figures go on the overlapped run's row
@@ -227,64 +213,49 @@ int run(PipelineBenchOptions& o) {
     }
     const auto& f = figures[c.key()];
     const Config after{.layout = c.layout, .schedule = c.schedule, .overlap_dp = false};
-    const std::map<std::string, double>* no_overlap =
-        c.layout.dp > 1 && figures.count(after.key()) ? &figures[after.key()] : nullptr;
-    if (c.layout.dp > 1 && no_overlap == nullptr) status = 1;
+    const std::map<std::string, double> no_overlap = c.layout.dp > 1 && figures.count(after.key())
+                                                         ? figures[after.key()]
+                                                         : std::map<std::string, double>();
+    if (c.layout.dp > 1 && no_overlap.empty()) status = 1;
     const int v = virtual_stages_of(c.schedule);
     const parallel::SimulationResult simulated = simulate_measured(c, o.microbatches, f);
     const double formula = parallel::textbook_bubble(
                                parallel::make_schedule(c.schedule, c.layout.pp, o.microbatches, v))
                                .percent;
-    if (o.json) {
-      std::string line = fmt::format(
-          "{{\"layout\":\"{}\",\"schedule\":\"{}\",\"pp\":{},\"dp\":{},\"virtual_stages\":{},"
-          "\"microbatches\":{},\"step_ms\":{:.3f},\"pipeline_ms\":{:.3f},\"simulated_ms\":{:.3f},"
-          "\"bubble_percent\":{:.2f},\"simulated_bubble_percent\":{:.2f},"
-          "\"formula_bubble_percent\":{:.4f}",
-          c.layout.name, c.schedule, c.layout.pp, c.layout.dp, v, o.microbatches, f.at("step_ms"),
-          f.at("pipeline_ms"), simulated.step_time, f.at("bubble_percent"),
-          simulated.mean_bubble_percent(), formula);
-      for (const char* key : {"F_ms", "B_ms", "I_ms", "W_ms"}) {
-        if (f.count(key)) line += fmt::format(",\"{}\":{:.4f}", key, f.at(key));
-      }
-      if (c.layout.dp > 1) {
-        line += fmt::format(
-            ",\"dp_comm_ms\":{:.3f},\"dp_exposed_ms\":{:.3f},"
-            "\"dp_exposed_summary_ms\":{:.3f}",
-            f.at("dp_comm_ms"), f.at("dp_exposed_ms"), f.at("dp_exposed_summary_ms"));
-      }
-      if (no_overlap != nullptr) {
-        line += fmt::format(
-            ",\"no_overlap_step_ms\":{:.3f},\"no_overlap_dp_comm_ms\":{:.3f},"
-            "\"no_overlap_dp_exposed_ms\":{:.3f}",
-            no_overlap->at("step_ms"), no_overlap->at("dp_comm_ms"),
-            no_overlap->at("dp_exposed_ms"));
-      }
-      std::cout << line << "}" << std::endl;
-      continue;
-    }
-    std::cout << fmt::format(
-        "{:<8} {:<12} {:>8.2f} {:>8.2f} {:>7.2f} {:>8.1f} {:>6.1f} {:>8.1f} {:>16} {:>8} {:>8} "
-        "{:>8}\n",
-        c.layout.name, c.schedule, f.at("step_ms"), f.at("pipeline_ms"), simulated.step_time,
-        f.at("bubble_percent"), simulated.mean_bubble_percent(), formula, costs_text(f),
-        c.layout.dp > 1 ? fmt::format("{:.2f}", f.at("dp_exposed_ms")) : "-",
-        optional_ms(no_overlap, "dp_exposed_ms"), optional_ms(no_overlap, "step_ms"));
+    JsonLine json;
+    json.add("layout", c.layout.name).add("schedule", c.schedule).add("pp", c.layout.pp);
+    json.add("dp", c.layout.dp).add("virtual_stages", v).add("microbatches", o.microbatches);
+    json.add("step_ms", f.at("step_ms"), "{:.3f}")
+        .add("pipeline_ms", f.at("pipeline_ms"), "{:.3f}")
+        .add("simulated_ms", simulated.step_time, "{:.3f}")
+        .add("bubble_percent", f.at("bubble_percent"), "{:.2f}")
+        .add("simulated_bubble_percent", simulated.mean_bubble_percent(), "{:.2f}")
+        .add("formula_bubble_percent", formula, "{:.4f}")
+        .add_each(f, {"F_ms", "B_ms", "I_ms", "W_ms"}, "{:.4f}");
+    if (c.layout.dp > 1)
+      json.add_each(f, {"dp_comm_ms", "dp_exposed_ms", "dp_exposed_summary_ms"}, "{:.3f}");
+    json.add_each(no_overlap, {"step_ms", "dp_comm_ms", "dp_exposed_ms"}, "{:.3f}", "no_overlap_");
+    report.row(
+        json.str(),
+        {c.layout.name, c.schedule, fixed(f.at("step_ms"), 2), fixed(f.at("pipeline_ms"), 2),
+         fixed(simulated.step_time, 2), fixed(f.at("bubble_percent"), 1),
+         fixed(simulated.mean_bubble_percent(), 1), fixed(formula, 1), costs_text(f),
+         fixed(c.layout.dp > 1 ? figure(f, "dp_exposed_ms") : std::nullopt, 2),
+         fixed(figure(no_overlap, "dp_exposed_ms"), 2), fixed(figure(no_overlap, "step_ms"), 2)});
   }
-  if (!o.json) {
-    std::cout << "\nstep: zero_grad to the optimizer's step, the slowest rank's. pipe: the step's\n"
-                 "first to last compute action over a pipeline's ranks. bubble%: the part of\n"
-                 "that window a rank's F, B, I, W spans do not cover, the ranks' mean. sim: the\n"
-                 "simulator on the same schedule with the F/B (ZB: F/I+W) medians measured here,\n"
-                 "transfers free. formula%: (p-1)/(m+p-1), interleaved (p-1)/(vm+p-1), ZB-H1\n"
-                 "held to 1F1B's. exposed DP ms: per rank and step, the dp group's all-reduces\n"
-                 "no compute covers, with the executor's overlap (DDP reducing in each stage's\n"
-                 "last backward, beside the other ranks' cool-down; its wait inside that\n"
-                 "backward counts as exposed). no-ovl: one flat all-reduce after the step's last\n"
-                 "action instead: its exposed time and the step. Here 4 ranks share 2 cores: a\n"
-                 "span's time includes waiting for a core, so measured costs and bubbles include\n"
-                 "it, and the simulator, which gives each rank a core, sees the inflated costs.\n";
-  }
+  report.say(
+      "\nstep: zero_grad to the optimizer's step, the slowest rank's. pipe: the step's\n"
+      "first to last compute action over a pipeline's ranks. bubble%: the part of\n"
+      "that window a rank's F, B, I, W spans do not cover, the ranks' mean. sim: the\n"
+      "simulator on the same schedule with the F/B (ZB: F/I+W) medians measured here,\n"
+      "transfers free. formula%: (p-1)/(m+p-1), interleaved (p-1)/(vm+p-1), ZB-H1\n"
+      "held to 1F1B's. exposed DP ms: per rank and step, the dp group's all-reduces\n"
+      "no compute covers, with the executor's overlap (DDP reducing in each stage's\n"
+      "last backward, beside the other ranks' cool-down; its wait inside that\n"
+      "backward counts as exposed). no-ovl: one flat all-reduce after the step's last\n"
+      "action instead: its exposed time and the step. Here 4 ranks share 2 cores: a\n"
+      "span's time includes waiting for a core, so measured costs and bubbles include\n"
+      "it, and the simulator, which gives each rank a core, sees the inflated costs.\n");
   return status;
 }
 

@@ -5,16 +5,13 @@
 // the ranks held, and the peak resident size.
 
 #include <chrono>
-#include <filesystem>
-#include <iostream>
 #include <map>
 #include <optional>
-#include <sstream>
-#include <stdexcept>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "../harness/report.hpp"
 #include "../harness/results.hpp"
 #include "../harness/rounds.hpp"
 #include "../harness/subprocess.hpp"
@@ -80,10 +77,7 @@ double mib(double bytes) {
 }
 
 int run(ShardedOptions& o) {
-  if (!std::filesystem::exists(sibling_program("braid-bench-sharded-worker"))) {
-    std::cerr << "braid-bench sharded: the worker is built with libtorch only\n";
-    return 1;
-  }
+  if (!have_worker("sharded", "braid-bench-sharded-worker")) return 1;
   std::vector<std::pair<int, std::string>> configs;
   for (int ranks : o.ranks) {
     for (const auto& strategy : o.strategies) configs.emplace_back(ranks, strategy);
@@ -95,18 +89,16 @@ int run(ShardedOptions& o) {
     if (!runs[c].empty()) lines[configs[c]] = runs[c];
   }
   const unsigned cores = std::thread::hardware_concurrency();
-  if (!o.json) {
-    std::cout << fmt::format(
-        "sharded data parallelism: the main job's {} ({} wide, {} layers; each hidden layer or "
-        "block one unit), batch {} per rank, {}, f32; medians over {} steps (after a warm-up), "
-        "then over {} rounds taken in turns; {} core(s) here.\n\n",
-        o.model, o.hidden, o.layers, o.batch, o.optimizer, o.steps, o.rounds, cores);
-    std::cout << fmt::format("{:<33} {:>5} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>9} {:>9}\n",
-                             "runner", "ranks", "step ms", "exposed", "comm ms", "formula",
-                             "held MiB", "held/", "transient", "peak RSS");
-    std::cout << fmt::format("{:<33} {:>5} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>9} {:>9}\n", "",
-                             "", "", "ms", "", "MiB", "", "DDP's", "MiB", "MiB");
-  }
+  const Report report(o.json,
+                      {"runner", "ranks", "step ms", "exposed\nms", "comm ms", "formula\nMiB",
+                       "held MiB", "held/\nDDP's", "transient\nMiB", "peak RSS\nMiB"},
+                      {-33, 5, 8, 8, 8, 9, 9, 7, 9, 9});
+  report.say(fmt::format(
+      "sharded data parallelism: the main job's {} ({} wide, {} layers; each hidden layer or "
+      "block one unit), batch {} per rank, {}, f32; medians over {} steps (after a warm-up), "
+      "then over {} rounds taken in turns; {} core(s) here.\n\n",
+      o.model, o.hidden, o.layers, o.batch, o.optimizer, o.steps, o.rounds, cores));
+  report.heading();
   int status = 0;
   for (int ranks : o.ranks) {
     std::optional<double> ddp_held;
@@ -119,45 +111,37 @@ int run(ShardedOptions& o) {
       auto f = figures_of(lines[{ranks, strategy}]);
       std::optional<double> of_ddp;
       if (ddp_held && *ddp_held > 0) of_ddp = f["held_bytes"] / *ddp_held;
-      if (o.json) {
-        std::string line = fmt::format(
-            "{{\"runner\":\"{}\",\"sharding\":\"{}\",\"ranks\":{},\"step_ms\":{:.3f},"
-            "\"exposed_ms\":{:.3f},\"communication_ms\":{:.3f},\"estimate_bytes\":{:.0f},"
-            "\"estimate_transient_bytes\":{:.0f},\"held_bytes\":{:.0f},"
-            "\"held_parameter_bytes\":{:.0f},\"held_gradient_bytes\":{:.0f},"
-            "\"held_optimizer_bytes\":{:.0f},\"peak_rss_bytes\":{:.0f},\"loss\":{:.6f}",
-            runner_name(strategy), strategy, ranks, f["step_ms"], f["exposed_ms"],
-            f["communication_ms"], f["estimate_bytes"], f["estimate_transient_bytes"],
-            f["held_bytes"], f["held_parameter_bytes"], f["held_gradient_bytes"],
-            f["held_optimizer_bytes"], f["peak_rss_bytes"], f["loss"]);
-        if (of_ddp) line += fmt::format(",\"held_of_ddp\":{:.3f}", *of_ddp);
-        std::cout << line << "}" << std::endl;
-        continue;
-      }
-      std::cout << fmt::format(
-          "{:<33} {:>5} {:>8.2f} {:>8.2f} {:>8.2f} {:>9.2f} {:>9.2f} {:>7} {:>9.2f} {:>9.1f}\n",
-          runner_name(strategy), ranks, f["step_ms"], f["exposed_ms"], f["communication_ms"],
-          mib(f["estimate_bytes"]), mib(f["held_bytes"]),
-          of_ddp ? fmt::format("{:.2f}", *of_ddp) : "-", mib(f["estimate_transient_bytes"]),
-          mib(f["peak_rss_bytes"]));
+      JsonLine json;
+      json.add("runner", runner_name(strategy)).add("sharding", strategy).add("ranks", ranks);
+      json.add_each(f, {"step_ms", "exposed_ms", "communication_ms"}, "{:.3f}")
+          .add_each(
+              f,
+              {"estimate_bytes", "estimate_transient_bytes", "held_bytes", "held_parameter_bytes",
+               "held_gradient_bytes", "held_optimizer_bytes", "peak_rss_bytes"},
+              "{:.0f}")
+          .add_each(f, {"loss"}, "{:.6f}");
+      if (of_ddp) json.add("held_of_ddp", *of_ddp, "{:.3f}");
+      report.row(json.str(), {runner_name(strategy), std::to_string(ranks), fixed(f["step_ms"], 2),
+                              fixed(f["exposed_ms"], 2), fixed(f["communication_ms"], 2),
+                              fixed(mib(f["estimate_bytes"]), 2), fixed(mib(f["held_bytes"]), 2),
+                              fixed(of_ddp, 2), fixed(mib(f["estimate_transient_bytes"]), 2),
+                              fixed(mib(f["peak_rss_bytes"]), 1)});
     }
   }
-  if (!o.json) {
-    std::cout << fmt::format(
-        "\nformula: the ZeRO paper's model state per rank (parameters, gradients, optimizer "
-        "state; braid/dp/model_state_memory.hpp), transient beside it (the largest unit's whole "
-        "gradients, and parameters under FULL_SHARD). held: the tensors the rank with the most "
-        "held after its last step, FSDP's gathered units at the peak sampled as each unit ran "
-        "forward and began backward (ZeRO-1's all-gather buffer lives inside its step only). "
-        "peak RSS: the "
-        "process's VmHWM (libtorch, braid and the activations too), the most of any rank. "
-        "exposed: communication no compute span covers (braid-trace's definition) per rank and "
-        "step (FSDP traces each unit's forward and backward as compute spans; ZeRO-1's all-gather "
-        "after the optimizer blocks the step). comm: the traced "
-        "communication. {} ranks on {} core(s): ranks beyond the cores share them, so their "
-        "step times measure contention as much as communication.\n",
-        o.ranks.back(), cores);
-  }
+  report.say(fmt::format(
+      "\nformula: the ZeRO paper's model state per rank (parameters, gradients, optimizer "
+      "state; braid/dp/model_state_memory.hpp), transient beside it (the largest unit's whole "
+      "gradients, and parameters under FULL_SHARD). held: the tensors the rank with the most "
+      "held after its last step, FSDP's gathered units at the peak sampled as each unit ran "
+      "forward and began backward (ZeRO-1's all-gather buffer lives inside its step only). "
+      "peak RSS: the "
+      "process's VmHWM (libtorch, braid and the activations too), the most of any rank. "
+      "exposed: communication no compute span covers (braid-trace's definition) per rank and "
+      "step (FSDP traces each unit's forward and backward as compute spans; ZeRO-1's all-gather "
+      "after the optimizer blocks the step). comm: the traced "
+      "communication. {} ranks on {} core(s): ranks beyond the cores share them, so their "
+      "step times measure contention as much as communication.\n",
+      o.ranks.back(), cores));
   return status;
 }
 

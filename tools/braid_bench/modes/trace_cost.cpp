@@ -17,6 +17,7 @@
 
 #include <braid/braid.hpp>
 
+#include "../harness/report.hpp"
 #include "../harness/results.hpp"
 #include "../harness/subprocess.hpp"
 #include "modes.hpp"
@@ -201,41 +202,41 @@ int run_driver(TraceCostOptions& options) {
       {"default recording (small calls sampled, sampling.hpp)",
        fmt::format("BRAID_TRACE_SAMPLE_KIB={}", defaults.below_bytes() >> 10)},
       {"every call recorded (BRAID_TRACE_SAMPLE_KIB=0)", "BRAID_TRACE_SAMPLE_KIB=0"}};
+  const Report report(
+      false,
+      {"bytes", "iters", "off us/iter", "on us/iter", "overhead", "spans/iter", "ns/span(loop)"},
+      {10, 7, 12, 12, 16, 11, 13});
   for (const auto& [label, setting] : settings) {
+    std::vector<std::string> args = arguments(table(options), {"--rounds", "--sizes"});
+    if (options.iters > 0) args.insert(args.end(), {"--iters", std::to_string(options.iters)});
     std::vector<std::string> argv{"/usr/bin/env", "-u", "BRAID_TRACE_SAMPLE_EVERY", setting};
-    argv.insert(argv.end(), {sibling_program("braid-run"), "-n", std::to_string(options.ranks),
-                             sibling_program("braid-bench"), "trace-cost", "--worker"});
-    for (auto& a : arguments(table(options), {"--rounds", "--sizes"})) argv.push_back(a);
-    if (options.iters > 0) argv.insert(argv.end(), {"--iters", std::to_string(options.iters)});
+    for (auto& a : bench_worker(options.ranks, "trace-cost", args)) argv.push_back(a);
     const CommandResult result = run_command(argv, std::chrono::seconds(600));
     if (result.exit_code != 0) {
       std::cerr << "braid-bench trace-cost: braid-run exited with " << result.exit_code << ":\n"
                 << result.output;
       return 1;
     }
-    std::cout << fmt::format(
+    report.say(fmt::format(
         "\nall_reduce loop on {} ranks, {}; {} groups of four ~2 ms batches, tracing off and "
         "on in turn (slowest rank); overhead: the median group's, ± half its interquartile "
         "range:\n",
-        options.ranks, label, options.rounds);
-    std::cout << fmt::format("{:>10} {:>7} {:>12} {:>12} {:>16} {:>11} {:>13}\n", "bytes", "iters",
-                             "off us/iter", "on us/iter", "overhead", "spans/iter",
-                             "ns/span(loop)");
+        options.ranks, label, options.rounds));
+    report.heading();
     std::stringstream lines(result.output);
     for (std::string line; std::getline(lines, line);) {
       const auto brace = line.find('{');
       if (brace == std::string::npos) continue;
       line = line.substr(brace);
       const double off_us = number_after(line, "off_us");
-      const double on_us = number_after(line, "on_us");
-      const double spans = number_after(line, "spans_per_iter");
       const double overhead = number_after(line, "overhead_percent");
-      std::cout << fmt::format(
-          "{:>10} {:>7} {:>12.2f} {:>12.2f} {:>7.2f}% ± {:>4.2f}% {:>11.3f} {:>13.1f}\n",
-          static_cast<std::size_t>(number_after(line, "bytes")),
-          static_cast<int>(number_after(line, "iters")), off_us, on_us, overhead,
-          number_after(line, "overhead_spread"), spans,
-          spans > 0 ? overhead / 100 * off_us * 1e3 / spans : 0.0);
+      const double spans = number_after(line, "spans_per_iter");
+      report.say(report.line(
+          {std::to_string(static_cast<std::size_t>(number_after(line, "bytes"))),
+           std::to_string(static_cast<int>(number_after(line, "iters"))), fixed(off_us, 2),
+           fixed(number_after(line, "on_us"), 2),
+           fmt::format("{:>7.2f}% ± {:>4.2f}%", overhead, number_after(line, "overhead_spread")),
+           fixed(spans, 3), fixed(spans > 0 ? overhead / 100 * off_us * 1e3 / spans : 0.0, 1)}));
     }
   }
   return 0;

@@ -12,11 +12,9 @@
 // (its threads, its allocator policy, its hooks) shows as a ratio. Each also reports the
 // minor page faults a step takes: a step whose temporaries come back from the kernel every
 // time pays for them there (braid/core/heap_policy.hpp).
-#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <memory>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <sys/resource.h>

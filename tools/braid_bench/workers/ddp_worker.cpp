@@ -135,31 +135,23 @@ StepFigures step_figures(const std::vector<double>& ms, const std::vector<double
                          const std::vector<double>& off_core_ms, const std::vector<bool>& synced,
                          bool paired) {
   StepFigures f;
-  int synced_steps = 0;
-  int local_steps = 0;
-  for (std::size_t i = 0; i < ms.size(); ++i) {
-    if (synced[i] || !paired) {
-      f.step_ms += ms[i];
-      f.cpu_ms += cpu_ms[i];
-      f.progress_cpu_ms += progress_cpu_ms[i];
-      ++synced_steps;
-    } else {
-      f.none_step_ms += ms[i];
-      f.none_cpu_ms += cpu_ms[i];
-      f.none_progress_cpu_ms += progress_cpu_ms[i];
-      ++local_steps;
+  // The mean of `values` over the synchronised steps (every step unpaired), or the others.
+  auto mean_of = [&](const std::vector<double>& values, bool synchronised) {
+    double sum = 0;
+    int steps = 0;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      if ((synced[i] || !paired) != synchronised) continue;
+      sum += values[i];
+      ++steps;
     }
-  }
-  if (synced_steps > 0) {
-    f.step_ms /= synced_steps;
-    f.cpu_ms /= synced_steps;
-    f.progress_cpu_ms /= synced_steps;
-  }
-  if (local_steps > 0) {
-    f.none_step_ms /= local_steps;
-    f.none_cpu_ms /= local_steps;
-    f.none_progress_cpu_ms /= local_steps;
-  }
+    return steps > 0 ? sum / steps : 0.0;
+  };
+  f.step_ms = mean_of(ms, true);
+  f.cpu_ms = mean_of(cpu_ms, true);
+  f.progress_cpu_ms = mean_of(progress_cpu_ms, true);
+  f.none_step_ms = mean_of(ms, false);
+  f.none_cpu_ms = mean_of(cpu_ms, false);
+  f.none_progress_cpu_ms = mean_of(progress_cpu_ms, false);
   if (!paired) return f;
   std::vector<double> differences;
   for (std::size_t i = 0; i + 1 < ms.size(); i += 2) {

@@ -14,11 +14,8 @@
 //
 //   braid-run -n 4 build/tools/braid-bench-pipeline-worker --pp 2 --dp 2 --schedule zb
 #include <algorithm>
-#include <chrono>
-#include <cstdlib>
 #include <iostream>
 #include <memory>
-#include <numeric>
 #include <string>
 #include <vector>
 

@@ -9,8 +9,6 @@
 //
 //   braid-run -n 2 build/tools/braid-bench-sharded-worker --sharding full --steps 20
 #include <algorithm>
-#include <chrono>
-#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>

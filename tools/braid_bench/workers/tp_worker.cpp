@@ -7,8 +7,6 @@
 //
 //   braid-run -n 2 build/tools/braid-bench-tp-worker --hidden 256 --overlap 0
 #include <algorithm>
-#include <chrono>
-#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -20,30 +18,22 @@
 #include <braid/parallel/rank_grid.hpp>
 #include <braid/torch/tensor_parallel/parallel_transformer_block.hpp>
 
-#include "../harness/options.hpp"
 #include "timed_steps.hpp"
+#include "tp_shape.hpp"
 #include "worker_main.hpp"
 
 namespace {
 
-struct Settings {
-  int hidden = 256;
-  int heads = 8;
-  int layers = 2;
-  int seq = 64;
-  int batch = 4;
-  int steps = 20;
+struct Settings : braid::bench::TpShape {
   int overlap = 1;
   int sequence_parallel = 0;
 };
 
 braid::bench::OptionTable table(Settings& s) {
-  using namespace braid::bench;
-  return {
-      count("--hidden", s.hidden, 8),      count("--heads", s.heads, 1),
-      count("--layers", s.layers, 1),      count("--seq", s.seq, 1),
-      count("--batch", s.batch, 1),        count("--steps", s.steps, 4),
-      count("--overlap", s.overlap, 0, 1), count("--sequence-parallel", s.sequence_parallel, 0, 1)};
+  braid::bench::OptionTable options = shape_options(s);
+  options.push_back(braid::bench::count("--overlap", s.overlap, 0, 1));
+  options.push_back(braid::bench::count("--sequence-parallel", s.sequence_parallel, 0, 1));
+  return options;
 }
 
 int train(const Settings& s) {

@@ -10,6 +10,7 @@
 #include <braid/core/buffer.hpp>
 #include <braid/core/enforce.hpp>
 #include <braid/core/error.hpp>
+#include <braid/core/log.hpp>
 #include <braid/parallel/rank_grid.hpp>
 
 namespace braid::parallel {
@@ -71,6 +72,35 @@ std::string ranks_text(const std::vector<int>& ranks) {
   }
   if (ranks.size() > shown) out += fmt::format(" and {} more", ranks.size() - shown);
   return out;
+}
+
+// Tensor (and context) parallelism talks in every layer, forward and backward: its groups
+// belong inside a node, where shared memory (or NVLink) carries it, and pipeline and data
+// parallelism across nodes, which talk once a microbatch or once a step. A layout that
+// puts a tp or cp group across nodes still works, at network speed; say so, once.
+void warn_of_groups_across_nodes(const Communicator& world, const GridLayout& layout,
+                                 const GridSpec& spec) {
+  const collectives::HierarchyPlan& nodes = world.hierarchy();
+  if (nodes.nodes < 2) return;
+  for (const Axis axis : {Axis::tp, Axis::cp}) {
+    if (spec.degrees[static_cast<std::size_t>(axis)] < 2) continue;
+    for (const std::vector<int>& group : layout.groups(Axes{axis})) {
+      const int node = nodes.node_of[static_cast<std::size_t>(group.front())];
+      const bool spans = std::any_of(group.begin(), group.end(), [&](int r) {
+        return nodes.node_of[static_cast<std::size_t>(r)] != node;
+      });
+      if (!spans) continue;
+      std::vector<int> named;
+      for (int r : group) named.push_back(world.world_rank(r));
+      log::warn(
+          "RankGrid {}: the {} group of {} spans nodes, so its traffic, every layer's, "
+          "crosses the network; with {} rank(s) per node, keep {} at most that and first "
+          "in the order, so that its groups fall inside nodes",
+          spec.describe(), axis_name(axis), ranks_text(named), nodes.local_group.size(),
+          axis_name(axis));
+      break;
+    }
+  }
 }
 
 [[noreturn]] void fail_on(const Communicator& world, Errc code, std::string detail) {
@@ -152,6 +182,7 @@ asio::awaitable<std::unique_ptr<RankGrid>> RankGrid::create(std::shared_ptr<Comm
   } catch (const Error& e) {
     fail_on(*world, static_cast<Errc>(e.code().value()), e.detail());
   }
+  if (me == 0) warn_of_groups_across_nodes(*world, *layout, first);
   co_return std::unique_ptr<RankGrid>(new RankGrid(std::move(world), std::move(*layout)));
 }
 

@@ -249,6 +249,26 @@ TEST(EmulatedNodes, ANodeThatNeverArrivesIsNamedWhenTheJoinTimesOut) {
   EXPECT_LT(result.elapsed, 30s) << result.err;
 }
 
+// braid-bench across shaped links: the rows say how much of the link braid used, which no
+// algorithm can take past the rate.
+TEST(EmulatedNodes, BraidBenchGivesTheShareOfTheLinkAnAllReduceUsed) {
+  SKIP_WITHOUT_NAMESPACES();
+  auto result = ChildProcess({program_from_env("BRAID_BENCH"), "collectives", "--ranks", "2",
+                              "--emulate-nodes", "2", "--link-rate", "1gbit", "--no-peers", "--ops",
+                              "all_reduce", "--min-bytes", "1M", "--max-bytes", "1M", "--iters",
+                              "5", "--json"},
+                             {}, 150s)
+                    .wait();
+  ASSERT_EQ(result.status, 0) << result.out << result.err;
+  static const std::regex share(R"("emulated_nodes":2,"link_share":([0-9.]+))");
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(result.out, match, share)) << result.out;
+  const double used = std::stod(match[1]);
+  EXPECT_GT(used, 0.05) << result.out;
+  EXPECT_LT(used, 1.05) << result.out;  // tbf's burst lets a little past the rate
+  EXPECT_THAT(result.out, HasSubstr(R"("wrong":0)"));
+}
+
 TEST(EmulatedNodes, EachNodeHasItsOwnHostnameAddressAndProcesses) {
   SKIP_WITHOUT_NAMESPACES();
   auto result = ChildProcess({braid_run(), "--emulate-nodes", "3", "-n", "1", "/bin/sh", "-c",

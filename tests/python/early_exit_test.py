@@ -18,7 +18,9 @@ import unittest
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "raising_rank.py")
 BRAID_RUN = None
 # Every rank gone within this long of the leaving rank's exit (its stamp, doomed_at_ns).
-BOUND_S = 2.0
+# Beside another test compiling with Inductor on 2 cores the slowest cases took 2.1-2.4 s
+# (a survivor's Python and torch ending on a loaded core): still seconds, not a timeout.
+BOUND_S = 3.0
 # What the survivor's error says about rank 1, per way of leaving.
 NAMED = {"raise": r"rank 1 .*raised ValueError", "exit": r"rank 1 ended its program",
          "return": r"rank 1 ended its program"}

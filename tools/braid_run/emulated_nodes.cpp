@@ -7,7 +7,6 @@
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
-#include <regex>
 #include <sched.h>
 #include <sstream>
 #include <stdexcept>
@@ -135,27 +134,6 @@ int node_init(void* arg) {
 }
 
 }  // namespace
-
-LinkRate LinkRate::parse(const std::string& text) {
-  static const std::regex pattern(R"(([0-9]+(\.[0-9]+)?)(bit|kbit|mbit|gbit|tbit))");
-  std::smatch match;
-  if (!std::regex_match(text, match, pattern)) {
-    throw std::invalid_argument(fmt::format(
-        "link rate '{}' is not a number and a unit (bit, kbit, mbit, gbit, tbit: 10gbit)", text));
-  }
-  const std::string unit = match[3];
-  const double scale = unit == "bit"    ? 1
-                       : unit == "kbit" ? 1e3
-                       : unit == "mbit" ? 1e6
-                       : unit == "gbit" ? 1e9
-                                        : 1e12;
-  const double bits = std::stod(match[1]) * scale;
-  if (bits < 1e5) {
-    throw std::invalid_argument(
-        fmt::format("link rate '{}' is below 100kbit, too slow to start a job over", text));
-  }
-  return LinkRate{.text = text, .bytes_per_second = bits / 8};
-}
 
 std::string EmulatedNodes::address_of(int node) {
   const std::uint32_t host = static_cast<std::uint32_t>(node) + 1;  // inside 198.18.0.0/15

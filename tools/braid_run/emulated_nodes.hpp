@@ -24,16 +24,9 @@
 #include <sys/types.h>
 #include <vector>
 
+#include "link_rate.hpp"
+
 namespace braid::launcher {
-
-struct LinkRate {
-  std::string text;             // as tc reads it: "1gbit", "100mbit"
-  double bytes_per_second = 0;  // the same, in bytes
-
-  // Parses "<number><unit>", unit one of bit, kbit, mbit, gbit, tbit (tc's decimal bit
-  // rates). std::invalid_argument naming the text when it is not one.
-  static LinkRate parse(const std::string& text);
-};
 
 class EmulatedNodes {
  public:

@@ -37,6 +37,7 @@
 #include <braid/braid.hpp>
 #include <braid/collectives/communicator.hpp>
 
+#include "../../braid_run/link_rate.hpp"
 #include "../harness/report.hpp"
 #include "../harness/results.hpp"
 #include "../harness/rounds.hpp"
@@ -66,6 +67,10 @@ struct CollectivesOptions {
   // braid's buffers in memory from Communicator::allocate_shared (the peers keep theirs):
   // what a user who allocates the buffers it reduces every step that way gets.
   bool shared_buffers = false;
+  // Every runner on this many nodes emulated on this machine (braid-run --emulate-nodes),
+  // each link shaped to link_rate where given.
+  int emulate_nodes = 0;
+  std::string link_rate;
 };
 
 OptionTable table(CollectivesOptions& o) {
@@ -80,6 +85,10 @@ OptionTable table(CollectivesOptions& o) {
           flag("--no-peers", o.no_peers),
           flag("--shared-buffers", o.shared_buffers)
               .noted("braid's buffers from Communicator::allocate_shared"),
+          count("--emulate-nodes", o.emulate_nodes, 0, 4096)
+              .noted("N > 0: braid and Gloo across N nodes emulated here (root); no OpenMPI"),
+          word("--link-rate", o.link_rate)
+              .noted("with --emulate-nodes: each link shaped to this (10gbit); prints link%"),
           flag("--worker", o.worker).unlisted()};
 }
 
@@ -434,15 +443,30 @@ std::vector<Row> rows_from(const CommandResult& result, const std::string& who) 
   return rows;
 }
 
+// braid-run's flags that put `ranks` on the emulated nodes, after its program path.
+void emulate(const CollectivesOptions& options, std::vector<std::string>& braid_run, int ranks) {
+  if (options.emulate_nodes == 0) return;
+  std::vector<std::string> flags{"--emulate-nodes", std::to_string(options.emulate_nodes)};
+  if (!options.link_rate.empty()) flags.insert(flags.end(), {"--link-rate", options.link_rate});
+  braid_run.insert(braid_run.begin() + 1, flags.begin(), flags.end());
+  const auto per_node = std::find(braid_run.begin(), braid_run.end(), "-n") + 1;
+  *per_node = std::to_string(ranks / options.emulate_nodes);
+}
+
 std::vector<Row> run_braid(CollectivesOptions& options, int ranks) {
   std::vector<std::string> args = common_arguments(options);
   if (options.shared_buffers) args.push_back("--shared-buffers");
-  return rows_from(
-      run_command(bench_worker(ranks, "collectives", args, 1200), std::chrono::seconds(1300)),
-      "braid");
+  std::vector<std::string> argv = bench_worker(ranks, "collectives", args, 1200);
+  emulate(options, argv, ranks);
+  return rows_from(run_command(argv, std::chrono::seconds(1300)), "braid");
 }
 
 std::vector<Row> run_openmpi(CollectivesOptions& options, int ranks) {
+  if (options.emulate_nodes > 0) {
+    std::cerr << "braid-bench collectives: no OpenMPI across emulated nodes (mpirun would need "
+                 "a launch agent into the nodes' namespaces)\n";
+    return {};
+  }
   const std::string peer = sibling_program("braid-bench-mpi-peer");
   if (!on_path("mpirun") || access(peer.c_str(), X_OK) != 0) {
     std::cerr << "braid-bench collectives: no OpenMPI peer (mpirun or " << peer << " missing)\n";
@@ -468,6 +492,16 @@ std::vector<Row> run_gloo(CollectivesOptions& options, int ranks) {
   }
   argv->insert(argv->end(), {"--ranks", std::to_string(ranks)});
   for (auto& a : common_arguments(options)) argv->push_back(a);
+  if (options.emulate_nodes > 0) {
+    // One process per rank under braid-run (env:// from its variables), Gloo's sockets on
+    // the nodes' links.
+    std::vector<std::string> launched{
+        sibling_program("braid-run"), "-n", std::to_string(ranks), "--timeout", "1700", "env",
+        "GLOO_SOCKET_IFNAME=eth0"};
+    emulate(options, launched, ranks);
+    launched.insert(launched.end(), argv->begin(), argv->end());
+    *argv = std::move(launched);
+  }
   return rows_from(run_command(*argv, std::chrono::seconds(1800)), "gloo");
 }
 
@@ -524,10 +558,20 @@ int run_driver(CollectivesOptions& options) {
   using Runner = std::vector<Row> (*)(CollectivesOptions&, int);
   std::vector<Runner> runners{run_braid};
   if (!options.no_peers) runners.insert(runners.end(), {run_openmpi, run_gloo});
-  const Report report(options.json,
-                      {"size", "|", "braid us", "algbw", "busbw", "wrong", "|", "ompi us", "busbw",
-                       "x ompi", "|", "gloo us", "busbw", "x gloo"},
-                      {9, 1, 10, 8, 8, 5, 1, 10, 8, 7, 1, 10, 8, 7});
+  std::vector<std::string> headings{"size",  "|",       "braid us", "algbw", "busbw",
+                                    "wrong", "|",       "ompi us",  "busbw", "x ompi",
+                                    "|",     "gloo us", "busbw",    "x gloo"};
+  std::vector<int> widths{9, 1, 10, 8, 8, 5, 1, 10, 8, 7, 1, 10, 8, 7};
+  // Across shaped links: braid's bandwidth through each node's link as a share of its rate,
+  // the node-level bus bandwidth (algbw x the op's bus factor over the nodes), which no
+  // algorithm can take past 100%.
+  std::optional<double> link_gbps;
+  if (!options.link_rate.empty()) {
+    link_gbps = launcher::LinkRate::parse(options.link_rate).bytes_per_second / 1e9;
+    headings.insert(headings.end(), {"|", "link%"});
+    widths.insert(widths.end(), {1, 6});
+  }
+  const Report report(options.json, headings, widths);
   for (int ranks : options.ranks) {
     auto rounds = run_rounds(options.rounds, runners,
                              [&](Runner runner) { return std::optional(runner(options, ranks)); });
@@ -544,8 +588,13 @@ int run_driver(CollectivesOptions& options) {
       if (row.op != current_op) {
         current_op = row.op;
         report.say(fmt::format(
-            "\n# {} on {} ranks (f32, sum; busbw in GB/s; x = peer time / braid time){}{}\n",
-            row.op, ranks, options.shared_buffers ? "; braid's buffers from allocate_shared" : "",
+            "\n# {} on {} ranks{} (f32, sum; busbw in GB/s; x = peer time / braid time){}{}\n",
+            row.op, ranks,
+            options.emulate_nodes > 0
+                ? fmt::format(" on {} emulated nodes{}", options.emulate_nodes,
+                              options.link_rate.empty() ? "" : " linked at " + options.link_rate)
+                : "",
+            options.shared_buffers ? "; braid's buffers from allocate_shared" : "",
             options.rounds > 1
                 ? fmt::format("; median of {} rounds, braid and peers taking turns", options.rounds)
                 : ""));
@@ -558,17 +607,35 @@ int run_driver(CollectivesOptions& options) {
         const auto x = speedup(row, peer);
         return x ? fmt::format("{:.3f}", *x) : std::string("null");
       };
+      std::optional<double> link_share;
+      if (link_gbps) {
+        link_share = 100 * row.algbw_gbps * bus_factor(row.op, options.emulate_nodes) / *link_gbps;
+      }
+      std::vector<std::string> cells{human_bytes(row.bytes),
+                                     "|",
+                                     fixed(row.time_us, 2),
+                                     fixed(row.algbw_gbps, 3),
+                                     fixed(row.busbw_gbps, 3),
+                                     std::to_string(row.wrong),
+                                     "|",
+                                     fixed(of(mpi, &Row::time_us), 2),
+                                     fixed(of(mpi, &Row::busbw_gbps), 3),
+                                     fixed(speedup(row, mpi), 2, "x"),
+                                     "|",
+                                     fixed(of(torch, &Row::time_us), 2),
+                                     fixed(of(torch, &Row::busbw_gbps), 3),
+                                     fixed(speedup(row, torch), 2, "x")};
+      if (link_gbps) cells.insert(cells.end(), {"|", fixed(link_share, 0, "%")});
       report.row(
           fmt::format(R"({{"bench":"collectives","op":"{}","ranks":{},"bytes":{},"rounds":{},)"
                       R"("braid":{},"openmpi":{},"gloo":{},"speedup_openmpi":{},)"
-                      R"("speedup_gloo":{}}})",
+                      R"("speedup_gloo":{}{}}})",
                       row.op, row.ranks, row.bytes, options.rounds, peer_json(row), peer_json(mpi),
-                      peer_json(torch), speedup_json(mpi), speedup_json(torch)),
-          {human_bytes(row.bytes), "|", fixed(row.time_us, 2), fixed(row.algbw_gbps, 3),
-           fixed(row.busbw_gbps, 3), std::to_string(row.wrong), "|",
-           fixed(of(mpi, &Row::time_us), 2), fixed(of(mpi, &Row::busbw_gbps), 3),
-           fixed(speedup(row, mpi), 2, "x"), "|", fixed(of(torch, &Row::time_us), 2),
-           fixed(of(torch, &Row::busbw_gbps), 3), fixed(speedup(row, torch), 2, "x")});
+                      peer_json(torch), speedup_json(mpi), speedup_json(torch),
+                      link_share ? fmt::format(R"(,"emulated_nodes":{},"link_share":{:.3f})",
+                                               options.emulate_nodes, *link_share / 100)
+                                 : ""),
+          cells);
     }
   }
   if (!any) {
@@ -585,6 +652,16 @@ int run_driver(CollectivesOptions& options) {
 int run(CollectivesOptions& options) {
   if (options.min_bytes > options.max_bytes) {
     throw std::invalid_argument("need 0 < --min-bytes <= --max-bytes");
+  }
+  if (!options.link_rate.empty() && options.emulate_nodes == 0) {
+    throw std::invalid_argument("--link-rate needs --emulate-nodes");
+  }
+  if (!options.link_rate.empty()) launcher::LinkRate::parse(options.link_rate);  // checked now
+  for (int ranks : options.ranks) {
+    if (options.emulate_nodes > 0 && ranks % options.emulate_nodes != 0) {
+      throw std::invalid_argument(fmt::format("--ranks {} does not split over --emulate-nodes {}",
+                                              ranks, options.emulate_nodes));
+    }
   }
   return options.worker ? run_worker(options) : run_driver(options);
 }

@@ -8,7 +8,9 @@
 braid-bench runs it with a python3 that can import torch.distributed (subprocess.cpp, torch_python).
 The script starts its P ranks itself (torch.multiprocessing, spawn), on 127.0.0.1 at a free
 port, each with one intra-op thread, and Gloo's sockets on loopback (GLOO_SOCKET_IFNAME=lo
-unless already set), so it needs no network.
+unless already set), so it needs no network. Started once per rank by a launcher instead
+(RANK and WORLD_SIZE set: braid-run, torchrun), it runs that rank, rendezvous env://: how
+braid-bench runs it across emulated nodes.
 
 Output: one JSON object per line on stdout, from rank 0 only (diagnostics on stderr):
   {"peer":"gloo","op":"all_reduce","ranks":2,"bytes":1048576,"count":262144,"dtype":"f32",
@@ -330,6 +332,15 @@ def free_port():
 
 def main(argv):
     args = parse_args(argv)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        # Started once per rank by a launcher (braid-run, torchrun: across emulated nodes),
+        # which set the rendezvous (env://) and, across nodes, GLOO_SOCKET_IFNAME.
+        if int(os.environ["WORLD_SIZE"]) != args.ranks:
+            print(f"gloo_collectives: --ranks {args.ranks} but WORLD_SIZE="
+                  f"{os.environ['WORLD_SIZE']}", file=sys.stderr)
+            return 2
+        worker(int(os.environ["RANK"]), args)
+        return 0
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(free_port())
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

@@ -21,6 +21,8 @@
 #include <optional>
 #include <regex>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include <boost/asio/co_spawn.hpp>
@@ -50,6 +52,10 @@ struct P2pOptions {
   bool json = false;
   bool worker = false;    // internal: this process is one of the two measured ranks
   bool no_peers = false;  // without ucx_perftest
+  // Both processes, braid's and ucx_perftest's, on two nodes emulated on this machine
+  // (braid-run --emulate-nodes 2), each link shaped to link_rate where given.
+  bool emulate_nodes = false;
+  std::string link_rate;
   // A tenth of each loop again, untimed, before it.
   int latency_warmup() const { return std::max(1, latency_iterations / 10); }
   int bandwidth_warmup() const { return std::max(1, bandwidth_iterations / 10); }
@@ -61,6 +67,9 @@ OptionTable table(P2pOptions& o) {
           count("--window", o.window, 1, 1000000000),
           flag("--json", o.json),
           flag("--no-peers", o.no_peers),
+          flag("--emulate-nodes", o.emulate_nodes)
+              .noted("braid and ucx_perftest between 2 nodes emulated here (root)"),
+          word("--link-rate", o.link_rate).noted("with --emulate-nodes: each link shaped to this"),
           flag("--worker", o.worker).unlisted()};
 }
 
@@ -187,10 +196,21 @@ int run_worker(const P2pOptions& options) {
 
 // ---------------------------------------------------------------- the driver
 
+// braid-run's flags that put one process on each of two emulated nodes.
+std::vector<std::string> emulation(const P2pOptions& options) {
+  std::vector<std::string> flags{"--emulate-nodes", "2"};
+  if (!options.link_rate.empty()) flags.insert(flags.end(), {"--link-rate", options.link_rate});
+  return flags;
+}
+
 std::optional<Figures> run_braid(P2pOptions& options) {
-  const auto argv = bench_worker(
-      2, "p2p", arguments(table(options), {"--latency-iters", "--bandwidth-iters", "--window"}),
-      300);
+  auto argv = bench_worker(
+      options.emulate_nodes ? 1 : 2, "p2p",
+      arguments(table(options), {"--latency-iters", "--bandwidth-iters", "--window"}), 300);
+  if (options.emulate_nodes) {
+    const auto flags = emulation(options);
+    argv.insert(argv.begin() + 1, flags.begin(), flags.end());
+  }
   const auto result = run_command(argv, std::chrono::seconds(320));
   std::smatch match;
   const std::regex line(std::string(kResultMarker) +
@@ -206,7 +226,43 @@ std::optional<Figures> run_braid(P2pOptions& options) {
 
 // The numbers of ucx_perftest's "Final:" row: iterations, then latency 50%ile, average,
 // overall (us), bandwidth average, overall (MB/s), message rate average, overall.
-std::optional<std::vector<double>> perftest_final_row(const std::vector<std::string>& test_args) {
+std::optional<std::vector<double>> final_row_in(const std::string& output) {
+  std::smatch match;
+  const std::regex final_row(R"(Final:\s+([0-9.]+(?:\s+[0-9.]+){7}))");
+  if (!std::regex_search(output, match, final_row)) return std::nullopt;
+  std::istringstream numbers(match[1].str());
+  std::vector<double> row;
+  for (double x; numbers >> x;) row.push_back(x);
+  return row;
+}
+
+// Across two emulated nodes: the server on node 0, the client on node 1 trying until the
+// server listens, both under one braid-run.
+std::optional<std::vector<double>> perftest_across_nodes(
+    const P2pOptions& options, const std::vector<std::string>& test_args) {
+  std::string client = "ucx_perftest 198.18.0.1 -p 29400";
+  for (const std::string& a : test_args) client += " " + a;
+  const std::string script = fmt::format(
+      "if [ \"$BRAID_NODE_RANK\" = 0 ]; then exec ucx_perftest -p 29400; fi; "
+      "for i in $(seq 100); do {} && exit 0; sleep 0.1; done; exit 1",
+      client);
+  std::vector<std::string> argv{sibling_program("braid-run")};
+  const auto flags = emulation(options);
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.insert(argv.end(), {"-n", "1", "--no-prefix", "--timeout", "300", "/bin/sh", "-c", script});
+  const auto result = run_command(argv, std::chrono::seconds(320));
+  auto row = final_row_in(result.output);
+  if (!row) {
+    std::cerr << "braid-bench p2p: ucx_perftest " << test_args[1]
+              << " across emulated nodes did not produce a result:\n"
+              << result.output;
+  }
+  return row;
+}
+
+std::optional<std::vector<double>> perftest_final_row(const P2pOptions& options,
+                                                      const std::vector<std::string>& test_args) {
+  if (options.emulate_nodes) return perftest_across_nodes(options, test_args);
   const int port = transport::find_free_port();
   BackgroundProcess server({"ucx_perftest", "-p", std::to_string(port)});
   std::vector<std::string> client{"ucx_perftest", "127.0.0.1", "-p", std::to_string(port)};
@@ -214,12 +270,7 @@ std::optional<std::vector<double>> perftest_final_row(const std::vector<std::str
   // The server needs a moment to listen; the client gives up at once when nobody does.
   for (int attempt = 0; attempt < 50; ++attempt) {
     const auto result = run_command(client, std::chrono::seconds(300));
-    std::smatch match;
-    const std::regex final_row(R"(Final:\s+([0-9.]+(?:\s+[0-9.]+){7}))");
-    if (result.exit_code == 0 && std::regex_search(result.output, match, final_row)) {
-      std::istringstream numbers(match[1].str());
-      std::vector<double> row;
-      for (double x; numbers >> x;) row.push_back(x);
+    if (auto row = final_row_in(result.output); result.exit_code == 0 && row) {
       server.wait(std::chrono::seconds(10));
       return row;
     }
@@ -230,13 +281,14 @@ std::optional<std::vector<double>> perftest_final_row(const std::vector<std::str
 }
 
 std::optional<Figures> run_ucx_perftest(const P2pOptions& options) {
-  auto latency = perftest_final_row({"-t", "tag_lat", "-s", std::to_string(options.latency_bytes),
-                                     "-n", std::to_string(options.latency_iterations), "-w",
-                                     std::to_string(options.latency_warmup())});
+  auto latency =
+      perftest_final_row(options, {"-t", "tag_lat", "-s", std::to_string(options.latency_bytes),
+                                   "-n", std::to_string(options.latency_iterations), "-w",
+                                   std::to_string(options.latency_warmup())});
   auto bandwidth = perftest_final_row(
-      {"-t", "tag_bw", "-s", std::to_string(options.bandwidth_bytes), "-n",
-       std::to_string(options.bandwidth_iterations), "-w",
-       std::to_string(options.bandwidth_warmup()), "-O", std::to_string(options.window)});
+      options, {"-t", "tag_bw", "-s", std::to_string(options.bandwidth_bytes), "-n",
+                std::to_string(options.bandwidth_iterations), "-w",
+                std::to_string(options.bandwidth_warmup()), "-O", std::to_string(options.window)});
   if (!latency || !bandwidth) return std::nullopt;
   // MB/s in ucx_perftest is 2^20 bytes per second.
   return Figures{(*latency)[1], (*latency)[2], (*bandwidth)[5] * (1 << 20) / 1e9};
@@ -250,8 +302,13 @@ int run_driver(P2pOptions& options) {
   const char* tls = std::getenv("UCX_TLS");
   const Report report(options.json, {"metric", "size", "braid", "ucx_perftest", "braid/peer"},
                       {-24, 7, 12, 14, 12});
-  report.say(fmt::format("# braid-bench p2p: 2 processes on this host, UCX_TLS={}\n",
-                         tls != nullptr ? tls : "(default)"));
+  report.say(fmt::format(
+      "# braid-bench p2p: 2 processes {}, UCX_TLS={}\n",
+      options.emulate_nodes
+          ? "on 2 emulated nodes" +
+                (options.link_rate.empty() ? std::string() : " linked at " + options.link_rate)
+          : std::string("on this host"),
+      tls != nullptr ? tls : "(default)"));
   report.heading();
   auto row = [&](std::string_view metric, std::string_view size, double Figures::*field,
                  bool higher_is_better) {
@@ -275,6 +332,9 @@ int run_driver(P2pOptions& options) {
 }
 
 int run(P2pOptions& options) {
+  if (!options.link_rate.empty() && !options.emulate_nodes) {
+    throw std::invalid_argument("--link-rate needs --emulate-nodes");
+  }
   return options.worker ? run_worker(options) : run_driver(options);
 }
 

@@ -85,13 +85,11 @@ PlacementCheck check_placement(std::span<const int> node_of_rank,
   }
   if (!sharing.empty()) {
     check.network_only = true;
-    std::string ranks;
-    for (int r : sharing) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", r);
     check.why = fmt::format(
         "rank(s) {} of other nodes run on this machine and share its IPC or PID namespace, "
         "so UCX could move their bytes through memory: UCX is kept to its network transports "
         "(UCX_TLS=^posix,sysv,cma,knem,xpmem), so that what crosses nodes crosses the network",
-        ranks);
+        list_ranks(sharing));
   }
   return check;
 }

@@ -12,10 +12,9 @@
 //              own (braid-run still kills them after --grace).
 //   link BYTES IFACE
 //              one sum all_reduce of BYTES bytes of f32 between barriers; every rank prints
-//              "rank R node N: IFACE sent S bytes during an all_reduce of BYTES bytes in T
-//              s", S
-//              the growth of the network interface's transmit counter (/proc/net/dev, this
-//              rank's network namespace) across the all_reduce.
+//              "rank R node N: IFACE sent S bytes during an all_reduce of BYTES bytes in
+//              T s", S the growth of the network interface's transmit counter
+//              (/proc/net/dev, this rank's network namespace) across the all_reduce.
 //   die_node N all ranks all_reduce 4 MiB until one fails; after the first, node N's rank
 //              of local rank 0 kills its node's braid-run and itself (under braid-run
 //              --emulate-nodes, the whole node goes). Survivors report as in die.
@@ -320,8 +319,8 @@ int main(int argc, char** argv) {
     braid::Runtime runtime;
     braid::transport::World::Options options;
     options.leave_timeout = 2s;  // a dead peer never leaves; don't wait long for it
-    auto world =
-        braid::transport::World::join(runtime, braid::transport::parse_launch_env(), options);
+    const braid::transport::LaunchInfo launch = braid::transport::parse_launch_env();
+    auto world = braid::transport::World::join(runtime, launch, options);
     auto comm = Communicator::world(*world);
     const int rank = comm->rank();
     if (mode == "check" || mode == "reuse") {
@@ -343,17 +342,14 @@ int main(int argc, char** argv) {
       std::cout << fmt::format(
           "rank {} node {}: {} sent {} bytes during an all_reduce of {} "
           "bytes in {:.4f} s\n",
-          rank, world->node_of(world->rank()), argv[3], use.sent, bytes, use.seconds);
+          rank, launch.node_rank, argv[3], use.sent, bytes, use.seconds);
       return 0;
     }
     try {
       if (mode == "die") {
         runtime.spawn(die(*comm, doomed, argc > 3 ? argv[3] : "all_reduce")).get();
       } else {
-        const int node = world->node_of(world->rank());
-        const int local_rank = std::atoi(
-            std::getenv("BRAID_LOCAL_RANK") != nullptr ? std::getenv("BRAID_LOCAL_RANK") : "0");
-        runtime.spawn(until_failure(*comm, node, local_rank, doomed)).get();
+        runtime.spawn(until_failure(*comm, launch.node_rank, launch.local_rank, doomed)).get();
       }
     } catch (const braid::Error& e) {
       std::cerr << "rank " << rank << " saw: " << e.what() << "\n";

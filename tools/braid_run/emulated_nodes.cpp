@@ -2,7 +2,6 @@
 
 #include <array>
 #include <cerrno>
-#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <fcntl.h>
@@ -205,15 +204,11 @@ pid_t EmulatedNodes::start_node(int node, const std::vector<std::string>& argv,
     const auto limit = static_cast<long long>(std::max(262144.0, rate_->bytes_per_second / 20));
     const std::vector<std::string> shape{
         "rate", rate_->text, "burst", std::to_string(burst), "limit", std::to_string(limit)};
-    for (bool inside : {false, true}) {
+    for (const bool inside : {false, true}) {
       std::vector<std::string> tc{"tc",   "qdisc", "add", "dev", inside ? "eth0" : port,
                                   "root", "tbf"};
       tc.insert(tc.end(), shape.begin(), shape.end());
-      if (inside) {
-        run_command(tc, pid);
-      } else {
-        run_command(tc);
-      }
+      run_command(tc, inside ? std::optional(pid) : std::nullopt);
     }
   }
   const char byte = 1;
@@ -221,11 +216,12 @@ pid_t EmulatedNodes::start_node(int node, const std::vector<std::string>& argv,
   return pid;
 }
 
-std::string EmulatedNodes::traffic_report() const {
+std::vector<std::string> EmulatedNodes::traffic_report() const {
   // /proc/net/dev shows the reader's network namespace: the switch's. A port's received
   // bytes are what its node sent.
   std::ifstream dev("/proc/net/dev");
-  std::string line, report;
+  std::string line;
+  std::vector<std::string> report;
   std::vector<std::pair<long long, long long>> bytes(static_cast<std::size_t>(nodes_), {-1, -1});
   while (std::getline(dev, line)) {
     const auto colon = line.find(':');
@@ -243,8 +239,8 @@ std::string EmulatedNodes::traffic_report() const {
   for (int node = 0; node < nodes_; ++node) {
     const auto [sent, received] = bytes[static_cast<std::size_t>(node)];
     if (sent < 0) continue;
-    report += fmt::format("node {} ({}) sent {} bytes and received {} bytes over its link\n", node,
-                          address_of(node), sent, received);
+    report.push_back(fmt::format("node {} ({}) sent {} bytes and received {} bytes over its link",
+                                 node, address_of(node), sent, received));
   }
   return report;
 }

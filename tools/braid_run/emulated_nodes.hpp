@@ -49,7 +49,7 @@ class EmulatedNodes {
                    const std::vector<std::string>& env, const sigset_t& blocked_mask);
 
   // One line per node: the bytes it sent and received over its link so far.
-  std::string traffic_report() const;
+  std::vector<std::string> traffic_report() const;
 
  private:
   int nodes_;

@@ -493,10 +493,7 @@ int Job::start_emulated_nodes() {
     member.running = true;
   }
   supervise();
-  const std::string traffic = emulation_->traffic_report();
-  for (std::size_t at = 0, end; (end = traffic.find('\n', at)) != std::string::npos; at = end + 1) {
-    report(traffic.substr(at, end - at));
-  }
+  for (const std::string& line : emulation_->traffic_report()) report(line);
   return exit_status_;
 }
 

@@ -166,6 +166,34 @@ INSTANTIATE_TEST_SUITE_P(EagerAndRendezvous, UcxP2pSizes,
                          ::testing::Values(0, 8, 64 << 10, 4 << 20),
                          [](const auto& info) { return fmt::format("{}Bytes", info.param); });
 
+// A large message sent eagerly (UCX_RNDV_THRESH=inf, as a user may set it) travels in
+// fragments; when all of them have arrived before the receive is posted, UCX completes the
+// receive inside the call that posts it and still hands back a request. The receive
+// reports the message once, whole.
+TEST(UcxP2p, AReceiveCompletedWhileItIsPostedGetsTheWholeEagerMessage) {
+  const char* before = std::getenv("UCX_RNDV_THRESH");
+  const std::string saved = before != nullptr ? before : "";
+  ::setenv("UCX_RNDV_THRESH", "inf", 1);
+  World world(2);
+  if (before != nullptr) {
+    ::setenv("UCX_RNDV_THRESH", saved.c_str(), 1);
+  } else {
+    ::unsetenv("UCX_RNDV_THRESH");
+  }
+  constexpr std::size_t bytes = 1 << 20;
+  for (int round = 0; round < 4; ++round) {
+    std::vector<std::uint8_t> sent = pattern(bytes, static_cast<std::uint8_t>(round)),
+                              received(bytes, 0);
+    const Tag tag{.sequence = static_cast<std::uint64_t>(round)};
+    auto send = world.spawn(0, world[0].send(1, Buffer(sent), tag, soon()));
+    send.get();                         // eager: complete once the fragments are out
+    std::this_thread::sleep_for(20ms);  // and on the receiver's side, unexpected
+    auto recv = world.spawn(1, world[1].recv(0, Buffer(received), tag, soon()));
+    EXPECT_EQ(recv.get(), bytes) << "round " << round;
+    EXPECT_EQ(received, sent) << "round " << round;
+  }
+}
+
 TEST(UcxP2p, ManyInFlightOperationsMatchByTagWhicheverOrderTheyArePostedIn) {
   World world(2);
   constexpr int count = 48;

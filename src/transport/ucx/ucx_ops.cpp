@@ -188,12 +188,15 @@ UcxOp* UcxWorkerImpl::start_send(int peer, const Buffer& buffer, const Tag& tag,
   params.cb.send = &UcxWorkerImpl::on_send_complete;
   params.user_data = op;
   params.memory_type = memory_type_of(buffer);
+  op->starting = true;
   void* request = ucp_tag_send_nbx(peers_[peer].ep, buffer.data(), buffer.size_bytes(),
                                    encode_tag(tag, static_cast<std::uint32_t>(rank_)), &params);
-  if (!UCS_PTR_IS_PTR(request)) {
+  const auto early = completed_while_starting(op);
+  if (!UCS_PTR_IS_PTR(request) || early) {
     activity_ = true;
-    if (request == nullptr) return nullptr;
-    throw make_error(peer, OpKind::send, tag, buffer.size_bytes(), UCS_PTR_STATUS(request), 0);
+    const ucs_status_t status = early ? early->first : UCS_PTR_STATUS(request);
+    if (status == UCS_OK) return nullptr;
+    throw make_error(peer, OpKind::send, tag, buffer.size_bytes(), status, 0);
   }
   track(op, OpKind::send, peer, tag, buffer.size_bytes(), deadline, request);
   return op;
@@ -218,13 +221,16 @@ RecvStart UcxWorkerImpl::start_recv(int peer, const Buffer& buffer, const Tag& t
   params.memory_type = memory_type_of(buffer);
   ucp_tag_recv_info_t ignored{};
   params.recv_info.tag_info = &ignored;
+  op->starting = true;
   void* request = ucp_tag_recv_nbx(worker_, buffer.data(), buffer.size_bytes(), wire_tag,
                                    tag_mask_exact, &params);
-  if (!UCS_PTR_IS_PTR(request)) {
+  const auto early = completed_while_starting(op);
+  if (!UCS_PTR_IS_PTR(request) || early) {
     activity_ = true;
-    if (request == nullptr) return {.op = nullptr, .received = info.length};
-    throw make_error(peer, OpKind::recv, tag, buffer.size_bytes(), UCS_PTR_STATUS(request),
-                     info.length);
+    const ucs_status_t status = early ? early->first : UCS_PTR_STATUS(request);
+    const std::size_t length = early ? early->second : info.length;
+    if (status == UCS_OK) return {.op = nullptr, .received = length};
+    throw make_error(peer, OpKind::recv, tag, buffer.size_bytes(), status, length);
   }
   track(op, OpKind::recv, peer, tag, buffer.size_bytes(), deadline, request);
   return {.op = op, .received = 0};
@@ -243,8 +249,19 @@ void UcxWorkerImpl::on_recv_complete(void* request, ucs_status_t status,
   op->owner->finish(op, request, status, matched ? info->length : 0);
 }
 
+std::optional<std::pair<ucs_status_t, std::size_t>> UcxWorkerImpl::completed_while_starting(
+    UcxOp* op) noexcept {
+  op->starting = false;
+  return std::exchange(op->completed_while_starting, std::nullopt);
+}
+
 void UcxWorkerImpl::finish(UcxOp* op, void* request, ucs_status_t status, std::size_t length) {
   if (request != nullptr) ucp_request_free(request);
+  if (op->starting) {
+    // Inside the call that starts it: that call reports the outcome (see UcxOp::starting).
+    op->completed_while_starting.emplace(status, length);
+    return;
+  }
   pending_.erase(pending_.iterator_to(*op));
   std::exception_ptr error;
   if (status != UCS_OK) {

@@ -69,6 +69,12 @@ struct UcxOp
   bool finished = false;
   std::exception_ptr error;  // parked result, when `finished`
   std::size_t length = 0;
+  // Set while the UCX call that starts the operation runs. UCX may complete the operation
+  // inside that call and still return a request (a receive matching a multi-fragment eager
+  // message whose fragments have all arrived): finish() then leaves the outcome here for the
+  // start call to report as an immediate completion.
+  bool starting = false;
+  std::optional<std::pair<ucs_status_t, std::size_t>> completed_while_starting;
 };
 
 struct UcxPeer {
@@ -157,6 +163,9 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   void track(UcxOp* op, OpKind kind, int peer, const Tag& tag, std::size_t capacity,
              Deadline deadline, void* request);
   void finish(UcxOp* op, void* request, ucs_status_t status, std::size_t length);
+  // After the call that starts `op`: the outcome when UCX completed it inside that call.
+  static std::optional<std::pair<ucs_status_t, std::size_t>> completed_while_starting(
+      UcxOp* op) noexcept;
   void abandon(UcxOp* op, Errc why);
   std::vector<UcxOp*> pending_snapshot() const;
   Error make_error(int peer, OpKind kind, const Tag& tag, std::size_t capacity, ucs_status_t status,

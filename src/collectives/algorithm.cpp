@@ -85,7 +85,8 @@ bool implements(CollectiveKind kind, Algorithm algorithm) noexcept {
              algorithm == Algorithm::hierarchical;
     case CollectiveKind::reduce_scatter:
     case CollectiveKind::all_gather:
-      return algorithm == Algorithm::ring || algorithm == Algorithm::shared_memory;
+      return algorithm == Algorithm::ring || algorithm == Algorithm::shared_memory ||
+             algorithm == Algorithm::hierarchical;
     case CollectiveKind::broadcast:
     case CollectiveKind::reduce:
       return algorithm == Algorithm::binomial_tree || algorithm == Algorithm::shared_memory;

@@ -80,6 +80,12 @@ asio::awaitable<void> run_message_algorithm(CollectiveOp& op, const CollectiveCa
           co_return;
       }
     case reduce_scatter:
+      if (call.algorithm == Algorithm::hierarchical &&
+          detail::hierarchical_exchange_fits(*call.hierarchy)) {
+        co_await detail::hierarchical_reduce_scatter(op, call.input, call.output, call.reduce_op,
+                                                     *call.hierarchy);
+        co_return;
+      }
       co_await detail::ring_reduce_scatter(op, call.input, call.output, call.reduce_op);
       co_return;
     case all_gather: {
@@ -88,6 +94,12 @@ asio::awaitable<void> run_message_algorithm(CollectiveOp& op, const CollectiveCa
       if (!call.variable) {
         equal.assign(static_cast<std::size_t>(op.size()), call.input.count());
         counts = equal;
+      }
+      if (call.algorithm == Algorithm::hierarchical &&
+          detail::hierarchical_exchange_fits(*call.hierarchy)) {
+        co_await detail::hierarchical_all_gather(op, call.input, call.output, counts,
+                                                 *call.hierarchy);
+        co_return;
       }
       co_await detail::ring_all_gather(op, call.input, call.output, counts);
       co_return;
@@ -268,7 +280,9 @@ Communicator::State::~State() {
 Algorithm Communicator::algorithm_for(CollectiveKind kind, std::size_t bytes) const {
   return state_->selection_->select(
       kind, bytes, size(),
-      {.one_node = state_->arena_ != nullptr, .grouped_nodes = state_->hierarchy_.worth_it()});
+      {.one_node = state_->arena_ != nullptr,
+       .grouped_nodes = state_->hierarchy_.worth_it(),
+       .even_nodes = state_->hierarchy_.worth_it() && state_->hierarchy_.uniform});
 }
 
 CollectiveCall Communicator::State::prepare(CollectiveKind kind) {
@@ -288,8 +302,11 @@ asio::awaitable<void> Communicator::State::submit(CollectiveCall call) {
   }
   if (on_cuda) {
     // Staged: run() sees host copies, and picks their algorithms; none takes an arena turn.
-    call.algorithm = selection_->select(
-        call.kind, call.bytes, size(), {.one_node = false, .grouped_nodes = hierarchy_.worth_it()});
+    call.algorithm =
+        selection_->select(call.kind, call.bytes, size(),
+                           {.one_node = false,
+                            .grouped_nodes = hierarchy_.worth_it(),
+                            .even_nodes = hierarchy_.worth_it() && hierarchy_.uniform});
     call.hierarchy = &hierarchy_;
     call.selection = selection_.get();
     call.sequence = take_sequence();

@@ -112,7 +112,9 @@ asio::awaitable<void> Communicator::State::run_staged(std::shared_ptr<Communicat
   const Buffer& on_device =
       original->input.memory() == MemoryKind::cuda ? original->input : original->output;
   detail::StagingResources& staging = staging_for(on_device.device());
-  const MemberPlacement placement{.one_node = false, .grouped_nodes = hierarchy_.worth_it()};
+  const MemberPlacement placement{.one_node = false,
+                                  .grouped_nodes = hierarchy_.worth_it(),
+                                  .even_nodes = hierarchy_.worth_it() && hierarchy_.uniform};
   // The same call (kind, sequence, root, counts) on host views of its buffers.
   const auto on_host = [this, original, placement](Buffer input, Buffer output, std::size_t bytes) {
     CollectiveCall host_call = *original;

@@ -54,6 +54,9 @@ std::vector<SelectionRule> built_in_rules() {
       {.kind = gather, .algorithm = Algorithm::shared_memory},
       {.kind = scatter, .algorithm = Algorithm::shared_memory},
       {.kind = all_to_all, .algorithm = Algorithm::shared_memory},
+      // Members on several nodes, as many on each: rails across nodes, then within them.
+      {.kind = reduce_scatter, .algorithm = Algorithm::hierarchical},
+      {.kind = all_gather, .algorithm = Algorithm::hierarchical},
       {.kind = reduce_scatter, .algorithm = Algorithm::ring},
       {.kind = all_gather, .algorithm = Algorithm::ring},
       {.kind = broadcast, .algorithm = Algorithm::binomial_tree},
@@ -206,7 +209,11 @@ Algorithm SelectionTable::select(CollectiveKind kind, std::size_t bytes, int wor
                                  MemberPlacement placement) const {
   for (const SelectionRule& rule : rules_) {
     if (rule.algorithm == Algorithm::shared_memory && !placement.one_node) continue;
-    if (rule.algorithm == Algorithm::hierarchical && !placement.grouped_nodes) continue;
+    if (rule.algorithm == Algorithm::hierarchical &&
+        (!placement.grouped_nodes ||
+         (rule.kind != CollectiveKind::all_reduce && !placement.even_nodes))) {
+      continue;
+    }
     if (rule.kind == kind && bytes >= rule.min_bytes && bytes < rule.max_bytes &&
         world_size >= rule.min_world && world_size <= rule.max_world) {
       return rule.algorithm;

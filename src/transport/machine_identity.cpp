@@ -1,6 +1,7 @@
 #include "transport/machine_identity.hpp"
 
 #include <array>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -110,6 +111,12 @@ std::vector<std::string> describe_places(std::span<const int> node_of_rank,
                                  machine_of_rank[r].hostname, listed[node_of_rank[r]]));
   }
   return places;
+}
+
+bool has_rdma_devices() {
+  std::error_code error;
+  const std::filesystem::directory_iterator devices("/sys/class/infiniband", error);
+  return !error && devices != std::filesystem::directory_iterator();
 }
 
 }  // namespace braid::transport::detail

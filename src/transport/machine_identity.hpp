@@ -54,6 +54,10 @@ struct PlacementCheck {
 PlacementCheck check_placement(std::span<const int> node_of_rank,
                                std::span<const MachineIdentity> machine_of_rank, int rank);
 
+// Whether this machine has an RDMA device (/sys/class/infiniband lists InfiniBand and
+// RoCE adapters alike): without one, UCX reaches other nodes over TCP only.
+bool has_rdma_devices();
+
 // For each rank, where it runs, as failure messages end: "; it ran on node 1 (node1), with
 // ranks 2-3". A node lost whole fails each of its ranks, and each failure names the rest.
 std::vector<std::string> describe_places(std::span<const int> node_of_rank,

@@ -174,6 +174,8 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   if (info.num_nodes > 1) {
     placement = co_await check_placement(*world->store_, info, deadline, world->options_);
     world->options_.ucx.network_only = placement.network_only;
+    // Across nodes joined by TCP alone, large messages go eagerly (UcxWorker::Options).
+    if (!detail::has_rdma_devices()) world->options_.ucx.eager_messages = true;
   }
   // Shared memory for small messages is safe now: the watcher (watch_peers) notices a
   // killed peer that UCX's shared-memory keepalive misses.

@@ -248,6 +248,101 @@ INSTANTIATE_TEST_SUITE_P(Modes, VariableCounts, ::testing::Bool(), [](const auto
   return info.param ? std::string("single_copy") : std::string("messages");
 });
 
+// Ranks on pretend nodes (tests/support/rank_threads.hpp): with as many ranks on every
+// node, reduce-scatter and all-gather go hierarchical (rails across nodes, exchanges
+// within); on uneven nodes they stay on the ring. Either way every op, dtype, size and
+// placement in the output matches the serial reference, in place and out of place.
+struct NodeLayout {
+  const char* name;
+  std::vector<int> node_of_rank;
+  Algorithm expected;
+};
+
+class HierarchicalMovement : public ::testing::TestWithParam<NodeLayout> {};
+
+TEST_P(HierarchicalMovement, ReduceScatterAndAllGatherMatchTheSerialReference) {
+  const NodeLayout& layout = GetParam();
+  const int world = static_cast<int>(layout.node_of_rank.size());
+  const auto P = static_cast<std::size_t>(world);
+  run_ranks(
+      world,
+      [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+        for (CollectiveKind kind : {CollectiveKind::reduce_scatter, CollectiveKind::all_gather}) {
+          for (std::size_t bytes : {std::size_t{8}, std::size_t{64} << 20}) {
+            EXPECT_EQ(comm->algorithm_for(kind, bytes), layout.expected)
+                << to_string(kind) << " of " << bytes << " bytes";
+          }
+        }
+        testing::Mismatch m;
+        const int me = comm->rank();
+        for (DType dtype : {DType::f32, DType::i64, DType::bf16}) {
+          for (ReduceOp op :
+               {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min, ReduceOp::prod}) {
+            if (op == ReduceOp::avg && dtype == DType::i64) continue;
+            for (std::size_t n :
+                 {std::size_t{0}, std::size_t{1}, std::size_t{1031}, std::size_t{70001}}) {
+              if (n > 2000 && op != ReduceOp::sum && op != ReduceOp::avg) continue;
+              const std::string where =
+                  fmt::format("{} {} n {} rank {}", to_string(dtype), to_string(op), n, me);
+              TypedVector in(dtype, n * P), out(dtype, n);
+              for (std::size_t i = 0; i < n * P; ++i)
+                in.set(i, testing::value_for(me, i, dtype, op));
+              co_await comm->reduce_scatter(in.buffer(), out.buffer(), op);
+              co_await comm->reduce_scatter(in.buffer(), op);  // in place: into block me
+              for (std::size_t i = 0; i < n; ++i) {
+                const std::size_t at = static_cast<std::size_t>(me) * n + i;
+                const double want = testing::reference(world, at, dtype, op);
+                m.check(out, i, want, [&] { return "reduce_scatter " + where; });
+                m.check(in, at, want, [&] { return "reduce_scatter in place " + where; });
+              }
+            }
+          }
+          for (std::size_t n : {std::size_t{0}, std::size_t{5}, std::size_t{70001}}) {
+            const std::string where = fmt::format("{} n {} rank {}", to_string(dtype), n, me);
+            TypedVector in(dtype, n), out(dtype, n * P), data(dtype, n * P);
+            for (std::size_t i = 0; i < n; ++i) {
+              in.set(i, std::fmod(tagged(me, i), 128.0));
+              data.set(static_cast<std::size_t>(me) * n + i, std::fmod(tagged(me, i), 128.0));
+            }
+            co_await comm->all_gather(in.buffer(), out.buffer());
+            co_await comm->all_gather(data.buffer());
+            for (std::size_t r = 0; r < P; ++r) {
+              for (std::size_t i = 0; i < n; ++i) {
+                const double want = std::fmod(tagged(static_cast<int>(r), i), 128.0);
+                m.check(out, r * n + i, want, [&] { return "all_gather " + where; });
+                m.check(data, r * n + i, want, [&] { return "all_gather in place " + where; });
+              }
+            }
+          }
+        }
+        // all_gather_v: blocks of every size, empty ones included.
+        std::vector<std::size_t> counts;
+        for (std::size_t r = 0; r < P; ++r) counts.push_back(r % 3 == 1 ? 0 : 1000 * r + 7);
+        std::vector<std::int32_t> mine(counts[static_cast<std::size_t>(me)]);
+        std::iota(mine.begin(), mine.end(), me * 100000);
+        std::vector<std::int32_t> all(std::accumulate(counts.begin(), counts.end(), std::size_t{0}),
+                                      -1);
+        co_await comm->all_gather_v(Buffer(mine), Buffer(all), counts);
+        std::vector<std::int32_t> expected;
+        for (std::size_t r = 0; r < P; ++r) {
+          for (std::size_t i = 0; i < counts[r]; ++i)
+            expected.push_back(static_cast<std::int32_t>(r * 100000 + i));
+        }
+        EXPECT_EQ(all, expected) << "all_gather_v on rank " << me;
+        EXPECT_EQ(m.what, "");
+      },
+      {}, layout.node_of_rank);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, HierarchicalMovement,
+    ::testing::Values(NodeLayout{"two_by_two", {0, 0, 1, 1}, Algorithm::hierarchical},
+                      NodeLayout{"round_robin", {0, 1, 0, 1}, Algorithm::hierarchical},
+                      NodeLayout{"three_by_two", {0, 0, 1, 1, 2, 2}, Algorithm::hierarchical},
+                      NodeLayout{"two_by_three", {0, 0, 0, 1, 1, 1}, Algorithm::hierarchical},
+                      NodeLayout{"uneven", {0, 0, 1}, Algorithm::ring}),
+    [](const auto& info) { return std::string(info.param.name); });
+
 TEST(PointToPoint, SendAndRecvMatchPerPairInCallOrder) {
   run_ranks(3, [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
     const int me = comm->rank();

@@ -97,6 +97,27 @@ TEST(SelectionTable, HierarchicalAllReduceIsChosenOnlyWhenMembersGroupIntoSevera
             Algorithm::recursive_doubling);
 }
 
+// Reduce-scatter and all-gather go hierarchical at every size where every node holds as
+// many members (rails line up), and stay on the ring where nodes are uneven or hold one.
+TEST(SelectionTable, HierarchicalReduceScatterAndAllGatherNeedEvenNodes) {
+  const SelectionTable table = SelectionTable::built_in();
+  const MemberPlacement even{.one_node = false, .grouped_nodes = true, .even_nodes = true};
+  const MemberPlacement uneven{.one_node = false, .grouped_nodes = true, .even_nodes = false};
+  const MemberPlacement one_per_node{.one_node = false};
+  for (CollectiveKind kind : {CollectiveKind::reduce_scatter, CollectiveKind::all_gather}) {
+    for (std::size_t bytes : {std::size_t{8}, 64 * MiB}) {
+      EXPECT_EQ(table.select(kind, bytes, 4, even), Algorithm::hierarchical) << to_string(kind);
+      EXPECT_EQ(table.select(kind, bytes, 3, uneven), Algorithm::ring) << to_string(kind);
+      EXPECT_EQ(table.select(kind, bytes, 4, one_per_node), Algorithm::ring) << to_string(kind);
+      EXPECT_EQ(table.select(kind, bytes, 4), Algorithm::shared_memory) << to_string(kind);
+    }
+  }
+  // The uneven all-reduce keeps its leaders' shape.
+  EXPECT_EQ(table.select(CollectiveKind::all_reduce, 1 * MiB, 3, uneven), Algorithm::hierarchical);
+  const auto forced = SelectionTable::with_overrides("allgather:0-inf:hierarchical");
+  EXPECT_EQ(forced.select(CollectiveKind::all_gather, 8, 3, uneven), Algorithm::ring);
+}
+
 TEST(SelectionTable, SmallAllReducesAndBarriersGoThroughSharedMemoryOnOneNodeOnly) {
   const SelectionTable table = SelectionTable::built_in();
   const MemberPlacement across{.one_node = false};

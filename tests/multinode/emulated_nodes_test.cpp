@@ -286,5 +286,44 @@ TEST(EmulatedNodes, EachNodeHasItsOwnHostnameAddressAndProcesses) {
   }
 }
 
+// --on-first-node: one program on node 0 starts commands on the others through the
+// nodes' launch agent, as mpirun does through ssh; each command runs in its node and
+// returns its output and exit status; the job ends with the program, with its status.
+TEST(EmulatedNodes, AProgramOnTheFirstNodeRunsCommandsOnTheOthersThroughTheLaunchAgent) {
+  SKIP_WITHOUT_NAMESPACES();
+  const std::string agent = braid_run() + " --on-node";
+  const std::string script = fmt::format(
+      "echo first on $(hostname); {0} node1 'echo then on $(hostname) >&2'; "
+      "{0} 198.18.0.3 'hostname; exit 3'; echo status $?; "
+      "BRAID_TOKEN=forged {0} node1 true; echo forged $?; "
+      "echo agent $OMPI_MCA_plm_rsh_agent; exit 7",
+      agent);
+  auto result = ChildProcess({braid_run(), "--emulate-nodes", "3", "--on-first-node", "--timeout",
+                              "60", "/bin/sh", "-c", script},
+                             {}, 90s)
+                    .wait();
+  EXPECT_EQ(result.status, 7) << result.out << result.err;
+  EXPECT_THAT(result.out, HasSubstr("first on node0\nnode2\nstatus 3\nforged 255\n"));
+  EXPECT_THAT(result.out, HasSubstr("agent " + agent));
+  EXPECT_THAT(result.err, HasSubstr("then on node1"));
+  EXPECT_THAT(result.err, HasSubstr("refused a wrong BRAID_TOKEN"));
+}
+
+// A command run through the agent ends with its caller: a caller killed mid-command takes
+// the command with it, on its node.
+TEST(EmulatedNodes, ACommandStartedThroughTheAgentEndsWithItsCaller) {
+  SKIP_WITHOUT_NAMESPACES();
+  const std::string script = fmt::format(
+      "{} --on-node node1 'sleep 1000' & caller=$!; sleep 1; kill $caller; sleep 1; "
+      "{} --on-node node1 'pgrep -x sleep || echo no sleep left'",
+      braid_run(), braid_run());
+  auto result = ChildProcess({braid_run(), "--emulate-nodes", "2", "--on-first-node", "--timeout",
+                              "60", "/bin/sh", "-c", script},
+                             {}, 90s)
+                    .wait();
+  EXPECT_EQ(result.status, 0) << result.out << result.err;
+  EXPECT_THAT(result.out, HasSubstr("no sleep left"));
+}
+
 }  // namespace
 }  // namespace braid

@@ -73,6 +73,7 @@ struct NodeStart {
   std::string hostname;
   std::vector<char*> argv;
   std::vector<char*> envp;
+  std::vector<char*> agent_argv;  // empty: the node serves no launch agent beside argv
   sigset_t blocked_mask{};
 };
 
@@ -86,7 +87,8 @@ struct NodeStart {
 
 // The node's first process: PID 1 of its PID namespace. Mounts the node's own /proc, /sys
 // (so they show its processes and its network) and /dev/shm, names the node, waits for its
-// link, then starts the node's braid-run and stays as the init that reaps orphans.
+// link, then starts the node's launch agent where it has one and the node's braid-run (or
+// program), and stays as the init that reaps orphans.
 int node_init(void* arg) {
   const NodeStart& start = *static_cast<const NodeStart*>(arg);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // braid-run gone: so is the node
@@ -114,6 +116,16 @@ int node_init(void* arg) {
   if (n != 1) ::_exit(125);  // braid-run could not make the link and says why
   ::close(start.go_fd);
 
+  if (!start.agent_argv.empty()) {
+    const pid_t agent = ::fork();
+    if (agent < 0) init_failed(start, "cannot fork");
+    if (agent == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::sigprocmask(SIG_SETMASK, &start.blocked_mask, nullptr);
+      ::execve(start.agent_argv[0], start.agent_argv.data(), start.envp.data());
+      init_failed(start, "cannot execute its launch agent");
+    }
+  }
   const pid_t launcher = ::fork();
   if (launcher < 0) init_failed(start, "cannot fork");
   if (launcher == 0) {
@@ -158,10 +170,13 @@ EmulatedNodes::~EmulatedNodes() {
 }
 
 pid_t EmulatedNodes::start_node(int node, const std::vector<std::string>& argv,
-                                const std::vector<std::string>& env, const sigset_t& blocked_mask) {
+                                const std::vector<std::string>& env, const sigset_t& blocked_mask,
+                                const std::vector<std::string>& agent_argv) {
   NodeStart start{.node = node, .hostname = fmt::format("node{}", node)};
   for (const std::string& a : argv) start.argv.push_back(const_cast<char*>(a.c_str()));
   start.argv.push_back(nullptr);
+  for (const std::string& a : agent_argv) start.agent_argv.push_back(const_cast<char*>(a.c_str()));
+  if (!agent_argv.empty()) start.agent_argv.push_back(nullptr);
   for (const std::string& e : env) start.envp.push_back(const_cast<char*>(e.c_str()));
   start.envp.push_back(nullptr);
   start.blocked_mask = blocked_mask;

@@ -45,8 +45,10 @@ class EmulatedNodes {
   // the status of `argv`'s process (128 + signal when a signal ended it). Returns the init's
   // pid; signalled with SIGTERM it passes the signal on (as its own process group holds
   // both), and SIGKILL ends the node whole. `blocked_mask`: restored for `argv`'s process.
+  // `agent_argv`, when given, runs beside `argv` for the node's life (its launch agent).
   pid_t start_node(int node, const std::vector<std::string>& argv,
-                   const std::vector<std::string>& env, const sigset_t& blocked_mask);
+                   const std::vector<std::string>& env, const sigset_t& blocked_mask,
+                   const std::vector<std::string>& agent_argv = {});
 
   // One line per node: the bytes it sent and received over its link so far.
   std::vector<std::string> traffic_report() const;

@@ -93,6 +93,7 @@ class Job {
  private:
   void take_signals();
   int start_emulated_nodes();
+  int start_program_on_first_node(const std::string& self, std::vector<std::string> env);
   std::vector<std::string> rank_environment(int local_rank) const;
   void start_rank(int local_rank);
   void supervise();
@@ -111,6 +112,7 @@ class Job {
   // What the job's members are: this node's ranks, or (--emulate-nodes) the nodes, each
   // a braid-run of its own under an init braid-run supervises like a rank.
   const char* noun_ = "rank";
+  const Rank* primary_ = nullptr;  // --on-first-node: node 0, whose end is the job's
   std::optional<EmulatedNodes> emulation_;
   std::vector<std::string> shared_env_;  // the parent's environment plus the job-wide BRAID_*
   std::vector<Rank> ranks_;
@@ -298,6 +300,15 @@ void Job::drain(Rank& rank) {
 void Job::on_rank_exit(Rank& rank, int status) {
   rank.running = false;
   drain(rank);
+  if (&rank == primary_) {
+    // The job is this member's (--on-first-node): the rest only served it.
+    if (!stopping_) {
+      exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      stopping_ = true;
+      stop(SIGTERM);
+    }
+    return;
+  }
   const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
   if (!failed || stopping_) return;
   failures_.push_back({&rank, status});
@@ -468,6 +479,7 @@ int Job::start_emulated_nodes() {
   }
   take_signals();
   emulation_.emplace(options_.emulate_nodes, options_.link_rate);
+  if (options_.on_first_node) return start_program_on_first_node(self.data(), std::move(env));
   for (int node = 0; node < options_.emulate_nodes && !stopping_; ++node) {
     std::vector<std::string> argv{
         self.data(),
@@ -492,6 +504,34 @@ int Job::start_emulated_nodes() {
     member.pid = emulation_->start_node(node, argv, env, old_mask_);
     member.running = true;
   }
+  supervise();
+  for (const std::string& line : emulation_->traffic_report()) report(line);
+  return exit_status_;
+}
+
+// --on-first-node: node 0 runs the program itself, and every node its launch agent
+// (node_agent.hpp), through which the program starts what it runs on the others. The job
+// is the program's: when it ends, the agents are stopped and its status is braid-run's.
+int Job::start_program_on_first_node(const std::string& self, std::vector<std::string> env) {
+  const std::string agent = self + " --on-node";
+  if (std::getenv("OMPI_MCA_plm_rsh_agent") == nullptr) {
+    env.push_back("OMPI_MCA_plm_rsh_agent=" + agent);
+  }
+  for (int node = 0; node < options_.emulate_nodes && !stopping_; ++node) {
+    const std::vector<std::string> serve{self, "--serve-node-agent",
+                                         EmulatedNodes::address_of(node)};
+    std::vector<std::string> argv = serve;
+    if (node == 0) {
+      argv = {"/usr/bin/env"};  // finds the program on PATH, as a shell would
+      argv.insert(argv.end(), options_.command.begin(), options_.command.end());
+    }
+    Rank& member = ranks_.emplace_back();
+    member.rank = node;
+    member.pid = emulation_->start_node(node, argv, env, old_mask_,
+                                        node == 0 ? serve : std::vector<std::string>{});
+    member.running = true;
+  }
+  primary_ = &ranks_.front();
   supervise();
   for (const std::string& line : emulation_->traffic_report()) report(line);
   return exit_status_;

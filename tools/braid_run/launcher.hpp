@@ -32,6 +32,10 @@ struct LaunchOptions {
   std::vector<std::string> command;   // the program and its arguments
   int emulate_nodes = 0;              // > 0: run the job on this many emulated nodes
   std::optional<LinkRate> link_rate;  // with emulate_nodes: each link shaped to this rate
+  // With emulate_nodes: `command` runs once, on node 0, and every node serves the launch
+  // agent (node_agent.hpp) through which it starts processes on the others; the job ends
+  // with it.
+  bool on_first_node = false;
 };
 
 // Runs the job to the end (on emulate_nodes emulated nodes, each running a braid-run of

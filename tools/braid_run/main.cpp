@@ -17,10 +17,13 @@
 #include <braid/core/error.hpp>
 
 #include "launcher.hpp"
+#include "node_agent.hpp"
 
 namespace {
 
 constexpr std::string_view kUsage = R"(usage: braid-run [options] program [args...]
+       braid-run --emulate-nodes N --on-first-node [options] program [args...]
+       braid-run --on-node HOST command [args...]
 
 Starts N ranks of `program` on this node with BRAID_RANK, BRAID_WORLD_SIZE,
 BRAID_LOCAL_RANK, BRAID_LOCAL_WORLD_SIZE, BRAID_NODE_RANK, BRAID_NNODES, BRAID_STORE and
@@ -45,6 +48,14 @@ options (options end at the program, or at --):
                           it ends; the bytes each node sent and received are reported
   --link-rate RATE        with --emulate-nodes: shape each node's link to RATE both ways
                           (tc tbf; e.g. 1gbit, 10gbit)
+  --on-first-node         with --emulate-nodes: run the program once, on node 0, with no
+                          BRAID_* rank variables, while every node serves a launch agent
+                          (see --on-node) for starting processes on the others, as
+                          mpirun's ssh launcher does (OMPI_MCA_plm_rsh_agent is set to
+                          it); the job ends with the program; -n is not needed
+  --on-node HOST          run the rest of the line through /bin/sh on HOST (node<i> or
+                          its address), a node of --on-first-node, as `ssh HOST ...`
+                          would: its output relayed, its exit status returned
   --grace SECONDS         how long stopping ranks get between SIGTERM and SIGKILL
                           (default 5)
   --timeout SECONDS       stop the job and fail with status 124 if it runs longer
@@ -147,6 +158,9 @@ Cli parse_command_line(int argc, char** argv) {
       } catch (const std::invalid_argument& e) {
         usage_error(e.what());
       }
+    } else if (flag == "--on-first-node") {
+      no_value();
+      o.on_first_node = true;
     } else if (flag == "--grace") {
       o.grace = parse_seconds_flag(flag, value());
     } else if (flag == "--timeout") {
@@ -169,7 +183,8 @@ Cli parse_command_line(int argc, char** argv) {
   if (cli.print_config) return cli;
   for (; i < argc; ++i) o.command.emplace_back(argv[i]);
 
-  if (!cli.nproc_given) usage_error("say how many ranks to start: -n N");
+  if (o.on_first_node && o.emulate_nodes == 0) usage_error("--on-first-node needs --emulate-nodes");
+  if (!cli.nproc_given && !o.on_first_node) usage_error("say how many ranks to start: -n N");
   if (o.command.empty()) usage_error("no program to run");
   if (o.emulate_nodes > 0 && (o.nnodes > 1 || o.node_rank > 0 || !o.master_addr.empty())) {
     usage_error(
@@ -198,6 +213,24 @@ Cli parse_command_line(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The launch agent's two ends (node_agent.hpp), before the job's options: what follows
+  // the host is the remote command line, whatever it looks like.
+  if (argc >= 2 && (std::string_view(argv[1]) == "--on-node" ||
+                    std::string_view(argv[1]) == "--serve-node-agent")) {
+    if (argc < 3) usage_error(fmt::format("{} needs a host", argv[1]));
+    const std::string token = braid::config::string_value("BRAID_TOKEN");
+    try {
+      if (std::string_view(argv[1]) == "--serve-node-agent") {
+        braid::launcher::serve_node_agent(argv[2], token);
+      }
+      if (argc < 4) usage_error("--on-node needs a command to run");
+      return braid::launcher::run_on_node(argv[2], std::vector<std::string>(argv + 3, argv + argc),
+                                          token);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "braid-run: {}\n", e.what());
+      return 255;
+    }
+  }
   Cli cli = parse_command_line(argc, argv);
   if (cli.print_config) {
     fmt::print("{}", braid::config::describe());

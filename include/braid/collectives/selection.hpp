@@ -14,9 +14,10 @@
 // string, an unknown kind or algorithm, or an algorithm braid does not have for that kind
 // is an Error(Errc::invalid_environment) naming BRAID_ALGO.
 //
-// Placement. Two rules depend on where the members run (MemberPlacement): rules naming
+// Placement. Rules depend on where the members run (MemberPlacement): rules naming
 // shared_memory apply only when every member is on this node, and rules naming
-// hierarchical only when the members span several nodes and some node holds several.
+// hierarchical only when the members span several nodes and some node holds several;
+// hierarchical all-gather and reduce-scatter also need every node to hold as many.
 //
 // "Size" is the per-rank buffer as nccl-tests counts it: the buffer of all_reduce,
 // broadcast and reduce, the full output of all_gather and gather, the full input of
@@ -37,6 +38,7 @@ namespace braid::collectives {
 struct MemberPlacement {
   bool one_node = true;        // every member on this node: shared memory reaches them all
   bool grouped_nodes = false;  // several nodes, at least one holding several members
+  bool even_nodes = false;     // grouped_nodes, every node holding as many members
 };
 
 struct SelectionRule {

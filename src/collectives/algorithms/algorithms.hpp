@@ -59,6 +59,15 @@ asio::awaitable<void> hierarchical_all_reduce(CollectiveOp& op, Buffer input, Bu
                                               ReduceOp reduce_op, const HierarchyPlan& plan,
                                               const SelectionTable& selection);
 
+// Rails across nodes and direct exchanges within them (hierarchical_exchange.cpp), for
+// plans where hierarchical_exchange_fits(); the ring otherwise.
+bool hierarchical_exchange_fits(const HierarchyPlan& plan);
+asio::awaitable<void> hierarchical_all_gather(CollectiveOp& op, Buffer input, Buffer output,
+                                              std::span<const std::size_t> counts,
+                                              const HierarchyPlan& plan);
+asio::awaitable<void> hierarchical_reduce_scatter(CollectiveOp& op, Buffer input, Buffer output,
+                                                  ReduceOp reduce_op, const HierarchyPlan& plan);
+
 // Through the communicator's shared-memory arena (call.arena), when call.arena_ticket
 // comes up in its issue order. Calls that fit the inline slots (fits_inline below:
 // barriers, all-reduces up to 16 KiB, the others up to 64 KiB) run in

@@ -148,8 +148,14 @@ void UcxWorkerImpl::close_endpoint_by_force(UcxPeer& peer) {
   peer.ep = nullptr;
   if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);  // UCX finishes it on its own
   log::debug("ucx: endpoint to rank {} closed by force", peer.rank);
-  // The cancelled sends' completions are delivered by progress, which a sleeping worker
-  // would otherwise run only at its next event (UCX's keepalive, a second later).
+  // UCX touches no buffer of a closed endpoint's operations, yet may never return one that
+  // was mid-transfer over TCP when it closed (UcxOp::orphaned): their waiters hear their
+  // failure now, whether or not UCX completes them later.
+  for (UcxOp* op : pending_snapshot()) {
+    if (op->is_linked() && op->peer == peer.rank && op->abandoned) orphan(op);
+  }
+  // The cancelled operations' completions are delivered by progress, which a sleeping
+  // worker would otherwise run only at its next event (UCX's keepalive, a second later).
   post_poll();
 }
 

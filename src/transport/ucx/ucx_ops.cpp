@@ -25,6 +25,7 @@
 
 #include <fmt/format.h>
 
+#include <braid/core/log.hpp>
 #include <braid/transport/ucx/ucx_error.hpp>
 
 #include "transport/ucx/ucx_worker_impl.hpp"
@@ -101,6 +102,7 @@ UcxOp* UcxWorkerImpl::spare_op() {
 }
 
 void UcxWorkerImpl::release_op(UcxOp* op) noexcept {
+  if (op->orphaned) return;  // UCX may yet call back with it: never reused
   op->request = nullptr;
   op->abandoned.reset();
   op->detached = false;
@@ -262,24 +264,48 @@ void UcxWorkerImpl::finish(UcxOp* op, void* request, ucs_status_t status, std::s
     op->completed_while_starting.emplace(status, length);
     return;
   }
+  if (op->orphaned) {
+    // Its waiter heard long ago; UCX has let go of it at last.
+    std::erase(orphans_, op);
+    return;
+  }
   pending_.erase(pending_.iterator_to(*op));
   std::exception_ptr error;
   if (status != UCS_OK) {
     error = std::make_exception_ptr(
         op->abandoned && status == UCS_ERR_CANCELED
-            ? Error(*op->abandoned,
-                    *op->abandoned == Errc::timeout
-                        ? fmt::format("no {} rank {} ({}) before the deadline",
-                                      op->kind == OpKind::send ? "matching receive posted by"
-                                                               : "message from",
-                                      op->peer, describe(op->tag))
-                    : *op->abandoned == Errc::peer_failed ? peers_[op->peer].failure
-                    : *op->abandoned == Errc::cancelled
-                        ? std::string("cancelled by its caller")
-                        : std::string("the UCX worker was shut down"),
-                    context(op->peer, op->kind, op->tag))
+            ? abandoned_error(*op)
             : make_error(op->peer, op->kind, op->tag, op->capacity, status, length));
   }
+  deliver(op, std::move(error), length);
+}
+
+Error UcxWorkerImpl::abandoned_error(const UcxOp& op) const {
+  const Errc why = *op.abandoned;
+  return Error(
+      why,
+      why == Errc::timeout
+          ? fmt::format("no {} rank {} ({}) before the deadline",
+                        op.kind == OpKind::send ? "matching receive posted by" : "message from",
+                        op.peer, describe(op.tag))
+      : why == Errc::peer_failed ? peers_[op.peer].failure
+      : why == Errc::cancelled   ? std::string("cancelled by its caller")
+                                 : std::string("the UCX worker was shut down"),
+      context(op.peer, op.kind, op.tag));
+}
+
+void UcxWorkerImpl::orphan(UcxOp* op) {
+  log::debug(
+      "ucx: UCX kept a {} with rank {} ({}) as its endpoint closed; its waiter hears "
+      "the failure now",
+      to_string(op->kind), op->peer, describe(op->tag));
+  pending_.erase(pending_.iterator_to(*op));
+  op->orphaned = true;
+  orphans_.push_back(op);
+  deliver(op, std::make_exception_ptr(abandoned_error(*op)), 0);
+}
+
+void UcxWorkerImpl::deliver(UcxOp* op, std::exception_ptr error, std::size_t length) {
   if (op->handler == nullptr) {
     // Started as a Transfer and not awaited (yet): park the result, or drop it when the
     // Transfer is gone.

@@ -86,6 +86,7 @@ UcxWorkerImpl::UcxWorkerImpl(Runtime& runtime, const UcxWorker::Options& options
       keepalive_interval_(options.keepalive_interval),
       shared_memory_peer_errors_(options.shared_memory_peer_errors),
       network_only_(options.network_only),
+      eager_messages_(options.eager_messages),
       close_timeout_(options.close_timeout) {}
 
 UcxWorkerImpl::~UcxWorkerImpl() = default;
@@ -122,6 +123,7 @@ void UcxWorkerImpl::open() {
         }
         set_default(config, "TLS", "^posix,sysv,cma,knem,xpmem");
       }
+      if (eager_messages_) set_default(config, "RNDV_THRESH", "inf");
       ucp_params_t params{};
       params.field_mask = UCP_PARAM_FIELD_FEATURES;
       params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -327,6 +329,8 @@ void UcxWorkerImpl::shutdown() {
   // the request is freed; the coroutines hear Errc::closed after the buffers are let go.
   std::vector<UcxOp*> leftovers = pending_snapshot();
   for (UcxOp* op : leftovers) ucp_request_free(op->request);
+  for (UcxOp* op : orphans_) ucp_request_free(op->request);
+  orphans_.clear();
   teardown_ucx();
   for (UcxOp* op : leftovers) finish(op, nullptr, UCS_ERR_CANCELED, 0);
 }

@@ -60,6 +60,12 @@ struct UcxOp
   // Set when braid gave up on the operation (deadline, peer failure, shutdown) and asked
   // UCX to let go of it; the coroutine hears this error once UCX has.
   std::optional<Errc> abandoned;
+  // Abandoned, and not returned by UCX when its endpoint was closed by force: its waiter has
+  // heard the error and the op is out of pending_ for good. UCX 1.13 does not always
+  // complete an eager message that was mid-transfer over TCP when its endpoint closed (a
+  // link cut), a send or a receive already matched, and touches no buffer of a closed
+  // endpoint. Such an op never goes back to the pool, since UCX may yet call back with it.
+  bool orphaned = false;
   // Who hears of the completion. A coroutine awaiting the operation attaches `handler`.
   // A Transfer not yet awaited has none: the result is parked here (`finished`) until
   // it is; a Transfer dropped unawaited sets `detached`, and the op goes back to the
@@ -167,6 +173,12 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   static std::optional<std::pair<ucs_status_t, std::size_t>> completed_while_starting(
       UcxOp* op) noexcept;
   void abandon(UcxOp* op, Errc why);
+  // See UcxOp::orphaned.
+  void orphan(UcxOp* op);
+  // The error an abandoned op's waiter hears.
+  Error abandoned_error(const UcxOp& op) const;
+  // Hands the outcome to the op's waiter (or parks it for a Transfer not yet awaited).
+  void deliver(UcxOp* op, std::exception_ptr error, std::size_t length);
   std::vector<UcxOp*> pending_snapshot() const;
   Error make_error(int peer, OpKind kind, const Tag& tag, std::size_t capacity, ucs_status_t status,
                    std::size_t length) const;
@@ -179,6 +191,7 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   std::chrono::milliseconds keepalive_interval_;
   bool shared_memory_peer_errors_;
   bool network_only_;
+  bool eager_messages_;
   std::chrono::milliseconds close_timeout_;
 
   ucp_context_h context_ = nullptr;
@@ -210,6 +223,7 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   std::vector<Completion> ready_;
 
   boost::intrusive::list<UcxOp, boost::intrusive::constant_time_size<false>> pending_;
+  std::vector<UcxOp*> orphans_;  // UcxOp::orphaned, UCX's still
   std::vector<UcxOp*> free_ops_;
   std::vector<std::unique_ptr<UcxOp>> all_ops_;
 

@@ -1,5 +1,6 @@
 #include "subprocess.hpp"
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <filesystem>
@@ -132,6 +133,19 @@ std::vector<std::string> bench_worker(int ranks, const std::string& mode,
   argv.insert(argv.end(), {sibling_program("braid-bench"), mode, "--worker"});
   argv.insert(argv.end(), args.begin(), args.end());
   return argv;
+}
+
+void on_emulated_nodes(std::vector<std::string>& argv, int nodes, const std::string& link_rate,
+                       int ranks) {
+  if (nodes == 0) return;
+  const auto braid_run = std::find(argv.begin(), argv.end(), sibling_program("braid-run"));
+  if (braid_run == argv.end()) throw std::logic_error("on_emulated_nodes: no braid-run in argv");
+  const auto per_node = std::find(braid_run, argv.end(), "-n");
+  if (per_node == argv.end()) throw std::logic_error("on_emulated_nodes: braid-run has no -n");
+  *(per_node + 1) = std::to_string(ranks / nodes);
+  std::vector<std::string> flags{"--emulate-nodes", std::to_string(nodes)};
+  if (!link_rate.empty()) flags.insert(flags.end(), {"--link-rate", link_rate});
+  argv.insert(braid_run + 1, flags.begin(), flags.end());
 }
 
 std::optional<std::vector<std::string>> python_peer(const std::string& script) {

@@ -45,6 +45,11 @@ std::vector<std::string> under_braid_run(int ranks, const std::string& program,
 // `timeout_s` where it is not 0), as the mode's measured ranks: `mode --worker`, then `args`.
 std::vector<std::string> bench_worker(int ranks, const std::string& mode,
                                       const std::vector<std::string>& args, int timeout_s = 0);
+// Moves the braid-run in `argv` (beside this program) onto `nodes` emulated nodes (with
+// each link shaped to `link_rate` where not empty): its `-n` becomes `ranks` / `nodes`.
+// Nothing where `nodes` is 0.
+void on_emulated_nodes(std::vector<std::string>& argv, int nodes, const std::string& link_rate,
+                       int ranks);
 // A Python peer: `script` (beside this program) under torch_python(); nullopt where either is
 // missing.
 std::optional<std::vector<std::string>> python_peer(const std::string& script);

@@ -22,7 +22,10 @@
 //   of all of whichever ran during it. Each run starts once the CPUs have been 90% idle
 //   for 200 ms (at most 10 s of waiting).
 // braid runs under braid-run, OpenMPI under mpirun with shared memory only (vader, CMA),
-// Gloo as the build's PyTorch's ProcessGroupGloo over loopback TCP.
+// Gloo as the build's PyTorch's ProcessGroupGloo over loopback TCP. Across emulated nodes
+// (--emulate-nodes) all three run on the nodes: braid and Gloo under braid-run
+// --emulate-nodes, mpirun on node 0 under braid-run --on-first-node, starting its daemons
+// on the others through the nodes' launch agent, vader within a node and TCP between.
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -37,6 +40,7 @@
 #include <braid/braid.hpp>
 #include <braid/collectives/communicator.hpp>
 
+#include "../../braid_run/emulated_nodes.hpp"
 #include "../../braid_run/link_rate.hpp"
 #include "../harness/report.hpp"
 #include "../harness/results.hpp"
@@ -86,7 +90,7 @@ OptionTable table(CollectivesOptions& o) {
           flag("--shared-buffers", o.shared_buffers)
               .noted("braid's buffers from Communicator::allocate_shared"),
           count("--emulate-nodes", o.emulate_nodes, 0, 4096)
-              .noted("N > 0: braid and Gloo across N nodes emulated here (root); no OpenMPI"),
+              .noted("N > 0: braid and the peers across N nodes emulated here (root)"),
           word("--link-rate", o.link_rate)
               .noted("with --emulate-nodes: each link shaped to this (10gbit); prints link%"),
           flag("--worker", o.worker).unlisted()};
@@ -443,14 +447,9 @@ std::vector<Row> rows_from(const CommandResult& result, const std::string& who) 
   return rows;
 }
 
-// braid-run's flags that put `ranks` on the emulated nodes, after its program path.
-void emulate(const CollectivesOptions& options, std::vector<std::string>& braid_run, int ranks) {
-  if (options.emulate_nodes == 0) return;
-  std::vector<std::string> flags{"--emulate-nodes", std::to_string(options.emulate_nodes)};
-  if (!options.link_rate.empty()) flags.insert(flags.end(), {"--link-rate", options.link_rate});
-  braid_run.insert(braid_run.begin() + 1, flags.begin(), flags.end());
-  const auto per_node = std::find(braid_run.begin(), braid_run.end(), "-n") + 1;
-  *per_node = std::to_string(ranks / options.emulate_nodes);
+// The braid-run in `argv` onto the emulated nodes, if any.
+void emulate(const CollectivesOptions& options, std::vector<std::string>& argv, int ranks) {
+  on_emulated_nodes(argv, options.emulate_nodes, options.link_rate, ranks);
 }
 
 std::vector<Row> run_braid(CollectivesOptions& options, int ranks) {
@@ -462,22 +461,41 @@ std::vector<Row> run_braid(CollectivesOptions& options, int ranks) {
 }
 
 std::vector<Row> run_openmpi(CollectivesOptions& options, int ranks) {
-  if (options.emulate_nodes > 0) {
-    std::cerr << "braid-bench collectives: no OpenMPI across emulated nodes (mpirun would need "
-                 "a launch agent into the nodes' namespaces)\n";
-    return {};
-  }
   const std::string peer = sibling_program("braid-bench-mpi-peer");
   if (!on_path("mpirun") || access(peer.c_str(), X_OK) != 0) {
     std::cerr << "braid-bench collectives: no OpenMPI peer (mpirun or " << peer << " missing)\n";
     return {};
   }
-  // Shared memory only (vader, CMA), every rank yielding when idle as braid's do.
+  // One node: shared memory only (vader, CMA), every rank yielding when idle as braid's do.
   std::vector<std::string> argv = words_of(fmt::format(
       "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --allow-run-as-root "
-      "--oversubscribe --bind-to none -np {} --mca pml ob1 --mca btl self,vader --mca "
-      "oob_tcp_if_include lo --mca mpi_yield_when_idle 1",
+      "--oversubscribe --bind-to none -np {} --mca pml ob1 --mca mpi_yield_when_idle 1",
       ranks));
+  if (options.emulate_nodes == 0) {
+    argv.insert(argv.end(), {"--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"});
+  } else {
+    // Across emulated nodes: mpirun on node 0 starts its daemons on the others through the
+    // nodes' launch agent (braid-run --on-first-node sets OMPI_MCA_plm_rsh_agent), shared
+    // memory within a node and TCP over the nodes' links between them.
+    std::string hosts;
+    for (int node = 0; node < options.emulate_nodes; ++node) {
+      hosts +=
+          fmt::format("{}{}:{}", node == 0 ? "" : ",", launcher::EmulatedNodes::address_of(node),
+                      ranks / options.emulate_nodes);
+    }
+    argv.insert(argv.end(), {"--host", hosts, "--mca", "btl", "self,vader,tcp", "--mca",
+                             "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
+                             "--mca", "plm_rsh_no_tree_spawn", "1"});
+    std::vector<std::string> launched{sibling_program("braid-run"),
+                                      "--emulate-nodes",
+                                      std::to_string(options.emulate_nodes),
+                                      "--on-first-node",
+                                      "--timeout",
+                                      "1200"};
+    if (!options.link_rate.empty())
+      launched.insert(launched.end(), {"--link-rate", options.link_rate});
+    argv.insert(argv.begin(), launched.begin(), launched.end());
+  }
   argv.push_back(peer);
   for (auto& a : common_arguments(options)) argv.push_back(a);
   return rows_from(run_command(argv, std::chrono::seconds(1300)), "mpirun");

@@ -38,6 +38,10 @@ struct DdpOptions {
   double straggle_ms = 0;         // the last rank computes this much more before each backward
   bool balance = false;           // equal shares against the balancers, instead of DDP's figures
   std::string device = "cpu";     // cuda: each rank on GPU LOCAL_RANK (modulo the GPUs)
+  // Both trainers' ranks on this many nodes emulated here (braid-run --emulate-nodes), each
+  // link shaped to link_rate where given.
+  int emulate_nodes = 0;
+  std::string link_rate;
 };
 
 OptionTable table(DdpOptions& o) {
@@ -54,7 +58,11 @@ OptionTable table(DdpOptions& o) {
           flag("--balance", o.balance)
               .noted("equal shares, BatchBalancer and CadenceBalancer beside the ideal step; "
                      "needs --straggle-ms"),
-          word("--device", o.device, {"cpu", "cuda"})};
+          word("--device", o.device, {"cpu", "cuda"}),
+          count("--emulate-nodes", o.emulate_nodes, 0, 4096)
+              .noted("N > 0: braid and PyTorch across N nodes emulated here (root)"),
+          word("--link-rate", o.link_rate)
+              .noted("with --emulate-nodes: each node's link shaped to this (10gbit)")};
 }
 
 // What the worker and the PyTorch peer are given alike.
@@ -75,6 +83,7 @@ std::optional<std::string> run_braid(const DdpOptions& o, const std::string& syn
       under_braid_run(o.ranks, "braid-bench-ddp-worker", {"--sync", sync});
   for (auto& a : model_arguments(o)) argv.push_back(a);
   for (auto& a : extra) argv.push_back(a);
+  on_emulated_nodes(argv, o.emulate_nodes, o.link_rate, o.ranks);
   return result_line(run_command(argv, std::chrono::seconds(900)), "sync", "ddp",
                      "braid-bench-ddp-worker --sync " + sync, true);
 }
@@ -90,6 +99,16 @@ std::optional<std::string> run_pytorch(const DdpOptions& o,
   argv->insert(argv->end(), {"--ranks", std::to_string(o.ranks)});
   for (auto& a : model_arguments(o)) argv->push_back(a);
   for (auto& a : extra) argv->push_back(a);
+  if (o.emulate_nodes > 0) {
+    // One process per rank under braid-run (env:// from its variables), Gloo's sockets on
+    // the nodes' links.
+    std::vector<std::string> launched{
+        sibling_program("braid-run"), "-n", std::to_string(o.ranks), "--timeout", "850", "env",
+        "GLOO_SOCKET_IFNAME=eth0"};
+    on_emulated_nodes(launched, o.emulate_nodes, o.link_rate, o.ranks);
+    launched.insert(launched.end(), argv->begin(), argv->end());
+    *argv = std::move(launched);
+  }
   // Any exit: Gloo's processes can crash in their teardown, after the line is printed.
   return result_line(run_command(*argv, std::chrono::seconds(900)), "sync", "ddp",
                      extra.empty() ? "PyTorch DDP" : "PyTorch DDP with " + extra.front(), true);
@@ -148,10 +167,14 @@ int report_ddp(const DdpOptions& o) {
   const double params = json_number(braid_runs.front(), "parameters").value_or(0);
   std::cout << fmt::format(
       "MLP {}x{} ({:.1f}M parameters, {:.1f} MiB of f32 gradients), batch {} per rank, {}, {} "
-      "ranks on {}; {} steps per run, paired (a synchronised step and a no_sync() step, in "
+      "ranks on {}{}; {} steps per run, paired (a synchronised step and a no_sync() step, in "
       "alternating order, each timed on its slowest rank); means of {} interleaved rounds:\n\n",
       o.hidden, o.layers, params / 1e6, params * 4 / (1 << 20), o.batch, o.optimizer, o.ranks,
-      o.device == "cuda" ? "CUDA" : "the CPU", o.steps, o.rounds);
+      o.device == "cuda" ? "CUDA" : "the CPU",
+      o.emulate_nodes == 0 ? std::string()
+                           : fmt::format(", {} emulated nodes{}", o.emulate_nodes,
+                                         o.link_rate.empty() ? "" : " linked at " + o.link_rate),
+      o.steps, o.rounds);
   // The step's compute depends on the BLAS libtorch calls (docs/user-guide.md, BLAS); an
   // OpenBLAS kernel choice made by hand belongs beside the figures.
   if (o.straggle_ms > 0) {
@@ -294,6 +317,13 @@ int report_ddp_balance(const DdpOptions& run) {
 }
 
 int run(DdpOptions& o) {
+  if (!o.link_rate.empty() && o.emulate_nodes == 0) {
+    throw std::invalid_argument("--link-rate needs --emulate-nodes");
+  }
+  if (o.emulate_nodes > 0 && o.ranks % o.emulate_nodes != 0) {
+    throw std::invalid_argument(
+        fmt::format("--ranks {} does not divide into {} nodes", o.ranks, o.emulate_nodes));
+  }
   if (o.balance && !(o.straggle_ms > 0)) {
     throw std::invalid_argument("--balance needs --straggle-ms X (X > 0: a slower last rank)");
   }

@@ -34,6 +34,7 @@
 
 #include <braid/braid.hpp>
 
+#include "../../braid_run/emulated_nodes.hpp"
 #include "../harness/report.hpp"
 #include "../harness/subprocess.hpp"
 #include "modes.hpp"
@@ -240,7 +241,8 @@ std::optional<std::vector<double>> final_row_in(const std::string& output) {
 // server listens, both under one braid-run.
 std::optional<std::vector<double>> perftest_across_nodes(
     const P2pOptions& options, const std::vector<std::string>& test_args) {
-  std::string client = "ucx_perftest 198.18.0.1 -p 29400";
+  std::string client =
+      fmt::format("ucx_perftest {} -p 29400", launcher::EmulatedNodes::address_of(0));
   for (const std::string& a : test_args) client += " " + a;
   const std::string script = fmt::format(
       "if [ \"$BRAID_NODE_RANK\" = 0 ]; then exec ucx_perftest -p 29400; fi; "

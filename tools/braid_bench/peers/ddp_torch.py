@@ -10,7 +10,8 @@ The model, data and optimizer mirror examples/ddp_train.cpp's MLP: hidden -> hid
 MSE loss, SGD (lr 0.01, momentum 0.9) or Adam (lr 1e-3), one intra-op thread per rank. DDP has its defaults (25 MiB buckets,
 broadcast_buffers, gradients copied into the buckets and back), or with
 --gradient-as-bucket-view gradient_as_bucket_view=True, as braid's default keeps them. Ranks are started here (torch.multiprocessing, spawn) on 127.0.0.1 with
-Gloo on loopback.
+Gloo on loopback; started once per rank by a launcher (RANK and WORLD_SIZE set: braid-run,
+torchrun, across emulated nodes), the script runs that rank, rendezvous env://.
 
 Steps are paired as in `braid-bench-ddp-worker --sync paired`: each pair is one synchronised step and
 one under no_sync(), in alternating order, each started after a barrier and timed on its
@@ -29,6 +30,7 @@ import json
 import math
 import os
 import socket
+import sys
 import time
 
 import torch
@@ -73,6 +75,7 @@ def backend_for(args):
 
 
 def worker(rank, args, port):
+    """`port`: the rendezvous on 127.0.0.1; None under a launcher (env://)."""
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     device = torch.device("cpu")
@@ -80,8 +83,9 @@ def worker(rank, args, port):
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     backend = backend_for(args)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=args.ranks)
+    dist.init_process_group(backend,
+                            init_method="env://" if port is None else f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=args.ranks)
     net = model(args.hidden, args.layers).to(device)
     ddp = torch.nn.parallel.DistributedDataParallel(
         net, device_ids=[device.index] if device.type == "cuda" else None,
@@ -178,6 +182,13 @@ def main():
     parser.add_argument("--gradient-as-bucket-view", action="store_true",
                         help="DDP's gradient_as_bucket_view=True (default: PyTorch's, False)")
     args = parser.parse_args()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        # Started once per rank by a launcher (braid-run, torchrun: across emulated nodes),
+        # which set the rendezvous (env://) and, across nodes, GLOO_SOCKET_IFNAME.
+        if int(os.environ["WORLD_SIZE"]) != args.ranks:
+            sys.exit(f"ddp_torch: --ranks {args.ranks} but WORLD_SIZE={os.environ['WORLD_SIZE']}")
+        worker(int(os.environ["RANK"]), args, None)
+        return
     mp.spawn(worker, args=(args, free_port()), nprocs=args.ranks, join=True)
 
 

@@ -111,6 +111,14 @@ class UcxWorker {
     // user set UCX_TLS): set by a World whose ranks of other nodes run on this machine and
     // could share its memory, so that bytes between nodes cross the network.
     bool network_only = false;
+    // Sends every message eagerly, whatever its size (UCX_RNDV_THRESH=inf unless the user
+    // set it): set by a World whose ranks span nodes joined by TCP only. Over one TCP
+    // connection a rendezvous's control messages queue behind the bulk data going the
+    // other way, so two ranks exchanging large messages (every ring and rail step) share
+    // the link as if it were half duplex: 47-53% of a 1 Gbit/s link, against 84-94% eager
+    // (docs/architecture.md, "Eager across TCP"). The cost: a message that arrives before
+    // its receive is posted waits in UCX's memory, as large as it is.
+    bool eager_messages = false;
   };
 
   // Creates the UCX context and worker on `runtime`'s thread. Throws Error (ucx

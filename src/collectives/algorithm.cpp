@@ -88,6 +88,8 @@ bool implements(CollectiveKind kind, Algorithm algorithm) noexcept {
       return algorithm == Algorithm::ring || algorithm == Algorithm::shared_memory ||
              algorithm == Algorithm::hierarchical;
     case CollectiveKind::broadcast:
+      return algorithm == Algorithm::binomial_tree || algorithm == Algorithm::ring ||
+             algorithm == Algorithm::shared_memory;
     case CollectiveKind::reduce:
       return algorithm == Algorithm::binomial_tree || algorithm == Algorithm::shared_memory;
     case CollectiveKind::gather:

@@ -105,6 +105,10 @@ asio::awaitable<void> run_message_algorithm(CollectiveOp& op, const CollectiveCa
       co_return;
     }
     case broadcast:
+      if (call.algorithm == Algorithm::ring) {
+        co_await detail::ring_broadcast(op, call.output, call.root);
+        co_return;
+      }
       co_await detail::binomial_tree_broadcast(op, call.output, call.root);
       co_return;
     case reduce:

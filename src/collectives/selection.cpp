@@ -59,6 +59,9 @@ std::vector<SelectionRule> built_in_rules() {
       {.kind = all_gather, .algorithm = Algorithm::hierarchical},
       {.kind = reduce_scatter, .algorithm = Algorithm::ring},
       {.kind = all_gather, .algorithm = Algorithm::ring},
+      // Large vectors beyond one node: the chain sends every byte over every link once,
+      // where the tree's root sends it log2(P) times.
+      {.kind = broadcast, .min_bytes = 1 * MiB, .algorithm = Algorithm::ring},
       {.kind = broadcast, .algorithm = Algorithm::binomial_tree},
       {.kind = reduce, .algorithm = Algorithm::binomial_tree},
       {.kind = gather, .algorithm = Algorithm::linear},

@@ -251,7 +251,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, VariableCounts, ::testing::Bool(), [](const auto
 // Ranks on pretend nodes (tests/support/rank_threads.hpp): with as many ranks on every
 // node, reduce-scatter and all-gather go hierarchical (rails across nodes, exchanges
 // within); on uneven nodes they stay on the ring. Either way every op, dtype, size and
-// placement in the output matches the serial reference, in place and out of place.
+// placement in the output matches the serial reference, in place and out of place; and
+// broadcasts of 1 MiB and more go down the ring from every root.
 struct NodeLayout {
   const char* name;
   std::vector<int> node_of_rank;
@@ -329,6 +330,19 @@ TEST_P(HierarchicalMovement, ReduceScatterAndAllGatherMatchTheSerialReference) {
             expected.push_back(static_cast<std::int32_t>(r * 100000 + i));
         }
         EXPECT_EQ(all, expected) << "all_gather_v on rank " << me;
+        // Broadcasts from every root: the tree below 1 MiB, the chain above.
+        EXPECT_EQ(comm->algorithm_for(CollectiveKind::broadcast, 1 << 20), Algorithm::ring);
+        for (std::size_t n : {std::size_t{1000}, std::size_t{300001}}) {
+          for (int root = 0; root < world; ++root) {
+            TypedVector data(DType::f32, n);
+            for (std::size_t i = 0; i < n; ++i) data.set(i, me == root ? tagged(root, i) : -1);
+            co_await comm->broadcast(data.buffer(), root);
+            for (std::size_t i = 0; i < n; ++i) {
+              m.check(data, i, tagged(root, i),
+                      [&] { return fmt::format("broadcast of {} from {} on {}", n, root, me); });
+            }
+          }
+        }
         EXPECT_EQ(m.what, "");
       },
       {}, layout.node_of_rank);

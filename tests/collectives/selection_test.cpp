@@ -88,8 +88,12 @@ TEST(SelectionTable, HierarchicalAllReduceIsChosenOnlyWhenMembersGroupIntoSevera
   // Latency-bound sizes stay with recursive doubling, and other collectives are unaffected.
   EXPECT_EQ(table.select(CollectiveKind::all_reduce, 8, 4, two_by_two),
             Algorithm::recursive_doubling);
-  EXPECT_EQ(table.select(CollectiveKind::broadcast, 1 * MiB, 4, two_by_two),
+  EXPECT_EQ(table.select(CollectiveKind::broadcast, 64 * KiB, 4, two_by_two),
             Algorithm::binomial_tree);
+  // Large broadcasts beyond one node go down the chain, on one node through shared memory.
+  EXPECT_EQ(table.select(CollectiveKind::broadcast, 1 * MiB, 4, two_by_two), Algorithm::ring);
+  EXPECT_EQ(table.select(CollectiveKind::broadcast, 1 * MiB, 4, one_per_node), Algorithm::ring);
+  EXPECT_EQ(table.select(CollectiveKind::broadcast, 1 * MiB, 4), Algorithm::shared_memory);
   // An override may name it, and it still applies only where it can run.
   const auto forced = SelectionTable::with_overrides("allreduce:0-inf:hierarchical");
   EXPECT_EQ(forced.select(CollectiveKind::all_reduce, 8, 4, two_by_two), Algorithm::hierarchical);
@@ -251,7 +255,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return "case" + std::to_string(info.index); });
 
 TEST(SelectionTable, AMalformedOverrideQuotesTheWholeString) {
-  const std::string text = "allreduce:0-1k:ring;broadcast:0-inf:ring";
+  const std::string text = "allreduce:0-1k:ring;reduce:0-inf:ring";
   try {
     SelectionTable::with_overrides(text);
     FAIL() << "accepted";

@@ -40,6 +40,7 @@ asio::awaitable<void> ring_reduce_scatter(CollectiveOp& op, Buffer input, Buffer
 asio::awaitable<void> ring_all_gather(CollectiveOp& op, Buffer input, Buffer output,
                                       std::span<const std::size_t> counts);
 asio::awaitable<void> binomial_tree_broadcast(CollectiveOp& op, Buffer data, int root);
+asio::awaitable<void> ring_broadcast(CollectiveOp& op, Buffer data, int root);
 asio::awaitable<void> binomial_tree_reduce(CollectiveOp& op, Buffer input, Buffer output,
                                            ReduceOp reduce_op, int root);
 asio::awaitable<void> linear_gather(CollectiveOp& op, Buffer input, Buffer output, int root);

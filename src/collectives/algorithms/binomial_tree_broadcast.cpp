@@ -7,7 +7,7 @@
 //   time ~ (ceil(log2 P) + k - 1) (alpha + n/k beta), with the root sending
 //   ceil(log2 P) n bytes
 // Small vectors: log2(P) latencies, the fewest for a broadcast. Large: the root's
-// log2(P) copies bound it; a scatter + all-gather would move 2n instead (not built yet).
+// log2(P) copies bound it, so large vectors across nodes take the ring (ring_broadcast.cpp).
 #include <algorithm>
 #include <bit>
 

@@ -123,6 +123,14 @@ double bus_factor(const std::string& op, int ranks) {
   return 1;
 }
 
+// The bytes through each node's link (each way) per byte of `bytes`, on `nodes` nodes of
+// `ranks` in all: the bus factor over the nodes, and for all_to_all times the node's ranks,
+// each of which sends its own (N-1)/N to other nodes (the rest cross as one node's share).
+double link_factor(const std::string& op, int nodes, int ranks) {
+  const double factor = bus_factor(op, nodes);
+  return op.starts_with("all_to_all") ? factor * (ranks / nodes) : factor;
+}
+
 // algbw and busbw from the row's bytes and time (GB/s).
 void set_bandwidths(Row& row) {
   row.algbw_gbps = row.time_us > 0 ? static_cast<double>(row.bytes) / row.time_us / 1e3 : 0;
@@ -627,7 +635,8 @@ int run_driver(CollectivesOptions& options) {
       };
       std::optional<double> link_share;
       if (link_gbps) {
-        link_share = 100 * row.algbw_gbps * bus_factor(row.op, options.emulate_nodes) / *link_gbps;
+        link_share = 100 * row.algbw_gbps * link_factor(row.op, options.emulate_nodes, ranks) /
+                     *link_gbps;
       }
       std::vector<std::string> cells{human_bytes(row.bytes),
                                      "|",

@@ -635,8 +635,8 @@ int run_driver(CollectivesOptions& options) {
       };
       std::optional<double> link_share;
       if (link_gbps) {
-        link_share = 100 * row.algbw_gbps * link_factor(row.op, options.emulate_nodes, ranks) /
-                     *link_gbps;
+        link_share =
+            100 * row.algbw_gbps * link_factor(row.op, options.emulate_nodes, ranks) / *link_gbps;
       }
       std::vector<std::string> cells{human_bytes(row.bytes),
                                      "|",

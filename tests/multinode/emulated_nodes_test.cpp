@@ -162,6 +162,11 @@ TEST(EmulatedNodes, NothingOutlivesALauncherKilledMidJob) {
                         {}, 60s);
   launcher.read_until("started", 4);
   const std::string sleeping = std::string("sleep") + '\0' + marker;  // its command line
+  // A shell prints before it execs its sleep: wait for the last exec.
+  const auto started = std::chrono::steady_clock::now() + 5s;
+  while (processes_with(sleeping) < 4 && std::chrono::steady_clock::now() < started) {
+    std::this_thread::sleep_for(10ms);
+  }
   ASSERT_EQ(processes_with(sleeping), 4);
   ::kill(launcher.pid(), SIGKILL);
   launcher.wait();

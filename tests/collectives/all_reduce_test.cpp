@@ -138,33 +138,45 @@ TEST_P(Hierarchical, TheCrossNodePhaseRunsWhicheverAlgorithmTheTableNames) {
   }
 }
 
+// 70001 elements: one chunk a block; 1000003: several, pipelined over the rails.
 TEST_P(Hierarchical, TheBuiltInTableChoosesItForLargeVectorsAndEveryRankEndsBitIdentical) {
   const std::vector<int>& nodes = GetParam().node_of_rank;
   const int world = static_cast<int>(nodes.size());
-  std::vector<std::vector<float>> results(static_cast<std::size_t>(world));
-  run_ranks(
-      world,
-      [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
-        EXPECT_EQ(comm->algorithm_for(CollectiveKind::all_reduce, 1 << 20),
-                  Algorithm::hierarchical);
-        EXPECT_EQ(comm->algorithm_for(CollectiveKind::all_reduce, 8),
-                  Algorithm::recursive_doubling);
-        // Values whose float sums depend on the order they are added in.
-        std::vector<float> data(70001);
-        for (std::size_t i = 0; i < data.size(); ++i) {
-          data[i] =
-              1.0f / static_cast<float>(
-                         1 + (i * 7919 + static_cast<std::size_t>(comm->rank()) * 104729) % 1009);
-        }
-        co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
-        results[static_cast<std::size_t>(comm->rank())] = std::move(data);
-      },
-      {}, nodes);
-  for (int r = 1; r < world; ++r) {
-    EXPECT_EQ(std::memcmp(results[0].data(), results[static_cast<std::size_t>(r)].data(),
-                          results[0].size() * sizeof(float)),
-              0)
-        << "rank " << r << " differs from rank 0";
+  for (const std::size_t count : {std::size_t{70001}, std::size_t{1000003}}) {
+    std::vector<std::vector<float>> results(static_cast<std::size_t>(world));
+    run_ranks(
+        world,
+        [&](std::shared_ptr<Communicator> comm) -> asio::awaitable<void> {
+          EXPECT_EQ(comm->algorithm_for(CollectiveKind::all_reduce, 1 << 20),
+                    Algorithm::hierarchical);
+          EXPECT_EQ(comm->algorithm_for(CollectiveKind::all_reduce, 8),
+                    Algorithm::recursive_doubling);
+          // Values whose float sums depend on the order they are added in.
+          std::vector<float> data(count);
+          for (std::size_t i = 0; i < data.size(); ++i) {
+            data[i] =
+                1.0f / static_cast<float>(
+                           1 + (i * 7919 + static_cast<std::size_t>(comm->rank()) * 104729) % 1009);
+          }
+          co_await comm->all_reduce(Buffer(data), ReduceOp::sum);
+          results[static_cast<std::size_t>(comm->rank())] = std::move(data);
+        },
+        {}, nodes);
+    // Each element near the sum of the ranks' values, and bit-identical everywhere.
+    for (std::size_t i = 0; i < count; i += 9973) {
+      double want = 0;
+      for (int r = 0; r < world; ++r) {
+        want +=
+            1.0 / static_cast<double>(1 + (i * 7919 + static_cast<std::size_t>(r) * 104729) % 1009);
+      }
+      EXPECT_NEAR(results[0][i], want, 1e-5 * want) << "element " << i << " of " << count;
+    }
+    for (int r = 1; r < world; ++r) {
+      EXPECT_EQ(std::memcmp(results[0].data(), results[static_cast<std::size_t>(r)].data(),
+                            results[0].size() * sizeof(float)),
+                0)
+          << "rank " << r << " differs from rank 0 (" << count << " elements)";
+    }
   }
 }
 

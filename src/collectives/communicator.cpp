@@ -523,7 +523,8 @@ void Communicator::State::on_member_ended(int member, const transport::IssuedWor
           self->state_->world_.transport().fail_peer(
               peer,
               "it ended its program (left the job) without receiving a message this rank sent "
-              "it, and the endpoint was closed to release the send buffer");
+              "it, and the endpoint was closed to release the send buffer",
+              transport::UcxWorker::PeerLoss::gone);
           break;
         }
       }(self_.weak_from_this(), member),

@@ -281,7 +281,7 @@ asio::awaitable<void> World::watch_peers(std::shared_ptr<PeerWatch> watch) {
     } else {
       std::string reason =
           fmt::format("the store it serves stopped answering ({})", lost->detail());
-      ucx_->fail_peer(0, std::move(reason));
+      ucx_->fail_peer(0, std::move(reason), UcxWorker::PeerLoss::gone);
     }
     co_return;
   }
@@ -295,7 +295,7 @@ void World::on_event(const Bytes& value) {
   }
   if (event.rank == rank()) return;  // this rank's own: it is leaving
   if (event.kind == Event::Kind::failed) {
-    ucx_->fail_peer(event.rank, std::move(event.why));
+    ucx_->fail_peer(event.rank, std::move(event.why), UcxWorker::PeerLoss::gone);
     return;
   }
   try {

@@ -315,13 +315,15 @@ TEST(EmulatedNodes, AProgramOnTheFirstNodeRunsCommandsOnTheOthersThroughTheLaunc
 }
 
 // A command run through the agent ends with its caller: a caller killed mid-command takes
-// the command with it, on its node.
+// the command with it, on its node, whether or not the command still holds its output.
 TEST(EmulatedNodes, ACommandStartedThroughTheAgentEndsWithItsCaller) {
   SKIP_WITHOUT_NAMESPACES();
   const std::string script = fmt::format(
-      "{} --on-node node1 'sleep 1000' & caller=$!; sleep 1; kill $caller; sleep 1; "
-      "{} --on-node node1 'pgrep -x sleep || echo no sleep left'",
-      braid_run(), braid_run());
+      "{0} --on-node node1 'sleep 1000' & first=$!; "
+      "{0} --on-node node1 'exec >/dev/null 2>&1; sleep 1001' & second=$!; "
+      "sleep 1; kill $first $second; sleep 1; "
+      "{0} --on-node node1 'pgrep -x sleep || echo no sleep left'",
+      braid_run());
   auto result = ChildProcess({braid_run(), "--emulate-nodes", "2", "--on-first-node", "--timeout",
                               "60", "/bin/sh", "-c", script},
                              {}, 90s)

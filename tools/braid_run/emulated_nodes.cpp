@@ -3,6 +3,7 @@
 #include <array>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
@@ -116,8 +117,9 @@ int node_init(void* arg) {
   if (n != 1) ::_exit(125);  // braid-run could not make the link and says why
   ::close(start.go_fd);
 
+  pid_t agent = -1;
   if (!start.agent_argv.empty()) {
-    const pid_t agent = ::fork();
+    agent = ::fork();
     if (agent < 0) init_failed(start, "cannot fork");
     if (agent == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -139,6 +141,17 @@ int node_init(void* arg) {
     const pid_t pid = ::waitpid(-1, &status, 0);
     if (pid == launcher) {
       ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+    }
+    if (pid == agent && WIFEXITED(status)) {
+      // It failed on its own (a signal is the node being stopped): the program goes on,
+      // but nothing reaches this node through the agent any more.
+      const int code = WEXITSTATUS(status);
+      std::array<char, 160> line{};
+      const int n = std::snprintf(line.data(), line.size(),
+                                  "braid-run: node %d: its launch agent ended (status %d)\n",
+                                  start.node, code);
+      ssize_t ignored = ::write(STDERR_FILENO, line.data(), static_cast<std::size_t>(n));
+      static_cast<void>(ignored);
     }
     if (pid < 0 && errno != EINTR) ::_exit(125);
   }

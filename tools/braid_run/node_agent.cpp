@@ -10,9 +10,11 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <optional>
 #include <poll.h>
 #include <string_view>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <system_error>
 #include <unistd.h>
@@ -76,15 +78,16 @@ int exit_code_of(int status) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-// The caller left: the command's process group gets SIGTERM, then SIGKILL.
-void stop_command(pid_t child) {
+// The caller left: the command's process group gets SIGTERM, then, once the group is still
+// there after the grace or its first process is gone, SIGKILL for whatever is left of it.
+void stop_command(pid_t child, bool reaped) {
   ::kill(-child, SIGTERM);
-  for (int waited = 0; waited < kStopGraceMs; waited += 50) {
-    if (::waitpid(child, nullptr, WNOHANG) == child) return;
+  for (int waited = 0; waited < kStopGraceMs && ::kill(-child, 0) == 0; waited += 50) {
+    if (!reaped && ::waitpid(child, nullptr, WNOHANG) == child) reaped = true;
     ::usleep(50'000);
   }
   ::kill(-child, SIGKILL);
-  ::waitpid(child, nullptr, 0);
+  if (!reaped) ::waitpid(child, nullptr, 0);
 }
 
 // One caller, in a process of its own: check its token, run its command, relay.
@@ -116,7 +119,7 @@ int serve_caller(int socket, const std::string& token) {
   const pid_t child = ::fork();
   if (child < 0) return 1;
   if (child == 0) {
-    ::setsid();
+    ::setpgid(0, 0);
     ::signal(SIGPIPE, SIG_DFL);
     const int null = ::open("/dev/null", O_RDONLY);
     ::dup2(null, STDIN_FILENO);
@@ -126,21 +129,33 @@ int serve_caller(int socket, const std::string& token) {
     ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
+  ::setpgid(child, child);  // as the child does: the group exists whichever runs first
   ::close(out[1]);
   ::close(err[1]);
+  // The child's exit, as an fd to poll beside its output and the caller.
+  const int exited = static_cast<int>(::syscall(SYS_pidfd_open, child, 0));
 
-  std::array<pollfd, 3> fds{pollfd{out[0], POLLIN, 0}, pollfd{err[0], POLLIN, 0},
-                            pollfd{socket, POLLIN, 0}};
+  std::array<pollfd, 4> fds{pollfd{out[0], POLLIN, 0}, pollfd{err[0], POLLIN, 0},
+                            pollfd{socket, POLLIN, 0}, pollfd{exited, POLLIN, 0}};
   std::array<char, 65536> buffer{};
-  while (fds[0].fd >= 0 || fds[1].fd >= 0) {
-    if (::poll(fds.data(), fds.size(), -1) < 0) {
+  std::optional<int> status;
+  // Until the command has exited and its output has closed, however it closes its output.
+  while (fds[0].fd >= 0 || fds[1].fd >= 0 || !status) {
+    if (::poll(fds.data(), fds.size(), exited < 0 && !status ? 100 : -1) < 0) {
       if (errno == EINTR) continue;
       break;
     }
     // The caller sends nothing after its request: readable means it went away.
     if (fds[2].revents != 0) {
-      stop_command(child);
+      stop_command(child, status.has_value());
       return 0;
+    }
+    if (!status) {
+      int raw = 0;
+      if (::waitpid(child, &raw, WNOHANG) == child) {
+        status = exit_code_of(raw);
+        fds[3].fd = -1;
+      }
     }
     for (int i = 0; i < 2; ++i) {
       if (fds[i].fd < 0 || fds[i].revents == 0) continue;
@@ -153,15 +168,18 @@ int serve_caller(int socket, const std::string& token) {
       }
       if (!send_frame(socket, i == 0 ? Frame::out : Frame::err,
                       std::string_view(buffer.data(), static_cast<std::size_t>(n)))) {
-        stop_command(child);
+        stop_command(child, status.has_value());
         return 0;
       }
     }
   }
-  int status = 0;
-  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  if (!status) {
+    int raw = 0;
+    while (::waitpid(child, &raw, 0) < 0 && errno == EINTR) {
+    }
+    status = exit_code_of(raw);
   }
-  send_status(socket, exit_code_of(status));
+  send_status(socket, *status);
   return 0;
 }
 

@@ -85,11 +85,12 @@ void UcxWorkerImpl::on_endpoint_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t s
   peer->owner->fail_peer(peer->rank,
                          fmt::format("its endpoint failed: {} (ucx {})", ucs_status_string(status),
                                      static_cast<int>(status)),
-                         /*close_now=*/false);
+                         /*close_now=*/false, /*gone=*/true);
 }
 
-void UcxWorkerImpl::fail_peer(int rank, std::string why, bool close_now) {
+void UcxWorkerImpl::fail_peer(int rank, std::string why, bool close_now, bool gone) {
   UcxPeer& peer = peers_[rank];
+  peer.gone = peer.gone || gone;
   if (peer.failed) return;
   peer.failed = true;
   peer.failure = std::move(why);
@@ -148,14 +149,19 @@ void UcxWorkerImpl::close_endpoint_by_force(UcxPeer& peer) {
   peer.ep = nullptr;
   if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);  // UCX finishes it on its own
   log::debug("ucx: endpoint to rank {} closed by force", peer.rank);
-  // UCX touches no buffer of a closed endpoint's operations, yet may never return one that
-  // was mid-transfer over TCP when it closed (UcxOp::orphaned): their waiters hear their
-  // failure now, whether or not UCX completes them later.
-  for (UcxOp* op : pending_snapshot()) {
-    if (op->is_linked() && op->peer == peer.rank && op->abandoned) orphan(op);
+  // What the close completed (cancelled sends, receives) comes back through progress.
+  while (ucp_worker_progress(worker_) != 0) {
   }
-  // The cancelled operations' completions are delivered by progress, which a sleeping
-  // worker would otherwise run only at its next event (UCX's keepalive, a second later).
+  // UCX may never return an eager message that was mid-transfer over TCP when its endpoint
+  // closed (UcxOp::orphaned). It reads no send buffer of a closed endpoint, so such sends'
+  // waiters hear their failure now; a receive's buffer may still take the bytes of a peer
+  // that is alive, so only a peer that is gone lets its receives go the same way.
+  for (UcxOp* op : pending_snapshot()) {
+    if (op->is_linked() && op->peer == peer.rank && op->abandoned &&
+        (op->kind == OpKind::send || peer.gone)) {
+      orphan(op);
+    }
+  }
   post_poll();
 }
 

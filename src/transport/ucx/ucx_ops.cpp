@@ -102,7 +102,10 @@ UcxOp* UcxWorkerImpl::spare_op() {
 }
 
 void UcxWorkerImpl::release_op(UcxOp* op) noexcept {
-  if (op->orphaned) return;  // UCX may yet call back with it: never reused
+  if (op->orphaned) {  // UCX may yet call back with it: reused once it has
+    op->let_go = true;
+    return;
+  }
   op->request = nullptr;
   op->abandoned.reset();
   op->detached = false;
@@ -265,8 +268,10 @@ void UcxWorkerImpl::finish(UcxOp* op, void* request, ucs_status_t status, std::s
     return;
   }
   if (op->orphaned) {
-    // Its waiter heard long ago; UCX has let go of it at last.
+    // Its waiter heard already; UCX has let go of it at last.
     std::erase(orphans_, op);
+    op->orphaned = false;
+    if (std::exchange(op->let_go, false)) release_op(op);
     return;
   }
   pending_.erase(pending_.iterator_to(*op));
@@ -364,7 +369,7 @@ void UcxWorkerImpl::abandon(UcxOp* op, Errc why) {
               fmt::format("a send to it ({}) passed its deadline, and its endpoint was closed "
                           "so that UCX would release the send buffer",
                           describe(op->tag)),
-              /*close_now=*/true);
+              /*close_now=*/true, /*gone=*/false);
   }
   // Otherwise (peer failed, shutdown) closing the endpoint completes the send.
 }

@@ -73,7 +73,7 @@ void UcxWorker::set_peer_places(std::vector<std::string> places) {
   runtime_.run([&] { impl_->set_peer_places(std::move(places)); });
 }
 
-void UcxWorker::fail_peer(int peer, std::string reason) {
+void UcxWorker::fail_peer(int peer, std::string reason, PeerLoss loss) {
   runtime_.run([&] {
     if (peer < 0 || peer >= impl_->size()) {
       throw Error(Errc::invalid_argument,
@@ -81,7 +81,7 @@ void UcxWorker::fail_peer(int peer, std::string reason) {
                   {.rank = impl_->rank(), .peer = peer, .operation = "ucx.fail_peer"});
     }
     // Not inside ucp_worker_progress here, so the endpoint may close at once.
-    impl_->fail_peer(peer, std::move(reason), /*close_now=*/true);
+    impl_->fail_peer(peer, std::move(reason), /*close_now=*/true, loss == PeerLoss::gone);
   });
 }
 

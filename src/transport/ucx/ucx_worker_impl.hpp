@@ -60,12 +60,13 @@ struct UcxOp
   // Set when braid gave up on the operation (deadline, peer failure, shutdown) and asked
   // UCX to let go of it; the coroutine hears this error once UCX has.
   std::optional<Errc> abandoned;
-  // Abandoned, and not returned by UCX when its endpoint was closed by force: its waiter has
-  // heard the error and the op is out of pending_ for good. UCX 1.13 does not always
-  // complete an eager message that was mid-transfer over TCP when its endpoint closed (a
-  // link cut), a send or a receive already matched, and touches no buffer of a closed
-  // endpoint. Such an op never goes back to the pool, since UCX may yet call back with it.
+  // Abandoned, and not returned by UCX when its endpoint was closed by force (a send; a
+  // receive when its peer is gone): its waiter has heard the error and the op is out of
+  // pending_. UCX 1.13 does not always complete an eager message that was mid-transfer
+  // over TCP when its endpoint closed (a link cut). Such an op goes back to the pool only
+  // once UCX has returned it and its result was taken (`let_go`).
   bool orphaned = false;
+  bool let_go = false;  // orphaned, and its Transfer awaited or dropped
   // Who hears of the completion. A coroutine awaiting the operation attaches `handler`.
   // A Transfer not yet awaited has none: the result is parked here (`finished`) until
   // it is; a Transfer dropped unawaited sets `detached`, and the op goes back to the
@@ -88,6 +89,7 @@ struct UcxPeer {
   int rank = -1;
   ucp_ep_h ep = nullptr;
   bool failed = false;
+  bool gone = false;    // nothing more arrives from it (UcxWorker::PeerLoss::gone)
   std::string failure;  // why, repeated in the error of every later operation
 };
 
@@ -112,7 +114,8 @@ class UcxWorkerImpl : public std::enable_shared_from_this<UcxWorkerImpl> {
   // `why`: the one path for every detector (UCX's endpoint error callback and
   // UcxWorker::fail_peer). Inside ucp_worker_progress pass close_now = false, so the
   // endpoint is closed from a handler of its own rather than under UCX's feet.
-  void fail_peer(int rank, std::string why, bool close_now);
+  // `gone`: nothing more arrives from the peer (UcxWorker::PeerLoss).
+  void fail_peer(int rank, std::string why, bool close_now, bool gone);
 
   // ucx_ops.cpp. Both throw Error for operations that fail at once and return null when
   // UCX completed them at once.

@@ -192,7 +192,15 @@ class UcxWorker {
   // once. A peer already failed keeps its first reason. Call it after connect(), from any
   // thread (it hops to the runtime thread). Throws Errc::invalid_argument for a peer
   // outside the world.
-  void fail_peer(int peer, std::string reason);
+  //
+  // `loss` says whether anything more can arrive from the peer. `gone` (its process ended,
+  // its node or the network to it was lost): an operation UCX still holds once the endpoint
+  // is closed fails at once, a receive included (UCX 1.13 may never return an eager message
+  // that was mid-transfer over TCP). `reachable` (a live process given up on: a collective
+  // settling, a send it never received): a send fails at once, but a receive keeps waiting
+  // for UCX to let go of its buffer, since the peer's remaining bytes may still land there.
+  enum class PeerLoss { reachable, gone };
+  void fail_peer(int peer, std::string reason, PeerLoss loss = PeerLoss::reachable);
 
   // Where each rank runs, for failure messages: every reason rank r fails with ends with
   // `places[r]` (a World of several nodes gives "; it ran on node 1 (node1), with ranks

@@ -39,6 +39,8 @@ asio::awaitable<void> ring_reduce_scatter(CollectiveOp& op, Buffer input, Buffer
 // this rank's block (it may be that very block of output).
 asio::awaitable<void> ring_all_gather(CollectiveOp& op, Buffer input, Buffer output,
                                       std::span<const std::size_t> counts);
+// The ~256 KiB pieces a pipelined broadcast moves `data` in, alike on every rank.
+EvenSplit broadcast_pieces(const Buffer& data);
 asio::awaitable<void> binomial_tree_broadcast(CollectiveOp& op, Buffer data, int root);
 asio::awaitable<void> ring_broadcast(CollectiveOp& op, Buffer data, int root);
 asio::awaitable<void> binomial_tree_reduce(CollectiveOp& op, Buffer input, Buffer output,

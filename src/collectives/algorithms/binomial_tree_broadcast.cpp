@@ -14,11 +14,14 @@
 #include "collectives/algorithms/algorithms.hpp"
 
 namespace braid::collectives::detail {
-namespace {
 
-constexpr std::size_t kPieceBytes = 256 * 1024;
-
-}  // namespace
+EvenSplit broadcast_pieces(const Buffer& data) {
+  constexpr std::size_t kPieceBytes = 256 * 1024;
+  const std::size_t pieces =
+      std::clamp<std::size_t>((data.size_bytes() + kPieceBytes - 1) / kPieceBytes, 1,
+                              std::max<std::size_t>(1, data.count()));
+  return EvenSplit{data.count(), std::min<std::size_t>(pieces, kAlgorithmSteps)};
+}
 
 asio::awaitable<void> binomial_tree_broadcast(CollectiveOp& op, Buffer data, int root) {
   const int world = op.size();
@@ -27,9 +30,7 @@ asio::awaitable<void> binomial_tree_broadcast(CollectiveOp& op, Buffer data, int
   const int root_rank = root;  // lambdas must not capture coroutine parameters (GCC 12)
   const int relative = (op.rank() - root_rank + world) % world;
   auto actual = [world, root_rank](int v) { return (v + root_rank) % world; };
-  const std::size_t pieces = std::clamp<std::size_t>(
-      (all.size_bytes() + kPieceBytes - 1) / kPieceBytes, 1, std::max<std::size_t>(1, all.count()));
-  const EvenSplit split{all.count(), std::min<std::size_t>(pieces, kAlgorithmSteps)};
+  const EvenSplit split = broadcast_pieces(all);
   auto piece = [&](std::size_t k) { return all.slice(split.offset(k), split.size(k)); };
 
   // The root's "lowest bit" is above every rank, so it sends to every level.

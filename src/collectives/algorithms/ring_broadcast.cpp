@@ -9,16 +9,9 @@
 // carries log2(N) n and the chain's n, so at large sizes across nodes the chain reaches the
 // link's rate where the tree reaches 1/log2(N) of it. The price is P - 2 more piece
 // latencies to fill the pipe, which the selection table keeps to large vectors.
-#include <algorithm>
-
 #include "collectives/algorithms/algorithms.hpp"
 
 namespace braid::collectives::detail {
-namespace {
-
-constexpr std::size_t kPieceBytes = 256 * 1024;
-
-}  // namespace
 
 asio::awaitable<void> ring_broadcast(CollectiveOp& op, Buffer data, int root) {
   const int world = op.size();
@@ -28,9 +21,7 @@ asio::awaitable<void> ring_broadcast(CollectiveOp& op, Buffer data, int root) {
   const int before = (op.rank() - 1 + world) % world;
   const int after = (op.rank() + 1) % world;
   const bool forwards = relative != world - 1;
-  const std::size_t pieces = std::clamp<std::size_t>(
-      (all.size_bytes() + kPieceBytes - 1) / kPieceBytes, 1, std::max<std::size_t>(1, all.count()));
-  const EvenSplit split{all.count(), std::min<std::size_t>(pieces, kAlgorithmSteps)};
+  const EvenSplit split = broadcast_pieces(all);
 
   std::vector<Message> receiving;
   if (relative != 0) {

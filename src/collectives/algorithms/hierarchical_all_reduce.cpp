@@ -22,7 +22,8 @@
 // another: 83% of a 1 Gbit/s link at 16 MiB on 2 nodes of 2 ranks. Every message of a
 // phase is posted as soon as its data exists; a buffer a receive lands in is one whose
 // send has completed. Plans with 2N steps or more per chunk beyond the tag's range keep
-// the unpipelined shape (over 2000 nodes).
+// the unpipelined shape (over 2000 nodes), and so do vectors of one chunk a block on more
+// than 2 nodes (pipelines_rails).
 //
 // Uneven nodes (leaders): binomial reduce to each node's first rank, all-reduce among the
 // leaders, binomial broadcast within each node:
@@ -76,6 +77,18 @@ class ChunkedBlocks {
   std::size_t chunks_;
 };
 
+// How many chunks each block of `out` is cut into: one per BRAID_RING_PIECE_KIB, as many
+// as the tag's steps allow (2N a chunk) and the block's elements.
+std::size_t rail_chunks(const Buffer& out, int everyone, const HierarchyPlan& plan) {
+  const auto ranks = static_cast<std::size_t>(everyone);
+  const std::size_t block_bytes = EvenSplit{out.count(), ranks}.size(0) * dtype_size(out.dtype());
+  const std::size_t most_chunks =
+      (kAlgorithmSteps - 1) / (2 * static_cast<std::size_t>(plan.nodes));
+  return std::clamp<std::size_t>(
+      (block_bytes + ring_piece_bytes() - 1) / ring_piece_bytes(), 1,
+      std::max<std::size_t>(1, std::min(most_chunks, out.count() / ranks)));
+}
+
 // The uniform plan, pipelined over chunks (see the top of this file). `out` holds this
 // rank's input.
 asio::awaitable<void> pipelined_rails(CollectiveOp& op, const Buffer& out, ReduceOp reduce_op,
@@ -90,14 +103,7 @@ asio::awaitable<void> pipelined_rails(CollectiveOp& op, const Buffer& out, Reduc
   for (std::size_t r = 0; r < plan.node_of.size(); ++r) {
     members[static_cast<std::size_t>(plan.node_of[r])].push_back(static_cast<int>(r));
   }
-  const std::size_t block_bytes =
-      EvenSplit{out.count(), static_cast<std::size_t>(everyone)}.size(0) * dtype_size(out.dtype());
-  const std::size_t most_chunks = (kAlgorithmSteps - 1) / (2 * nodes);
-  const std::size_t chunk_count = std::clamp<std::size_t>(
-      (block_bytes + ring_piece_bytes() - 1) / ring_piece_bytes(), 1,
-      std::max<std::size_t>(
-          1, std::min(most_chunks, out.count() / static_cast<std::size_t>(everyone))));
-  const ChunkedBlocks blocks(out, everyone, chunk_count);
+  const ChunkedBlocks blocks(out, everyone, rail_chunks(out, everyone, plan));
   const std::size_t chunks = blocks.chunks();
   auto owner = [&](std::size_t node, std::size_t local) { return members[node][local]; };
   const int me = owner(my_node, me_local);
@@ -209,8 +215,13 @@ asio::awaitable<void> pipelined_rails(CollectiveOp& op, const Buffer& out, Reduc
   for (auto& chunk : gathered) co_await op.wait_all(chunk);
 }
 
-bool pipelines_rails(const HierarchyPlan& plan) {
-  return plan.uniform && 2 * static_cast<std::size_t>(plan.nodes) < kAlgorithmSteps;
+// Pipelining needs two chunks or more to overlap anything. With one, on more than 2 nodes
+// the rails' direct exchanges (N-1 flows a rank at once) lose to the cross-node algorithm
+// the table picks (4 emulated nodes of 2 ranks, 1 Gbit/s: 1 MiB in 23 ms against 15.5); on 2
+// nodes the two are the same exchange.
+bool pipelines_rails(const Buffer& out, int everyone, const HierarchyPlan& plan) {
+  return plan.uniform && 2 * static_cast<std::size_t>(plan.nodes) < kAlgorithmSteps &&
+         (plan.nodes == 2 || rail_chunks(out, everyone, plan) >= 2);
 }
 
 }  // namespace
@@ -221,7 +232,7 @@ asio::awaitable<void> hierarchical_all_reduce(CollectiveOp& op, Buffer input, Bu
   const Buffer out = output;
   const int everyone = op.size();
   copy(out, input);
-  if (pipelines_rails(plan)) {
+  if (pipelines_rails(out, everyone, plan)) {
     co_await pipelined_rails(op, out, reduce_op, plan);
     co_return;
   }

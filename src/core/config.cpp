@@ -43,8 +43,8 @@ constexpr std::array kKnobs{
          "collective algorithm overrides, e.g. allreduce:0-64k:recursive_doubling#64k-inf:ring;"
          "broadcast:0-inf:binomial_tree (see docs/algorithms.md); empty: the built-in table"},
     Knob{"BRAID_RING_PIECE_KIB", "256",
-         "size of the pieces ring collectives pipeline (KiB): smaller overlaps more, larger "
-         "pays less per-message overhead"},
+         "size of the pieces ring collectives and the hierarchical all-reduce's chunks "
+         "pipeline (KiB): smaller overlaps more, larger pays less per-message overhead"},
     Knob{"BRAID_SHM_SINGLE_COPY", "auto",
          "within a node, collectives read peers' buffers directly (cross-memory attach, "
          "process_vm_readv) instead of copying through a shared segment, where every rank's "

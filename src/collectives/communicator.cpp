@@ -106,7 +106,7 @@ asio::awaitable<void> run_message_algorithm(CollectiveOp& op, const CollectiveCa
     }
     case broadcast:
       if (call.algorithm == Algorithm::ring) {
-        co_await detail::ring_broadcast(op, call.output, call.root);
+        co_await detail::ring_broadcast(op, call.output, call.root, *call.hierarchy);
         co_return;
       }
       co_await detail::binomial_tree_broadcast(op, call.output, call.root);

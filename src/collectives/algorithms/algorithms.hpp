@@ -42,7 +42,9 @@ asio::awaitable<void> ring_all_gather(CollectiveOp& op, Buffer input, Buffer out
 // The ~256 KiB pieces a pipelined broadcast moves `data` in, alike on every rank.
 EvenSplit broadcast_pieces(const Buffer& data);
 asio::awaitable<void> binomial_tree_broadcast(CollectiveOp& op, Buffer data, int root);
-asio::awaitable<void> ring_broadcast(CollectiveOp& op, Buffer data, int root);
+// `plan` orders the chain node by node.
+asio::awaitable<void> ring_broadcast(CollectiveOp& op, Buffer data, int root,
+                                     const HierarchyPlan& plan);
 asio::awaitable<void> binomial_tree_reduce(CollectiveOp& op, Buffer input, Buffer output,
                                            ReduceOp reduce_op, int root);
 asio::awaitable<void> linear_gather(CollectiveOp& op, Buffer input, Buffer output, int root);

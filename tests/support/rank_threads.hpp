@@ -76,17 +76,18 @@ inline std::vector<std::exception_ptr> for_each_thread_rank(
 }
 
 // Ranks whose body blocks (a training loop, the reducer's finalize), on their own threads,
-// not on their runtimes; the world Communicator times out after 20 s. Returns each rank's
-// error message, empty where it passed.
+// not on their runtimes, on pretend nodes where `node_of_rank` says; the world Communicator
+// times out after 20 s. Returns each rank's error message, empty where it passed.
 using BlockingRankBody = std::function<void(int rank, std::shared_ptr<collectives::Communicator>)>;
 
-inline std::vector<std::string> run_blocking_ranks(int size, const BlockingRankBody& body) {
+inline std::vector<std::string> run_blocking_ranks(int size, const BlockingRankBody& body,
+                                                   std::vector<int> node_of_rank = {}) {
   const auto failures = for_each_thread_rank(
       size,
       [&](int rank, Runtime&, std::shared_ptr<collectives::Communicator> comm) {
         body(rank, std::move(comm));
       },
-      {.timeout = std::chrono::seconds(20)});
+      {.timeout = std::chrono::seconds(20)}, std::move(node_of_rank));
   std::vector<std::string> errors;
   for (const auto& failure : failures) {
     std::string& error = errors.emplace_back();

@@ -402,79 +402,62 @@ TEST(FullyShardedDataParallel, CheckpointsResumeAndMoveBetweenWorldSizes) {
 
 // HYBRID_SHARD on two pretend nodes of two ranks: sharded inside each, replicated across.
 TEST(FullyShardedDataParallel, HybridShardTrainsAsDataParallel) {
-  const auto failures = braid::testing::for_each_thread_rank(
-      4,
-      [&](int rank, braid::Runtime&, std::shared_ptr<Communicator> comm) {
-        ::torch::set_num_threads(1);
-        Twins twins(comm, {.strategy = ShardingStrategy::hybrid_shard});
-        EXPECT_EQ(twins.fsdp.shard_size(0), (35 + 7 + 1) / 2) << "sharded over a node's 2 ranks";
-        for (int step = 0; step < 3; ++step) twins.step(rank, step);
-        twins.expect_same_outputs(fmt::format("rank {} hybrid", rank));
-      },
-      {.timeout = std::chrono::seconds(20)}, {0, 0, 1, 1});
-  for (std::size_t r = 0; r < failures.size(); ++r) {
-    if (!failures[r]) continue;
-    try {
-      std::rethrow_exception(failures[r]);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << ": " << e.what();
-    }
-  }
+  run_tp_ranks(4,
+               [&](int rank, std::shared_ptr<Communicator> comm) {
+                 Twins twins(comm, {.strategy = ShardingStrategy::hybrid_shard});
+                 EXPECT_EQ(twins.fsdp.shard_size(0), (35 + 7 + 1) / 2)
+                     << "sharded over a node's 2 ranks";
+                 for (int step = 0; step < 3; ++step) twins.step(rank, step);
+                 twins.expect_same_outputs(fmt::format("rank {} hybrid", rank));
+               },
+               {0, 0, 1, 1});
 }
 
 // HYBRID_SHARD and FULL_SHARD of the same model on two pretend nodes of two ranks, trained
 // on the same data with Adam, end with the same parameters: sharding inside a node and
 // replicating across changes where the bytes go, not what is learned.
 TEST(FullyShardedDataParallel, HybridShardEndsWithTheParametersOfFullShard) {
-  const auto failures = braid::testing::for_each_thread_rank(
-      4,
-      [&](int rank, braid::Runtime&, std::shared_ptr<Communicator> comm) {
-        ::torch::set_num_threads(1);
-        Net hybrid_net, full_net;
-        braid::torch::FullyShardedDataParallel hybrid(comm,
-                                                      {.strategy = ShardingStrategy::hybrid_shard});
-        braid::torch::FullyShardedDataParallel full(comm,
-                                                    {.strategy = ShardingStrategy::full_shard});
-        for (std::size_t b = 0; b < hybrid_net->blocks.size(); ++b) {
-          hybrid.shard(*hybrid_net->blocks[b], fmt::format("b{}", b));
-          full.shard(*full_net->blocks[b], fmt::format("b{}", b));
-        }
-        hybrid.shard(*hybrid_net, "root");
-        full.shard(*full_net, "root");
-        EXPECT_EQ(hybrid.shard_size(0), (35 + 7 + 1) / 2) << "sharded over a node's 2 ranks";
-        EXPECT_EQ(full.shard_size(0), (35 + 7 + 3) / 4) << "sharded over all 4 ranks";
-        auto hybrid_optimizer = optimizer(true, hybrid.parameters());
-        auto full_optimizer = optimizer(true, full.parameters());
-        for (int step = 0; step < 4; ++step) {
-          const Tensor x = seeded({3, 5}, 100 * step + rank);
-          const Tensor y = seeded({3, 2}, 100 * step + rank + 50);
-          for (auto* twin : {&hybrid, &full}) {
-            Net& net = twin == &hybrid ? hybrid_net : full_net;
-            auto& opt = twin == &hybrid ? hybrid_optimizer : full_optimizer;
-            opt->zero_grad();
-            const Tensor out = twin->run(*net, [&] { return net->forward(x, twin); });
-            ::torch::mse_loss(out, y).backward();
-            opt->step();
-          }
-        }
-        const auto hybrid_state = hybrid.full_state_dict(*hybrid_net);
-        const auto full_state = full.full_state_dict(*full_net);
-        ASSERT_EQ(hybrid_state.size(), full_state.size());
-        for (const auto& [name, value] : full_state) {
-          ASSERT_TRUE(hybrid_state.count(name)) << name;
-          expect_close(hybrid_state.at(name), value,
-                       fmt::format("rank {} parameter {}", rank, name), 1e-5);
-        }
-      },
-      {.timeout = std::chrono::seconds(20)}, {0, 0, 1, 1});
-  for (std::size_t r = 0; r < failures.size(); ++r) {
-    if (!failures[r]) continue;
-    try {
-      std::rethrow_exception(failures[r]);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << ": " << e.what();
-    }
-  }
+  run_tp_ranks(4,
+               [&](int rank, std::shared_ptr<Communicator> comm) {
+                 Net hybrid_net, full_net;
+                 braid::torch::FullyShardedDataParallel hybrid(
+                     comm, {.strategy = ShardingStrategy::hybrid_shard});
+                 braid::torch::FullyShardedDataParallel full(
+                     comm, {.strategy = ShardingStrategy::full_shard});
+                 for (std::size_t b = 0; b < hybrid_net->blocks.size(); ++b) {
+                   hybrid.shard(*hybrid_net->blocks[b], fmt::format("b{}", b));
+                   full.shard(*full_net->blocks[b], fmt::format("b{}", b));
+                 }
+                 hybrid.shard(*hybrid_net, "root");
+                 full.shard(*full_net, "root");
+                 EXPECT_EQ(hybrid.shard_size(0), (35 + 7 + 1) / 2)
+                     << "sharded over a node's 2 ranks";
+                 EXPECT_EQ(full.shard_size(0), (35 + 7 + 3) / 4) << "sharded over all 4 ranks";
+                 auto hybrid_optimizer = optimizer(true, hybrid.parameters());
+                 auto full_optimizer = optimizer(true, full.parameters());
+                 for (int step = 0; step < 4; ++step) {
+                   const Tensor x = seeded({3, 5}, 100 * step + rank);
+                   const Tensor y = seeded({3, 2}, 100 * step + rank + 50);
+                   auto train = [&](braid::torch::FullyShardedDataParallel& fsdp, Net& net,
+                                    ::torch::optim::Optimizer& opt) {
+                     opt.zero_grad();
+                     const Tensor out = fsdp.run(*net, [&] { return net->forward(x, &fsdp); });
+                     ::torch::mse_loss(out, y).backward();
+                     opt.step();
+                   };
+                   train(hybrid, hybrid_net, *hybrid_optimizer);
+                   train(full, full_net, *full_optimizer);
+                 }
+                 const auto hybrid_state = hybrid.full_state_dict(*hybrid_net);
+                 const auto full_state = full.full_state_dict(*full_net);
+                 ASSERT_EQ(hybrid_state.size(), full_state.size());
+                 for (const auto& [name, value] : full_state) {
+                   ASSERT_TRUE(hybrid_state.count(name)) << name;
+                   expect_close(hybrid_state.at(name), value,
+                                fmt::format("rank {} parameter {}", rank, name), 1e-5);
+                 }
+               },
+               {0, 0, 1, 1});
 }
 
 // bf16 gathers and reductions over f32 master shards: close to DDP in f32, within bf16's

@@ -18,13 +18,17 @@
 
 namespace braid::testing {
 
-// Runs `body` on `size` thread ranks with one intra-op thread each; every rank must pass.
-inline void run_tp_ranks(int size, const BlockingRankBody& body) {
-  const std::vector<std::string> errors =
-      run_blocking_ranks(size, [&](int rank, std::shared_ptr<collectives::Communicator> comm) {
+// Runs `body` on `size` thread ranks with one intra-op thread each, on pretend nodes where
+// `node_of_rank` says; every rank must pass.
+inline void run_tp_ranks(int size, const BlockingRankBody& body,
+                         std::vector<int> node_of_rank = {}) {
+  const std::vector<std::string> errors = run_blocking_ranks(
+      size,
+      [&](int rank, std::shared_ptr<collectives::Communicator> comm) {
         ::torch::set_num_threads(1);
         body(rank, std::move(comm));
-      });
+      },
+      std::move(node_of_rank));
   for (std::size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <span>
+#include <vector>
 
 #include <boost/asio/awaitable.hpp>
 
@@ -67,6 +68,8 @@ asio::awaitable<void> hierarchical_all_reduce(CollectiveOp& op, Buffer input, Bu
 // Rails across nodes and direct exchanges within them (hierarchical_exchange.cpp), for
 // plans where hierarchical_exchange_fits(); the ring otherwise.
 bool hierarchical_exchange_fits(const HierarchyPlan& plan);
+// Node k's members in rank order, for every node of `plan`: rank (k, i) is members[k][i].
+std::vector<std::vector<int>> members_by_node(const HierarchyPlan& plan);
 asio::awaitable<void> hierarchical_all_gather(CollectiveOp& op, Buffer input, Buffer output,
                                               std::span<const std::size_t> counts,
                                               const HierarchyPlan& plan);

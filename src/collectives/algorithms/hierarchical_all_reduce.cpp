@@ -99,10 +99,7 @@ asio::awaitable<void> pipelined_rails(CollectiveOp& op, const Buffer& out, Reduc
   const auto local_size = plan.local_group.size();
   const auto me_local = static_cast<std::size_t>(plan.local_rank);
   const std::size_t my_node = static_cast<std::size_t>(plan.cross_rank);
-  std::vector<std::vector<int>> members(nodes);
-  for (std::size_t r = 0; r < plan.node_of.size(); ++r) {
-    members[static_cast<std::size_t>(plan.node_of[r])].push_back(static_cast<int>(r));
-  }
+  const std::vector<std::vector<int>> members = members_by_node(plan);
   const ChunkedBlocks blocks(out, everyone, rail_chunks(out, everyone, plan));
   const std::size_t chunks = blocks.chunks();
   auto owner = [&](std::size_t node, std::size_t local) { return members[node][local]; };

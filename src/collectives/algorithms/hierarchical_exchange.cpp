@@ -33,9 +33,7 @@
 #include "collectives/algorithms/algorithms.hpp"
 
 namespace braid::collectives::detail {
-namespace {
 
-// Node k's members in rank order, for every k: rank (k, i) is members[k][i].
 std::vector<std::vector<int>> members_by_node(const HierarchyPlan& plan) {
   std::vector<std::vector<int>> members(static_cast<std::size_t>(plan.nodes));
   for (std::size_t r = 0; r < plan.node_of.size(); ++r) {
@@ -43,6 +41,8 @@ std::vector<std::vector<int>> members_by_node(const HierarchyPlan& plan) {
   }
   return members;
 }
+
+namespace {
 
 // Where member `rank`'s block sits among blocks of `counts` elements laid out in rank order.
 struct BlockOffsets {

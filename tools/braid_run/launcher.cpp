@@ -93,7 +93,13 @@ class Job {
  private:
   void take_signals();
   int start_emulated_nodes();
-  int start_program_on_first_node(const std::string& self, std::vector<std::string> env);
+  // What an emulated node runs: its main process, and beside it a launch agent (or none).
+  struct NodeCommand {
+    std::vector<std::string> argv;
+    std::vector<std::string> agent;
+  };
+  NodeCommand node_braid_run(const std::string& self, int node) const;
+  NodeCommand first_node_command(const std::string& self, int node) const;
   std::vector<std::string> rank_environment(int local_rank) const;
   void start_rank(int local_rank);
   void supervise();
@@ -461,9 +467,10 @@ void Job::take_signals() {
 }
 
 // --emulate-nodes: the members are nodes, each running a braid-run of its own for its
-// ranks (which prefixes and supervises them as on a real node), and this braid-run
-// supervises the nodes' inits as it would ranks: a failed node stops the others, signals
-// and the timeout reach every node's ranks through their node's braid-run.
+// ranks (which prefixes and supervises them as on a real node), or with --on-first-node the
+// program on node 0 and launch agents; this braid-run supervises the nodes' inits as it
+// would ranks: a failed node stops the others, signals and the timeout reach every node's
+// processes through their node's init.
 int Job::start_emulated_nodes() {
   noun_ = "node";
   std::string token = config::string_value("BRAID_TOKEN");
@@ -479,62 +486,57 @@ int Job::start_emulated_nodes() {
   }
   take_signals();
   emulation_.emplace(options_.emulate_nodes, options_.link_rate);
-  if (options_.on_first_node) return start_program_on_first_node(self.data(), std::move(env));
+  if (options_.on_first_node && std::getenv("OMPI_MCA_plm_rsh_agent") == nullptr) {
+    env.push_back(fmt::format("OMPI_MCA_plm_rsh_agent={} --on-node", self.data()));
+  }
   for (int node = 0; node < options_.emulate_nodes && !stopping_; ++node) {
-    std::vector<std::string> argv{
-        self.data(),
-        "--nproc-per-node",
-        std::to_string(options_.nproc_per_node),
-        "--nnodes",
-        std::to_string(options_.emulate_nodes),
-        "--node-rank",
-        std::to_string(node),
-        "--master-addr",
-        EmulatedNodes::address_of(0),
-        "--grace",
-        fmt::format("{:g}", std::chrono::duration<double>(options_.grace).count())};
-    if (options_.master_port) {
-      argv.insert(argv.end(), {"--master-port", std::to_string(*options_.master_port)});
-    }
-    if (!options_.prefix_output) argv.emplace_back("--no-prefix");
-    argv.emplace_back("--");
-    argv.insert(argv.end(), options_.command.begin(), options_.command.end());
+    const NodeCommand command = options_.on_first_node ? first_node_command(self.data(), node)
+                                                       : node_braid_run(self.data(), node);
     Rank& member = ranks_.emplace_back();
     member.rank = node;
-    member.pid = emulation_->start_node(node, argv, env, old_mask_);
+    member.pid = emulation_->start_node(node, command.argv, env, old_mask_, command.agent);
     member.running = true;
   }
+  if (options_.on_first_node && !ranks_.empty()) primary_ = &ranks_.front();
   supervise();
   for (const std::string& line : emulation_->traffic_report()) report(line);
   return exit_status_;
 }
 
+// A node's braid-run for its ranks, with the job's node count, its node rank and node 0's
+// address, as on a cluster.
+Job::NodeCommand Job::node_braid_run(const std::string& self, int node) const {
+  std::vector<std::string> argv{
+      self,
+      "--nproc-per-node",
+      std::to_string(options_.nproc_per_node),
+      "--nnodes",
+      std::to_string(options_.emulate_nodes),
+      "--node-rank",
+      std::to_string(node),
+      "--master-addr",
+      EmulatedNodes::address_of(0),
+      "--grace",
+      fmt::format("{:g}", std::chrono::duration<double>(options_.grace).count())};
+  if (options_.master_port) {
+    argv.insert(argv.end(), {"--master-port", std::to_string(*options_.master_port)});
+  }
+  if (!options_.prefix_output) argv.emplace_back("--no-prefix");
+  argv.emplace_back("--");
+  argv.insert(argv.end(), options_.command.begin(), options_.command.end());
+  return {.argv = std::move(argv), .agent = {}};
+}
+
 // --on-first-node: node 0 runs the program itself, and every node its launch agent
 // (node_agent.hpp), through which the program starts what it runs on the others. The job
-// is the program's: when it ends, the agents are stopped and its status is braid-run's.
-int Job::start_program_on_first_node(const std::string& self, std::vector<std::string> env) {
-  const std::string agent = self + " --on-node";
-  if (std::getenv("OMPI_MCA_plm_rsh_agent") == nullptr) {
-    env.push_back("OMPI_MCA_plm_rsh_agent=" + agent);
-  }
-  for (int node = 0; node < options_.emulate_nodes && !stopping_; ++node) {
-    const std::vector<std::string> serve{self, "--serve-node-agent",
-                                         EmulatedNodes::address_of(node)};
-    std::vector<std::string> argv = serve;
-    if (node == 0) {
-      argv = {"/usr/bin/env"};  // finds the program on PATH, as a shell would
-      argv.insert(argv.end(), options_.command.begin(), options_.command.end());
-    }
-    Rank& member = ranks_.emplace_back();
-    member.rank = node;
-    member.pid = emulation_->start_node(node, argv, env, old_mask_,
-                                        node == 0 ? serve : std::vector<std::string>{});
-    member.running = true;
-  }
-  primary_ = &ranks_.front();
-  supervise();
-  for (const std::string& line : emulation_->traffic_report()) report(line);
-  return exit_status_;
+// is the program's (primary_): when it ends, the agents are stopped and its status is
+// braid-run's.
+Job::NodeCommand Job::first_node_command(const std::string& self, int node) const {
+  std::vector<std::string> serve{self, "--serve-node-agent", EmulatedNodes::address_of(node)};
+  if (node != 0) return {.argv = std::move(serve), .agent = {}};
+  std::vector<std::string> argv{"/usr/bin/env"};  // finds the program on PATH, as a shell would
+  argv.insert(argv.end(), options_.command.begin(), options_.command.end());
+  return {.argv = std::move(argv), .agent = std::move(serve)};
 }
 
 int Job::run() {

@@ -40,6 +40,7 @@
 #include <braid/trace/timeline.hpp>
 #include <braid/trace/timeline_bytes.hpp>
 #include <braid/transport/bootstrap.hpp>
+#include <braid/transport/hostlist.hpp>
 #include <braid/transport/store/store.hpp>
 #include <braid/transport/ucx/tag.hpp>
 #include <braid/transport/ucx/ucx_error.hpp>

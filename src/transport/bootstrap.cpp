@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <arpa/inet.h>
 #include <array>
 #include <cerrno>
@@ -8,91 +9,21 @@
 #include <random>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include <braid/core/config.hpp>
 #include <braid/core/error.hpp>
 #include <braid/transport/bootstrap.hpp>
+#include <braid/transport/hostlist.hpp>
+
+#include "transport/launch_env.hpp"
 
 namespace braid::transport {
+namespace detail {
 namespace {
-using config::trim;
-
-template <typename... Args>
-[[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {
-  throw Error(Errc::invalid_environment, fmt::format(format, std::forward<Args>(args)...));
-}
-
-// What one launcher calls each quantity; empty: it has no such variable.
-struct Convention {
-  std::string_view source;
-  std::string_view rank, world_size, local_rank, local_world_size, node_rank, num_nodes;
-
-  std::array<std::string_view, 6> names() const {
-    return {rank, world_size, local_rank, local_world_size, node_rank, num_nodes};
-  }
-};
-
-constexpr Convention kBraid{"braid",
-                            "BRAID_RANK",
-                            "BRAID_WORLD_SIZE",
-                            "BRAID_LOCAL_RANK",
-                            "BRAID_LOCAL_WORLD_SIZE",
-                            "BRAID_NODE_RANK",
-                            "BRAID_NNODES"};
-constexpr Convention kTorchrun{"torchrun",         "RANK",       "WORLD_SIZE",      "LOCAL_RANK",
-                               "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE"};
-constexpr Convention kOpenMpi{"openmpi",
-                              "OMPI_COMM_WORLD_RANK",
-                              "OMPI_COMM_WORLD_SIZE",
-                              "OMPI_COMM_WORLD_LOCAL_RANK",
-                              "OMPI_COMM_WORLD_LOCAL_SIZE",
-                              "",
-                              ""};
-// The local world size comes from SLURM_TASKS_PER_NODE, which needs its own parser.
-constexpr Convention kSlurm{"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-                            "",      "SLURM_NODEID", "SLURM_NNODES"};
-
-// Reads one variable, empty counting as unset. BRAID_* goes through the knob table, so a
-// knob missing from it is caught on first use.
-class Reader {
- public:
-  explicit Reader(const config::EnvLookup& env) : env_(env) {}
-
-  std::optional<std::string> text(std::string_view name) const {
-    if (name.empty()) return std::nullopt;
-    std::string value = name.starts_with("BRAID_") ? config::string_value(name, env_)
-                                                   : std::string(trim(env_(name).value_or("")));
-    if (value.empty()) return std::nullopt;
-    return value;
-  }
-
- private:
-  const config::EnvLookup& env_;
-};
-
-// A quantity and how to name it in a message: "RANK=3", or "local world size 2 (derived)".
-struct Count {
-  int value = 0;
-  std::string shown;
-};
-
-Count derived(std::string_view what, int value) {
-  return {value, fmt::format("{} {} (derived)", what, value)};
-}
-
-std::optional<Count> read_count(const Reader& reader, std::string_view name, int minimum) {
-  auto text = reader.text(name);
-  if (!text) return std::nullopt;
-  std::int64_t value = config::parse_int(*text, name);
-  if (value < minimum) {
-    if (minimum == 0) fail("{}={} must not be negative", name, value);
-    fail("{}={} must be at least {}", name, value, minimum);
-  }
-  if (value > INT_MAX) fail("{}={} is too large", name, value);
-  return Count{static_cast<int>(value), fmt::format("{}={}", name, value)};
-}
 
 void require_below(const Count& index, const Count& size) {
   if (index.value >= size.value) fail("{} is not below {}", index.shown, size.shown);
@@ -102,77 +33,39 @@ void require_at_most(const Count& part, const Count& whole) {
   if (part.value > whole.value) fail("{} is larger than {}", part.shown, whole.shown);
 }
 
-[[noreturn]] void bad_task_list(std::string_view list) {
-  fail("SLURM_TASKS_PER_NODE='{}' is not a Slurm task count list such as 4(x2),3", list);
-}
-
-int parse_task_count(const char*& p, const char* end, std::string_view list) {
-  int value = 0;
-  auto [next, ec] = std::from_chars(p, end, value);
-  if (ec != std::errc() || value < 1) bad_task_list(list);
-  p = next;
-  return value;
-}
-
-// Slurm writes per-node task counts run-length encoded: "4(x2),3" is 4, 4, 3. The
-// groups are walked, never expanded, so "1(x1000000000)" costs nothing.
-std::optional<Count> slurm_local_world_size(const Reader& reader) {
-  auto list = reader.text("SLURM_TASKS_PER_NODE");
-  if (!list) return read_count(reader, "SLURM_NTASKS_PER_NODE", 1);
-  auto node = read_count(reader, "SLURM_NODEID", 0);
-  const char* p = list->data();
-  const char* end = p + list->size();
-  std::int64_t nodes_before = 0;  // nodes covered by the groups already read
-  std::optional<int> previous;
-  bool varies = false;
-  std::optional<Count> found;  // this node's entry; the rest is still checked
-  while (true) {
-    int tasks = parse_task_count(p, end, *list);
-    int repeat = 1;
-    if (p != end && *p == '(') {
-      if (end - p < 2 || p[1] != 'x') bad_task_list(*list);
-      p += 2;
-      repeat = parse_task_count(p, end, *list);
-      if (p == end || *p != ')') bad_task_list(*list);
-      ++p;
-    }
-    if (node && !found && node->value < nodes_before + repeat) {
-      found = Count{tasks, fmt::format("the {} task(s) SLURM_TASKS_PER_NODE='{}' gives node {}",
-                                       tasks, *list, node->value)};
-    }
-    varies = varies || (previous && *previous != tasks);
-    previous = tasks;
-    nodes_before += repeat;
-    if (p == end) break;
-    if (*p != ',') bad_task_list(*list);
-    ++p;
-  }
-  if (found) return found;
-  if (node) {
-    fail("SLURM_NODEID={} is beyond the {} node(s) in SLURM_TASKS_PER_NODE='{}'", node->value,
-         nodes_before, *list);
-  }
-  if (varies) {
-    fail("SLURM_TASKS_PER_NODE='{}' differs between nodes but SLURM_NODEID is not set", *list);
-  }
-  return Count{*previous, fmt::format("SLURM_TASKS_PER_NODE='{}'", *list)};
-}
-
-std::optional<std::string_view> first_present(const Reader& reader, const Convention& c) {
+std::optional<std::string_view> first_present(const EnvReader& reader, const Convention& c) {
   for (std::string_view name : c.names()) {
     if (reader.text(name)) return name;
   }
   return std::nullopt;
 }
 
-[[noreturn]] void missing_variable(const Reader& reader, const Convention& c,
+[[noreturn]] void missing_variable(const EnvReader& reader, const Convention& c,
                                    std::string_view present, std::string_view name) {
   fail("{}={} is set but {} is not (a partial {} environment)", present, *reader.text(present),
        name, c.source);
 }
 
-LaunchInfo resolve_ranks(const Convention& c, const Reader& reader,
-                         std::optional<Count> local_world) {
+}  // namespace
+
+Count derived(std::string_view what, int value) {
+  return {value, fmt::format("{} {} (derived)", what, value), what};
+}
+
+std::optional<Count> read_count(const EnvReader& reader, std::string_view name, int minimum) {
+  auto text = reader.text(name);
+  if (!text) return std::nullopt;
+  std::int64_t value = config::parse_int(*text, name);
+  if (value < minimum) {
+    if (minimum == 0) fail("{}={} must not be negative", name, value);
+    fail("{}={} must be at least {}", name, value, minimum);
+  }
+  if (value > INT_MAX) fail("{}={} is too large", name, value);
+  return Count{static_cast<int>(value), fmt::format("{}={}", name, value), {}};
+}
+
+Ranks resolve_ranks(const Convention& c, const EnvReader& reader,
+                    std::optional<Count> local_world) {
   auto present = *first_present(reader, c);
   auto world = read_count(reader, c.world_size, 1);
   if (!world) missing_variable(reader, c, present, c.world_size);
@@ -185,7 +78,7 @@ LaunchInfo resolve_ranks(const Convention& c, const Reader& reader,
   auto rank = read_count(reader, c.rank, 0);
   if (!rank) {
     // A single process should need one variable, not a launcher.
-    if (c.source != kBraid.source || world->value != 1) {
+    if (c.source != "braid" || world->value != 1) {
       missing_variable(reader, c, present, c.rank);
     }
     rank = derived("rank", 0);
@@ -240,16 +133,109 @@ LaunchInfo resolve_ranks(const Convention& c, const Reader& reader,
     node_rank = derived("node rank", rank->value / local_world->value);
   }
   require_below(*node_rank, *nodes);
+  return {c.source, *rank, *world, *local_rank, *local_world, *node_rank, *nodes};
+}
 
-  LaunchInfo info;
-  info.rank = rank->value;
-  info.world_size = world->value;
-  info.local_rank = local_rank->value;
-  info.local_world_size = local_world->value;
-  info.node_rank = node_rank->value;
-  info.num_nodes = nodes->value;
-  info.source = std::string(c.source);
-  return info;
+}  // namespace detail
+
+namespace {
+using namespace detail;
+using config::trim;
+
+constexpr Convention kBraid{"braid",
+                            "BRAID_RANK",
+                            "BRAID_WORLD_SIZE",
+                            "BRAID_LOCAL_RANK",
+                            "BRAID_LOCAL_WORLD_SIZE",
+                            "BRAID_NODE_RANK",
+                            "BRAID_NNODES"};
+constexpr Convention kTorchrun{"torchrun",         "RANK",       "WORLD_SIZE",      "LOCAL_RANK",
+                               "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE"};
+// read_openmpi takes the rank from PMIX_RANK where OMPI_COMM_WORLD_RANK is unset.
+constexpr Convention kOpenMpi{"openmpi",
+                              "OMPI_COMM_WORLD_RANK",
+                              "OMPI_COMM_WORLD_SIZE",
+                              "OMPI_COMM_WORLD_LOCAL_RANK",
+                              "OMPI_COMM_WORLD_LOCAL_SIZE",
+                              "",
+                              ""};
+// Present by SLURM_PROCID alone; read_slurm picks the step's names or the older ones.
+constexpr Convention kSlurmPresence{"slurm", "SLURM_PROCID", "", "", "", "", ""};
+
+// "rank 3 of 4 (RANK=3, WORLD_SIZE=4)", "local rank 1 of 2 (LOCAL_WORLD_SIZE=2, local rank
+// derived)", "node 0 of 1 (derived)".
+std::string pair_text(std::string_view what, const Count& index, const Count& size) {
+  std::string from;
+  for (const Count* count : {&index, &size}) {
+    if (count->derived_as.empty()) {
+      from += fmt::format("{}{}", from.empty() ? "" : ", ", count->shown);
+    }
+  }
+  if (from.empty()) {
+    from = "derived";
+  } else {
+    for (const Count* count : {&index, &size}) {
+      if (!count->derived_as.empty()) from += fmt::format(", {} derived", count->derived_as);
+    }
+  }
+  return fmt::format("{} {} of {} ({})", what, index.value, size.value, from);
+}
+
+bool same_numbers(const Ranks& a, const Ranks& b) {
+  return a.rank.value == b.rank.value && a.world.value == b.world.value &&
+         a.local_rank.value == b.local_rank.value && a.local_world.value == b.local_world.value &&
+         a.node_rank.value == b.node_rank.value && a.nodes.value == b.nodes.value;
+}
+
+std::string ranks_text(const Ranks& r) {
+  return fmt::format("{}, {}, {}", pair_text("rank", r.rank, r.world),
+                     pair_text("local rank", r.local_rank, r.local_world),
+                     pair_text("node", r.node_rank, r.nodes));
+}
+
+Ranks read_braid(const EnvReader& reader) {
+  return resolve_ranks(kBraid, reader, std::nullopt);
+}
+
+Ranks read_torchrun(const EnvReader& reader) {
+  return resolve_ranks(kTorchrun, reader, std::nullopt);
+}
+
+Ranks read_openmpi(const EnvReader& reader) {
+  Convention c = kOpenMpi;
+  auto ompi = read_count(reader, "OMPI_COMM_WORLD_RANK", 0);
+  auto pmix = read_count(reader, "PMIX_RANK", 0);
+  if (ompi && pmix && ompi->value != pmix->value) {
+    fail("{} disagrees with {}: they should name the same process", ompi->shown, pmix->shown);
+  }
+  if (!ompi && pmix) c.rank = "PMIX_RANK";
+  return resolve_ranks(c, reader, std::nullopt);
+}
+
+// The launchers in precedence order: the first present is followed.
+struct Launcher {
+  const Convention& presence;  // any of these set: present
+  Ranks (*read)(const EnvReader&);
+};
+const std::array<Launcher, 4> kLaunchers{{{kBraid, read_braid},
+                                          {kTorchrun, read_torchrun},
+                                          {kOpenMpi, read_openmpi},
+                                          {kSlurmPresence, read_slurm}}};
+
+// Read only to say whether it agrees: never throws.
+OutrankedLaunch read_outranked(const Launcher& launcher, const EnvReader& reader,
+                               const Ranks& followed) {
+  OutrankedLaunch seen{.source = std::string(launcher.presence.source)};
+  try {
+    const Ranks ranks = launcher.read(reader);
+    seen.verdict = same_numbers(ranks, followed) ? OutrankedLaunch::Verdict::agrees
+                                                 : OutrankedLaunch::Verdict::disagrees;
+    seen.description = ranks_text(ranks);
+  } catch (const Error& e) {
+    seen.verdict = OutrankedLaunch::Verdict::unreadable;
+    seen.description = e.detail();
+  }
+  return seen;
 }
 
 std::uint16_t parse_port(std::string_view text, std::string_view what) {
@@ -258,35 +244,64 @@ std::uint16_t parse_port(std::string_view text, std::string_view what) {
   return static_cast<std::uint16_t>(port);
 }
 
-void resolve_store(const Reader& reader, LaunchInfo& info) {
+// torchrun of PyTorch 2.x writes str(True) or str(False).
+bool torchrun_agent_store(const EnvReader& reader) {
+  auto value = reader.text("TORCHELASTIC_USE_AGENT_STORE");
+  if (!value || *value == "False" || *value == "false" || *value == "0") return false;
+  if (*value == "True" || *value == "true" || *value == "1") return true;
+  fail("TORCHELASTIC_USE_AGENT_STORE='{}' is neither True nor False", *value);
+}
+
+std::optional<StoreChoice> master_addr_store(const EnvReader& reader) {
+  auto addr = reader.text("MASTER_ADDR");
+  auto port_text = reader.text("MASTER_PORT");
+  if (addr && !port_text) fail("MASTER_ADDR={} is set but MASTER_PORT is not; set both", *addr);
+  if (port_text && !addr) {
+    fail("MASTER_PORT={} is set but MASTER_ADDR is not; set both", *port_text);
+  }
+  if (!addr) return std::nullopt;
+  std::string_view host = *addr;
+  // torchrun takes IPv6 addresses bare; accept them bracketed too.
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const std::uint16_t port = parse_port(*port_text, "MASTER_PORT");
+  if (!torchrun_agent_store(reader)) {
+    return StoreChoice{std::string(host), port, "MASTER_ADDR and MASTER_PORT"};
+  }
+  if (port == 65535) {
+    fail(
+        "MASTER_PORT=65535 leaves no port after it for braid's store: under "
+        "TORCHELASTIC_USE_AGENT_STORE=True torchrun's own store holds MASTER_PORT and braid's "
+        "is at MASTER_PORT + 1");
+  }
+  return StoreChoice{std::string(host), static_cast<std::uint16_t>(port + 1),
+                     fmt::format("MASTER_ADDR, MASTER_PORT={} + 1: torchrun's own store holds "
+                                 "MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True)",
+                                 port)};
+}
+
+StoreChoice resolve_store(const EnvReader& reader, const Ranks& ranks) {
   if (auto store = reader.text("BRAID_STORE")) {
     HostPort address = parse_host_port(*store, "BRAID_STORE");
-    info.store_host = std::move(address.host);
-    info.store_port = address.port;
-    return;
+    return {std::move(address.host), address.port, "BRAID_STORE"};
   }
-  auto addr = reader.text("MASTER_ADDR");
-  auto port = reader.text("MASTER_PORT");
-  if (addr && port) {
-    std::string_view host = *addr;
-    // torchrun takes IPv6 addresses bare; accept them bracketed too.
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-      host = host.substr(1, host.size() - 2);
-    }
-    info.store_host = std::string(host);
-    info.store_port = parse_port(*port, "MASTER_PORT");
-    return;
+  if (auto store = master_addr_store(reader)) return std::move(*store);
+  if (ranks.world.value == 1) return {"127.0.0.1", 0, "one rank: any free port"};
+  const bool one_node = ranks.nodes.value == 1;
+  if (ranks.source == kSlurmPresence.source) {
+    if (auto store = slurm_store(reader, one_node)) return std::move(*store);
   }
-  if (addr) fail("MASTER_ADDR={} is set but MASTER_PORT is not; set both", *addr);
-  if (port) fail("MASTER_PORT={} is set but MASTER_ADDR is not; set both", *port);
-  if (info.num_nodes != 1) {
+  if (!one_node) {
     fail(
         "the {} environment spans {} nodes but names no store: set BRAID_STORE=host:port (or "
-        "MASTER_ADDR and MASTER_PORT) to an address of rank 0's node and a free port",
-        info.source, info.num_nodes);
+        "MASTER_ADDR and MASTER_PORT) to an address of rank 0's node and a free port{}",
+        ranks.source, ranks.nodes.value,
+        ranks.source == kSlurmPresence.source
+            ? " (under srun, SLURM_JOB_ID and SLURM_STEP_NODELIST would place it)"
+            : "");
   }
-  info.store_host = "127.0.0.1";
-  info.store_port = info.world_size == 1 ? 0 : kDefaultStorePort;
+  return {"127.0.0.1", kDefaultStorePort, "every rank on this node, the default port"};
 }
 
 }  // namespace
@@ -372,17 +387,18 @@ std::uint16_t find_free_port() {
 }
 
 LaunchInfo parse_launch_env(const config::EnvLookup& env) {
-  Reader reader(env);
+  EnvReader reader(env);
   LaunchInfo info;
-  if (first_present(reader, kBraid)) {
-    info = resolve_ranks(kBraid, reader, std::nullopt);
-  } else if (first_present(reader, kTorchrun)) {
-    info = resolve_ranks(kTorchrun, reader, std::nullopt);
-  } else if (first_present(reader, kOpenMpi)) {
-    info = resolve_ranks(kOpenMpi, reader, std::nullopt);
-  } else if (reader.text(kSlurm.rank)) {
-    info = resolve_ranks(kSlurm, reader, slurm_local_world_size(reader));
-  } else {
+  std::optional<Ranks> followed;
+  for (const Launcher& launcher : kLaunchers) {
+    if (!first_present(reader, launcher.presence)) continue;
+    if (followed) {
+      info.outranked.push_back(read_outranked(launcher, reader, *followed));
+    } else {
+      followed = launcher.read(reader);
+    }
+  }
+  if (!followed) {
     fail(
         "no launcher environment: looked for braid's BRAID_RANK/BRAID_WORLD_SIZE (set by "
         "braid-run), torchrun's RANK/WORLD_SIZE, OpenMPI's OMPI_COMM_WORLD_RANK/"
@@ -390,9 +406,40 @@ LaunchInfo parse_launch_env(const config::EnvLookup& env) {
         "braid-run -n N, torchrun, mpirun or srun; a single process can run with "
         "BRAID_WORLD_SIZE=1");
   }
-  resolve_store(reader, info);
+  info.rank = followed->rank.value;
+  info.world_size = followed->world.value;
+  info.local_rank = followed->local_rank.value;
+  info.local_world_size = followed->local_world.value;
+  info.node_rank = followed->node_rank.value;
+  info.num_nodes = followed->nodes.value;
+  info.source = std::string(followed->source);
+  StoreChoice store = resolve_store(reader, *followed);
+  info.store_host = std::move(store.host);
+  info.store_port = store.port;
   info.token = config::string_value("BRAID_TOKEN", env);
+  info.description = fmt::format("{}: {}; store {} ({})", info.source, ranks_text(*followed),
+                                 format_host_port(info.store_host, info.store_port), store.origin);
   return info;
+}
+
+std::string describe(const LaunchInfo& info) {
+  std::string text = info.description;
+  for (const OutrankedLaunch& other : info.outranked) {
+    constexpr std::array<std::string_view, 3> kVerdicts{
+        "also present and agrees", "also present and disagrees", "also present but unreadable"};
+    text += fmt::format("; {} {}: {}", other.source,
+                        kVerdicts[static_cast<std::size_t>(other.verdict)], other.description);
+  }
+  if (!info.outranked.empty()) {
+    text += "; the first present of braid, torchrun, openmpi, slurm is followed";
+  }
+  return text;
+}
+
+bool outranked_disagree(const LaunchInfo& info) {
+  return std::ranges::any_of(info.outranked, [](const OutrankedLaunch& other) {
+    return other.verdict != OutrankedLaunch::Verdict::agrees;
+  });
 }
 
 }  // namespace braid::transport

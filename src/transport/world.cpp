@@ -131,6 +131,14 @@ std::unique_ptr<World> World::join(Runtime& runtime, const LaunchInfo& launch, O
 asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, LaunchInfo launch,
                                                           Options options) {
   log::set_process_rank(launch.rank);
+  // What this rank read from its launcher's environment: at info on rank 0 (once per job)
+  // and on any rank where another launcher's variables say otherwise, since that is where
+  // a wrong layout starts; at debug elsewhere.
+  if (!launch.description.empty()) {
+    const bool noteworthy = launch.rank == 0 || outranked_disagree(launch);
+    const log::Level level = noteworthy ? log::Level::info : log::Level::debug;
+    if (log::enabled(level)) log::write(level, "launch environment: " + describe(launch));
+  }
   // BRAID_TRACE: recording starts now, so joining is on the timeline too.
   const std::string trace_directory = config::string_value("BRAID_TRACE");
   (void)trace::clock_source();  // a malformed BRAID_TRACE_CLOCK is an error here, at join

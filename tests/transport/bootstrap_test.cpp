@@ -386,6 +386,291 @@ TEST(Bootstrap, HostPortRoundTrips) {
   EXPECT_EQ(format_host_port("::1", 1), "[::1]:1");
 }
 
+TEST(Bootstrap, OpenMpiReadsPmixRankWhereItsOwnRankIsUnset) {
+  Vars vars{{"PMIX_RANK", "3"},
+            {"OMPI_COMM_WORLD_SIZE", "4"},
+            {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+            {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+            {"BRAID_STORE", "head:29500"}};
+  auto info = parse_launch_env(env_of(vars));
+  expect_ranks(info, 3, 4, 1, 2, 1, 2);
+  EXPECT_EQ(info.source, "openmpi");
+  vars["OMPI_COMM_WORLD_RANK"] = "3";
+  EXPECT_EQ(parse_launch_env(env_of(vars)).rank, 3);
+  vars["OMPI_COMM_WORLD_RANK"] = "2";
+  EXPECT_THAT(error_for(vars), HasSubstr("OMPI_COMM_WORLD_RANK=2 disagrees with PMIX_RANK=3"));
+}
+
+TEST(Bootstrap, PmixRankAloneIsNoOpenMpiEnvironment) {
+  // srun --mpi=pmix sets PMIX_RANK for its tasks too.
+  auto info =
+      parse_launch_env(env_of({{"PMIX_RANK", "1"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}}));
+  EXPECT_EQ(info.source, "slurm");
+  EXPECT_TRUE(info.outranked.empty());
+  EXPECT_THAT(error_for({{"PMIX_RANK", "1"}}), HasSubstr("no launcher environment"));
+}
+
+TEST(Bootstrap, SlurmPrefersTheStepsVariablesToTheAllocations) {
+  // srun --preserve-env inside an allocation of 4 nodes x 4 tasks, starting 2 x 2 tasks:
+  // SLURM_NTASKS, SLURM_NNODES, SLURM_TASKS_PER_NODE and SLURM_JOB_NODELIST still
+  // describe the allocation.
+  auto info = parse_launch_env(env_of({{"SLURM_PROCID", "3"},
+                                       {"SLURM_LOCALID", "1"},
+                                       {"SLURM_NODEID", "1"},
+                                       {"SLURM_NTASKS", "16"},
+                                       {"SLURM_NNODES", "4"},
+                                       {"SLURM_TASKS_PER_NODE", "4(x4)"},
+                                       {"SLURM_JOB_NODELIST", "n[1-4]"},
+                                       {"SLURM_STEP_NUM_TASKS", "4"},
+                                       {"SLURM_STEP_NUM_NODES", "2"},
+                                       {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
+                                       {"SLURM_STEP_NODELIST", "n[3-4]"},
+                                       {"SLURM_JOB_ID", "7"}}));
+  expect_ranks(info, 3, 4, 1, 2, 1, 2);
+  EXPECT_EQ(info.store_host, "n3");
+  EXPECT_EQ(info.store_port, 20007);
+}
+
+TEST(Bootstrap, SlurmStoreIsOnTheStepsFirstNodeAtAPortFromTheJobId) {
+  Vars vars{{"SLURM_PROCID", "3"},
+            {"SLURM_NTASKS", "4"},
+            {"SLURM_LOCALID", "1"},
+            {"SLURM_NODEID", "1"},
+            {"SLURM_NNODES", "2"},
+            {"SLURM_TASKS_PER_NODE", "2(x2)"},
+            {"SLURM_JOB_NODELIST", "node[0-1]"},
+            {"SLURM_JOB_ID", "123456"}};
+  auto info = parse_launch_env(env_of(vars));
+  EXPECT_EQ(info.store_host, "node0");
+  EXPECT_EQ(info.store_port, 23456);  // 20000 + 123456 % 10000
+  EXPECT_EQ(info.token, "");
+  vars["SLURM_STEP_NODELIST"] = "gpu[07-08]";
+  info = parse_launch_env(env_of(vars));
+  EXPECT_EQ(info.store_host, "gpu07");
+  auto address = slurm_store_address(env_of(vars));
+  ASSERT_TRUE(address);
+  EXPECT_EQ(address->host, "gpu07");
+  EXPECT_EQ(address->port, 23456);
+  // BRAID_STORE and MASTER_ADDR/MASTER_PORT still come first.
+  vars["MASTER_ADDR"] = "m";
+  vars["MASTER_PORT"] = "1";
+  EXPECT_EQ(parse_launch_env(env_of(vars)).store_host, "m");
+  vars["BRAID_STORE"] = "b:2";
+  EXPECT_EQ(parse_launch_env(env_of(vars)).store_host, "b");
+}
+
+TEST(Bootstrap, SlurmOnOneNodeServesTheStoreOnLoopbackAtTheJobsPort) {
+  Vars vars{{"SLURM_PROCID", "1"},
+            {"SLURM_NTASKS", "4"},
+            {"SLURM_NNODES", "1"},
+            {"SLURM_JOB_NODELIST", "node7"},
+            {"SLURM_JOB_ID", "42"}};
+  auto info = parse_launch_env(env_of(vars));
+  EXPECT_EQ(info.store_host, "127.0.0.1");
+  EXPECT_EQ(info.store_port, 20042);
+  vars.erase("SLURM_JOB_ID");
+  EXPECT_EQ(parse_launch_env(env_of(vars)).store_port, kDefaultStorePort);
+  vars = {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_JOB_ID", "42"}};
+  EXPECT_EQ(parse_launch_env(env_of(vars)).store_port, 0);  // one rank: any free port
+}
+
+TEST(Bootstrap, SlurmAcrossNodesWithoutJobIdOrNodeListIsAnError) {
+  Vars vars{{"SLURM_PROCID", "0"},
+            {"SLURM_NTASKS", "4"},
+            {"SLURM_NNODES", "2"},
+            {"SLURM_JOB_NODELIST", "n[1-2]"}};
+  EXPECT_THAT(error_for(vars),
+              HasSubstr("the slurm environment spans 2 nodes but names no store: set "
+                        "BRAID_STORE=host:port"));
+  EXPECT_THAT(error_for(vars), HasSubstr("SLURM_JOB_ID and SLURM_STEP_NODELIST would place it"));
+  EXPECT_FALSE(slurm_store_address(env_of(vars)));
+  vars.erase("SLURM_JOB_NODELIST");
+  vars["SLURM_JOB_ID"] = "5";
+  EXPECT_THAT(error_for(vars), HasSubstr("spans 2 nodes but names no store"));
+  EXPECT_FALSE(slurm_store_address(env_of(vars)));
+}
+
+TEST(Bootstrap, MalformedSlurmJobIdsAndNodeListsAreErrors) {
+  Vars vars{{"SLURM_PROCID", "0"},
+            {"SLURM_NTASKS", "4"},
+            {"SLURM_NNODES", "2"},
+            {"SLURM_JOB_NODELIST", "n[1-2]"}};
+  vars["SLURM_JOB_ID"] = "x";
+  EXPECT_THAT(error_for(vars), HasSubstr("SLURM_JOB_ID='x' is not an integer"));
+  vars["SLURM_JOB_ID"] = "-3";
+  EXPECT_THAT(error_for(vars), HasSubstr("SLURM_JOB_ID=-3 must not be negative"));
+  vars["SLURM_JOB_ID"] = "3";
+  // Checked even where BRAID_STORE makes the list unnecessary: Slurm wrote it, so it holds.
+  vars["BRAID_STORE"] = "h:1";
+  vars["SLURM_JOB_NODELIST"] = "n[2-1]";
+  EXPECT_THAT(error_for(vars), HasSubstr("SLURM_JOB_NODELIST='n[2-1]' is not a Slurm host list"));
+  vars["SLURM_STEP_NODELIST"] = "n[1-";
+  EXPECT_THAT(error_for(vars), HasSubstr("SLURM_STEP_NODELIST='n[1-' is not a Slurm host list"));
+}
+
+TEST(Bootstrap, SlurmVariablesThatDisagreeAreErrorsNamingBoth) {
+  const Vars consistent{{"SLURM_PROCID", "3"},
+                        {"SLURM_NTASKS", "4"},
+                        {"SLURM_NODEID", "1"},
+                        {"SLURM_NNODES", "2"},
+                        {"SLURM_TASKS_PER_NODE", "2(x2)"},
+                        {"SLURM_JOB_NODELIST", "n[1-2]"},
+                        {"BRAID_STORE", "h:1"}};
+  EXPECT_NO_THROW(parse_launch_env(env_of(consistent)));
+  const std::vector<std::pair<Vars, std::string>> cases{
+      {{{"SLURM_NTASKS", "5"}},
+       "the Slurm variables disagree: SLURM_NTASKS=5 but SLURM_TASKS_PER_NODE='2(x2)' adds up "
+       "to 4 tasks"},
+      {{{"SLURM_STEP_NUM_TASKS", "6"}},
+       "SLURM_STEP_NUM_TASKS=6 but SLURM_TASKS_PER_NODE='2(x2)' adds up to 4 tasks"},
+      {{{"SLURM_NNODES", "3"}},
+       "the Slurm variables disagree: SLURM_NNODES=3 but SLURM_TASKS_PER_NODE='2(x2)' lists 2 "
+       "node(s)"},
+      {{{"SLURM_JOB_NODELIST", "n[1-3]"}},
+       "the Slurm variables disagree: SLURM_NNODES=2 but SLURM_JOB_NODELIST='n[1-3]' names 3 "
+       "host(s)"},
+      {{{"SLURM_STEP_NODELIST", "n1"}, {"SLURM_NODEID", "0"}, {"SLURM_PROCID", "1"}},
+       "SLURM_NNODES=2 but SLURM_STEP_NODELIST='n1' names 1 host(s)"},
+      {{{"SLURM_TASKS_PER_NODE", "1(x1000000000)"}},
+       "SLURM_NTASKS=4 but SLURM_TASKS_PER_NODE='1(x1000000000)' adds up to 1000000000 tasks"},
+      {{{"SLURM_TASKS_PER_NODE", "2000000000(x2000000000)"}},
+       "adds up to more than 2147483647 tasks"},
+  };
+  for (const auto& [changes, message] : cases) {
+    Vars vars = consistent;
+    for (const auto& [name, value] : changes) vars[name] = value;
+    EXPECT_THAT(error_for(vars), HasSubstr(message)) << message;
+  }
+  // Without a task list, the node list alone bounds SLURM_NODEID.
+  Vars vars = consistent;
+  vars.erase("SLURM_TASKS_PER_NODE");
+  vars.erase("SLURM_NNODES");
+  vars["SLURM_NODEID"] = "2";
+  EXPECT_THAT(error_for(vars),
+              HasSubstr("SLURM_NODEID=2 is beyond the 2 host(s) of SLURM_JOB_NODELIST='n[1-2]'"));
+}
+
+TEST(Bootstrap, UnderTorchrunsAgentStoreBraidsStoreIsAtTheNextPort) {
+  Vars vars{{"RANK", "1"},
+            {"WORLD_SIZE", "2"},
+            {"MASTER_ADDR", "10.0.0.1"},
+            {"MASTER_PORT", "29500"},
+            {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  auto info = parse_launch_env(env_of(vars));
+  EXPECT_EQ(info.store_host, "10.0.0.1");
+  EXPECT_EQ(info.store_port, 29501);
+  for (const char* yes : {"true", "1"}) {
+    vars["TORCHELASTIC_USE_AGENT_STORE"] = yes;
+    EXPECT_EQ(parse_launch_env(env_of(vars)).store_port, 29501) << yes;
+  }
+  for (const char* no : {"False", "false", "0", ""}) {
+    vars["TORCHELASTIC_USE_AGENT_STORE"] = no;
+    EXPECT_EQ(parse_launch_env(env_of(vars)).store_port, 29500) << no;
+  }
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "maybe";
+  EXPECT_THAT(error_for(vars),
+              HasSubstr("TORCHELASTIC_USE_AGENT_STORE='maybe' is neither True nor False"));
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  vars["MASTER_PORT"] = "65535";
+  EXPECT_THAT(error_for(vars),
+              HasSubstr("MASTER_PORT=65535 leaves no port after it for braid's store"));
+  // BRAID_STORE names braid's own store: nothing to step around.
+  vars["BRAID_STORE"] = "b:29500";
+  EXPECT_EQ(parse_launch_env(env_of(vars)).store_port, 29500);
+}
+
+TEST(Bootstrap, DescriptionSaysWhatWasReadAndWhatDerived) {
+  auto info = parse_launch_env(env_of({{"SLURM_PROCID", "3"},
+                                       {"SLURM_NTASKS", "4"},
+                                       {"SLURM_LOCALID", "1"},
+                                       {"SLURM_NODEID", "1"},
+                                       {"SLURM_NNODES", "2"},
+                                       {"SLURM_TASKS_PER_NODE", "2(x2)"},
+                                       {"SLURM_JOB_NODELIST", "node[0-1]"},
+                                       {"SLURM_JOB_ID", "42"}}));
+  EXPECT_EQ(info.description,
+            "slurm: rank 3 of 4 (SLURM_PROCID=3, SLURM_NTASKS=4), local rank 1 of 2 "
+            "(SLURM_LOCALID=1, the 2 task(s) SLURM_TASKS_PER_NODE='2(x2)' gives node 1), node 1 "
+            "of 2 (SLURM_NODEID=1, SLURM_NNODES=2); store node0:20042 (the first host of "
+            "SLURM_JOB_NODELIST='node[0-1]', port 20000 + SLURM_JOB_ID=42 % 10000)");
+  EXPECT_EQ(describe(info), info.description);  // nothing else present
+
+  info = parse_launch_env(env_of({{"BRAID_RANK", "5"},
+                                  {"BRAID_WORLD_SIZE", "8"},
+                                  {"BRAID_NNODES", "2"},
+                                  {"BRAID_STORE", "h:1"}}));
+  EXPECT_EQ(info.description,
+            "braid: rank 5 of 8 (BRAID_RANK=5, BRAID_WORLD_SIZE=8), local rank 1 of 4 (derived), "
+            "node 1 of 2 (BRAID_NNODES=2, node rank derived); store h:1 (BRAID_STORE)");
+  EXPECT_THAT(parse_launch_env(env_of({{"BRAID_WORLD_SIZE", "1"}})).description,
+              HasSubstr("rank 0 of 1 (BRAID_WORLD_SIZE=1, rank derived)"));
+  EXPECT_THAT(parse_launch_env(env_of({{"RANK", "0"},
+                                       {"WORLD_SIZE", "2"},
+                                       {"MASTER_ADDR", "a"},
+                                       {"MASTER_PORT", "7"},
+                                       {"TORCHELASTIC_USE_AGENT_STORE", "True"}}))
+                  .description,
+              HasSubstr("store a:8 (MASTER_ADDR, MASTER_PORT=7 + 1: torchrun's own store "
+                        "holds MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True))"));
+}
+
+TEST(Bootstrap, OutrankedConventionsAreReportedAsAgreeingOrNot) {
+  // braid-run sets torchrun's variables too, to the same numbers.
+  Vars vars{{"BRAID_RANK", "1"},       {"BRAID_WORLD_SIZE", "2"}, {"RANK", "1"},
+            {"WORLD_SIZE", "2"},       {"LOCAL_RANK", "1"},       {"LOCAL_WORLD_SIZE", "2"},
+            {"BRAID_STORE", "h:29500"}};
+  auto info = parse_launch_env(env_of(vars));
+  ASSERT_EQ(info.outranked.size(), 1u);
+  EXPECT_EQ(info.outranked[0].source, "torchrun");
+  EXPECT_EQ(info.outranked[0].verdict, OutrankedLaunch::Verdict::agrees);
+  EXPECT_FALSE(outranked_disagree(info));
+  EXPECT_EQ(describe(info),
+            info.description +
+                "; torchrun also present and agrees: rank 1 of 2 (RANK=1, WORLD_SIZE=2), local "
+                "rank 1 of 2 (LOCAL_RANK=1, LOCAL_WORLD_SIZE=2), node 0 of 1 (derived); the "
+                "first present of braid, torchrun, openmpi, slurm is followed");
+
+  // torchrun inside srun: Slurm started one task per node.
+  vars = {{"RANK", "3"},
+          {"WORLD_SIZE", "4"},
+          {"LOCAL_RANK", "1"},
+          {"LOCAL_WORLD_SIZE", "2"},
+          {"MASTER_ADDR", "n1"},
+          {"MASTER_PORT", "29500"},
+          {"SLURM_PROCID", "1"},
+          {"SLURM_NTASKS", "2"},
+          {"SLURM_NNODES", "2"},
+          {"SLURM_NODEID", "1"},
+          {"SLURM_TASKS_PER_NODE", "1(x2)"}};
+  info = parse_launch_env(env_of(vars));
+  EXPECT_EQ(info.source, "torchrun");
+  ASSERT_EQ(info.outranked.size(), 1u);
+  EXPECT_EQ(info.outranked[0].verdict, OutrankedLaunch::Verdict::disagrees);
+  EXPECT_TRUE(outranked_disagree(info));
+  EXPECT_THAT(describe(info),
+              HasSubstr("; slurm also present and disagrees: rank 1 of 2 (SLURM_PROCID=1, "
+                        "SLURM_NTASKS=2)"));
+
+  // What would fail the parse if followed is only reported when outranked.
+  vars["SLURM_TASKS_PER_NODE"] = "x";
+  vars["OMPI_COMM_WORLD_RANK"] = "0";
+  info = parse_launch_env(env_of(vars));
+  ASSERT_EQ(info.outranked.size(), 2u);
+  EXPECT_EQ(info.outranked[0].source, "openmpi");
+  EXPECT_EQ(info.outranked[0].verdict, OutrankedLaunch::Verdict::unreadable);
+  EXPECT_EQ(info.outranked[1].verdict, OutrankedLaunch::Verdict::unreadable);
+  EXPECT_THAT(describe(info),
+              HasSubstr("; openmpi also present but unreadable: OMPI_COMM_WORLD_RANK=0 is set "
+                        "but OMPI_COMM_WORLD_SIZE is not (a partial openmpi environment); slurm "
+                        "also present but unreadable: SLURM_TASKS_PER_NODE='x' is not a Slurm "
+                        "task count list"));
+}
+
+TEST(Bootstrap, ALaunchInfoBuiltByHandHasNoDescription) {
+  EXPECT_EQ(describe(LaunchInfo{}), "");
+  EXPECT_FALSE(outranked_disagree(LaunchInfo{}));
+}
+
 TEST(FindFreePort, ReturnsANonZeroPortThatCanBeBoundOnEveryInterface) {
   const std::uint16_t port = find_free_port();
   ASSERT_NE(port, 0);

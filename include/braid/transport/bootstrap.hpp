@@ -8,8 +8,11 @@
 // Parsing is pure: it reads only through the EnvLookup it is given, so every rule below
 // is tested without touching the process environment.
 //
-// Which convention: the first present in this order wins and is read as a whole; the
-// variables of the others are ignored.
+// Which convention: the first present in this order wins and is read as a whole. The
+// others present are read too, only to report whether they agree (LaunchInfo::outranked):
+// an error reading one of them is reported, never thrown. What was read and derived, and
+// that report, make the line describe() returns, which World::join logs (at info on rank 0
+// and wherever an outranked convention disagrees) and braid-run --print-config prints.
 //
 //   source      present when any of these is set, and read from them
 //   "braid"     BRAID_RANK BRAID_WORLD_SIZE BRAID_LOCAL_RANK BRAID_LOCAL_WORLD_SIZE
@@ -17,15 +20,30 @@
 //   "torchrun"  RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK (node rank)
 //               GROUP_WORLD_SIZE (number of nodes)
 //   "openmpi"   OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK
-//               OMPI_COMM_WORLD_LOCAL_SIZE
+//               OMPI_COMM_WORLD_LOCAL_SIZE; the rank is PMIX_RANK where
+//               OMPI_COMM_WORLD_RANK is unset (both set and different: an error)
 //   "slurm"     SLURM_PROCID (present only when this is set: salloc shells set the
-//               others without starting tasks) SLURM_NTASKS SLURM_LOCALID SLURM_NODEID
-//               SLURM_NNODES SLURM_TASKS_PER_NODE ("2(x3),1") or SLURM_NTASKS_PER_NODE
+//               others without starting tasks) SLURM_STEP_NUM_TASKS SLURM_LOCALID
+//               SLURM_NODEID SLURM_STEP_NUM_NODES SLURM_STEP_TASKS_PER_NODE ("2(x3),1"),
+//               where a SLURM_STEP_* is unset its older name (SLURM_NTASKS, SLURM_NNODES,
+//               SLURM_TASKS_PER_NODE), and SLURM_NTASKS_PER_NODE where no task list is set
 //
 // OpenMPI ranks Slurm because mpirun inside a Slurm allocation inherits the allocation's
 // SLURM_* variables, which describe the allocation rather than the MPI ranks.
 // OMPI_COMM_WORLD_NODE_RANK is not read: despite its name it is the process's index on
-// its node across all jobs, not the node's index.
+// its node across all jobs, not the node's index. PMIX_RANK alone makes no OpenMPI
+// environment: srun --mpi=pmix and other PMIx launchers set it too.
+//
+// Slurm: srun sets SLURM_STEP_NUM_TASKS, SLURM_STEP_NUM_NODES, SLURM_STEP_TASKS_PER_NODE and
+// SLURM_STEP_NODELIST for the step it starts, and overwrites SLURM_NTASKS, SLURM_NNODES and
+// SLURM_TASKS_PER_NODE with the step's values too -- except under srun --preserve-env (-E),
+// which leaves the allocation's there. SLURM_PROCID, SLURM_LOCALID and SLURM_NODEID are
+// always the step's. Hence the step's variables first. What Slurm writes twice must agree,
+// or the parse fails naming both: the number of nodes with the hosts of the node list
+// (SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST) and with the entries of the task list;
+// the world size with the task list's sum; SLURM_NODEID with the node list's length. The
+// task list's run-length groups ("1(x1000000)") and the node list's ranges
+// (hostlist.hpp) are counted, never expanded.
 //
 // An empty value counts as unset. Rank and world size are required; braid alone lets
 // BRAID_WORLD_SIZE=1 stand without BRAID_RANK, so a single process needs one variable.
@@ -36,7 +54,7 @@
 // block distribution do. Where one process's variables contradict that assumption
 // (world size not a multiple of the local world size, a local rank other than
 // rank % local world size) the parse fails rather than guess:
-//   local_world_size  Slurm: SLURM_TASKS_PER_NODE's entry for this node, else
+//   local_world_size  Slurm: the task list's entry for this node, else
 //                     SLURM_NTASKS_PER_NODE; else world_size / num_nodes when the number
 //                     of nodes is known;
 //                     else world_size (one node).
@@ -46,10 +64,22 @@
 //
 // Store address and token, for every convention:
 //   1. BRAID_STORE=host:port (an IPv6 address in brackets: [::1]:29500);
-//   2. else MASTER_ADDR and MASTER_PORT, both or neither;
-//   3. else, when every rank is on this node, 127.0.0.1 at kDefaultStorePort, or at port
-//      0 (any free port: no other process needs to find it) when world_size is 1;
-//   4. else an error asking for BRAID_STORE or MASTER_ADDR/MASTER_PORT.
+//   2. else MASTER_ADDR and MASTER_PORT, both or neither. Under torchrun's agent store
+//      (TORCHELASTIC_USE_AGENT_STORE=True, which torchrun of PyTorch 2.x gives its
+//      workers; also true, 1; False, false, 0 or unset: no agent store) torchrun's own
+//      store already listens at MASTER_PORT on MASTER_ADDR, so braid's is at
+//      MASTER_PORT + 1 there: a firewall between nodes must let that port through too.
+//      (braid-run does the mirror: PyTorch's store at braid's port + 1.)
+//   3. else, with one rank, 127.0.0.1 at port 0 (any free port: no other process needs
+//      to find it);
+//   4. else, following Slurm's convention with SLURM_JOB_ID set, port
+//      kSlurmStorePortBase + SLURM_JOB_ID % kSlurmStorePorts (20000-29999: below Linux's
+//      ephemeral ports, 32768-60999, and different for jobs sharing a node unless their
+//      ids differ by a multiple of 10000) on 127.0.0.1 when every rank is on this node,
+//      else on the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST), where
+//      srun's default block distribution starts rank 0 (slurm_store_address);
+//   5. else, when every rank is on this node, 127.0.0.1 at kDefaultStorePort;
+//   6. else an error asking for BRAID_STORE or MASTER_ADDR/MASTER_PORT.
 //   The token is BRAID_TOKEN (empty: the store checks none).
 //
 // Every missing, malformed or contradictory variable throws
@@ -58,8 +88,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <braid/core/config.hpp>
 
@@ -72,6 +104,22 @@ inline constexpr std::uint16_t kDefaultStorePort = 29500;
 // hundred bytes) and endpoint, so a world size past this is a typo, not a job.
 inline constexpr int kMostRanks = 1 << 20;
 
+// A Slurm job's store port: kSlurmStorePortBase + SLURM_JOB_ID % kSlurmStorePorts, the
+// same on every node without a word exchanged (PyTorch Lightning uses a similar rule).
+inline constexpr std::uint16_t kSlurmStorePortBase = 20000;
+inline constexpr int kSlurmStorePorts = 10000;
+
+// A convention present in the environment but outranked by the one followed.
+struct OutrankedLaunch {
+  enum class Verdict { agrees, disagrees, unreadable };
+  std::string source;  // "torchrun", "openmpi" or "slurm"
+  // agrees: the same six numbers as the convention followed; unreadable: reading it alone
+  // would have failed.
+  Verdict verdict = Verdict::unreadable;
+  std::string description;  // its numbers, as LaunchInfo::description gives them, or why
+                            // they cannot be read
+};
+
 struct LaunchInfo {
   int rank = 0;
   int world_size = 1;
@@ -83,15 +131,35 @@ struct LaunchInfo {
   std::uint16_t store_port = 0;  // 0 only when world_size is 1: any free port will do
   std::string token;             // empty: the store accepts any client
   std::string source;            // "braid", "torchrun", "openmpi" or "slurm"
+  // What was read and derived, on one line: "slurm: rank 3 of 4 (SLURM_PROCID=3,
+  // SLURM_STEP_NUM_TASKS=4), local rank 1 of 2 (...), node 1 of 2 (...); store
+  // node0:20042 (...)". Empty where the LaunchInfo was not parsed.
+  std::string description;
+  std::vector<OutrankedLaunch> outranked;  // in precedence order
 };
 
 // Throws braid::Error(Errc::invalid_environment); see the rules above.
 LaunchInfo parse_launch_env(const config::EnvLookup& env = config::process_env());
 
+// The description, then each outranked convention and whether it agrees, e.g. "...;
+// torchrun also present and disagrees: rank 0 of 2 (RANK=0, WORLD_SIZE=2), ...; the first
+// present of braid, torchrun, openmpi, slurm is followed".
+std::string describe(const LaunchInfo& info);
+
+// Whether a convention the parse outranked disagrees with the one it followed (or could
+// not be read): a launcher inside another, or variables left over from one.
+bool outranked_disagree(const LaunchInfo& info);
+
 struct HostPort {
   std::string host;  // IPv6 literals without their brackets
   std::uint16_t port = 0;
 };
+
+// Where a Slurm job step's rank 0 serves the store (rule 4 above, across nodes): the
+// first host of SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST, at port kSlurmStorePortBase
+// + SLURM_JOB_ID % kSlurmStorePorts. nullopt where SLURM_JOB_ID or both node lists are
+// unset; throws braid::Error(Errc::invalid_environment) for a malformed one.
+std::optional<HostPort> slurm_store_address(const config::EnvLookup& env = config::process_env());
 
 // "host:port", "1.2.3.4:port" or "[v6::addr]:port", port 1-65535. `what` names the
 // variable or flag in the error (Errc::invalid_environment).

@@ -72,6 +72,7 @@ struct NodeStart {
   int node = 0;
   int go_fd = -1;  // read end: one byte once the node's link is up; EOF: give up
   std::string hostname;
+  const std::string* hosts = nullptr;  // the text of every node's /etc/hosts
   std::vector<char*> argv;
   std::vector<char*> envp;
   std::vector<char*> agent_argv;  // empty: the node serves no launch agent beside argv
@@ -110,6 +111,19 @@ int node_init(void* arg) {
   if (::sethostname(start.hostname.data(), start.hostname.size()) != 0) {
     init_failed(start, "cannot set its hostname");
   }
+  // Every node's name resolves, as a cluster's DNS makes it: Slurm's node lists and
+  // `braid-run --on-node node1` name nodes, not addresses. The file is written into the
+  // node's own /dev/shm, mounted over /etc/hosts and unlinked, so it goes with the node.
+  constexpr const char* kHostsFile = "/dev/shm/.braid-hosts";
+  const int hosts = ::open(kHostsFile, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (hosts < 0) init_failed(start, "cannot write its /etc/hosts");
+  const bool written = ::write(hosts, start.hosts->data(), start.hosts->size()) ==
+                       static_cast<ssize_t>(start.hosts->size());
+  ::close(hosts);
+  if (!written || ::mount(kHostsFile, "/etc/hosts", nullptr, MS_BIND, nullptr) != 0) {
+    init_failed(start, "cannot mount its /etc/hosts");
+  }
+  ::unlink(kHostsFile);
   char go = 0;
   ssize_t n;
   while ((n = ::read(start.go_fd, &go, 1)) < 0 && errno == EINTR) {
@@ -176,16 +190,24 @@ EmulatedNodes::EmulatedNodes(int nodes, std::optional<LinkRate> rate)
   }
   run_command({"ip", "link", "add", kBridge, "type", "bridge"});
   run_command({"ip", "link", "set", kBridge, "up"});
+  hosts_ = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+  for (int node = 0; node < nodes; ++node) {
+    hosts_ += fmt::format("{}\t{}\n", address_of(node), node_name(node));
+  }
 }
 
 EmulatedNodes::~EmulatedNodes() {
   for (int fd : node_netns_) ::close(fd);
 }
 
+std::string EmulatedNodes::node_name(int node) {
+  return fmt::format("node{}", node);
+}
+
 pid_t EmulatedNodes::start_node(int node, const std::vector<std::string>& argv,
                                 const std::vector<std::string>& env, const sigset_t& blocked_mask,
                                 const std::vector<std::string>& agent_argv) {
-  NodeStart start{.node = node, .hostname = fmt::format("node{}", node)};
+  NodeStart start{.node = node, .hostname = node_name(node), .hosts = &hosts_};
   for (const std::string& a : argv) start.argv.push_back(const_cast<char*>(a.c_str()));
   start.argv.push_back(nullptr);
   for (const std::string& a : agent_argv) start.agent_argv.push_back(const_cast<char*>(a.c_str()));

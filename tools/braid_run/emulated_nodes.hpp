@@ -4,10 +4,11 @@
 // Each node is a process tree in namespaces of its own: network (its own eth0 and
 // loopback), IPC and a private /dev/shm (no System V or POSIX shared memory with other
 // nodes), PID (its processes cannot see or ptrace another node's, so no cross-memory
-// attach), UTS (hostname node<i>) and mount (its own /proc, /sys and /dev/shm). The nodes'
-// eth0s are veth pairs into a bridge, the switch, which lives in a network namespace of
-// braid-run's own; node i has 198.18.0.0/15's address i + 1 (the benchmarking range, never
-// routed). With a link rate, each link is shaped by `tc ... tbf` in both directions.
+// attach), UTS (hostname node<i>) and mount (its own /proc, /sys and /dev/shm, and an
+// /etc/hosts naming every node, as a cluster's DNS would). The nodes' eth0s are veth pairs
+// into a bridge, the switch, which lives in a network namespace of braid-run's own; node i
+// has 198.18.0.0/15's address i + 1 (the benchmarking range, never routed). With a link
+// rate, each link is shaped by `tc ... tbf` in both directions.
 //
 // Nothing is made in the machine's own namespaces, and every namespace lives only as long
 // as a process in it: the switch's as long as braid-run, a node's as long as its first
@@ -39,6 +40,8 @@ class EmulatedNodes {
 
   // Node `node`'s address: 198.18.0.0 + node + 1.
   static std::string address_of(int node);
+  // Its hostname, which every node's /etc/hosts resolves to that address: node<i>.
+  static std::string node_name(int node);
 
   // Starts node `node`: its init, in new namespaces, with its link up, runs `argv` (a
   // braid-run for that node) with `env`, reaps what is orphaned in the node, and exits with
@@ -59,6 +62,7 @@ class EmulatedNodes {
   // Each node's network namespace, held open so that its link (and its counters) outlive
   // the node's processes until this object goes; closed with braid-run however it ends.
   std::vector<int> node_netns_;
+  std::string hosts_;  // every node's /etc/hosts
 };
 
 }  // namespace braid::launcher

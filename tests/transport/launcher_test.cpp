@@ -155,6 +155,71 @@ TEST(BraidRun, MultiNodeWithoutATokenWarns) {
   EXPECT_EQ(lines[0].at("store"), "h:29500");
 }
 
+// A Kubeflow pod's environment: torchrun's flags as PET_* variables, and no flags at all.
+TEST(BraidRun, KubeflowsPetVariablesStandForTheFlags) {
+  auto result = run({probe(), "env"}, {{"PET_NNODES", "2"},
+                                       {"PET_NPROC_PER_NODE", "2"},
+                                       {"PET_NODE_RANK", "1"},
+                                       {"PET_MASTER_ADDR", "10.1.2.3"},
+                                       {"PET_MASTER_PORT", "29555"},
+                                       {"BRAID_TOKEN", "t"}});
+  ASSERT_EQ(result.status, 0) << result.err;
+  EXPECT_THAT(result.err, HasSubstr("braid-run: node 1 of 2, 2 rank(s) each, from torchrun's "
+                                    "PET_* variables (Kubeflow): PET_NNODES=2"));
+  auto lines = env_lines(result.out);
+  ASSERT_EQ(lines.size(), 2u);
+  std::set<std::string> ranks;
+  for (const auto& line : lines) {
+    ranks.insert(line.at("rank"));
+    EXPECT_EQ(line.at("world"), "4");
+    EXPECT_EQ(line.at("node"), "1");
+    EXPECT_EQ(line.at("store"), "10.1.2.3:29555");
+  }
+  EXPECT_EQ(ranks, (std::set<std::string>{"2", "3"}));
+}
+
+TEST(BraidRun, AFlagWinsOverItsPetVariable) {
+  auto result = run({"-n", "1", probe(), "env"}, {{"PET_NPROC_PER_NODE", "3"}});
+  ASSERT_EQ(result.status, 0) << result.err;
+  EXPECT_EQ(env_lines(result.out).size(), 1u);
+}
+
+// A PyTorchJob names its master pod in MASTER_ADDR/MASTER_PORT rather than PET_*.
+TEST(BraidRun, APyTorchJobsMasterAddrNamesTheStore) {
+  auto result = run({probe(), "env"}, {{"PET_NNODES", "2"},
+                                       {"PET_NPROC_PER_NODE", "1"},
+                                       {"PET_NODE_RANK", "0"},
+                                       {"MASTER_ADDR", "master-0"},
+                                       {"MASTER_PORT", "23456"},
+                                       {"BRAID_TOKEN", "t"}});
+  ASSERT_EQ(result.status, 0) << result.err;
+  auto lines = env_lines(result.out);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].at("store"), "master-0:23456");
+  EXPECT_EQ(lines[0].at("world"), "2");
+}
+
+// srun --ntasks-per-node 1 braid-run: the node's place and the store from srun's variables.
+TEST(BraidRun, StartedOncePerNodeBySrunItTakesItsNodeFromSlurm) {
+  auto result = run({"-n", "2", probe(), "env"}, {{"SLURM_PROCID", "1"},
+                                                  {"SLURM_STEP_NUM_TASKS", "2"},
+                                                  {"SLURM_STEP_NUM_NODES", "2"},
+                                                  {"SLURM_NODEID", "1"},
+                                                  {"SLURM_STEP_NODELIST", "gpu[07-08]"},
+                                                  {"SLURM_JOB_ID", "1234567"},
+                                                  {"BRAID_TOKEN", "t"}});
+  ASSERT_EQ(result.status, 0) << result.err;
+  EXPECT_THAT(result.err, HasSubstr("from Slurm's SLURM_STEP_NUM_NODES=2 SLURM_NODEID=1"));
+  auto lines = env_lines(result.out);
+  ASSERT_EQ(lines.size(), 2u);
+  for (const auto& line : lines) {
+    EXPECT_EQ(line.at("node"), "1");
+    EXPECT_EQ(line.at("nodes"), "2");
+    EXPECT_EQ(line.at("source"), "braid");
+    EXPECT_EQ(line.at("store"), "gpu07:24567");  // 20000 + 1234567 % 10000
+  }
+}
+
 TEST(BraidRun, OutputLinesArePrefixedOnTheirOwnStream) {
   auto result = run({"-n", "2", probe(), "out", "hello", "err", "oops", "partial", "no newline"});
   ASSERT_EQ(result.status, 0) << result.err;
@@ -271,6 +336,25 @@ TEST(BraidRun, UsageErrorsExitWithStatusTwo) {
   }
 }
 
+// Another launcher's variables that cannot be braid-run's flags are usage errors naming them.
+TEST(BraidRun, MalformedLauncherVariablesAreUsageErrors) {
+  const std::vector<std::pair<Env, std::string>> cases{
+      {{{"PET_NPROC_PER_NODE", "x"}}, "PET_NPROC_PER_NODE='x' is not an integer"},
+      {{{"PET_NNODES", "1:4"}}, "PET_NNODES='1:4' asks for a number of nodes that changes"},
+      {{{"SLURM_PROCID", "0"},
+        {"SLURM_STEP_NUM_TASKS", "4"},
+        {"SLURM_STEP_NUM_NODES", "2"},
+        {"SLURM_NODEID", "0"}},
+       "SLURM_STEP_NUM_TASKS=4 over SLURM_STEP_NUM_NODES=2: braid-run starts a node's ranks "
+       "itself"},
+  };
+  for (const auto& [env, message] : cases) {
+    auto result = run({"-n", "1", probe(), "env"}, env);
+    EXPECT_EQ(result.status, 2) << message;
+    EXPECT_THAT(result.err, HasSubstr(message));
+  }
+}
+
 TEST(BraidRun, AProgramThatCannotBeExecutedIsNamed) {
   auto result = run({"-n", "2", "/nonexistent/program", "arg"});
   EXPECT_EQ(result.status, 127);
@@ -285,6 +369,23 @@ TEST(BraidRun, PrintConfigListsTheKnobs) {
     EXPECT_THAT(result.out, HasSubstr(knob));
   }
   EXPECT_THAT(result.out, HasSubstr(" 17 "));
+}
+
+// Which launcher's variables a rank would follow here, and what braid-run took from them.
+TEST(BraidRun, PrintConfigSaysWhichLaunchersVariablesWin) {
+  auto result = run({"--print-config"}, {{"SLURM_PROCID", "0"},
+                                         {"SLURM_STEP_NUM_TASKS", "2"},
+                                         {"SLURM_STEP_NUM_NODES", "2"},
+                                         {"SLURM_NODEID", "0"},
+                                         {"SLURM_STEP_NODELIST", "n[1-2]"},
+                                         {"SLURM_JOB_ID", "7"},
+                                         {"RANK", "0"},
+                                         {"WORLD_SIZE", "1"}});
+  EXPECT_EQ(result.status, 0) << result.err;
+  EXPECT_THAT(result.out, HasSubstr("launch environment: torchrun: rank 0 of 1"));
+  EXPECT_THAT(result.out, HasSubstr("slurm also present and disagrees"));
+  EXPECT_THAT(result.out, HasSubstr("braid-run's flags from Slurm's SLURM_STEP_NUM_NODES=2 "
+                                    "SLURM_NODEID=0; store n1:20007"));
 }
 
 TEST(BraidRun, HelpDescribesEveryOption) {

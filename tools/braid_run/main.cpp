@@ -15,7 +15,9 @@
 
 #include <braid/core/config.hpp>
 #include <braid/core/error.hpp>
+#include <braid/transport/bootstrap.hpp>
 
+#include "launch_environment.hpp"
 #include "launcher.hpp"
 #include "node_agent.hpp"
 
@@ -60,8 +62,17 @@ options (options end at the program, or at --):
                           (default 5)
   --timeout SECONDS       stop the job and fail with status 124 if it runs longer
   --no-prefix             pass the ranks' output through untouched
-  --print-config          print the BRAID_* variables braid reads, and exit
+  --print-config          print what a rank would read from this environment (which
+                          launcher's variables, what was derived), the flags braid-run
+                          takes from it, and the BRAID_* variables braid reads; exit
   -h, --help              print this help, and exit
+
+Under another launcher, the flags not given come from its variables: torchrun's
+PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT
+(Kubeflow's PyTorchJob and TrainJob set them; MASTER_ADDR and MASTER_PORT stand in for
+the last two), else, in a Slurm job step of one task per node (srun --ntasks-per-node 1
+braid-run ...), the step's node count, SLURM_NODEID, and the store on the step's first
+node at port 20000 + SLURM_JOB_ID % 10000. A line on stderr says what was taken.
 
 BRAID_TOKEN: passed through when set (set it to the same secret on every node);
 otherwise a random token is generated for a single-node job.
@@ -102,8 +113,9 @@ std::chrono::nanoseconds parse_seconds_flag(std::string_view flag, std::string_v
 
 struct Cli {
   braid::launcher::LaunchOptions options;
-  bool nproc_given = false;
+  braid::launcher::GivenFlags given;
   bool print_config = false;
+  std::optional<std::string> environment_line;  // what came from another launcher's variables
 };
 
 Cli parse_command_line(int argc, char** argv) {
@@ -140,16 +152,20 @@ Cli parse_command_line(int argc, char** argv) {
     };
     if (flag == "-n" || flag == "--nproc-per-node") {
       o.nproc_per_node = parse_int_flag(flag, value(), 1, 1 << 16);
-      cli.nproc_given = true;
+      cli.given.nproc_per_node = true;
     } else if (flag == "--nnodes") {
       o.nnodes = parse_int_flag(flag, value(), 1, 1 << 16);
+      cli.given.nnodes = true;
     } else if (flag == "--node-rank") {
       o.node_rank = parse_int_flag(flag, value(), 0, (1 << 16) - 1);
+      cli.given.node_rank = true;
     } else if (flag == "--master-addr") {
       o.master_addr = value();
       if (o.master_addr.empty()) usage_error("--master-addr needs a host");
+      cli.given.master_addr = true;
     } else if (flag == "--master-port") {
       o.master_port = static_cast<std::uint16_t>(parse_int_flag(flag, value(), 1, 65535));
+      cli.given.master_port = true;
     } else if (flag == "--emulate-nodes") {
       o.emulate_nodes = parse_int_flag(flag, value(), 1, 4096);
     } else if (flag == "--link-rate") {
@@ -180,11 +196,21 @@ Cli parse_command_line(int argc, char** argv) {
       usage_error(fmt::format("unknown option '{}'", arg));
     }
   }
-  if (cli.print_config) return cli;
   for (; i < argc; ++i) o.command.emplace_back(argv[i]);
+  // Emulated nodes are a job of their own, whatever launcher started braid-run.
+  if (o.emulate_nodes == 0) {
+    try {
+      cli.environment_line = braid::launcher::apply_launcher_environment(o, cli.given);
+    } catch (const std::invalid_argument& e) {
+      usage_error(e.what());
+    }
+  }
+  if (cli.print_config) return cli;
 
   if (o.on_first_node && o.emulate_nodes == 0) usage_error("--on-first-node needs --emulate-nodes");
-  if (!cli.nproc_given && !o.on_first_node) usage_error("say how many ranks to start: -n N");
+  if (!cli.given.nproc_per_node && !o.on_first_node) {
+    usage_error("say how many ranks to start: -n N");
+  }
   if (o.command.empty()) usage_error("no program to run");
   if (o.emulate_nodes > 0 && (o.nnodes > 1 || o.node_rank > 0 || !o.master_addr.empty())) {
     usage_error(
@@ -233,8 +259,22 @@ int main(int argc, char** argv) {
   }
   Cli cli = parse_command_line(argc, argv);
   if (cli.print_config) {
+    // What a rank started here, with this environment, would read, and what braid-run
+    // itself took from another launcher's variables.
+    try {
+      fmt::print("launch environment: {}\n",
+                 braid::transport::describe(braid::transport::parse_launch_env()));
+    } catch (const braid::Error& e) {
+      fmt::print("launch environment: none usable ({})\n", e.detail());
+    }
+    if (cli.environment_line) fmt::print("braid-run's flags from {}\n", *cli.environment_line);
     fmt::print("{}", braid::config::describe());
     return 0;
+  }
+  if (cli.environment_line) {
+    fmt::print(stderr, "braid-run: node {} of {}, {} rank(s) each, from {}\n",
+               cli.options.node_rank, cli.options.nnodes, cli.options.nproc_per_node,
+               *cli.environment_line);
   }
   try {
     return braid::launcher::run_job(cli.options);

@@ -159,8 +159,10 @@ constexpr Convention kOpenMpi{"openmpi",
                               "OMPI_COMM_WORLD_LOCAL_SIZE",
                               "",
                               ""};
-// Present by SLURM_PROCID alone; read_slurm picks the step's names or the older ones.
-constexpr Convention kSlurmPresence{"slurm", "SLURM_PROCID", "", "", "", "", ""};
+// Present by SLURM_STEP_NUM_TASKS, which srun alone sets (an sbatch script's own process,
+// the batch step, has SLURM_PROCID but no step variables); read_slurm picks the step's
+// names or the older ones.
+constexpr Convention kSlurmPresence{"slurm", "SLURM_STEP_NUM_TASKS", "", "", "", "", ""};
 
 // "rank 3 of 4 (RANK=3, WORLD_SIZE=4)", "local rank 1 of 2 (LOCAL_WORLD_SIZE=2, local rank
 // derived)", "node 0 of 1 (derived)".
@@ -185,6 +187,14 @@ bool same_numbers(const Ranks& a, const Ranks& b) {
   return a.rank.value == b.rank.value && a.world.value == b.world.value &&
          a.local_rank.value == b.local_rank.value && a.local_world.value == b.local_world.value &&
          a.node_rank.value == b.node_rank.value && a.nodes.value == b.nodes.value;
+}
+
+// An outer launcher that started one process per node (srun --ntasks-per-node 1 braid-run,
+// torchrun under srun) agrees with the ranks that process started when it puts them on
+// the same node of as many.
+bool started_the_node(const Ranks& outer, const Ranks& inner) {
+  return outer.local_world.value == 1 && outer.world.value == outer.nodes.value &&
+         outer.nodes.value == inner.nodes.value && outer.node_rank.value == inner.node_rank.value;
 }
 
 std::string ranks_text(const Ranks& r) {
@@ -228,9 +238,13 @@ OutrankedLaunch read_outranked(const Launcher& launcher, const EnvReader& reader
   OutrankedLaunch seen{.source = std::string(launcher.presence.source)};
   try {
     const Ranks ranks = launcher.read(reader);
-    seen.verdict = same_numbers(ranks, followed) ? OutrankedLaunch::Verdict::agrees
-                                                 : OutrankedLaunch::Verdict::disagrees;
+    seen.verdict = same_numbers(ranks, followed) || started_the_node(ranks, followed)
+                       ? OutrankedLaunch::Verdict::agrees
+                       : OutrankedLaunch::Verdict::disagrees;
     seen.description = ranks_text(ranks);
+    if (!same_numbers(ranks, followed) && seen.verdict == OutrankedLaunch::Verdict::agrees) {
+      seen.description += " (one per node: it started this node's launcher)";
+    }
   } catch (const Error& e) {
     seen.verdict = OutrankedLaunch::Verdict::unreadable;
     seen.description = e.detail();
@@ -386,6 +400,27 @@ std::uint16_t find_free_port() {
   return try_bind(0);
 }
 
+namespace {
+
+// The LaunchInfo of the ranks read, with the store and the description.
+void fill_launch(LaunchInfo& info, const EnvReader& reader, const Ranks& ranks) {
+  info.rank = ranks.rank.value;
+  info.world_size = ranks.world.value;
+  info.local_rank = ranks.local_rank.value;
+  info.local_world_size = ranks.local_world.value;
+  info.node_rank = ranks.node_rank.value;
+  info.num_nodes = ranks.nodes.value;
+  info.source = std::string(ranks.source);
+  StoreChoice store = resolve_store(reader, ranks);
+  info.store_host = std::move(store.host);
+  info.store_port = store.port;
+  info.token = reader.text("BRAID_TOKEN").value_or("");
+  info.description = fmt::format("{}: {}; store {} ({})", info.source, ranks_text(ranks),
+                                 format_host_port(info.store_host, info.store_port), store.origin);
+}
+
+}  // namespace
+
 LaunchInfo parse_launch_env(const config::EnvLookup& env) {
   EnvReader reader(env);
   LaunchInfo info;
@@ -402,23 +437,19 @@ LaunchInfo parse_launch_env(const config::EnvLookup& env) {
     fail(
         "no launcher environment: looked for braid's BRAID_RANK/BRAID_WORLD_SIZE (set by "
         "braid-run), torchrun's RANK/WORLD_SIZE, OpenMPI's OMPI_COMM_WORLD_RANK/"
-        "OMPI_COMM_WORLD_SIZE and Slurm's SLURM_PROCID/SLURM_NTASKS. Start the job with "
+        "OMPI_COMM_WORLD_SIZE and srun's SLURM_STEP_NUM_TASKS/SLURM_PROCID. Start the job with "
         "braid-run -n N, torchrun, mpirun or srun; a single process can run with "
         "BRAID_WORLD_SIZE=1");
   }
-  info.rank = followed->rank.value;
-  info.world_size = followed->world.value;
-  info.local_rank = followed->local_rank.value;
-  info.local_world_size = followed->local_world.value;
-  info.node_rank = followed->node_rank.value;
-  info.num_nodes = followed->nodes.value;
-  info.source = std::string(followed->source);
-  StoreChoice store = resolve_store(reader, *followed);
-  info.store_host = std::move(store.host);
-  info.store_port = store.port;
-  info.token = config::string_value("BRAID_TOKEN", env);
-  info.description = fmt::format("{}: {}; store {} ({})", info.source, ranks_text(*followed),
-                                 format_host_port(info.store_host, info.store_port), store.origin);
+  fill_launch(info, reader, *followed);
+  return info;
+}
+
+std::optional<LaunchInfo> parse_slurm_step(const config::EnvLookup& env) {
+  EnvReader reader(env);
+  if (!first_present(reader, kSlurmPresence)) return std::nullopt;
+  LaunchInfo info;
+  fill_launch(info, reader, read_slurm(reader));
   return info;
 }
 

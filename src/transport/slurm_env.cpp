@@ -127,15 +127,29 @@ void check_slurm_agrees(const EnvReader& reader, const Convention& c,
   }
 }
 
-// kSlurmStorePortBase + SLURM_JOB_ID % kSlurmStorePorts, and how it was made.
+// kSlurmStorePortBase + a hash of SLURM_JOB_ID and SLURM_STEP_ID % kSlurmStorePorts, and
+// how it was made. The step is in it because a job's steps may run at once on one node
+// (srun ... & srun ... &).
 std::optional<std::pair<std::uint16_t, std::string>> slurm_store_port(const EnvReader& reader) {
   auto text = reader.text("SLURM_JOB_ID");
   if (!text) return std::nullopt;
   const std::int64_t job = config::parse_int(*text, "SLURM_JOB_ID");
   if (job < 0) fail("SLURM_JOB_ID={} must not be negative", job);
-  return std::pair{
-      static_cast<std::uint16_t>(kSlurmStorePortBase + job % kSlurmStorePorts),
-      fmt::format("port {} + SLURM_JOB_ID={} % {}", kSlurmStorePortBase, job, kSlurmStorePorts)};
+  std::int64_t step = 0;
+  std::string step_shown = "SLURM_STEP_ID unset, step 0";
+  if (auto step_text = reader.text("SLURM_STEP_ID")) {
+    step = config::parse_int(*step_text, "SLURM_STEP_ID");
+    if (step < 0) fail("SLURM_STEP_ID={} must not be negative", step);
+    step_shown = fmt::format("SLURM_STEP_ID={}", step);
+  }
+  // splitmix64's finaliser: neighbouring ids land far apart.
+  std::uint64_t mix = (static_cast<std::uint64_t>(job) << 32) ^ static_cast<std::uint64_t>(step);
+  mix = (mix ^ (mix >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  mix = (mix ^ (mix >> 27)) * 0x94d049bb133111ebULL;
+  mix ^= mix >> 31;
+  return std::pair{static_cast<std::uint16_t>(kSlurmStorePortBase + mix % kSlurmStorePorts),
+                   fmt::format("port {} + a hash of SLURM_JOB_ID={} and {} % {}",
+                               kSlurmStorePortBase, job, step_shown, kSlurmStorePorts)};
 }
 
 }  // namespace

@@ -131,12 +131,13 @@ std::unique_ptr<World> World::join(Runtime& runtime, const LaunchInfo& launch, O
 asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, LaunchInfo launch,
                                                           Options options) {
   log::set_process_rank(launch.rank);
-  // What this rank read from its launcher's environment: at info on rank 0 (once per job)
-  // and on any rank where another launcher's variables say otherwise, since that is where
-  // a wrong layout starts; at debug elsewhere.
+  // What this rank read from its launcher's environment: a warning on any rank where another
+  // launcher's variables say otherwise, since that is where a wrong layout starts; at info
+  // on rank 0 (once per job); at debug elsewhere.
   if (!launch.description.empty()) {
-    const bool noteworthy = launch.rank == 0 || outranked_disagree(launch);
-    const log::Level level = noteworthy ? log::Level::info : log::Level::debug;
+    const log::Level level = outranked_disagree(launch) ? log::Level::warn
+                             : launch.rank == 0         ? log::Level::info
+                                                        : log::Level::debug;
     if (log::enabled(level)) log::write(level, "launch environment: " + describe(launch));
   }
   // BRAID_TRACE: recording starts now, so joining is on the timeline too.

@@ -11,8 +11,10 @@
 // SOURCE_ROOT.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -51,6 +53,11 @@ std::string train_3d() {
 fs::path source_root() {
   return program_from_env("SOURCE_ROOT");
 }
+// The Python with torch (torchrun is its torch.distributed.run); empty in a build without.
+std::string torch_python() {
+  const char* python = std::getenv("TORCH_PYTHON");
+  return python != nullptr ? python : "";
+}
 
 bool can_make_namespaces() {
   return ChildProcess({"/usr/bin/unshare", "--net", "--ipc", "--uts", "--mount", "--pid", "--fork",
@@ -63,14 +70,27 @@ bool installed(const std::string& program) {
   return ChildProcess({"/bin/sh", "-c", "command -v " + program}).wait().status == 0;
 }
 
+#define SKIP_WITHOUT_NAMESPACES()                                                          \
+  if (!can_make_namespaces()) {                                                            \
+    GTEST_SKIP() << "this machine does not let the test make namespaces (run it as root)"; \
+  }
+
 #define SKIP_WITHOUT_SLURM()                                                                 \
-  if (!can_make_namespaces()) {                                                              \
-    GTEST_SKIP() << "this machine does not let the test make namespaces (run it as root)";   \
-  }                                                                                          \
+  SKIP_WITHOUT_NAMESPACES();                                                                 \
   if (!installed("slurmd") || !installed("slurmctld") || !installed("munged")) {             \
     GTEST_SKIP() << "Slurm is not installed (apt-get install slurmd slurmctld slurm-client " \
                     "munge; tools/dev does)";                                                \
   }
+
+#define SKIP_WITHOUT_MPIRUN()                                                                 \
+  SKIP_WITHOUT_NAMESPACES();                                                                  \
+  if (!installed("mpirun")) {                                                                 \
+    GTEST_SKIP() << "OpenMPI is not installed (apt-get install openmpi-bin; tools/dev does)"; \
+  }
+
+#define SKIP_WITHOUT_TORCHRUN() \
+  SKIP_WITHOUT_NAMESPACES();    \
+  if (torch_python().empty()) GTEST_SKIP() << "this build has no PyTorch: no torchrun";
 
 // Each rank's place as rank_probe's `env` prints it, less what differs by launcher (the
 // store's address and token, the convention's name, OMP_NUM_THREADS): sorted, one per rank.
@@ -149,27 +169,33 @@ TEST(Slurm, SrunStartsTheRanksWithNoBraidVariablesExported) {
   ASSERT_EQ(result.status, 0) << result.out << result.err;
   expect_trained(result);
   // Rank 0 says where it stands: Slurm's variables, the store on the step's first node.
-  EXPECT_THAT(result.err, HasSubstr("slurm")) << result.err;
-  EXPECT_THAT(result.err, HasSubstr("node0:")) << result.err;
+  EXPECT_THAT(result.err, HasSubstr("launch environment: slurm: rank 0 of 4")) << result.err;
+  EXPECT_THAT(result.err, HasSubstr("store node0:2")) << result.err;
 }
 
-TEST(Slurm, SbatchOfTheShippedScriptTrains) {
+// Both shipped batch scripts: srun starting every rank, and srun starting one braid-run
+// per node.
+TEST(Slurm, SbatchOfEachShippedScriptTrains) {
   SKIP_WITHOUT_SLURM();
-  const fs::path out = fs::temp_directory_path() / fmt::format("braid-sbatch-{}.out", ::getpid());
-  const std::string submit =
-      shell_line({"sbatch", "--wait", "--output", out.string(), "--chdir", source_root().string(),
-                  (source_root() / "examples/slurm/train_3d.sbatch").string()});
-  auto result =
-      ChildProcess(
-          {emulated_slurm(), "--timeout", "200", "/bin/sh", "-c", submit},
-          {{"BUILD_DIR", fs::path(train_3d()).parent_path().parent_path()}, {"STEPS", "8"}}, 240s)
-          .wait();
-  std::ifstream file(out);
-  std::stringstream job_output;
-  job_output << file.rdbuf();
-  fs::remove(out);
-  ASSERT_EQ(result.status, 0) << result.out << result.err << job_output.str();
-  expect_trained({.status = 0, .out = job_output.str(), .err = ""});
+  for (const char* script : {"train_3d.sbatch", "braid-run-per-node.sbatch"}) {
+    SCOPED_TRACE(script);
+    const fs::path out =
+        fs::temp_directory_path() / fmt::format("braid-sbatch-{}-{}.out", ::getpid(), script);
+    const std::string submit =
+        shell_line({"sbatch", "--wait", "--output", out.string(), "--chdir", source_root().string(),
+                    (source_root() / "examples/slurm" / script).string()});
+    auto result =
+        ChildProcess(
+            {emulated_slurm(), "--timeout", "200", "/bin/sh", "-c", submit},
+            {{"BUILD_DIR", fs::path(train_3d()).parent_path().parent_path()}, {"STEPS", "8"}}, 240s)
+            .wait();
+    std::ifstream file(out);
+    std::stringstream job_output;
+    job_output << file.rdbuf();
+    fs::remove(out);
+    ASSERT_EQ(result.status, 0) << result.out << result.err << job_output.str();
+    expect_trained({.status = 0, .out = job_output.str(), .err = ""});
+  }
 }
 
 TEST(Slurm, BraidRunStartedOncePerNodeBySrunStartsEachNodesRanks) {
@@ -181,62 +207,114 @@ TEST(Slurm, BraidRunStartedOncePerNodeBySrunStartsEachNodesRanks) {
                     .wait();
   ASSERT_EQ(result.status, 0) << result.out << result.err;
   expect_trained(result);
-  EXPECT_THAT(result.err, HasSubstr("braid-run: node 1 of 2, 2 rank(s) each, from Slurm's"))
+  EXPECT_THAT(result.err, HasSubstr("braid-run: node 1 of 2, 2 rank(s) each, from srun's step"))
       << result.err;
 }
 
-// The same binary under every launcher, on 2 nodes of 2 ranks: the same ranks, in the same
-// places, whichever launcher's variables it read.
-TEST(Launchers, EachLaunchersEnvironmentGivesTheSameRanks) {
-  SKIP_WITHOUT_SLURM();
-  const std::vector<std::string> expected = two_by_two();
+// mpirun across the 2 emulated nodes, 2 ranks on each, reaching node1 through braid-run's
+// launch agent as through ssh. OpenMPI names no store, so the job says where it is.
+Outcome by_mpirun(const std::vector<std::string>& program) {
+  std::vector<std::string> argv{
+      braid_run(), "--emulate-nodes",        "2",  "--on-first-node", "--timeout", "150",
+      "mpirun",    "--allow-run-as-root",    "-H", "node0:2,node1:2", "-np",       "4",
+      "-x",        "BRAID_STORE=node0:29400"};
+  argv.insert(argv.end(), program.begin(), program.end());
+  return ChildProcess(argv, {}, 180s).wait();
+}
 
-  auto braid = ChildProcess({braid_run(), "--emulate-nodes", "2", "-n", "2", "--timeout", "100",
-                             rank_probe(), "env"},
-                            {}, 120s)
-                   .wait();
-  ASSERT_EQ(braid.status, 0) << braid.out << braid.err;
-  EXPECT_EQ(places(braid.out), expected) << "braid-run --emulate-nodes\n" << braid.out;
+// torchrun on each of the 2 emulated nodes, 2 ranks each, its store on node0:29400.
+Outcome by_torchrun(const std::vector<std::string>& program) {
+  return on_every_node([&](int node) {
+    std::vector<std::string> words{torch_python(),
+                                   "-m",
+                                   "torch.distributed.run",
+                                   "--nnodes",
+                                   "2",
+                                   "--nproc-per-node",
+                                   "2",
+                                   "--node-rank",
+                                   std::to_string(node),
+                                   "--master-addr",
+                                   "node0",
+                                   "--master-port",
+                                   "29400",
+                                   "--no-python"};
+    words.insert(words.end(), program.begin(), program.end());
+    return shell_line(words);
+  });
+}
 
-  auto srun = ChildProcess({emulated_slurm(), "--timeout", "100", "srun", "-N", "2",
-                            "--ntasks-per-node", "2", rank_probe(), "env"},
-                           {}, 120s)
-                  .wait();
-  ASSERT_EQ(srun.status, 0) << srun.out << srun.err;
-  EXPECT_EQ(places(srun.out), expected) << "srun\n" << srun.out;
-  EXPECT_THAT(srun.out, HasSubstr("source=slurm"));
-
-  // OpenMPI reaches the other node through braid-run's launch agent, as through ssh; it
-  // names no store, so the job says where it is.
-  auto mpirun = ChildProcess({braid_run(), "--emulate-nodes", "2", "--on-first-node", "--timeout",
-                              "100", "mpirun", "--allow-run-as-root", "-H", "node0:2,node1:2",
-                              "-np", "4", "-x", "BRAID_STORE=node0:29400", rank_probe(), "env"},
+// The same binary under each launcher, on 2 nodes of 2 ranks, finds the same ranks in the
+// same places, whichever launcher's variables it read.
+TEST(SameRanks, UnderBraidRun) {
+  SKIP_WITHOUT_NAMESPACES();
+  auto result = ChildProcess({braid_run(), "--emulate-nodes", "2", "-n", "2", "--timeout", "100",
+                              rank_probe(), "env"},
                              {}, 120s)
                     .wait();
-  ASSERT_EQ(mpirun.status, 0) << mpirun.out << mpirun.err;
-  EXPECT_EQ(places(mpirun.out), expected) << "mpirun\n" << mpirun.out;
-  EXPECT_THAT(mpirun.out, HasSubstr("source=openmpi"));
+  ASSERT_EQ(result.status, 0) << result.out << result.err;
+  EXPECT_EQ(places(result.out), two_by_two()) << result.out;
+  EXPECT_THAT(result.out, HasSubstr("source=braid"));
+}
 
-  // Kubeflow's TrainJob pods: braid-run reads the PET_* variables torchrun would.
-  auto pods = on_every_node([](int node) {
+TEST(SameRanks, UnderSrun) {
+  SKIP_WITHOUT_SLURM();
+  auto result = ChildProcess({emulated_slurm(), "--timeout", "100", "srun", "-N", "2",
+                              "--ntasks-per-node", "2", rank_probe(), "env"},
+                             {}, 120s)
+                    .wait();
+  ASSERT_EQ(result.status, 0) << result.out << result.err;
+  EXPECT_EQ(places(result.out), two_by_two()) << result.out;
+  EXPECT_THAT(result.out, HasSubstr("source=slurm"));
+}
+
+TEST(SameRanks, UnderMpirun) {
+  SKIP_WITHOUT_MPIRUN();
+  auto result = by_mpirun({rank_probe(), "env"});
+  ASSERT_EQ(result.status, 0) << result.out << result.err;
+  EXPECT_EQ(places(result.out), two_by_two()) << result.out;
+  EXPECT_THAT(result.out, HasSubstr("source=openmpi"));
+}
+
+TEST(SameRanks, UnderTorchrun) {
+  SKIP_WITHOUT_TORCHRUN();
+  auto result = by_torchrun({rank_probe(), "env"});
+  ASSERT_EQ(result.status, 0) << result.out << result.err;
+  EXPECT_EQ(places(result.out), two_by_two()) << result.out;
+  EXPECT_THAT(result.out, HasSubstr("source=torchrun"));
+}
+
+// Kubeflow's pods: braid-run reads the PET_* variables torchrun would.
+TEST(SameRanks, UnderBraidRunReadingKubeflowsVariables) {
+  SKIP_WITHOUT_NAMESPACES();
+  auto result = on_every_node([](int node) {
     return shell_line({"env", "PET_NNODES=2", "PET_NPROC_PER_NODE=2",
                        fmt::format("PET_NODE_RANK={}", node), "PET_MASTER_ADDR=node0",
-                       "PET_MASTER_PORT=29400", braid_run(), "--no-prefix", rank_probe(), "env"});
+                       "PET_MASTER_PORT=29500", braid_run(), "--no-prefix", rank_probe(), "env"});
   });
-  ASSERT_EQ(pods.status, 0) << pods.out << pods.err;
-  EXPECT_EQ(places(pods.out), expected) << "PET_*\n" << pods.out;
+  ASSERT_EQ(result.status, 0) << result.out << result.err;
+  EXPECT_EQ(places(result.out), two_by_two()) << result.out;
+}
 
-  const std::string torch_python = std::getenv("TORCH_PYTHON") ? std::getenv("TORCH_PYTHON") : "";
-  if (torch_python.empty()) return;  // no PyTorch in this build: no torchrun
-  auto torchrun = on_every_node([&](int node) {
-    return shell_line({torch_python, "-m", "torch.distributed.run", "--nnodes", "2",
-                       "--nproc-per-node", "2", "--node-rank", std::to_string(node),
-                       "--master-addr", "node0", "--master-port", "29400", "--no-python",
-                       rank_probe(), "env"});
-  });
-  ASSERT_EQ(torchrun.status, 0) << torchrun.out << torchrun.err;
-  EXPECT_EQ(places(torchrun.out), expected) << "torchrun\n" << torchrun.out;
-  EXPECT_THAT(torchrun.out, HasSubstr("source=torchrun"));
+// Ranks joined into one world by launchers that name the store differently: mpirun not at
+// all (the job passes BRAID_STORE), torchrun by its own store's address (braid's is on the
+// port after it).
+TEST(Launchers, MpirunAcrossNodesTrains) {
+  SKIP_WITHOUT_MPIRUN();
+  auto result = by_mpirun({train_3d(), "--tp", "2", "--pp", "2", "--steps", "6"});
+  ASSERT_EQ(result.status, 0) << result.out << result.err;
+  expect_trained(result);
+  EXPECT_THAT(result.err, HasSubstr("launch environment: openmpi: rank 0 of 4")) << result.err;
+  EXPECT_THAT(result.err, HasSubstr("store node0:29400 (BRAID_STORE)")) << result.err;
+}
+
+TEST(Launchers, TorchrunAcrossNodesTrains) {
+  SKIP_WITHOUT_TORCHRUN();
+  auto result = by_torchrun({train_3d(), "--tp", "2", "--pp", "2", "--steps", "6"});
+  ASSERT_EQ(result.status, 0) << result.out << result.err;
+  expect_trained(result);
+  EXPECT_THAT(result.err, HasSubstr("launch environment: torchrun: rank 0 of 4")) << result.err;
+  EXPECT_THAT(result.err, HasSubstr("store node0:29401")) << result.err;
 }
 
 // The `command:` of a shipped manifest, a flow sequence of quoted words.
@@ -276,16 +354,21 @@ TEST(Kubernetes, EachShippedManifestsCommandTrainsUnderItsOperatorsEnvironment) 
        [](int node) {
          return std::vector<std::string>{"PET_NNODES=2", "PET_NPROC_PER_NODE=2",
                                          fmt::format("PET_NODE_RANK={}", node),
-                                         "PET_MASTER_ADDR=node0", "PET_MASTER_PORT=29400"};
+                                         "PET_MASTER_ADDR=node0", "PET_MASTER_PORT=29500"};
        }},
       // The Training Operator's PyTorchJob with nprocPerNode: PET_* for torchrun, the
-      // master's service in MASTER_ADDR/MASTER_PORT, and the pod's RANK and WORLD_SIZE.
+      // master's service in PET_MASTER_* and MASTER_*, and the pod's RANK and WORLD_SIZE.
       {"examples/kubernetes/pytorchjob.yaml",
        [](int node) {
-         return std::vector<std::string>{
-             "PET_NNODES=2",      "PET_NPROC_PER_NODE=2", fmt::format("PET_NODE_RANK={}", node),
-             "MASTER_ADDR=node0", "MASTER_PORT=23456",    fmt::format("RANK={}", node),
-             "WORLD_SIZE=4"};
+         return std::vector<std::string>{"PET_NNODES=2",
+                                         "PET_NPROC_PER_NODE=2",
+                                         fmt::format("PET_NODE_RANK={}", node),
+                                         "PET_MASTER_ADDR=node0",
+                                         "PET_MASTER_PORT=23456",
+                                         "MASTER_ADDR=node0",
+                                         "MASTER_PORT=23456",
+                                         fmt::format("RANK={}", node),
+                                         "WORLD_SIZE=4"};
        }},
   };
   for (const Pods& pods : operators) {

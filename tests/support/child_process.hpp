@@ -31,6 +31,18 @@ struct Outcome {
   Clock::duration elapsed{};
 };
 
+// What a launcher sets to say where a process stands (braid reads these).
+inline bool is_launcher_variable(std::string_view name) {
+  for (std::string_view prefix : {"SLURM_", "PET_", "OMPI_COMM_WORLD_", "PMIX_", "TORCHELASTIC_"}) {
+    if (name.starts_with(prefix)) return true;
+  }
+  for (std::string_view exact : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                 "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
+    if (name == exact) return true;
+  }
+  return false;
+}
+
 // A program run as a child of the test, with its stdout and stderr captured. Anything
 // still running after `limit` is killed and fails the test, so no test hangs.
 class ChildProcess {
@@ -44,6 +56,8 @@ class ChildProcess {
       // The job's BRAID_* come from braid-run alone (a CI runner might set BRAID_TOKEN),
       // and OMP_NUM_THREADS, which braid-run sets, from the test alone.
       if (entry.starts_with("BRAID_") && !entry.starts_with("BRAID_LOG_LEVEL=")) continue;
+      // Nor from a launcher the test itself runs under (a CI job in sbatch or in a pod).
+      if (is_launcher_variable(entry.substr(0, entry.find('=')))) continue;
       if (entry.starts_with("OMP_NUM_THREADS=")) continue;
       // What the test passes replaces what it inherits.
       if (extra_env.contains(std::string(entry.substr(0, entry.find('='))))) continue;

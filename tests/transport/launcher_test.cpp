@@ -209,14 +209,15 @@ TEST(BraidRun, StartedOncePerNodeBySrunItTakesItsNodeFromSlurm) {
                                                   {"SLURM_JOB_ID", "1234567"},
                                                   {"BRAID_TOKEN", "t"}});
   ASSERT_EQ(result.status, 0) << result.err;
-  EXPECT_THAT(result.err, HasSubstr("from Slurm's SLURM_STEP_NUM_NODES=2 SLURM_NODEID=1"));
+  EXPECT_THAT(result.err, HasSubstr("braid-run: node 1 of 2, 2 rank(s) each, from srun's step "
+                                    "(slurm: rank 1 of 2"));
   auto lines = env_lines(result.out);
   ASSERT_EQ(lines.size(), 2u);
   for (const auto& line : lines) {
     EXPECT_EQ(line.at("node"), "1");
     EXPECT_EQ(line.at("nodes"), "2");
     EXPECT_EQ(line.at("source"), "braid");
-    EXPECT_EQ(line.at("store"), "gpu07:24567");  // 20000 + 1234567 % 10000
+    EXPECT_THAT(line.at("store"), ::testing::MatchesRegex("gpu07:2[0-9]{4}"));
   }
 }
 
@@ -344,9 +345,14 @@ TEST(BraidRun, MalformedLauncherVariablesAreUsageErrors) {
       {{{"SLURM_PROCID", "0"},
         {"SLURM_STEP_NUM_TASKS", "4"},
         {"SLURM_STEP_NUM_NODES", "2"},
-        {"SLURM_NODEID", "0"}},
-       "SLURM_STEP_NUM_TASKS=4 over SLURM_STEP_NUM_NODES=2: braid-run starts a node's ranks "
-       "itself"},
+        {"SLURM_NODEID", "0"},
+        {"SLURM_STEP_NODELIST", "n[1-2]"},
+        {"SLURM_JOB_ID", "7"}},
+       "srun started 2 tasks on this node (slurm: rank 0 of 4"},
+      {{{"PET_NNODES", "2"}, {"PET_NODE_RANK", "2"}},
+       "node rank 2 is not below the 2 node(s) of the job (PET_NNODES=2 PET_NODE_RANK=2)"},
+      {{{"PET_NNODES", "2"}, {"PET_NODE_RANK", "1"}},
+       "2 node(s) but no address of node 0: set PET_MASTER_ADDR"},
   };
   for (const auto& [env, message] : cases) {
     auto result = run({"-n", "1", probe(), "env"}, env);
@@ -371,7 +377,7 @@ TEST(BraidRun, PrintConfigListsTheKnobs) {
   EXPECT_THAT(result.out, HasSubstr(" 17 "));
 }
 
-// Which launcher's variables a rank would follow here, and what braid-run took from them.
+// Which launcher's variables a program started here would follow, and what braid-run takes.
 TEST(BraidRun, PrintConfigSaysWhichLaunchersVariablesWin) {
   auto result = run({"--print-config"}, {{"SLURM_PROCID", "0"},
                                          {"SLURM_STEP_NUM_TASKS", "2"},
@@ -379,13 +385,30 @@ TEST(BraidRun, PrintConfigSaysWhichLaunchersVariablesWin) {
                                          {"SLURM_NODEID", "0"},
                                          {"SLURM_STEP_NODELIST", "n[1-2]"},
                                          {"SLURM_JOB_ID", "7"},
+                                         {"SLURM_STEP_ID", "0"},
                                          {"RANK", "0"},
                                          {"WORLD_SIZE", "1"}});
   EXPECT_EQ(result.status, 0) << result.err;
-  EXPECT_THAT(result.out, HasSubstr("launch environment: torchrun: rank 0 of 1"));
+  EXPECT_THAT(result.out, HasSubstr("without braid-run would read: torchrun: rank 0 of 1"));
   EXPECT_THAT(result.out, HasSubstr("slurm also present and disagrees"));
-  EXPECT_THAT(result.out, HasSubstr("braid-run's flags from Slurm's SLURM_STEP_NUM_NODES=2 "
-                                    "SLURM_NODEID=0; store n1:20007"));
+  EXPECT_THAT(result.out, HasSubstr("braid-run takes from the environment: node 0 of 2, 1 "
+                                    "rank(s) each, from srun's step (slurm: rank 0 of 2"));
+  EXPECT_THAT(result.out, HasSubstr("store n1:2"));
+}
+
+// An sbatch script's own process has SLURM_PROCID and SLURM_NTASKS but is no srun step:
+// braid-run started there is the job's only launcher.
+TEST(BraidRun, InABatchScriptSlurmsVariablesAreNotAStep) {
+  auto result = run({"-n", "2", probe(), "env"}, {{"SLURM_PROCID", "0"},
+                                                  {"SLURM_NTASKS", "64"},
+                                                  {"SLURM_NNODES", "1"},
+                                                  {"SLURM_NODEID", "0"},
+                                                  {"SLURM_LOCALID", "0"},
+                                                  {"SLURM_JOB_ID", "5"}});
+  ASSERT_EQ(result.status, 0) << result.err;
+  auto lines = env_lines(result.out);
+  ASSERT_EQ(lines.size(), 2u);
+  for (const auto& line : lines) EXPECT_EQ(line.at("world"), "2");
 }
 
 TEST(BraidRun, HelpDescribesEveryOption) {

@@ -1,5 +1,6 @@
 #include "launch_environment.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <dirent.h>
 #include <stdexcept>
@@ -34,8 +35,13 @@ int parse_count(std::string_view name, std::string_view text, int minimum, int m
   return value;
 }
 
-// /dev/nvidia0, /dev/nvidia1, ...: one per GPU the NVIDIA driver shows this node.
-int nvidia_gpus() {
+// The GPUs this process may use: CUDA_VISIBLE_DEVICES's entries where it is set (as
+// torchrun counts them), else /dev/nvidia0, /dev/nvidia1, ...: one per GPU the driver shows.
+int nvidia_gpus(const config::EnvLookup& env) {
+  if (auto visible = env("CUDA_VISIBLE_DEVICES")) {
+    const std::string_view list = config::trim(*visible);
+    return list.empty() ? 0 : 1 + static_cast<int>(std::count(list.begin(), list.end(), ','));
+  }
   DIR* dev = ::opendir("/dev");
   if (dev == nullptr) return 0;
   int gpus = 0;
@@ -50,15 +56,23 @@ int nvidia_gpus() {
   return gpus;
 }
 
+// torchrun takes IPv6 addresses bare; accept them bracketed too.
+std::string bare_host(std::string_view host) {
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return std::string(host);
+}
+
 int cores() {
   return std::max(1U, std::thread::hardware_concurrency());
 }
 
 // torchrun's --nproc-per-node values.
-int parse_nproc(std::string_view name, std::string_view text) {
+int parse_nproc(std::string_view name, std::string_view text, const config::EnvLookup& env) {
   if (text == "cpu") return cores();
   if (text == "gpu" || text == "auto") {
-    const int gpus = nvidia_gpus();
+    const int gpus = nvidia_gpus(env);
     if (gpus > 0) return gpus;
     if (text == "gpu") {
       throw std::invalid_argument(fmt::format("{}=gpu but this node shows no NVIDIA GPU", name));
@@ -98,79 +112,70 @@ std::optional<std::string> apply_pet(LaunchOptions& o, GivenFlags& given,
       const int nnodes = parse_nnodes(name, *value);
       if (!std::exchange(given.nnodes, true)) o.nnodes = nnodes;
     } else if (name == "PET_NPROC_PER_NODE") {
-      const int nproc = parse_nproc(name, *value);
+      const int nproc = parse_nproc(name, *value, env);
       if (!std::exchange(given.nproc_per_node, true)) o.nproc_per_node = nproc;
     } else if (name == "PET_NODE_RANK") {
       const int node_rank = parse_count(name, *value, 0, (1 << 16) - 1);
       if (!std::exchange(given.node_rank, true)) o.node_rank = node_rank;
     } else if (name == "PET_MASTER_ADDR") {
-      if (!std::exchange(given.master_addr, true)) o.master_addr = *value;
+      if (!std::exchange(given.master_addr, true)) o.master_addr = bare_host(*value);
     } else {
       const auto port = static_cast<std::uint16_t>(parse_count(name, *value, 1, 65535));
       if (!std::exchange(given.master_port, true)) o.master_port = port;
     }
   }
   if (read_from.empty()) return std::nullopt;
-  // A PyTorchJob names node 0 as torchrun's static rendezvous reads it, not in PET_*.
+  // Operators older than the Training Operator 1.7 name node 0 only in MASTER_ADDR and
+  // MASTER_PORT.
   for (auto [name, is_set] : {std::pair{std::string_view("MASTER_ADDR"), &given.master_addr},
                               std::pair{std::string_view("MASTER_PORT"), &given.master_port}}) {
     auto value = read(env, name);
     if (!value || std::exchange(*is_set, true)) continue;
     read_from.push_back(fmt::format("{}={}", name, *value));
     if (name == "MASTER_ADDR") {
-      o.master_addr = *value;
+      o.master_addr = bare_host(*value);
     } else {
       o.master_port = static_cast<std::uint16_t>(parse_count(name, *value, 1, 65535));
     }
   }
-  return fmt::format("torchrun's PET_* variables (Kubeflow): {}", fmt::join(read_from, " "));
+  // What the flags' checks would say, said of the variables the values came from.
+  const std::string from = fmt::format("{}", fmt::join(read_from, " "));
+  if (o.node_rank >= o.nnodes) {
+    throw std::invalid_argument(fmt::format(
+        "node rank {} is not below the {} node(s) of the job ({})", o.node_rank, o.nnodes, from));
+  }
+  if (o.nnodes > 1 && o.master_addr.empty()) {
+    throw std::invalid_argument(fmt::format(
+        "{} node(s) but no address of node 0: set PET_MASTER_ADDR (or MASTER_ADDR) ({})", o.nnodes,
+        from));
+  }
+  return fmt::format("torchrun's PET_* variables (Kubeflow): {}", from);
 }
 
 std::optional<std::string> apply_slurm(LaunchOptions& o, GivenFlags& given,
                                        const config::EnvLookup& env) {
-  if (!read(env, "SLURM_PROCID")) return std::nullopt;  // an allocation, not a job step
-  // The step's counts first: srun -E leaves the allocation's in SLURM_NTASKS/SLURM_NNODES.
-  const auto pick = [&](std::string_view step, std::string_view job) {
-    auto value = read(env, step);
-    return value ? std::pair{step, *value} : std::pair{job, read(env, job).value_or("")};
-  };
-  const auto [tasks_name, tasks] = pick("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS");
-  const auto [nodes_name, nodes] = pick("SLURM_STEP_NUM_NODES", "SLURM_NNODES");
-  const std::string node = read(env, "SLURM_NODEID").value_or("");
-  if (tasks.empty() || nodes.empty() || node.empty()) {
+  if (given.nnodes && given.node_rank && given.master_addr && given.master_port) {
+    return std::nullopt;  // the command line says it all
+  }
+  std::optional<transport::LaunchInfo> step;
+  try {
+    step = transport::parse_slurm_step(env);
+  } catch (const Error& e) {
+    throw std::invalid_argument(e.detail());
+  }
+  if (!step) return std::nullopt;
+  if (step->local_world_size != 1) {
     throw std::invalid_argument(fmt::format(
-        "SLURM_PROCID is set but not all of {} ('{}'), {} ('{}') and SLURM_NODEID ('{}') are",
-        tasks_name, tasks, nodes_name, nodes, node));
+        "srun started {} tasks on this node ({}): braid-run starts a node's ranks itself, so "
+        "srun should start one braid-run per node (srun --ntasks-per-node 1 braid-run -n RANKS "
+        "...), or start the program itself without braid-run",
+        step->local_world_size, step->description));
   }
-  const int task_count = parse_count(tasks_name, tasks, 1, 1 << 30);
-  const int node_count = parse_count(nodes_name, nodes, 1, 1 << 16);
-  const int node_id = parse_count("SLURM_NODEID", node, 0, node_count - 1);
-  if (task_count != node_count) {
-    throw std::invalid_argument(fmt::format(
-        "{}={} over {}={}: braid-run starts a node's ranks itself, so srun should start one "
-        "braid-run per node (srun --ntasks-per-node 1 braid-run -n RANKS ...), or start the "
-        "program itself without braid-run",
-        tasks_name, task_count, nodes_name, node_count));
-  }
-  if (!std::exchange(given.nnodes, true)) o.nnodes = node_count;
-  if (!std::exchange(given.node_rank, true)) o.node_rank = node_id;
-  std::string store = "from the flags";
-  if (!given.master_addr || !given.master_port) {
-    std::optional<transport::HostPort> address;
-    try {
-      address = transport::slurm_store_address(env);
-    } catch (const Error& e) {
-      throw std::invalid_argument(e.detail());
-    }
-    if (address) {
-      if (!std::exchange(given.master_addr, true)) o.master_addr = address->host;
-      if (!std::exchange(given.master_port, true)) o.master_port = address->port;
-      store = fmt::format("{} (the step's first node; port from SLURM_JOB_ID)",
-                          transport::format_host_port(address->host, address->port));
-    }
-  }
-  return fmt::format("Slurm's {}={} SLURM_NODEID={}; store {}", nodes_name, node_count, node_id,
-                     store);
+  if (!std::exchange(given.nnodes, true)) o.nnodes = step->num_nodes;
+  if (!std::exchange(given.node_rank, true)) o.node_rank = step->node_rank;
+  if (!std::exchange(given.master_addr, true)) o.master_addr = step->store_host;
+  if (!std::exchange(given.master_port, true)) o.master_port = step->store_port;
+  return fmt::format("srun's step ({})", step->description);
 }
 
 }  // namespace

@@ -3,17 +3,17 @@
 // Kubernetes and under srun, with no flags for the node's place in the job.
 //
 //   PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT
-//       torchrun's environment form of its flags (PET_<FLAG>), which Kubeflow's PyTorchJob
-//       and TrainJob set on every pod: --nnodes (N, or N:N), -n (N; "cpu": this machine's
-//       cores; "gpu": its NVIDIA GPUs; "auto": the GPUs if there are any, else the cores),
-//       --node-rank, --master-addr, --master-port. Where PET_* leaves out the address,
-//       MASTER_ADDR and MASTER_PORT, which a PyTorchJob sets on every pod.
-//   else, inside a Slurm job step (SLURM_PROCID set) with one task per node (as
-//   `srun --ntasks-per-node 1 braid-run ...` makes; the step's SLURM_STEP_NUM_TASKS and
-//   SLURM_STEP_NUM_NODES, else SLURM_NTASKS and SLURM_NNODES, must be equal):
-//       the number of nodes (--nnodes), SLURM_NODEID (--node-rank), and the store where
-//       the ranks would find it under srun alone (transport::slurm_store_address: the
-//       step's first node, a port from the job id) for --master-addr and --master-port.
+//       torchrun's environment form of its flags (PET_<FLAG>), which Kubeflow's TrainJob
+//       and PyTorchJob (Training Operator 1.7 on) set on every pod: --nnodes (N, or N:N),
+//       -n (N; "cpu": this machine's cores; "gpu": its GPUs, CUDA_VISIBLE_DEVICES's where
+//       set; "auto": the GPUs if there are any, else the cores), --node-rank,
+//       --master-addr, --master-port. Where PET_* leaves out the address, MASTER_ADDR and
+//       MASTER_PORT (older operators set only these).
+//   else, inside a Slurm job step (transport::parse_slurm_step: SLURM_STEP_NUM_TASKS set,
+//   which srun alone sets) of one task on this node (srun --ntasks-per-node 1 braid-run
+//   ...): the step's number of nodes (--nnodes), this node's index (--node-rank), and the
+//   store where the step's rank 0 would serve it (the step's first node, a port from the
+//   job and step ids) for --master-addr and --master-port.
 //
 // A flag on the command line wins over its variable. Malformed or contradictory values
 // are usage errors naming the variables.

@@ -116,6 +116,7 @@ struct Cli {
   braid::launcher::GivenFlags given;
   bool print_config = false;
   std::optional<std::string> environment_line;  // what came from another launcher's variables
+  std::string environment_error;                // --print-config: why none could
 };
 
 Cli parse_command_line(int argc, char** argv) {
@@ -202,7 +203,8 @@ Cli parse_command_line(int argc, char** argv) {
     try {
       cli.environment_line = braid::launcher::apply_launcher_environment(o, cli.given);
     } catch (const std::invalid_argument& e) {
-      usage_error(e.what());
+      if (!cli.print_config) usage_error(e.what());
+      cli.environment_error = e.what();
     }
   }
   if (cli.print_config) return cli;
@@ -262,12 +264,22 @@ int main(int argc, char** argv) {
     // What a rank started here, with this environment, would read, and what braid-run
     // itself took from another launcher's variables.
     try {
-      fmt::print("launch environment: {}\n",
+      fmt::print("a program started here without braid-run would read: {}\n",
                  braid::transport::describe(braid::transport::parse_launch_env()));
     } catch (const braid::Error& e) {
-      fmt::print("launch environment: none usable ({})\n", e.detail());
+      fmt::print(
+          "a program started here without braid-run would read no launch environment "
+          "({})\n",
+          e.detail());
     }
-    if (cli.environment_line) fmt::print("braid-run's flags from {}\n", *cli.environment_line);
+    if (cli.environment_line) {
+      fmt::print("braid-run takes from the environment: node {} of {}, {} rank(s) each, from {}\n",
+                 cli.options.node_rank, cli.options.nnodes, cli.options.nproc_per_node,
+                 *cli.environment_line);
+    } else if (!cli.environment_error.empty()) {
+      fmt::print("braid-run cannot take its flags from the environment: {}\n",
+                 cli.environment_error);
+    }
     fmt::print("{}", braid::config::describe());
     return 0;
   }

@@ -11,8 +11,11 @@
 // Which convention: the first present in this order wins and is read as a whole. The
 // others present are read too, only to report whether they agree (LaunchInfo::outranked):
 // an error reading one of them is reported, never thrown. What was read and derived, and
-// that report, make the line describe() returns, which World::join logs (at info on rank 0
-// and wherever an outranked convention disagrees) and braid-run --print-config prints.
+// that report, make the line describe() returns, which World::join logs (at info on rank 0,
+// as a warning wherever an outranked convention disagrees) and braid-run --print-config
+// prints. An outer launcher that started one process per node, which started the ranks
+// (srun --ntasks-per-node 1 braid-run, torchrun under srun), agrees when it puts them on
+// the same node of as many.
 //
 //   source      present when any of these is set, and read from them
 //   "braid"     BRAID_RANK BRAID_WORLD_SIZE BRAID_LOCAL_RANK BRAID_LOCAL_WORLD_SIZE
@@ -22,8 +25,9 @@
 //   "openmpi"   OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK
 //               OMPI_COMM_WORLD_LOCAL_SIZE; the rank is PMIX_RANK where
 //               OMPI_COMM_WORLD_RANK is unset (both set and different: an error)
-//   "slurm"     SLURM_PROCID (present only when this is set: salloc shells set the
-//               others without starting tasks) SLURM_STEP_NUM_TASKS SLURM_LOCALID
+//   "slurm"     present when SLURM_STEP_NUM_TASKS is set, which srun alone sets (an
+//               salloc shell and an sbatch script's own process have SLURM_PROCID and
+//               SLURM_NTASKS but start no step): SLURM_PROCID SLURM_STEP_NUM_TASKS SLURM_LOCALID
 //               SLURM_NODEID SLURM_STEP_NUM_NODES SLURM_STEP_TASKS_PER_NODE ("2(x3),1"),
 //               where a SLURM_STEP_* is unset its older name (SLURM_NTASKS, SLURM_NNODES,
 //               SLURM_TASKS_PER_NODE), and SLURM_NTASKS_PER_NODE where no task list is set
@@ -73,9 +77,10 @@
 //   3. else, with one rank, 127.0.0.1 at port 0 (any free port: no other process needs
 //      to find it);
 //   4. else, following Slurm's convention with SLURM_JOB_ID set, port
-//      kSlurmStorePortBase + SLURM_JOB_ID % kSlurmStorePorts (20000-29999: below Linux's
-//      ephemeral ports, 32768-60999, and different for jobs sharing a node unless their
-//      ids differ by a multiple of 10000) on 127.0.0.1 when every rank is on this node,
+//      kSlurmStorePortBase + a hash of SLURM_JOB_ID and SLURM_STEP_ID % kSlurmStorePorts
+//      (20000-29999: below Linux's ephemeral ports, 32768-60999; two jobs or steps running
+//      at once on one node meet on one port with odds of 1 in 10000, where BRAID_STORE
+//      sets it by hand) on 127.0.0.1 when every rank is on this node,
 //      else on the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST), where
 //      srun's default block distribution starts rank 0 (slurm_store_address);
 //   5. else, when every rank is on this node, 127.0.0.1 at kDefaultStorePort;
@@ -104,8 +109,9 @@ inline constexpr std::uint16_t kDefaultStorePort = 29500;
 // hundred bytes) and endpoint, so a world size past this is a typo, not a job.
 inline constexpr int kMostRanks = 1 << 20;
 
-// A Slurm job's store port: kSlurmStorePortBase + SLURM_JOB_ID % kSlurmStorePorts, the
-// same on every node without a word exchanged (PyTorch Lightning uses a similar rule).
+// A Slurm job step's store port: kSlurmStorePortBase + a hash of the job and step ids %
+// kSlurmStorePorts, the same on every node without a word exchanged (PyTorch Lightning's
+// rule takes the job id's last digits).
 inline constexpr std::uint16_t kSlurmStorePortBase = 20000;
 inline constexpr int kSlurmStorePorts = 10000;
 
@@ -113,8 +119,9 @@ inline constexpr int kSlurmStorePorts = 10000;
 struct OutrankedLaunch {
   enum class Verdict { agrees, disagrees, unreadable };
   std::string source;  // "torchrun", "openmpi" or "slurm"
-  // agrees: the same six numbers as the convention followed; unreadable: reading it alone
-  // would have failed.
+  // agrees: the same six numbers as the convention followed, or one process per node on the
+  // same node (the launcher of this node's launcher); unreadable: reading it alone would
+  // have failed.
   Verdict verdict = Verdict::unreadable;
   std::string description;  // its numbers, as LaunchInfo::description gives them, or why
                             // they cannot be read
@@ -133,7 +140,7 @@ struct LaunchInfo {
   std::string source;            // "braid", "torchrun", "openmpi" or "slurm"
   // What was read and derived, on one line: "slurm: rank 3 of 4 (SLURM_PROCID=3,
   // SLURM_STEP_NUM_TASKS=4), local rank 1 of 2 (...), node 1 of 2 (...); store
-  // node0:20042 (...)". Empty where the LaunchInfo was not parsed.
+  // node0:24817 (...)". Empty where the LaunchInfo was not parsed.
   std::string description;
   std::vector<OutrankedLaunch> outranked;  // in precedence order
 };
@@ -156,10 +163,15 @@ struct HostPort {
 };
 
 // Where a Slurm job step's rank 0 serves the store (rule 4 above, across nodes): the
-// first host of SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST, at port kSlurmStorePortBase
-// + SLURM_JOB_ID % kSlurmStorePorts. nullopt where SLURM_JOB_ID or both node lists are
-// unset; throws braid::Error(Errc::invalid_environment) for a malformed one.
+// first host of SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST, at the port rule 4 gives.
+// nullopt where SLURM_JOB_ID or both node lists are unset; throws
+// braid::Error(Errc::invalid_environment) for a malformed one.
 std::optional<HostPort> slurm_store_address(const config::EnvLookup& env = config::process_env());
+
+// The Slurm job step this process is a task of, read as parse_launch_env reads Slurm's
+// convention (every check, the store by the rules above), whatever else is set; nullopt
+// outside a step. braid-run started once per node by srun takes its node from it.
+std::optional<LaunchInfo> parse_slurm_step(const config::EnvLookup& env = config::process_env());
 
 // "host:port", "1.2.3.4:port" or "[v6::addr]:port", port 1-65535. `what` names the
 // variable or flag in the error (Errc::invalid_environment).

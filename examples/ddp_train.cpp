@@ -71,6 +71,11 @@ options:
   --uneven K               rank r stops K x r steps early (uneven inputs): the ranks
                            that run out join() and shadow the others' steps, and every
                            rank ends with the same weights
+  --checkpoint-dir D       restartable: on start, resume after the newest step every rank
+                           holds whole under D (parameters, optimizer state, generator;
+                           the data follows the step), and save every --checkpoint-every
+                           steps there in the background (braid::torch::DiskCheckpoints)
+  --checkpoint-every K     steps between checkpoints (default 10)
   -h, --help               print this help, and exit
 )";
 
@@ -83,9 +88,11 @@ struct Settings {
   example_models::Sharding sharding = example_models::Sharding::none;
   bool report_memory = false;  // --sharding named
   int uneven = 0;
-  double straggle_ms = 0;  // the last rank computes this much more per step (at --batch)
-  bool balance = false;    // batch shares that follow each rank's measured speed
-  bool cadence = false;    // micro-batches per window that follow each rank's speed
+  double straggle_ms = 0;      // the last rank computes this much more per step (at --batch)
+  bool balance = false;        // batch shares that follow each rank's measured speed
+  bool cadence = false;        // micro-batches per window that follow each rank's speed
+  std::string checkpoint_dir;  // empty: no checkpoints
+  int checkpoint_every = 10;
   bool help = false;
 };
 
@@ -121,6 +128,10 @@ Settings parse(int argc, char** argv) {
       s.balance = true;
     else if (arg == "--cadence")
       s.cadence = true;
+    else if (arg == "--checkpoint-dir")
+      s.checkpoint_dir = value();
+    else if (arg == "--checkpoint-every")
+      s.checkpoint_every = example_models::whole_number(arg, value(), 1);
     else
       throw std::invalid_argument("unknown option " + arg);
   }
@@ -136,6 +147,9 @@ Settings parse(int argc, char** argv) {
   if (balancing && (s.uneven != 0 || !s.sync))
     throw std::invalid_argument("--balance and --cadence need --sync ddp and no --uneven");
   if (s.balance && s.cadence) throw std::invalid_argument("--balance or --cadence, not both");
+  // Their own state (balancer shares, a rank's early stop) is not in a checkpoint.
+  if (!s.checkpoint_dir.empty() && (s.uneven != 0 || balancing))
+    throw std::invalid_argument("--checkpoint-dir needs no --uneven, --balance or --cadence");
   return s;
 }
 
@@ -155,7 +169,9 @@ std::vector<braid::collectives::AgreedValue> agreed_settings(const Settings& s) 
           {"--uneven", std::to_string(s.uneven)},
           {"--straggle-ms", fmt::format("{}", s.straggle_ms)},
           {"--balance", s.balance ? "on" : "off"},
-          {"--cadence", s.cadence ? "on" : "off"}};
+          {"--cadence", s.cadence ? "on" : "off"},
+          {"--checkpoint-every",
+           s.checkpoint_dir.empty() ? "none" : std::to_string(s.checkpoint_every)}};
 }
 
 template <class Model>
@@ -170,6 +186,21 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   example_models::ShardedTraining<Model> training(model, comm, s.sharding, s.sync, s.training,
                                                   s.lr);
   const std::int64_t parameters = training.parameter_count();
+  // --checkpoint-dir: where a restarted job picks up (a collective: every rank takes the
+  // newest step all of them hold whole).
+  std::optional<braid::torch::DiskCheckpoints> checkpoints;
+  int first_step = 0;
+  if (!s.checkpoint_dir.empty()) {
+    checkpoints.emplace(s.checkpoint_dir, comm);
+    if (auto state = checkpoints->restore()) {
+      training.restore(*state);
+      first_step = static_cast<int>(state->step);
+      if (comm->rank() == 0) {
+        std::cout << fmt::format("ddp_train: resuming after step {} from {}\n", first_step,
+                                 s.checkpoint_dir);
+      }
+    }
+  }
   if (comm->rank() == 0) {
     std::cout << fmt::format(
         "ddp_train: {} with {:.2f}M parameters on {} rank(s), batch {} per rank, {} steps, "
@@ -222,8 +253,8 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   // The summary covers the steps from the second on (the first builds the buckets).
   std::int64_t summary_from_ns = 0;
   const auto loop_started = std::chrono::steady_clock::now();
-  for (int step = 0; step < my_steps; ++step) {
-    if (step == 1) summary_from_ns = braid::trace::now_ns();
+  for (int step = first_step; step < my_steps; ++step) {
+    if (step == first_step + 1) summary_from_ns = braid::trace::now_ns();
     const auto started = std::chrono::steady_clock::now();
     const int batch = balancer ? static_cast<int>(balancer->batch_size()) : s.model.batch;
     if (balancer) training.ddp()->reducer().set_batch_share(balancer->share());
@@ -258,6 +289,9 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     const double window_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     training.step();
+    if (checkpoints && (step + 1) % s.checkpoint_every == 0) {
+      checkpoints->save_async(training.state(step + 1));
+    }
     if (balancer && balancer->record_step(compute_seconds) && comm->rank() == 0) {
       std::cout << fmt::format("balance: batch sizes now [{}]\n",
                                fmt::join(balancer->batch_sizes(), ", "));
@@ -269,7 +303,7 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     }
     recent.push_back(loss.item<double>());
     if (recent.size() > 5) recent.pop_front();
-    if (step == 4) first_loss = mean_of_recent();
+    if (step == first_step + 4) first_loss = mean_of_recent();
     if (comm->rank() == 0 && (step % 5 == 0 || step == s.steps - 1)) {
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
@@ -294,12 +328,14 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
       std::cout << fmt::format("every rank now holds rank {}'s weights\n", joined.parameters_from);
     }
   }
+  if (checkpoints) checkpoints->wait();  // the last save on disk before the job ends
   const std::int64_t summary_to_ns = braid::trace::now_ns();
+  const int trained_steps = std::max(1, my_steps - first_step);
   const double step_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - loop_started)
           .count() /
-      s.steps;
-  const double last_loss = mean_of_recent();
+      trained_steps;
+  const double last_loss = recent.empty() ? first_loss : mean_of_recent();
 
   // Every rank holds the same weights after DDP (of the sharded choices, NO_SHARD's shards).
   const bool same_weights =
@@ -307,6 +343,15 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   if (s.sync && !same_weights) {
     std::cerr << "ddp_train: the ranks disagree on the weights\n";
     return 1;
+  }
+  // One number for the whole model's weights, the same however the job was laid out or
+  // restarted: the sum of their squares (FSDP's shards summed over the ranks).
+  std::vector<double> squares{0.0};
+  for (const auto& p : training.held_parameters()) {
+    squares[0] += p.detach().to(torch::kDouble).pow(2).sum().template item<double>();
+  }
+  if (example_models::is_fsdp(s.sharding) && s.sharding != example_models::Sharding::no_shard) {
+    comm->launch(comm->all_reduce(braid::Buffer(squares), braid::ReduceOp::sum)).get();
   }
   // What the ranks held, the largest of each figure over the ranks.
   const example_models::HeldBytes held = training.held();
@@ -321,7 +366,8 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   std::cout << fmt::format("\nloss {:.5f} -> {:.5f} ({}), {:.1f} ms/step, {:.0f} samples/s\n",
                            first_loss, last_loss,
                            last_loss < first_loss / 3 ? "converged" : "not converged", step_ms,
-                           static_cast<double>(samples) / (step_ms * s.steps / 1e3));
+                           static_cast<double>(samples) / (step_ms * trained_steps / 1e3));
+  std::cout << fmt::format("parameters: sum of squares {:.9f}\n", squares[0]);
   if (s.report_memory) {
     std::cout << fmt::format(
         "model state per rank, held (the most of any rank): parameters {}, gradients {}, "

@@ -19,6 +19,7 @@
 #include <torch/torch.h>
 
 #include <braid/braid.hpp>
+#include <braid/torch/checkpoint/disk_checkpoints.hpp>
 #include <braid/torch/data_parallel/distributed_data_parallel.hpp>
 #include <braid/torch/data_parallel/fully_sharded_data_parallel.hpp>
 #include <braid/torch/data_parallel/zero_redundancy_optimizer.hpp>
@@ -125,7 +126,52 @@ class ShardedTraining {
     optimizer_->step();
   }
 
+  // This rank's whole training state after `step` steps, for DiskCheckpoints: its
+  // parameters (FSDP: its shards), the model's buffers, its optimizer's state (ZeRO: its
+  // slice's) and the CPU generator. restore() puts such a state back into a ShardedTraining
+  // built alike.
+  braid::torch::TrainingState state(std::int64_t step) {
+    braid::torch::TrainingState state{.step = step};
+    const std::vector<torch::Tensor> parameters = held_parameters();
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+      state.tensors[fmt::format("parameter.{:04}", i)] = parameters[i];
+    }
+    const std::vector<torch::Tensor> buffers = model_->buffers();
+    for (std::size_t i = 0; i < buffers.size(); ++i) {
+      state.tensors[fmt::format("buffer.{:04}", i)] = buffers[i];
+    }
+    state.blobs["optimizer"] =
+        braid::torch::optimizer_bytes(zero_ ? zero_->optimizer() : *optimizer_);
+    state.blobs["cpu_generator"] = braid::torch::cpu_generator_bytes();
+    return state;
+  }
+
+  void restore(const braid::torch::TrainingState& state) {
+    torch::NoGradGuard no_grad;
+    auto put_back = [&](const std::vector<torch::Tensor>& into, const char* kind) {
+      for (std::size_t i = 0; i < into.size(); ++i) {
+        const std::string name = fmt::format("{}.{:04}", kind, i);
+        const auto found = state.tensors.find(name);
+        if (found == state.tensors.end() || !found->second.sizes().equals(into[i].sizes())) {
+          throw std::invalid_argument(fmt::format(
+              "the checkpoint of step {} holds no {} of this model's shape", state.step, name));
+        }
+        into[i].copy_(found->second);
+      }
+    };
+    put_back(held_parameters(), "parameter");
+    put_back(model_->buffers(), "buffer");
+    braid::torch::load_optimizer_bytes(zero_ ? zero_->optimizer() : *optimizer_,
+                                       state.blobs.at("optimizer"));
+    braid::torch::load_cpu_generator_bytes(state.blobs.at("cpu_generator"));
+  }
+
   braid::torch::DistributedDataParallel<Model>* ddp() { return ddp_ ? &*ddp_ : nullptr; }
+
+  // What this rank holds of the model's parameters: all of them, or (FSDP) its shards.
+  std::vector<torch::Tensor> held_parameters() const {
+    return fsdp_ ? fsdp_->parameters() : model_->parameters();
+  }
   std::int64_t parameter_count() const { return parameters_; }
 
   // Tensors every rank holds alike after a step (for ranks_hold_the_same_weights): the

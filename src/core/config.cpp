@@ -29,6 +29,9 @@ constexpr std::array kKnobs{
     Knob{"BRAID_NNODES", "", "number of nodes in the job; set by braid-run"},
     Knob{"BRAID_STORE", "", "host:port of the rendezvous store served by rank 0"},
     Knob{"BRAID_TOKEN", "", "shared secret a store client must present; empty: no check"},
+    Knob{"BRAID_RESTART_COUNT", "",
+         "how many times braid-run --max-restarts has restarted the job (0: its first start); "
+         "set by braid-run"},
     Knob{"BRAID_NETWORK_TIMEOUT", "10",
          "seconds a store connection may go unanswered (a node lost, a link cut) before "
          "its other end is declared failed; 0: TCP's own, about 15 minutes"},

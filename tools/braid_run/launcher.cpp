@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <system_error>
 #include <unistd.h>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -126,6 +127,7 @@ class Job {
   sigset_t old_mask_{};
   int exit_status_ = 0;
   bool stopping_ = false;
+  bool rank_failed_ = false;  // the job stopped because a rank failed (a restart may follow)
   std::optional<Clock::time_point> kill_at_;  // SIGKILL for ranks still running then
   Clock::time_point deadline_ = Clock::time_point::max();
   // Failed ranks seen within kSettle of the first failure, in the order seen, and when
@@ -147,13 +149,15 @@ constexpr auto kSettle = std::chrono::milliseconds(200);
 
 // The variables braid-run sets; each must be a declared knob.
 constexpr std::array kRankVariables{
-    "BRAID_RANK",      "BRAID_WORLD_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_WORLD_SIZE",
-    "BRAID_NODE_RANK", "BRAID_NNODES",     "BRAID_STORE",      "BRAID_TOKEN"};
+    "BRAID_RANK",         "BRAID_WORLD_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_WORLD_SIZE",
+    "BRAID_NODE_RANK",    "BRAID_NNODES",     "BRAID_STORE",      "BRAID_TOKEN",
+    "BRAID_RESTART_COUNT"};
 
 // torchrun's variables, set too so that PyTorch's init_method="env://" (and any program
 // written for torchrun) runs under braid-run unchanged. Not knobs: braid does not read them.
-constexpr std::array kTorchVariables{"RANK",       "WORLD_SIZE",  "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                     "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"};
+constexpr std::array kTorchVariables{
+    "RANK",       "WORLD_SIZE",  "LOCAL_RANK",  "LOCAL_WORLD_SIZE",
+    "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"};
 
 Job::~Job() {
   for (Rank& rank : ranks_) {
@@ -342,6 +346,7 @@ void Job::give_verdict() {
                         how(f.status));
   }
   const int others = running_count();
+  rank_failed_ = true;
   report(fmt::format(
       "{} {} (pid {}) {}{}{}", noun_, culprit.rank->rank, culprit.rank->pid, how(culprit.status),
       also, others > 0 ? fmt::format("; stopping the other {} {}(s)", others, noun_) : ""));
@@ -597,10 +602,29 @@ int Job::run() {
   }
 
   take_signals();
-  ranks_.reserve(static_cast<std::size_t>(options_.nproc_per_node));
-  for (int i = 0; i < options_.nproc_per_node && !stopping_; ++i) start_rank(i);
-  supervise();
-  for (Rank& rank : ranks_) drain(rank);
+  for (int restart = 0;; ++restart) {
+    shared_env_.push_back(fmt::format("BRAID_RESTART_COUNT={}", restart));
+    shared_env_.push_back(fmt::format("TORCHELASTIC_RESTART_COUNT={}", restart));
+    ranks_.reserve(static_cast<std::size_t>(options_.nproc_per_node));
+    for (int i = 0; i < options_.nproc_per_node && !stopping_; ++i) start_rank(i);
+    supervise();
+    for (Rank& rank : ranks_) drain(rank);
+    if (!rank_failed_ || restart == options_.max_restarts) break;
+    report(fmt::format("restarting the job's {} rank(s) (restart {} of --max-restarts {})",
+                       options_.nproc_per_node, restart + 1, options_.max_restarts));
+    for (Rank& rank : ranks_) {
+      for (Stream& s : rank.streams) {
+        if (s.fd >= 0) ::close(std::exchange(s.fd, -1));
+      }
+    }
+    ranks_.clear();
+    failures_.clear();
+    shared_env_.resize(shared_env_.size() - 2);
+    rank_failed_ = stopping_ = false;
+    exit_status_ = 0;
+    kill_at_.reset();
+    verdict_at_.reset();
+  }
   return exit_status_;
 }
 

@@ -36,6 +36,9 @@ struct LaunchOptions {
   // agent (node_agent.hpp) through which it starts processes on the others; the job ends
   // with it.
   bool on_first_node = false;
+  // When a rank fails, stop the others and start the job's ranks again, this many times at
+  // most (BRAID_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT tell them which start it is).
+  int max_restarts = 0;
 };
 
 // Runs the job to the end (on emulate_nodes emulated nodes, each running a braid-run of

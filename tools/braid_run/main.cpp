@@ -61,6 +61,10 @@ options (options end at the program, or at --):
   --grace SECONDS         how long stopping ranks get between SIGTERM and SIGKILL
                           (default 5)
   --timeout SECONDS       stop the job and fail with status 124 if it runs longer
+  --max-restarts N        when a rank fails, stop the others and start the job's ranks
+                          again, N times at most (default 0); BRAID_RESTART_COUNT (and
+                          torchrun's TORCHELASTIC_RESTART_COUNT) says which start it is.
+                          One node only: a job of several nodes stops on a failure
   --no-prefix             pass the ranks' output through untouched
   --print-config          print what a rank would read from this environment (which
                           launcher's variables, what was derived), the flags braid-run
@@ -183,6 +187,8 @@ Cli parse_command_line(int argc, char** argv) {
     } else if (flag == "--timeout") {
       o.timeout = parse_seconds_flag(flag, value());
       if (*o.timeout == std::chrono::nanoseconds::zero()) usage_error("--timeout must be positive");
+    } else if (flag == "--max-restarts") {
+      o.max_restarts = parse_int_flag(flag, value(), 0, 1000);
     } else if (flag == "--no-prefix") {
       no_value();
       o.prefix_output = false;
@@ -220,6 +226,11 @@ Cli parse_command_line(int argc, char** argv) {
         "--master-addr");
   }
   if (o.link_rate && o.emulate_nodes == 0) usage_error("--link-rate needs --emulate-nodes");
+  if (o.max_restarts > 0 && (o.nnodes > 1 || o.emulate_nodes > 0)) {
+    usage_error(
+        "--max-restarts restarts the ranks of one node; a job of several nodes cannot restart "
+        "one node's ranks alone (its other nodes' ranks have already failed)");
+  }
   if (static_cast<long long>(o.emulate_nodes) * o.nproc_per_node > INT_MAX) {
     usage_error("--emulate-nodes times --nproc-per-node is too large");
   }

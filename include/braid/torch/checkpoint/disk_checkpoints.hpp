@@ -1,0 +1,98 @@
+// Restartable training: each rank's whole training state (its parameters or shards, its
+// optimizer's state, the step, the data position, its random generators) written to disk
+// every few steps in the background, and read back, by every rank alike, from the newest
+// step every rank has whole.
+//
+//   braid::torch::DiskCheckpoints checkpoints(dir, comm);
+//   if (auto state = checkpoints.restore()) resume_from(*state);   // collective
+//   for (...) {
+//     train_one_step();
+//     if (step % every == 0) checkpoints.save_async(capture(step));  // returns at once
+//   }
+//   checkpoints.wait();
+//
+// Layout: <dir>/step-<step>/rank-<rank>-of-<world>.ckpt, one file per rank, so ranks on
+// different machines can write to their own disks or to a shared one. A file is written
+// under a temporary name, flushed to the disk (fsync) and renamed into place, so a crash
+// mid-write leaves no file of that step rather than a torn one; its last 8 bytes are a
+// checksum of the rest, so a file damaged later is refused by name when read. Each rank
+// keeps its newest `keep` files and removes older ones of its own.
+//
+// What it costs the step: save_async copies every tensor of the state to host memory
+// before it returns (a memcpy of the state's bytes; the step's next updates cannot reach
+// the snapshot); encoding, checksum, writing and fsync run on a thread of its own. A save
+// that arrives while the previous one is still being written waits for it, so at most one
+// snapshot is held beside the training state.
+//
+// restore() is a collective on the communicator: every rank lists the steps it holds
+// whole (newest first, checksums verified), the ranks exchange the lists, and all take the
+// newest step every rank holds. A step some rank lacks or holds damaged is skipped, with
+// a warning naming the file. The checkpoint must come from a job of the same world size.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <torch/torch.h>
+
+#include <braid/collectives/communicator.hpp>
+
+namespace braid::torch {
+
+// One rank's training state at the end of a step.
+struct TrainingState {
+  std::int64_t step = 0;                      // steps completed: training resumes with step `step`
+  std::map<std::string, at::Tensor> tensors;  // by name: parameters, shards, buffers
+  std::map<std::string, std::string> blobs;   // by name: bytes (optimizer, generators, data)
+};
+
+struct DiskCheckpointOptions {
+  int keep = 2;  // files each rank keeps, newest first (at least 2: a step is complete
+                 // only once every rank has written it)
+};
+
+class DiskCheckpoints {
+ public:
+  // `directory` is made if missing. Throws braid::Error(Errc::invalid_argument) for keep < 2.
+  DiskCheckpoints(std::filesystem::path directory, std::shared_ptr<collectives::Communicator> comm,
+                  DiskCheckpointOptions options = {});
+  ~DiskCheckpoints();  // waits for the write in flight; its error is logged, not thrown
+  DiskCheckpoints(const DiskCheckpoints&) = delete;
+  DiskCheckpoints& operator=(const DiskCheckpoints&) = delete;
+
+  // Snapshots `state` (tensors copied to host memory now) and writes it in the background.
+  // Throws the previous write's error, if it failed.
+  void save_async(const TrainingState& state);
+
+  // Waits until the last save is on disk; throws its error, if it failed.
+  void wait();
+
+  // Collective. The newest step every rank holds whole, read back; nullopt when there is
+  // none (a fresh start).
+  std::optional<TrainingState> restore();
+
+  // This rank's file for `step` (for messages and tests).
+  std::filesystem::path file_of(std::int64_t step) const;
+
+ private:
+  class Writer;
+  std::filesystem::path directory_;
+  std::shared_ptr<collectives::Communicator> comm_;
+  DiskCheckpointOptions options_;
+  std::unique_ptr<Writer> writer_;
+};
+
+// What a torch optimizer holds (its state per parameter and its settings), as bytes for
+// TrainingState::blobs, and back into an optimizer built over the same parameters.
+std::string optimizer_bytes(::torch::optim::Optimizer& optimizer);
+void load_optimizer_bytes(::torch::optim::Optimizer& optimizer, const std::string& bytes);
+
+// The default CPU generator's state as bytes, and back.
+std::string cpu_generator_bytes();
+void load_cpu_generator_bytes(const std::string& bytes);
+
+}  // namespace braid::torch

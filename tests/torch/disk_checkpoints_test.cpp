@@ -1,0 +1,197 @@
+// DiskCheckpoints: a training state comes back exactly as it was saved; the ranks resume
+// from the newest step every one of them holds whole, passing over a step one rank lacks or
+// holds torn or damaged (and naming that file); an empty directory is a fresh start; an
+// optimizer and the CPU generator go round through their bytes.
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <braid/torch/checkpoint/disk_checkpoints.hpp>
+
+#include "../support/expect_error.hpp"
+#include "../support/rank_threads.hpp"
+
+namespace braid::torch {
+namespace {
+
+namespace fs = std::filesystem;
+using braid::testing::expect_all_passed;
+using braid::testing::run_blocking_ranks;
+
+// A directory of its own per test, removed after it.
+class ScratchDirectory {
+ public:
+  ScratchDirectory()
+      : path_(fs::temp_directory_path() /
+              fmt::format("braid-checkpoints-{}-{}", ::getpid(),
+                          ::testing::UnitTest::GetInstance()->current_test_info()->name())) {
+    fs::remove_all(path_);
+  }
+  ~ScratchDirectory() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// Rank r's state after `step` steps: values that say whose and which step they are.
+TrainingState state_of(int rank, std::int64_t step) {
+  TrainingState state{.step = step};
+  state.tensors["weight"] = ::torch::arange(12, ::torch::kFloat32).reshape({3, 4}) * rank + step;
+  state.tensors["count"] = ::torch::full({2}, step * 10 + rank, ::torch::kInt64);
+  state.blobs["data"] = fmt::format("rank {} at step {}", rank, step);
+  return state;
+}
+
+void expect_state(const TrainingState& got, int rank, std::int64_t step) {
+  const TrainingState want = state_of(rank, step);
+  EXPECT_EQ(got.step, step);
+  ASSERT_EQ(got.tensors.size(), want.tensors.size());
+  for (const auto& [name, tensor] : want.tensors) {
+    ASSERT_TRUE(got.tensors.contains(name)) << name;
+    EXPECT_EQ(got.tensors.at(name).scalar_type(), tensor.scalar_type()) << name;
+    EXPECT_TRUE(::torch::equal(got.tensors.at(name), tensor)) << name;
+  }
+  EXPECT_EQ(got.blobs, want.blobs);
+}
+
+TEST(DiskCheckpoints, AStateComesBackExactlyAsItWasSaved) {
+  ScratchDirectory dir;
+  expect_all_passed(run_blocking_ranks(2, [&](int rank, auto comm) {
+    {
+      DiskCheckpoints checkpoints(dir.path(), comm);
+      EXPECT_FALSE(checkpoints.restore().has_value()) << "an empty directory is a fresh start";
+      for (std::int64_t step : {5, 10, 15}) checkpoints.save_async(state_of(rank, step));
+      checkpoints.wait();
+      // Each rank keeps its newest two.
+      EXPECT_FALSE(fs::exists(checkpoints.file_of(5)));
+      EXPECT_TRUE(fs::exists(checkpoints.file_of(10)));
+    }
+    DiskCheckpoints again(dir.path(), comm);
+    auto state = again.restore();
+    ASSERT_TRUE(state.has_value());
+    expect_state(*state, rank, 15);
+  }));
+}
+
+// What the snapshot holds is the state when save_async was called, not after.
+TEST(DiskCheckpoints, ASaveHoldsTheStateAsItWasWhenItWasCalled) {
+  ScratchDirectory dir;
+  expect_all_passed(run_blocking_ranks(1, [&](int rank, auto comm) {
+    DiskCheckpoints checkpoints(dir.path(), comm);
+    TrainingState state = state_of(rank, 3);
+    checkpoints.save_async(state);
+    state.tensors["weight"].add_(100);  // the next step's update
+    checkpoints.wait();
+    auto back = checkpoints.restore();
+    ASSERT_TRUE(back.has_value());
+    expect_state(*back, rank, 3);
+  }));
+}
+
+// Rank 1 never wrote step 20 (it failed first): every rank resumes from step 10.
+TEST(DiskCheckpoints, TheRanksResumeFromTheNewestStepEveryRankHolds) {
+  ScratchDirectory dir;
+  expect_all_passed(run_blocking_ranks(2, [&](int rank, auto comm) {
+    {
+      DiskCheckpoints checkpoints(dir.path(), comm);
+      checkpoints.save_async(state_of(rank, 10));
+      if (rank == 0) checkpoints.save_async(state_of(rank, 20));
+      checkpoints.wait();
+    }
+    DiskCheckpoints again(dir.path(), comm);
+    auto state = again.restore();
+    ASSERT_TRUE(state.has_value());
+    expect_state(*state, rank, 10);
+  }));
+}
+
+// A file cut short or with a flipped byte is refused by name; the step before is used.
+TEST(DiskCheckpoints, ATornOrDamagedFileIsRefusedAndTheStepBeforeIsUsed) {
+  for (const bool truncate : {true, false}) {
+    SCOPED_TRACE(truncate ? "truncated" : "a byte flipped");
+    ScratchDirectory dir;
+    expect_all_passed(run_blocking_ranks(2, [&](int rank, auto comm) {
+      {
+        DiskCheckpoints checkpoints(dir.path(), comm);
+        checkpoints.save_async(state_of(rank, 10));
+        checkpoints.save_async(state_of(rank, 20));
+        checkpoints.wait();
+        if (rank == 1) {
+          const fs::path file = checkpoints.file_of(20);
+          if (truncate) {
+            fs::resize_file(file, fs::file_size(file) / 2);
+          } else {
+            std::fstream bytes(file, std::ios::in | std::ios::out | std::ios::binary);
+            bytes.seekp(40);
+            bytes.put('\x7f');
+          }
+        }
+      }
+      comm->launch(comm->barrier()).get();  // rank 1's damage done before anyone reads
+      DiskCheckpoints again(dir.path(), comm);
+      auto state = again.restore();
+      ASSERT_TRUE(state.has_value());
+      expect_state(*state, rank, 10);
+    }));
+  }
+}
+
+// A write cut off before its rename leaves only a partial file, which is not a checkpoint.
+TEST(DiskCheckpoints, APartialWriteIsNotACheckpoint) {
+  ScratchDirectory dir;
+  expect_all_passed(run_blocking_ranks(1, [&](int rank, auto comm) {
+    DiskCheckpoints checkpoints(dir.path(), comm);
+    checkpoints.save_async(state_of(rank, 4));
+    checkpoints.wait();
+    const fs::path partial = checkpoints.file_of(8).string() + ".partial.12345";
+    fs::create_directories(partial.parent_path());
+    std::ofstream(partial) << "BRAIDCK1 and then the machine lost power";
+    auto state = checkpoints.restore();
+    ASSERT_TRUE(state.has_value());
+    expect_state(*state, rank, 4);
+  }));
+}
+
+TEST(DiskCheckpoints, KeepingFewerThanTwoIsRefused) {
+  ScratchDirectory dir;
+  expect_all_passed(run_blocking_ranks(1, [&](int, auto comm) {
+    EXPECT_THROW(DiskCheckpoints(dir.path(), comm, {.keep = 1}), Error);
+  }));
+}
+
+// An Adam optimizer and the generator, through their bytes: the next step and the next
+// random numbers are the ones they would have been.
+TEST(DiskCheckpoints, AnOptimizerAndTheGeneratorGoRoundThroughTheirBytes) {
+  ::torch::manual_seed(7);
+  auto weight = ::torch::randn({4, 4}, ::torch::requires_grad());
+  ::torch::optim::Adam adam({weight}, ::torch::optim::AdamOptions(0.01));
+  auto step = [&](::torch::optim::Adam& optimizer, at::Tensor& w) {
+    optimizer.zero_grad();
+    (w * w).sum().backward();
+    optimizer.step();
+  };
+  step(adam, weight);
+  const std::string saved = optimizer_bytes(adam);
+  const std::string generator = cpu_generator_bytes();
+  const at::Tensor weight_then = weight.detach().clone();
+  step(adam, weight);
+  const at::Tensor random_after = ::torch::rand({3});
+
+  auto twin = weight_then.clone().requires_grad_(true);
+  ::torch::optim::Adam twin_adam({twin}, ::torch::optim::AdamOptions(0.01));
+  load_optimizer_bytes(twin_adam, saved);
+  load_cpu_generator_bytes(generator);
+  step(twin_adam, twin);
+  EXPECT_TRUE(::torch::equal(twin.detach(), weight.detach()));
+  EXPECT_TRUE(::torch::equal(::torch::rand({3}), random_after));
+}
+
+}  // namespace
+}  // namespace braid::torch

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""A job that loses a rank and restarts ends where the job that never failed ends:
+examples/ddp_train under braid-run --max-restarts 1 with --checkpoint-dir, one rank killed
+with SIGKILL halfway, resumes from the newest checkpoint every rank holds whole and ends
+with exactly the parameters of the same run without a failure (same seed; the data follows
+the step), for Adam and for SGD. A second kill, past --max-restarts, ends the job with the
+failure named.
+
+Paths from the environment (meson sets them): BRAID_RUN, DDP_TRAIN.
+"""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+STEPS = 100
+COMMON = ["--hidden", "64", "--layers", "3", "--batch", "16", "--seed", "11",
+          "--steps", str(STEPS)]
+
+
+def fail(message, output=""):
+    print(output)
+    print("FAIL:", message)
+    sys.exit(1)
+
+
+def checksum(output):
+    found = re.search(r"parameters: sum of squares (\S+)", output)
+    if not found:
+        fail("no parameter checksum", output)
+    return found.group(1)
+
+
+def children(pid):
+    """The ranks braid-run started, in the order it started them."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found += [int(p) for p in f.read().split()]
+    return sorted(found)
+
+
+def run_and_kill(args, kill_at_steps):
+    """Runs braid-run with args; each time rank 0 reports a step in kill_at_steps (one per
+    start of the job), SIGKILLs the last rank braid-run started. Returns (status, output)."""
+    process = subprocess.Popen([os.environ["BRAID_RUN"]] + args, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    output = []
+    pending = list(kill_at_steps)
+    deadline = time.monotonic() + 200
+    for line in process.stdout:
+        output.append(line)
+        if time.monotonic() > deadline:
+            process.kill()
+            fail("the job ran past 200 s", "".join(output))
+        step = re.search(r"step +(\d+)/", line)
+        if pending and step and int(step.group(1)) >= pending[0]:
+            pending.pop(0)
+            os.kill(children(process.pid)[-1], signal.SIGKILL)
+    return process.wait(timeout=60), "".join(output)
+
+
+for optimizer in ["adam", "sgd"]:
+    settings = COMMON + ["--optimizer", optimizer]
+    reference = subprocess.run([os.environ["BRAID_RUN"], "-n", "2", os.environ["DDP_TRAIN"]]
+                               + settings, capture_output=True, text=True, timeout=200)
+    if reference.returncode != 0:
+        fail(f"the run without a failure exited {reference.returncode}",
+             reference.stdout + reference.stderr)
+    want = checksum(reference.stdout)
+
+    directory = tempfile.mkdtemp(prefix="braid-restart-")
+    try:
+        status, output = run_and_kill(
+            ["-n", "2", "--max-restarts", "1", os.environ["DDP_TRAIN"]] + settings
+            + ["--checkpoint-dir", directory, "--checkpoint-every", "5"], [41])
+        if status != 0:
+            fail(f"{optimizer}: the restarted job exited {status}", output)
+        if "restarting the job's 2 rank(s) (restart 1 of --max-restarts 1)" not in output:
+            fail(f"{optimizer}: braid-run did not say it restarted the job", output)
+        resumed = re.search(r"resuming after step (\d+)", output)
+        if not resumed or int(resumed.group(1)) < 40 or int(resumed.group(1)) % 5 != 0:
+            fail(f"{optimizer}: the job did not resume from a checkpoint at or after step 40",
+                 output)
+        if checksum(output) != want:
+            fail(f"{optimizer}: the restarted job ended with parameters {checksum(output)}, "
+                 f"the job without a failure with {want}", output)
+        print(f"{optimizer}: killed at step 41, resumed after step {resumed.group(1)}, "
+              f"ended with the same parameters ({want})")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+# One failure more than --max-restarts allows: the job ends, the last failure named.
+directory = tempfile.mkdtemp(prefix="braid-restart-")
+try:
+    status, output = run_and_kill(
+        ["-n", "2", "--max-restarts", "1", os.environ["DDP_TRAIN"]] + COMMON
+        + ["--checkpoint-dir", directory, "--checkpoint-every", "5"], [21, 61])
+    if status != 128 + signal.SIGKILL:
+        fail(f"a job failing twice under --max-restarts 1 exited {status}, not 137", output)
+    if len(re.findall(r"rank 1 \(pid \d+\) was killed by signal 9", output)) != 2:
+        fail("each of the two failures should be named", output)
+    print("a second failure past --max-restarts 1 ends the job, both failures named")
+finally:
+    shutil.rmtree(directory, ignore_errors=True)

@@ -18,8 +18,10 @@ import tempfile
 import time
 
 STEPS = 100
+# --straggle-ms: the last rank computes 2 ms more a step (a busy loop, no random numbers), so
+# that the job is still running well after the kill is decided.
 COMMON = ["--hidden", "64", "--layers", "3", "--batch", "16", "--seed", "11",
-          "--steps", str(STEPS)]
+          "--steps", str(STEPS), "--straggle-ms", "2"]
 
 
 def fail(message, output=""):
@@ -60,7 +62,11 @@ def run_and_kill(args, kill_at_steps):
         step = re.search(r"step +(\d+)/", line)
         if pending and step and int(step.group(1)) >= pending[0]:
             pending.pop(0)
-            os.kill(children(process.pid)[-1], signal.SIGKILL)
+            ranks = children(process.pid)
+            if not ranks:
+                process.kill()
+                fail("the job's ranks had ended before the kill", "".join(output))
+            os.kill(ranks[-1], signal.SIGKILL)
     return process.wait(timeout=60), "".join(output)
 
 
@@ -82,14 +88,17 @@ for optimizer in ["adam", "sgd"]:
             fail(f"{optimizer}: the restarted job exited {status}", output)
         if "restarting the job's 2 rank(s) (restart 1 of --max-restarts 1)" not in output:
             fail(f"{optimizer}: braid-run did not say it restarted the job", output)
+        # The kill comes once rank 0 reports step 41 (or later: the reader lags). Saves are
+        # written in the background, each waiting for the one before, so step 35's is whole
+        # by the time step 40's is taken; step 40's may still be on its way.
         resumed = re.search(r"resuming after step (\d+)", output)
-        if not resumed or int(resumed.group(1)) < 40 or int(resumed.group(1)) % 5 != 0:
-            fail(f"{optimizer}: the job did not resume from a checkpoint at or after step 40",
+        if not resumed or int(resumed.group(1)) < 35 or int(resumed.group(1)) % 5 != 0:
+            fail(f"{optimizer}: the job did not resume from a checkpoint of step 35 or later",
                  output)
         if checksum(output) != want:
             fail(f"{optimizer}: the restarted job ended with parameters {checksum(output)}, "
                  f"the job without a failure with {want}", output)
-        print(f"{optimizer}: killed at step 41, resumed after step {resumed.group(1)}, "
+        print(f"{optimizer}: killed at step 41 or later, resumed after step {resumed.group(1)}, "
               f"ended with the same parameters ({want})")
     finally:
         shutil.rmtree(directory, ignore_errors=True)

@@ -140,8 +140,7 @@ class ShardedTraining {
     for (std::size_t i = 0; i < buffers.size(); ++i) {
       state.tensors[fmt::format("buffer.{:04}", i)] = buffers[i];
     }
-    state.blobs["optimizer"] =
-        braid::torch::optimizer_bytes(zero_ ? zero_->optimizer() : *optimizer_);
+    braid::torch::save_optimizer(zero_ ? zero_->optimizer() : *optimizer_, state, "optimizer");
     state.blobs["cpu_generator"] = braid::torch::cpu_generator_bytes();
     return state;
   }
@@ -161,8 +160,7 @@ class ShardedTraining {
     };
     put_back(held_parameters(), "parameter");
     put_back(model_->buffers(), "buffer");
-    braid::torch::load_optimizer_bytes(zero_ ? zero_->optimizer() : *optimizer_,
-                                       state.blobs.at("optimizer"));
+    braid::torch::load_optimizer(zero_ ? zero_->optimizer() : *optimizer_, state, "optimizer");
     braid::torch::load_cpu_generator_bytes(state.blobs.at("cpu_generator"));
   }
 

@@ -166,31 +166,66 @@ TEST(DiskCheckpoints, KeepingFewerThanTwoIsRefused) {
   }));
 }
 
-// An Adam optimizer and the generator, through their bytes: the next step and the next
-// random numbers are the ones they would have been.
-TEST(DiskCheckpoints, AnOptimizerAndTheGeneratorGoRoundThroughTheirBytes) {
+// An optimizer and the generator, through a saved state: the next step and the next
+// random numbers are the ones they would have been. Adam and SGD (with momentum) are kept
+// as tensors; RMSprop, which save_optimizer keeps as its archive, goes round too.
+template <class Optimizer, class Options>
+void expect_round_trip(Options options) {
   ::torch::manual_seed(7);
   auto weight = ::torch::randn({4, 4}, ::torch::requires_grad());
-  ::torch::optim::Adam adam({weight}, ::torch::optim::AdamOptions(0.01));
-  auto step = [&](::torch::optim::Adam& optimizer, at::Tensor& w) {
-    optimizer.zero_grad();
+  Optimizer optimizer({weight}, options);
+  auto step = [](Optimizer& o, at::Tensor& w) {
+    o.zero_grad();
     (w * w).sum().backward();
-    optimizer.step();
+    o.step();
   };
-  step(adam, weight);
-  const std::string saved = optimizer_bytes(adam);
-  const std::string generator = cpu_generator_bytes();
+  step(optimizer, weight);
+  TrainingState saved;
+  save_optimizer(optimizer, saved, "optimizer");
+  // The state holds the optimizer's own tensors; save_async copies them, as this does.
+  for (auto& [name, tensor] : saved.tensors) tensor = tensor.clone();
+  saved.blobs["cpu_generator"] = cpu_generator_bytes();
   const at::Tensor weight_then = weight.detach().clone();
-  step(adam, weight);
+  step(optimizer, weight);
   const at::Tensor random_after = ::torch::rand({3});
 
   auto twin = weight_then.clone().requires_grad_(true);
-  ::torch::optim::Adam twin_adam({twin}, ::torch::optim::AdamOptions(0.01));
-  load_optimizer_bytes(twin_adam, saved);
-  load_cpu_generator_bytes(generator);
-  step(twin_adam, twin);
+  Optimizer twin_optimizer({twin}, options);
+  load_optimizer(twin_optimizer, saved, "optimizer");
+  load_cpu_generator_bytes(saved.blobs.at("cpu_generator"));
+  step(twin_optimizer, twin);
   EXPECT_TRUE(::torch::equal(twin.detach(), weight.detach()));
   EXPECT_TRUE(::torch::equal(::torch::rand({3}), random_after));
+}
+
+TEST(DiskCheckpoints, AnOptimizerAndTheGeneratorGoRoundThroughASavedState) {
+  {
+    SCOPED_TRACE("Adam");
+    expect_round_trip<::torch::optim::Adam>(::torch::optim::AdamOptions(0.01));
+  }
+  {
+    SCOPED_TRACE("SGD with momentum");
+    expect_round_trip<::torch::optim::SGD>(::torch::optim::SGDOptions(0.1).momentum(0.9));
+  }
+  {
+    SCOPED_TRACE("RMSprop, as its archive");
+    expect_round_trip<::torch::optim::RMSprop>(::torch::optim::RMSpropOptions(0.01));
+  }
+}
+
+// Adam's moments are tensors of the state, named by group and place.
+TEST(DiskCheckpoints, AdamsStateIsKeptAsTensors) {
+  auto weight = ::torch::ones({2, 3}, ::torch::requires_grad());
+  ::torch::optim::Adam adam({weight}, ::torch::optim::AdamOptions(0.5));
+  weight.sum().backward();
+  adam.step();
+  TrainingState state;
+  save_optimizer(adam, state, "opt");
+  EXPECT_TRUE(state.tensors.contains("opt.0.0.exp_avg"));
+  EXPECT_TRUE(state.tensors.contains("opt.0.0.exp_avg_sq"));
+  EXPECT_EQ(state.tensors.at("opt.0.0.step").item<std::int64_t>(), 1);
+  EXPECT_EQ(state.blobs.at("opt.0.lr"), fmt::format("{:a}", 0.5));
+  EXPECT_FALSE(state.blobs.contains("opt"));
 }
 
 }  // namespace

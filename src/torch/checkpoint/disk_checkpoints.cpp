@@ -1,6 +1,8 @@
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
@@ -32,55 +34,123 @@ constexpr char kMagic[8] = {'B', 'R', 'A', 'I', 'D', 'C', 'K', '1'};
 // At most this many steps each rank offers restore(); keep is clamped to it.
 constexpr int kMostKept = 8;
 
-// FNV-1a over 8-byte words (and the tail bytewise): fast enough to run at disk speed, and
-// any torn or flipped byte changes it. Not a defence against tampering.
-std::uint64_t checksum(const char* data, std::size_t size) {
-  std::uint64_t hash = 0xcbf29ce484222325ULL;
-  constexpr std::uint64_t kPrime = 0x100000001b3ULL;
-  std::size_t i = 0;
-  for (; i + 8 <= size; i += 8) {
-    std::uint64_t word;
-    std::memcpy(&word, data + i, 8);
-    hash = (hash ^ word) * kPrime;
+// FNV-1a over 8-byte words (and the tail bytewise), fed in pieces of any size: fast enough
+// to run at disk speed, and any torn or flipped byte changes it. Not a defence against
+// tampering.
+class Checksum {
+ public:
+  void add(const char* data, std::size_t size) {
+    while (size > 0 && carried_ > 0) {  // finish the word a previous piece began
+      carry_[carried_++] = *data++;
+      --size;
+      if (carried_ == 8) {
+        word(carry_.data());
+        carried_ = 0;
+      }
+    }
+    for (; size >= 8; data += 8, size -= 8) word(data);
+    for (; size > 0; --size) carry_[carried_++] = *data++;
   }
-  for (; i < size; ++i) hash = (hash ^ static_cast<unsigned char>(data[i])) * kPrime;
-  return hash;
-}
+  std::uint64_t value() const {
+    std::uint64_t hash = hash_;
+    for (std::size_t i = 0; i < carried_; ++i) {
+      hash = (hash ^ static_cast<unsigned char>(carry_[i])) * kPrime;
+    }
+    return hash;
+  }
+
+ private:
+  static constexpr std::uint64_t kPrime = 0x100000001b3ULL;
+  void word(const char* bytes) {
+    std::uint64_t w;
+    std::memcpy(&w, bytes, 8);
+    hash_ = (hash_ ^ w) * kPrime;
+  }
+  std::uint64_t hash_ = 0xcbf29ce484222325ULL;
+  std::array<char, 8> carry_{};
+  std::size_t carried_ = 0;
+};
 
 template <class T>
 void put(std::string& out, T value) {
   out.append(reinterpret_cast<const char*>(&value), sizeof value);
 }
 
-void put_bytes(std::string& out, std::string_view bytes) {
-  put<std::uint64_t>(out, bytes.size());
-  out.append(bytes);
+[[noreturn]] void throw_errno(const std::string& what) {
+  throw Error(std::error_code(errno, std::system_category()), what,
+              {.operation = "checkpoint.save"});
 }
 
-std::string encode(const TrainingState& state, int rank, int world) {
-  std::string out(kMagic, sizeof kMagic);
-  put<std::int64_t>(out, state.step);
-  put<std::uint32_t>(out, static_cast<std::uint32_t>(rank));
-  put<std::uint32_t>(out, static_cast<std::uint32_t>(world));
-  put<std::uint32_t>(out, static_cast<std::uint32_t>(state.tensors.size() + state.blobs.size()));
+// Writes pieces to a file as they come, through a small buffer for the headers and
+// straight from the tensors' memory for their bytes, checksumming all of it: the state is
+// never copied into one string.
+class FileWriter {
+ public:
+  FileWriter(int fd, std::string name) : fd_(fd), name_(std::move(name)) {}
+  void small(std::string_view bytes) {
+    buffer_.append(bytes);
+    if (buffer_.size() >= kBuffer) flush();
+  }
+  void large(const char* data, std::size_t size) {
+    flush();
+    raw(data, size);
+  }
+  void flush() {
+    raw(buffer_.data(), buffer_.size());
+    buffer_.clear();
+  }
+  const Checksum& checksum() const { return checksum_; }
+
+ private:
+  static constexpr std::size_t kBuffer = 64 << 10;
+  void raw(const char* data, std::size_t size) {
+    checksum_.add(data, size);
+    while (size > 0) {
+      const ssize_t n = ::write(fd_, data, size);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw_errno(fmt::format("cannot write {}", name_));
+      data += n;
+      size -= static_cast<std::size_t>(n);
+    }
+  }
+  int fd_;
+  std::string name_;
+  std::string buffer_;
+  Checksum checksum_;
+};
+
+void encode(FileWriter& out, const TrainingState& state, int rank, int world) {
+  std::string head(kMagic, sizeof kMagic);
+  put<std::int64_t>(head, state.step);
+  put<std::uint32_t>(head, static_cast<std::uint32_t>(rank));
+  put<std::uint32_t>(head, static_cast<std::uint32_t>(world));
+  put<std::uint32_t>(head, static_cast<std::uint32_t>(state.tensors.size() + state.blobs.size()));
+  out.small(head);
   for (const auto& [name, tensor] : state.tensors) {
-    put<std::uint8_t>(out, 0);
-    put<std::uint32_t>(out, static_cast<std::uint32_t>(name.size()));
-    out.append(name);
-    put<std::int32_t>(out, static_cast<std::int32_t>(tensor.scalar_type()));
-    put<std::uint32_t>(out, static_cast<std::uint32_t>(tensor.dim()));
-    for (std::int64_t d : tensor.sizes()) put<std::int64_t>(out, d);
-    put_bytes(out,
-              std::string_view(static_cast<const char*>(tensor.const_data_ptr()), tensor.nbytes()));
+    std::string entry;
+    put<std::uint8_t>(entry, 0);
+    put<std::uint32_t>(entry, static_cast<std::uint32_t>(name.size()));
+    entry.append(name);
+    put<std::int32_t>(entry, static_cast<std::int32_t>(tensor.scalar_type()));
+    put<std::uint32_t>(entry, static_cast<std::uint32_t>(tensor.dim()));
+    for (std::int64_t d : tensor.sizes()) put<std::int64_t>(entry, d);
+    put<std::uint64_t>(entry, tensor.nbytes());
+    out.small(entry);
+    out.large(static_cast<const char*>(tensor.const_data_ptr()), tensor.nbytes());
   }
   for (const auto& [name, bytes] : state.blobs) {
-    put<std::uint8_t>(out, 1);
-    put<std::uint32_t>(out, static_cast<std::uint32_t>(name.size()));
-    out.append(name);
-    put_bytes(out, bytes);
+    std::string entry;
+    put<std::uint8_t>(entry, 1);
+    put<std::uint32_t>(entry, static_cast<std::uint32_t>(name.size()));
+    entry.append(name);
+    put<std::uint64_t>(entry, bytes.size());
+    out.small(entry);
+    out.large(bytes.data(), bytes.size());
   }
-  put<std::uint64_t>(out, checksum(out.data(), out.size()));
-  return out;
+  out.flush();
+  std::string tail;
+  put<std::uint64_t>(tail, out.checksum().value());
+  out.large(tail.data(), tail.size());
 }
 
 // Reads what encode() wrote; std::runtime_error saying what is wrong with it.
@@ -114,7 +184,9 @@ TrainingState decode(std::string_view bytes, int rank, int world) {
   const std::string_view body = bytes.substr(0, bytes.size() - 8);
   std::uint64_t stored;
   std::memcpy(&stored, bytes.data() + body.size(), 8);
-  if (checksum(body.data(), body.size()) != stored) {
+  Checksum computed;
+  computed.add(body.data(), body.size());
+  if (computed.value() != stored) {
     throw std::runtime_error("its checksum does not match its contents (torn or damaged)");
   }
   Decoder in(body.substr(sizeof kMagic));
@@ -151,32 +223,23 @@ TrainingState decode(std::string_view bytes, int rank, int world) {
   return state;
 }
 
-[[noreturn]] void throw_errno(const std::string& what) {
-  throw Error(std::error_code(errno, std::system_category()), what,
-              {.operation = "checkpoint.save"});
-}
-
 // Temporary name, write, fsync, rename, fsync the directory: the file appears whole or not
 // at all.
-void write_atomically(const fs::path& path, const std::string& bytes) {
+void write_atomically(const fs::path& path, const TrainingState& state, int rank, int world) {
   fs::create_directories(path.parent_path());
   const fs::path partial = path.string() + fmt::format(".partial.{}", ::getpid());
   const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw_errno(fmt::format("cannot create {}", partial.string()));
-  std::size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int saved = errno;
-      ::close(fd);
-      errno = saved;
-      throw_errno(fmt::format("cannot write {}", partial.string()));
-    }
-    written += static_cast<std::size_t>(n);
+  try {
+    FileWriter out(fd, partial.string());
+    encode(out, state, rank, world);
+  } catch (...) {
+    ::close(fd);
+    throw;
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0)
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
     throw_errno(fmt::format("cannot flush {}", partial.string()));
+  }
   if (::rename(partial.c_str(), path.c_str()) != 0) {
     throw_errno(fmt::format("cannot rename {} to {}", partial.string(), path.string()));
   }
@@ -306,7 +369,7 @@ void DiskCheckpoints::save_async(const TrainingState& state) {
   const int world = comm_->size();
   const fs::path path = file_of(state.step);
   writer_->submit([this, snapshot, rank, world, path] {
-    write_atomically(path, encode(*snapshot, rank, world));
+    write_atomically(path, *snapshot, rank, world);
     // This rank's files beyond the newest `keep`: its own only, never another rank's.
     std::vector<std::int64_t> steps;
     for (const auto& entry : fs::directory_iterator(directory_)) {
@@ -374,7 +437,53 @@ std::optional<TrainingState> DiskCheckpoints::restore() {
   return std::move(read[*chosen]);
 }
 
-std::string optimizer_bytes(::torch::optim::Optimizer& optimizer) {
+namespace {
+
+// A parameter's state under its group and place: "<prefix>.<group>.<index>.<what>".
+std::string state_name(const std::string& prefix, std::size_t group, std::size_t index,
+                       std::string_view what) {
+  return fmt::format("{}.{}.{}.{}", prefix, group, index, what);
+}
+
+// The state's tensors of one parameter, by what they hold; empty where the optimizer's
+// state is of a kind kept only as its archive.
+std::optional<std::map<std::string, at::Tensor*>> state_tensors(
+    ::torch::optim::OptimizerParamState& state, std::int64_t*& step) {
+  step = nullptr;
+  if (auto* adam = dynamic_cast<::torch::optim::AdamParamState*>(&state)) {
+    step = &adam->step();
+    return std::map<std::string, at::Tensor*>{{"exp_avg", &adam->exp_avg()},
+                                              {"exp_avg_sq", &adam->exp_avg_sq()},
+                                              {"max_exp_avg_sq", &adam->max_exp_avg_sq()}};
+  }
+  if (auto* adamw = dynamic_cast<::torch::optim::AdamWParamState*>(&state)) {
+    step = &adamw->step();
+    return std::map<std::string, at::Tensor*>{{"exp_avg", &adamw->exp_avg()},
+                                              {"exp_avg_sq", &adamw->exp_avg_sq()},
+                                              {"max_exp_avg_sq", &adamw->max_exp_avg_sq()}};
+  }
+  if (auto* sgd = dynamic_cast<::torch::optim::SGDParamState*>(&state)) {
+    return std::map<std::string, at::Tensor*>{{"momentum_buffer", &sgd->momentum_buffer()}};
+  }
+  return std::nullopt;
+}
+
+// A fresh state of the optimizer's kind, to fill from a checkpoint.
+std::unique_ptr<::torch::optim::OptimizerParamState> new_state(
+    ::torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<::torch::optim::Adam*>(&optimizer)) {
+    return std::make_unique<::torch::optim::AdamParamState>();
+  }
+  if (dynamic_cast<::torch::optim::AdamW*>(&optimizer)) {
+    return std::make_unique<::torch::optim::AdamWParamState>();
+  }
+  if (dynamic_cast<::torch::optim::SGD*>(&optimizer)) {
+    return std::make_unique<::torch::optim::SGDParamState>();
+  }
+  return nullptr;
+}
+
+std::string archive_bytes(::torch::optim::Optimizer& optimizer) {
   ::torch::serialize::OutputArchive archive;
   optimizer.save(archive);
   std::ostringstream out;
@@ -382,11 +491,91 @@ std::string optimizer_bytes(::torch::optim::Optimizer& optimizer) {
   return std::move(out).str();
 }
 
-void load_optimizer_bytes(::torch::optim::Optimizer& optimizer, const std::string& bytes) {
-  ::torch::serialize::InputArchive archive;
-  std::istringstream in(bytes);
-  archive.load_from(in);
-  optimizer.load(archive);
+}  // namespace
+
+void save_optimizer(::torch::optim::Optimizer& optimizer, TrainingState& state,
+                    const std::string& prefix) {
+  TrainingState mine;
+  const bool by_tensors = new_state(optimizer) != nullptr;
+  auto& groups = optimizer.param_groups();
+  for (std::size_t g = 0; g < groups.size() && by_tensors; ++g) {
+    // Hexadecimal: the double exactly.
+    mine.blobs[fmt::format("{}.{}.lr", prefix, g)] =
+        fmt::format("{:a}", groups[g].options().get_lr());
+    const auto& params = groups[g].params();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto found = optimizer.state().find(params[i].unsafeGetTensorImpl());
+      if (found == optimizer.state().end()) continue;  // not stepped yet
+      std::int64_t* step = nullptr;
+      auto tensors = state_tensors(*found->second, step);
+      if (!tensors) break;
+      if (step != nullptr) {
+        mine.tensors[state_name(prefix, g, i, "step")] = at::scalar_tensor(*step, at::kLong);
+      }
+      for (const auto& [what, tensor] : *tensors) {
+        if (tensor->defined()) mine.tensors[state_name(prefix, g, i, what)] = *tensor;
+      }
+    }
+  }
+  if (!by_tensors) {
+    state.blobs[prefix] = archive_bytes(optimizer);
+    return;
+  }
+  state.tensors.merge(mine.tensors);
+  state.blobs.merge(mine.blobs);
+}
+
+void load_optimizer(::torch::optim::Optimizer& optimizer, const TrainingState& state,
+                    const std::string& prefix) {
+  if (auto archive = state.blobs.find(prefix); archive != state.blobs.end()) {
+    ::torch::serialize::InputArchive in;
+    std::istringstream bytes(archive->second);
+    in.load_from(bytes);
+    optimizer.load(in);
+    return;
+  }
+  if (!new_state(optimizer)) {
+    throw std::invalid_argument(
+        fmt::format("the checkpoint of step {} holds no state for this optimizer under '{}'",
+                    state.step, prefix));
+  }
+  auto& groups = optimizer.param_groups();
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const auto lr = state.blobs.find(fmt::format("{}.{}.lr", prefix, g));
+    if (lr == state.blobs.end()) {
+      throw std::invalid_argument(fmt::format(
+          "the checkpoint of step {} holds no parameter group {} under '{}': another optimizer "
+          "or layout saved it",
+          state.step, g, prefix));
+    }
+    groups[g].options().set_lr(std::strtod(lr->second.c_str(), nullptr));
+    const auto& params = groups[g].params();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto fresh = new_state(optimizer);
+      std::int64_t* step = nullptr;
+      auto tensors = *state_tensors(*fresh, step);
+      bool any = false;
+      if (step != nullptr) {
+        if (auto t = state.tensors.find(state_name(prefix, g, i, "step"));
+            t != state.tensors.end()) {
+          *step = t->second.item<std::int64_t>();
+          any = true;
+        }
+      }
+      for (const auto& [what, tensor] : tensors) {
+        auto t = state.tensors.find(state_name(prefix, g, i, what));
+        if (t == state.tensors.end()) continue;
+        if (!t->second.sizes().equals(params[i].sizes())) {
+          throw std::invalid_argument(fmt::format(
+              "the checkpoint of step {} holds {} of shape {} for a parameter of shape {}",
+              state.step, t->first, t->second.sizes(), params[i].sizes()));
+        }
+        *tensor = t->second.to(params[i].device(), params[i].scalar_type(), false, true);
+        any = true;
+      }
+      if (any) optimizer.state()[params[i].unsafeGetTensorImpl()] = std::move(fresh);
+    }
+  }
 }
 
 std::string cpu_generator_bytes() {

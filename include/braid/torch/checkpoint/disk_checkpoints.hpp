@@ -86,10 +86,16 @@ class DiskCheckpoints {
   std::unique_ptr<Writer> writer_;
 };
 
-// What a torch optimizer holds (its state per parameter and its settings), as bytes for
-// TrainingState::blobs, and back into an optimizer built over the same parameters.
-std::string optimizer_bytes(::torch::optim::Optimizer& optimizer);
-void load_optimizer_bytes(::torch::optim::Optimizer& optimizer, const std::string& bytes);
+// What a torch optimizer holds, into `state` under names beginning with `prefix`, and back
+// into an optimizer built over the same parameters. Adam's, AdamW's and SGD's state per
+// parameter goes in as the tensors themselves (the snapshot copies them once, as it does
+// the parameters) and each group's learning rate as exact text; any other optimizer as its
+// torch archive's bytes, which cost a serialisation on the training thread. Loading a
+// state saved from another optimizer or parameter layout throws std::invalid_argument.
+void save_optimizer(::torch::optim::Optimizer& optimizer, TrainingState& state,
+                    const std::string& prefix);
+void load_optimizer(::torch::optim::Optimizer& optimizer, const TrainingState& state,
+                    const std::string& prefix);
 
 // The default CPU generator's state as bytes, and back.
 std::string cpu_generator_bytes();

@@ -26,6 +26,7 @@
 #include <braid/parallel/pipeline_schedule.hpp>
 #include <braid/parallel/pipeline_simulator.hpp>
 #include <braid/parallel/rank_grid.hpp>
+#include <braid/torch/checkpoint/disk_checkpoints.hpp>
 #include <braid/torch/data_parallel/distributed_data_parallel.hpp>
 #include <braid/torch/pipeline/pipeline_executor.hpp>
 #include <braid/torch/tensor_parallel/parallel_transformer_block.hpp>
@@ -59,6 +60,11 @@ options:
   --optimizer adam|sgd       (default adam; lr 3e-3, or 0.1 for sgd)
   --lr X
   --seed N                   weights and data (default 1)
+  --checkpoint-dir D         restartable: on start, resume after the newest step every rank
+                             holds whole under D (each rank's stage slices, optimizer state,
+                             generator; the data follows the step), and save every
+                             --checkpoint-every steps there in the background
+  --checkpoint-every K       steps between checkpoints (default 10)
   -h, --help
 )";
 
@@ -69,6 +75,8 @@ struct Settings : example_models::GptOptions, example_models::ScheduleChoice {
   int steps = 60;
   std::string optimizer = "adam";
   std::optional<double> lr;
+  std::string checkpoint_dir;  // empty: no checkpoints
+  int checkpoint_every = 10;
 };
 
 Settings parse(int argc, char** argv) {
@@ -95,6 +103,10 @@ Settings parse(int argc, char** argv) {
       s.optimizer = value;
     else if (arg == "--lr")
       s.lr = example_models::decimal_number(arg, value);
+    else if (arg == "--checkpoint-dir")
+      s.checkpoint_dir = value;
+    else if (arg == "--checkpoint-every")
+      s.checkpoint_every = whole_number(arg, value, 1);
     else if (arg == "--stage-layers") {
       std::stringstream items(value);
       for (std::string item; std::getline(items, item, ',');) {
@@ -132,7 +144,9 @@ std::vector<braid::collectives::AgreedValue> agreed_settings(const Settings& s) 
           {"--global-batch", std::to_string(s.global_batch)},
           {"--seed", std::to_string(s.seed)},
           {"--optimizer", s.optimizer},
-          {"--lr", s.lr ? fmt::format("{}", *s.lr) : "default"}};
+          {"--lr", s.lr ? fmt::format("{}", *s.lr) : "default"},
+          {"--checkpoint-every",
+           s.checkpoint_dir.empty() ? "none" : std::to_string(s.checkpoint_every)}};
 }
 
 using StageImpl = example_models::GptStageImpl;
@@ -244,13 +258,43 @@ int train(const Settings& s) {
     if (module->embed) tied.push_back(module->embed->weight);
   }
 
+  // --checkpoint-dir: this rank's state is its stages' parameters (its TP slices), its
+  // optimizer's state and the generator; every rank resumes from the newest step all hold.
+  auto capture = [&](int steps_done) {
+    braid::torch::TrainingState state{.step = steps_done};
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+      state.tensors[fmt::format("parameter.{:04}", i)] = parameters[i];
+    }
+    braid::torch::save_optimizer(*optimizer, state, "optimizer");
+    state.blobs["cpu_generator"] = braid::torch::cpu_generator_bytes();
+    return state;
+  };
+  std::optional<braid::torch::DiskCheckpoints> checkpoints;
+  int first_step = 0;
+  if (!s.checkpoint_dir.empty()) {
+    checkpoints.emplace(s.checkpoint_dir, comm);
+    if (auto state = checkpoints->restore()) {
+      ::torch::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < parameters.size(); ++i) {
+        parameters[i].copy_(state->tensors.at(fmt::format("parameter.{:04}", i)));
+      }
+      braid::torch::load_optimizer(*optimizer, *state, "optimizer");
+      braid::torch::load_cpu_generator_bytes(state->blobs.at("cpu_generator"));
+      first_step = static_cast<int>(state->step);
+      if (leader) {
+        std::cout << fmt::format("train_3d: resuming after step {} from {}\n", first_step,
+                                 s.checkpoint_dir);
+      }
+    }
+  }
+
   std::int64_t from_ns = 0;
   const auto started = std::chrono::steady_clock::now();
   // The pipeline bubble from step 2 on: this rank's compute, over the pipeline's step time
   // (its slowest rank's).
   double computed_ns = 0, pipeline_ns = 0;
-  for (int step = 0; step < s.steps; ++step) {
-    if (step == 1) {
+  for (int step = first_step; step < s.steps; ++step) {
+    if (step == first_step + 1) {
       braid::trace::set_enabled(true);
       from_ns = braid::trace::now_ns();
     }
@@ -263,7 +307,10 @@ int train(const Settings& s) {
       braid::torch::tp::all_reduce_replicated_gradients(embedding_group, tied);
     }
     optimizer->step();
-    if (step >= 1) {
+    if (checkpoints && (step + 1) % s.checkpoint_every == 0) {
+      checkpoints->save_async(capture(step + 1));
+    }
+    if (step >= first_step + 1) {
       const auto times = executor.last_step();
       std::vector<double> wall{static_cast<double>(times.wall_ns)};
       pipeline->launch(pipeline->all_reduce(braid::Buffer(wall), braid::ReduceOp::max)).get();
@@ -283,6 +330,7 @@ int train(const Settings& s) {
                 << std::flush;
     }
   }
+  if (checkpoints) checkpoints->wait();  // the last save on disk before the job ends
   braid::trace::set_enabled(false);
   const std::int64_t to_ns = braid::trace::now_ns();
 

@@ -3,10 +3,10 @@
 examples/ddp_train under braid-run --max-restarts 1 with --checkpoint-dir, one rank killed
 with SIGKILL halfway, resumes from the newest checkpoint every rank holds whole and ends
 with exactly the parameters of the same run without a failure (same seed; the data follows
-the step), for Adam and for SGD. A second kill, past --max-restarts, ends the job with the
+the step), for Adam and for SGD; and so does examples/train_3d on tp 2 x pp 2. A second kill, past --max-restarts, ends the job with the
 failure named.
 
-Paths from the environment (meson sets them): BRAID_RUN, DDP_TRAIN.
+Paths from the environment (meson sets them): BRAID_RUN, DDP_TRAIN, TRAIN_3D.
 """
 import os
 import re
@@ -102,6 +102,34 @@ for optimizer in ["adam", "sgd"]:
               f"ended with the same parameters ({want})")
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+# The 3D job: each rank's state is its stages' TP slices and their optimizer state.
+THREE_D = ["--tp", "2", "--pp", "2", "--steps", "60", "--layers", "4", "--hidden", "32",
+           "--heads", "4", "--vocab", "32", "--seq", "8", "--global-batch", "8",
+           "--microbatches", "4", "--seed", "3"]
+reference = subprocess.run([os.environ["BRAID_RUN"], "-n", "4", os.environ["TRAIN_3D"]]
+                           + THREE_D, capture_output=True, text=True, timeout=200)
+if reference.returncode != 0:
+    fail(f"train_3d without a failure exited {reference.returncode}",
+         reference.stdout + reference.stderr)
+want = checksum(reference.stdout)
+directory = tempfile.mkdtemp(prefix="braid-restart-")
+try:
+    status, output = run_and_kill(
+        ["-n", "4", "--max-restarts", "1", os.environ["TRAIN_3D"]] + THREE_D
+        + ["--checkpoint-dir", directory, "--checkpoint-every", "5"], [21])
+    if status != 0:
+        fail(f"train_3d: the restarted job exited {status}", output)
+    resumed = re.search(r"resuming after step (\d+)", output)
+    if not resumed or int(resumed.group(1)) < 15:
+        fail("train_3d: the job did not resume from a checkpoint of step 15 or later", output)
+    if checksum(output) != want:
+        fail(f"train_3d: the restarted job ended with parameters {checksum(output)}, "
+             f"the job without a failure with {want}", output)
+    print(f"train_3d tp 2 x pp 2: killed at step 21 or later, resumed after step "
+          f"{resumed.group(1)}, ended with the same parameters ({want})")
+finally:
+    shutil.rmtree(directory, ignore_errors=True)
 
 # One failure more than --max-restarts allows: the job ends, the last failure named.
 directory = tempfile.mkdtemp(prefix="braid-restart-")

@@ -143,7 +143,8 @@ TEST(DiskCheckpoints, ATornOrDamagedFileIsRefusedAndTheStepBeforeIsUsed) {
   }
 }
 
-// A write cut off before its rename leaves only a partial file, which is not a checkpoint.
+// A write cut off before its rename leaves only a partial file, which is not a checkpoint
+// and goes at the next restore.
 TEST(DiskCheckpoints, APartialWriteIsNotACheckpoint) {
   ScratchDirectory dir;
   expect_all_passed(run_blocking_ranks(1, [&](int rank, auto comm) {
@@ -156,6 +157,7 @@ TEST(DiskCheckpoints, APartialWriteIsNotACheckpoint) {
     auto state = checkpoints.restore();
     ASSERT_TRUE(state.has_value());
     expect_state(*state, rank, 4);
+    EXPECT_FALSE(fs::exists(partial)) << "a torn file is removed, not left to pile up";
   }));
 }
 

@@ -3,7 +3,8 @@
 examples/ddp_train under braid-run --max-restarts 1 with --checkpoint-dir, one rank killed
 with SIGKILL halfway, resumes from the newest checkpoint every rank holds whole and ends
 with exactly the parameters of the same run without a failure (same seed; the data follows
-the step), for Adam and for SGD; and so does examples/train_3d on tp 2 x pp 2. A second kill, past --max-restarts, ends the job with the
+the step), for Adam and for SGD, and with a checkpoint every step (the kill most likely
+tears a file being written); and so does examples/train_3d on tp 2 x pp 2. A second kill, past --max-restarts, ends the job with the
 failure named.
 
 Paths from the environment (meson sets them): BRAID_RUN, DDP_TRAIN, TRAIN_3D.
@@ -102,6 +103,25 @@ for optimizer in ["adam", "sgd"]:
               f"ended with the same parameters ({want})")
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+# A checkpoint every step: each step waits for the last one's file, so the kill lands, most
+# likely, while a file is being written; the torn one is not a checkpoint.
+reference = subprocess.run([os.environ["BRAID_RUN"], "-n", "2", os.environ["DDP_TRAIN"]]
+                           + COMMON, capture_output=True, text=True, timeout=200)
+want = checksum(reference.stdout)
+directory = tempfile.mkdtemp(prefix="braid-restart-")
+try:
+    status, output = run_and_kill(
+        ["-n", "2", "--max-restarts", "1", os.environ["DDP_TRAIN"]] + COMMON
+        + ["--checkpoint-dir", directory, "--checkpoint-every", "1"], [41])
+    if status != 0 or checksum(output) != want:
+        fail(f"checkpoints every step: exit {status}, parameters {checksum(output)}, "
+             f"the job without a failure {want}", output)
+    resumed = re.search(r"resuming after step (\d+)", output)
+    print(f"checkpoints every step: killed at step 41 or later, resumed after step "
+          f"{resumed.group(1) if resumed else '?'}, ended with the same parameters")
+finally:
+    shutil.rmtree(directory, ignore_errors=True)
 
 # The 3D job: each rank's state is its stages' TP slices and their optimizer state.
 THREE_D = ["--tp", "2", "--pp", "2", "--steps", "60", "--layers", "4", "--hidden", "32",

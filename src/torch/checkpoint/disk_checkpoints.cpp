@@ -347,7 +347,7 @@ DiskCheckpoints::~DiskCheckpoints() {
   try {
     writer_->wait();
   } catch (const std::exception& e) {
-    log::warn("rank {}: the last checkpoint was not written: {}", comm_->rank(), e.what());
+    log::warn("the last checkpoint was not written: {}", e.what());
   }
 }
 
@@ -392,12 +392,21 @@ void DiskCheckpoints::wait() {
 
 std::optional<TrainingState> DiskCheckpoints::restore() {
   wait();
-  // This rank's whole files, newest first, up to kMostKept.
+  // This rank's whole files, newest first, up to kMostKept; and away with the files a
+  // process of this rank was writing when it died (they are no checkpoint, and would pile
+  // up restart after restart).
   std::vector<std::int64_t> steps;
   for (const auto& entry : fs::directory_iterator(directory_)) {
-    if (auto step = step_of_directory(entry.path()); step && fs::exists(file_of(*step))) {
-      steps.push_back(*step);
+    auto step = step_of_directory(entry.path());
+    if (!step) continue;
+    const std::string torn = file_of(*step).filename().string() + ".partial.";
+    for (const auto& file : fs::directory_iterator(entry.path())) {
+      if (file.path().filename().string().starts_with(torn)) {
+        std::error_code ignored;
+        fs::remove(file.path(), ignored);
+      }
     }
+    if (fs::exists(file_of(*step))) steps.push_back(*step);
   }
   std::sort(steps.rbegin(), steps.rend());
   std::vector<std::int64_t> whole(kMostKept, -1);
@@ -409,8 +418,7 @@ std::optional<TrainingState> DiskCheckpoints::restore() {
       read[step] = decode(read_file(file_of(step)), comm_->rank(), comm_->size());
       whole[found++] = step;
     } catch (const std::exception& e) {
-      log::warn("rank {}: checkpoint {} is refused: {}", comm_->rank(), file_of(step).string(),
-                e.what());
+      log::warn("checkpoint {} is refused: {}", file_of(step).string(), e.what());
     }
   }
   // Every rank's list; the newest step on all of them.

@@ -71,85 +71,55 @@ def run_and_kill(args, kill_at_steps):
     return process.wait(timeout=60), "".join(output)
 
 
-for optimizer in ["adam", "sgd"]:
-    settings = COMMON + ["--optimizer", optimizer]
-    reference = subprocess.run([os.environ["BRAID_RUN"], "-n", "2", os.environ["DDP_TRAIN"]]
-                               + settings, capture_output=True, text=True, timeout=200)
+def expect_restart_ends_alike(name, program, ranks, args, every, kill_at, earliest):
+    """Runs `program` on `ranks` ranks once unbroken and once killed at step `kill_at` under
+    --max-restarts 1 with a checkpoint every `every` steps: the second must say it
+    restarted, resume after a step of `earliest` or later, and end with the first's
+    parameters."""
+    reference = subprocess.run([os.environ["BRAID_RUN"], "-n", str(ranks), program] + args,
+                               capture_output=True, text=True, timeout=200)
     if reference.returncode != 0:
-        fail(f"the run without a failure exited {reference.returncode}",
+        fail(f"{name}: the run without a failure exited {reference.returncode}",
              reference.stdout + reference.stderr)
     want = checksum(reference.stdout)
-
     directory = tempfile.mkdtemp(prefix="braid-restart-")
     try:
         status, output = run_and_kill(
-            ["-n", "2", "--max-restarts", "1", os.environ["DDP_TRAIN"]] + settings
-            + ["--checkpoint-dir", directory, "--checkpoint-every", "5"], [41])
+            ["-n", str(ranks), "--max-restarts", "1", program] + args
+            + ["--checkpoint-dir", directory, "--checkpoint-every", str(every)], [kill_at])
         if status != 0:
-            fail(f"{optimizer}: the restarted job exited {status}", output)
-        if "restarting the job's 2 rank(s) (restart 1 of --max-restarts 1)" not in output:
-            fail(f"{optimizer}: braid-run did not say it restarted the job", output)
-        # The kill comes once rank 0 reports step 41 (or later: the reader lags). Saves are
-        # written in the background, each waiting for the one before, so step 35's is whole
-        # by the time step 40's is taken; step 40's may still be on its way.
+            fail(f"{name}: the restarted job exited {status}", output)
+        if f"restarting the job's {ranks} rank(s) (restart 1 of --max-restarts 1)" not in output:
+            fail(f"{name}: braid-run did not say it restarted the job", output)
         resumed = re.search(r"resuming after step (\d+)", output)
-        if not resumed or int(resumed.group(1)) < 35 or int(resumed.group(1)) % 5 != 0:
-            fail(f"{optimizer}: the job did not resume from a checkpoint of step 35 or later",
-                 output)
+        if not resumed or int(resumed.group(1)) < earliest or int(resumed.group(1)) % every:
+            fail(f"{name}: the job did not resume from a checkpoint of step {earliest} or "
+                 "later", output)
         if checksum(output) != want:
-            fail(f"{optimizer}: the restarted job ended with parameters {checksum(output)}, "
-                 f"the job without a failure with {want}", output)
-        print(f"{optimizer}: killed at step 41 or later, resumed after step {resumed.group(1)}, "
-              f"ended with the same parameters ({want})")
+            fail(f"{name}: the restarted job ended with parameters {checksum(output)}, the job "
+                 f"without a failure with {want}", output)
+        print(f"{name}: killed at step {kill_at} or later, resumed after step "
+              f"{resumed.group(1)}, ended with the same parameters ({want})")
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
+
+# The kill comes once rank 0 reports step 41 (or later: the reader lags). Saves are written
+# in the background, each waiting for the one before, so step 35's is whole by the time
+# step 40's is taken; step 40's may still be on its way.
+for optimizer in ["adam", "sgd"]:
+    expect_restart_ends_alike(f"ddp_train {optimizer}", os.environ["DDP_TRAIN"], 2,
+                              COMMON + ["--optimizer", optimizer], 5, 41, 35)
 # A checkpoint every step: each step waits for the last one's file, so the kill lands, most
 # likely, while a file is being written; the torn one is not a checkpoint.
-reference = subprocess.run([os.environ["BRAID_RUN"], "-n", "2", os.environ["DDP_TRAIN"]]
-                           + COMMON, capture_output=True, text=True, timeout=200)
-want = checksum(reference.stdout)
-directory = tempfile.mkdtemp(prefix="braid-restart-")
-try:
-    status, output = run_and_kill(
-        ["-n", "2", "--max-restarts", "1", os.environ["DDP_TRAIN"]] + COMMON
-        + ["--checkpoint-dir", directory, "--checkpoint-every", "1"], [41])
-    if status != 0 or checksum(output) != want:
-        fail(f"checkpoints every step: exit {status}, parameters {checksum(output)}, "
-             f"the job without a failure {want}", output)
-    resumed = re.search(r"resuming after step (\d+)", output)
-    print(f"checkpoints every step: killed at step 41 or later, resumed after step "
-          f"{resumed.group(1) if resumed else '?'}, ended with the same parameters")
-finally:
-    shutil.rmtree(directory, ignore_errors=True)
-
+expect_restart_ends_alike("ddp_train, a checkpoint every step", os.environ["DDP_TRAIN"], 2,
+                          COMMON, 1, 41, 39)
 # The 3D job: each rank's state is its stages' TP slices and their optimizer state.
-THREE_D = ["--tp", "2", "--pp", "2", "--steps", "60", "--layers", "4", "--hidden", "32",
-           "--heads", "4", "--vocab", "32", "--seq", "8", "--global-batch", "8",
-           "--microbatches", "4", "--seed", "3"]
-reference = subprocess.run([os.environ["BRAID_RUN"], "-n", "4", os.environ["TRAIN_3D"]]
-                           + THREE_D, capture_output=True, text=True, timeout=200)
-if reference.returncode != 0:
-    fail(f"train_3d without a failure exited {reference.returncode}",
-         reference.stdout + reference.stderr)
-want = checksum(reference.stdout)
-directory = tempfile.mkdtemp(prefix="braid-restart-")
-try:
-    status, output = run_and_kill(
-        ["-n", "4", "--max-restarts", "1", os.environ["TRAIN_3D"]] + THREE_D
-        + ["--checkpoint-dir", directory, "--checkpoint-every", "5"], [21])
-    if status != 0:
-        fail(f"train_3d: the restarted job exited {status}", output)
-    resumed = re.search(r"resuming after step (\d+)", output)
-    if not resumed or int(resumed.group(1)) < 15:
-        fail("train_3d: the job did not resume from a checkpoint of step 15 or later", output)
-    if checksum(output) != want:
-        fail(f"train_3d: the restarted job ended with parameters {checksum(output)}, "
-             f"the job without a failure with {want}", output)
-    print(f"train_3d tp 2 x pp 2: killed at step 21 or later, resumed after step "
-          f"{resumed.group(1)}, ended with the same parameters ({want})")
-finally:
-    shutil.rmtree(directory, ignore_errors=True)
+expect_restart_ends_alike(
+    "train_3d tp 2 x pp 2", os.environ["TRAIN_3D"], 4,
+    ["--tp", "2", "--pp", "2", "--steps", "60", "--layers", "4", "--hidden", "32", "--heads",
+     "4", "--vocab", "32", "--seq", "8", "--global-batch", "8", "--microbatches", "4",
+     "--seed", "3"], 5, 21, 15)
 
 # One failure more than --max-restarts allows: the job ends, the last failure named.
 directory = tempfile.mkdtemp(prefix="braid-restart-")

@@ -296,16 +296,18 @@ std::optional<StoreChoice> master_addr_store(const EnvReader& reader) {
 }
 
 StoreChoice resolve_store(const EnvReader& reader, const Ranks& ranks) {
+  const bool one_node = ranks.nodes.value == 1;
+  // Slurm's ids are checked whatever names the store, as its node lists are: Slurm wrote
+  // them, so they hold.
+  std::optional<StoreChoice> slurm;
+  if (ranks.source == kSlurmPresence.source) slurm = slurm_store(reader, one_node);
   if (auto store = reader.text("BRAID_STORE")) {
     HostPort address = parse_host_port(*store, "BRAID_STORE");
     return {std::move(address.host), address.port, "BRAID_STORE"};
   }
   if (auto store = master_addr_store(reader)) return std::move(*store);
   if (ranks.world.value == 1) return {"127.0.0.1", 0, "one rank: any free port"};
-  const bool one_node = ranks.nodes.value == 1;
-  if (ranks.source == kSlurmPresence.source) {
-    if (auto store = slurm_store(reader, one_node)) return std::move(*store);
-  }
+  if (slurm) return std::move(*slurm);
   if (!one_node) {
     fail(
         "the {} environment spans {} nodes but names no store: set BRAID_STORE=host:port (or "

@@ -245,6 +245,11 @@ TEST(Bootstrap, MalformedSlurmJobAndStepIdsAndNodeListsAreErrors) {
   EXPECT_THAT(error_for(vars), HasSubstr("SLURM_JOB_NODELIST='n[2-1]' is not a Slurm host list"));
   vars["SLURM_STEP_NODELIST"] = "n[1-";
   EXPECT_THAT(error_for(vars), HasSubstr("SLURM_STEP_NODELIST='n[1-' is not a Slurm host list"));
+  // And so are the ids.
+  vars.erase("SLURM_STEP_NODELIST");
+  vars["SLURM_JOB_NODELIST"] = "n[1-2]";
+  vars["SLURM_STEP_ID"] = "y";
+  EXPECT_THAT(error_for(vars), HasSubstr("SLURM_STEP_ID='y' is not an integer"));
 }
 
 TEST(Bootstrap, SlurmVariablesThatDisagreeAreErrorsNamingBoth) {

@@ -114,6 +114,7 @@ class Job {
   void stop(int sig);
   void kill_remaining();
   int running_count() const;
+  void close_streams();
 
   const LaunchOptions& options_;
   // What the job's members are: this node's ranks, or (--emulate-nodes) the nodes, each
@@ -128,6 +129,7 @@ class Job {
   int exit_status_ = 0;
   bool stopping_ = false;
   bool rank_failed_ = false;  // the job stopped because a rank failed (a restart may follow)
+  int restarts_ = 0;          // --max-restarts: how many times the ranks were started again
   std::optional<Clock::time_point> kill_at_;  // SIGKILL for ranks still running then
   Clock::time_point deadline_ = Clock::time_point::max();
   // Failed ranks seen within kSettle of the first failure, in the order seen, and when
@@ -160,14 +162,18 @@ constexpr std::array kTorchVariables{
     "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"};
 
 Job::~Job() {
-  for (Rank& rank : ranks_) {
-    for (Stream& s : rank.streams) {
-      if (s.fd >= 0) ::close(s.fd);
-    }
-  }
+  close_streams();
   if (signal_fd_ >= 0) {
     ::close(signal_fd_);
     ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+  }
+}
+
+void Job::close_streams() {
+  for (Rank& rank : ranks_) {
+    for (Stream& s : rank.streams) {
+      if (s.fd >= 0) ::close(std::exchange(s.fd, -1));
+    }
   }
 }
 
@@ -184,6 +190,8 @@ std::vector<std::string> Job::rank_environment(int local_rank) const {
   env.push_back(fmt::format("BRAID_LOCAL_RANK={}", local_rank));
   env.push_back(fmt::format("RANK={}", rank));
   env.push_back(fmt::format("LOCAL_RANK={}", local_rank));
+  env.push_back(fmt::format("BRAID_RESTART_COUNT={}", restarts_));
+  env.push_back(fmt::format("TORCHELASTIC_RESTART_COUNT={}", restarts_));
   return env;
 }
 
@@ -602,24 +610,17 @@ int Job::run() {
   }
 
   take_signals();
-  for (int restart = 0;; ++restart) {
-    shared_env_.push_back(fmt::format("BRAID_RESTART_COUNT={}", restart));
-    shared_env_.push_back(fmt::format("TORCHELASTIC_RESTART_COUNT={}", restart));
+  for (;; ++restarts_) {
     ranks_.reserve(static_cast<std::size_t>(options_.nproc_per_node));
     for (int i = 0; i < options_.nproc_per_node && !stopping_; ++i) start_rank(i);
     supervise();
     for (Rank& rank : ranks_) drain(rank);
-    if (!rank_failed_ || restart == options_.max_restarts) break;
+    if (!rank_failed_ || restarts_ == options_.max_restarts) break;
     report(fmt::format("restarting the job's {} rank(s) (restart {} of --max-restarts {})",
-                       options_.nproc_per_node, restart + 1, options_.max_restarts));
-    for (Rank& rank : ranks_) {
-      for (Stream& s : rank.streams) {
-        if (s.fd >= 0) ::close(std::exchange(s.fd, -1));
-      }
-    }
+                       options_.nproc_per_node, restarts_ + 1, options_.max_restarts));
+    close_streams();
     ranks_.clear();
     failures_.clear();
-    shared_env_.resize(shared_env_.size() - 2);
     rank_failed_ = stopping_ = false;
     exit_status_ = 0;
     kill_at_.reset();

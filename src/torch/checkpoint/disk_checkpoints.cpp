@@ -271,6 +271,30 @@ std::optional<std::int64_t> step_of_directory(const fs::path& path) {
   }
 }
 
+// The steps whose file `checkpoints` (this rank) holds under `directory`, newest first;
+// with `remove_torn`, its files left half-written by a process that died go first.
+std::vector<std::int64_t> own_steps(const fs::path& directory, const DiskCheckpoints& checkpoints,
+                                    bool remove_torn) {
+  std::vector<std::int64_t> steps;
+  for (const auto& entry : fs::directory_iterator(directory)) {
+    const auto step = step_of_directory(entry.path());
+    if (!step) continue;
+    const fs::path mine = checkpoints.file_of(*step);
+    if (remove_torn) {
+      const std::string torn = mine.filename().string() + ".partial.";
+      for (const auto& file : fs::directory_iterator(entry.path())) {
+        if (file.path().filename().string().starts_with(torn)) {
+          std::error_code ignored;
+          fs::remove(file.path(), ignored);
+        }
+      }
+    }
+    if (fs::exists(mine)) steps.push_back(*step);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
 }  // namespace
 
 // One background thread writing one snapshot at a time.
@@ -371,13 +395,7 @@ void DiskCheckpoints::save_async(const TrainingState& state) {
   writer_->submit([this, snapshot, rank, world, path] {
     write_atomically(path, *snapshot, rank, world);
     // This rank's files beyond the newest `keep`: its own only, never another rank's.
-    std::vector<std::int64_t> steps;
-    for (const auto& entry : fs::directory_iterator(directory_)) {
-      if (auto step = step_of_directory(entry.path()); step && fs::exists(file_of(*step))) {
-        steps.push_back(*step);
-      }
-    }
-    std::sort(steps.rbegin(), steps.rend());
+    const std::vector<std::int64_t> steps = own_steps(directory_, *this, /*remove_torn=*/false);
     for (std::size_t i = static_cast<std::size_t>(options_.keep); i < steps.size(); ++i) {
       std::error_code ignored;
       fs::remove(file_of(steps[i]), ignored);
@@ -392,23 +410,10 @@ void DiskCheckpoints::wait() {
 
 std::optional<TrainingState> DiskCheckpoints::restore() {
   wait();
-  // This rank's whole files, newest first, up to kMostKept; and away with the files a
-  // process of this rank was writing when it died (they are no checkpoint, and would pile
-  // up restart after restart).
-  std::vector<std::int64_t> steps;
-  for (const auto& entry : fs::directory_iterator(directory_)) {
-    auto step = step_of_directory(entry.path());
-    if (!step) continue;
-    const std::string torn = file_of(*step).filename().string() + ".partial.";
-    for (const auto& file : fs::directory_iterator(entry.path())) {
-      if (file.path().filename().string().starts_with(torn)) {
-        std::error_code ignored;
-        fs::remove(file.path(), ignored);
-      }
-    }
-    if (fs::exists(file_of(*step))) steps.push_back(*step);
-  }
-  std::sort(steps.rbegin(), steps.rend());
+  // This rank's files, newest first (the whole ones are read below, up to kMostKept); and
+  // away with the files a process of this rank was writing when it died (they are no
+  // checkpoint, and would pile up restart after restart).
+  const std::vector<std::int64_t> steps = own_steps(directory_, *this, /*remove_torn=*/true);
   std::vector<std::int64_t> whole(kMostKept, -1);
   std::map<std::int64_t, TrainingState> read;
   std::size_t found = 0;

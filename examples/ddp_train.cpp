@@ -28,6 +28,7 @@
 #include <braid/torch/data_parallel/distributed_data_parallel.hpp>
 
 #include "braid_models/models.hpp"
+#include "braid_models/restartable.hpp"
 #include "braid_models/sharded_training.hpp"
 #include "braid_models/training_checks.hpp"
 
@@ -71,12 +72,6 @@ options:
   --uneven K               rank r stops K x r steps early (uneven inputs): the ranks
                            that run out join() and shadow the others' steps, and every
                            rank ends with the same weights
-  --checkpoint-dir D       restartable: on start, resume after the newest step every rank
-                           holds whole under D (parameters, optimizer state, generator;
-                           the data follows the step), and save every --checkpoint-every
-                           steps there in the background (braid::torch::DiskCheckpoints)
-  --checkpoint-every K     steps between checkpoints (default 10)
-  -h, --help               print this help, and exit
 )";
 
 struct Settings {
@@ -88,11 +83,10 @@ struct Settings {
   example_models::Sharding sharding = example_models::Sharding::none;
   bool report_memory = false;  // --sharding named
   int uneven = 0;
-  double straggle_ms = 0;      // the last rank computes this much more per step (at --batch)
-  bool balance = false;        // batch shares that follow each rank's measured speed
-  bool cadence = false;        // micro-batches per window that follow each rank's speed
-  std::string checkpoint_dir;  // empty: no checkpoints
-  int checkpoint_every = 10;
+  double straggle_ms = 0;  // the last rank computes this much more per step (at --batch)
+  bool balance = false;    // batch shares that follow each rank's measured speed
+  bool cadence = false;    // micro-batches per window that follow each rank's speed
+  example_models::RestartChoice restart;  // --checkpoint-dir, --memory-every, --step-log
   bool help = false;
 };
 
@@ -108,7 +102,8 @@ Settings parse(int argc, char** argv) {
       s.help = true;
       return s;
     }
-    if (s.model.parse(arg, value) || s.training.parse(arg, value)) continue;
+    if (s.model.parse(arg, value) || s.training.parse(arg, value) || s.restart.parse(arg, value))
+      continue;
     if (arg == "--steps")
       s.steps = example_models::whole_number(arg, value(), 2);
     else if (arg == "--lr")
@@ -128,10 +123,6 @@ Settings parse(int argc, char** argv) {
       s.balance = true;
     else if (arg == "--cadence")
       s.cadence = true;
-    else if (arg == "--checkpoint-dir")
-      s.checkpoint_dir = value();
-    else if (arg == "--checkpoint-every")
-      s.checkpoint_every = example_models::whole_number(arg, value(), 1);
     else
       throw std::invalid_argument("unknown option " + arg);
   }
@@ -148,30 +139,32 @@ Settings parse(int argc, char** argv) {
     throw std::invalid_argument("--balance and --cadence need --sync ddp and no --uneven");
   if (s.balance && s.cadence) throw std::invalid_argument("--balance or --cadence, not both");
   // Their own state (balancer shares, a rank's early stop) is not in a checkpoint.
-  if (!s.checkpoint_dir.empty() && (s.uneven != 0 || balancing))
-    throw std::invalid_argument("--checkpoint-dir needs no --uneven, --balance or --cadence");
+  if (s.restart.restartable() && (s.uneven != 0 || balancing))
+    throw std::invalid_argument(
+        "--checkpoint-dir and --memory-every need no --uneven, --balance or --cadence");
   return s;
 }
 
 // The flags every rank must be given alike (--device and --threads may differ per rank; the
 // seed, since rank 0's weights are broadcast).
 std::vector<braid::collectives::AgreedValue> agreed_settings(const Settings& s) {
-  return {{"--model", s.model.name},
-          {"--hidden", std::to_string(s.model.hidden)},
-          {"--layers", std::to_string(s.model.layers)},
-          {"--batch", std::to_string(s.model.batch)},
-          {"--steps", std::to_string(s.steps)},
-          {"--lr", fmt::format("{}", s.lr)},
-          {"--optimizer", s.training.optimizer},
-          {"--bucket-cap-mib", std::to_string(s.training.ddp.limits.bucket_cap_bytes)},
-          {"--sync", s.sync ? "ddp" : "none"},
-          {"--sharding", std::to_string(static_cast<int>(s.sharding))},
-          {"--uneven", std::to_string(s.uneven)},
-          {"--straggle-ms", fmt::format("{}", s.straggle_ms)},
-          {"--balance", s.balance ? "on" : "off"},
-          {"--cadence", s.cadence ? "on" : "off"},
-          {"--checkpoint-every",
-           s.checkpoint_dir.empty() ? "none" : std::to_string(s.checkpoint_every)}};
+  std::vector<braid::collectives::AgreedValue> agreed{
+      {"--model", s.model.name},
+      {"--hidden", std::to_string(s.model.hidden)},
+      {"--layers", std::to_string(s.model.layers)},
+      {"--batch", std::to_string(s.model.batch)},
+      {"--steps", std::to_string(s.steps)},
+      {"--lr", fmt::format("{}", s.lr)},
+      {"--optimizer", s.training.optimizer},
+      {"--bucket-cap-mib", std::to_string(s.training.ddp.limits.bucket_cap_bytes)},
+      {"--sync", s.sync ? "ddp" : "none"},
+      {"--sharding", std::to_string(static_cast<int>(s.sharding))},
+      {"--uneven", std::to_string(s.uneven)},
+      {"--straggle-ms", fmt::format("{}", s.straggle_ms)},
+      {"--balance", s.balance ? "on" : "off"},
+      {"--cadence", s.cadence ? "on" : "off"}};
+  for (auto& value : s.restart.agreed()) agreed.push_back(std::move(value));
+  return agreed;
 }
 
 template <class Model>
@@ -186,21 +179,11 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   example_models::ShardedTraining<Model> training(model, comm, s.sharding, s.sync, s.training,
                                                   s.lr);
   const std::int64_t parameters = training.parameter_count();
-  // --checkpoint-dir: where a restarted job picks up (a collective: every rank takes the
-  // newest step all of them hold whole).
-  std::optional<braid::torch::DiskCheckpoints> checkpoints;
-  int first_step = 0;
-  if (!s.checkpoint_dir.empty()) {
-    checkpoints.emplace(s.checkpoint_dir, comm);
-    if (auto state = checkpoints->restore()) {
-      training.restore(*state);
-      first_step = static_cast<int>(state->step);
-      if (comm->rank() == 0) {
-        std::cout << fmt::format("ddp_train: resuming after step {} from {}\n", first_step,
-                                 s.checkpoint_dir);
-      }
-    }
-  }
+  // --checkpoint-dir, --memory-every: where a restarted job picks up (a collective: every
+  // rank takes the newest step all of them hold whole, in memory or on disk).
+  example_models::Restartable restart(s.restart, comm, "ddp_train");
+  const int first_step =
+      restart.resume([&](const braid::torch::TrainingState& state) { training.restore(state); });
   if (comm->rank() == 0) {
     std::cout << fmt::format(
         "ddp_train: {} with {:.2f}M parameters on {} rank(s), batch {} per rank, {} steps, "
@@ -279,6 +262,7 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
       loss = torch::mse_loss(training.forward(x), y);
       // The slower rank: --straggle-ms more per --batch samples, in proportion to its batch.
       if (straggler) example_models::compute_for(s.straggle_ms * batch / s.model.batch);
+      restart.before_exchange();  // the last step's in-memory copy whole before its gradients
       // DDP's buckets all-reduce (FSDP's units reduce-scatter) while backward runs.
       (micro_batches > 1 ? loss / micro_batches : loss).backward();
     };
@@ -289,9 +273,7 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     const double window_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     training.step();
-    if (checkpoints && (step + 1) % s.checkpoint_every == 0) {
-      checkpoints->save_async(training.state(step + 1));
-    }
+    restart.after_step(step + 1, [&] { return training.state(step + 1); });
     if (balancer && balancer->record_step(compute_seconds) && comm->rank() == 0) {
       std::cout << fmt::format("balance: batch sizes now [{}]\n",
                                fmt::join(balancer->batch_sizes(), ", "));
@@ -328,7 +310,7 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
       std::cout << fmt::format("every rank now holds rank {}'s weights\n", joined.parameters_from);
     }
   }
-  if (checkpoints) checkpoints->wait();  // the last save on disk before the job ends
+  restart.finish();  // the last save on disk before the job ends
   const std::int64_t summary_to_ns = braid::trace::now_ns();
   const int trained_steps = std::max(1, my_steps - first_step);
   const double step_ms =
@@ -393,7 +375,8 @@ int main(int argc, char** argv) {
   try {
     const Settings settings = parse(argc, argv);
     if (settings.help) {
-      std::cout << kUsage;
+      std::cout << kUsage << example_models::RestartChoice::usage()
+                << "  -h, --help               print this help, and exit\n";
       return 0;
     }
     return example_models::join_and_train(

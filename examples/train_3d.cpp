@@ -26,7 +26,6 @@
 #include <braid/parallel/pipeline_schedule.hpp>
 #include <braid/parallel/pipeline_simulator.hpp>
 #include <braid/parallel/rank_grid.hpp>
-#include <braid/torch/checkpoint/disk_checkpoints.hpp>
 #include <braid/torch/data_parallel/distributed_data_parallel.hpp>
 #include <braid/torch/pipeline/pipeline_executor.hpp>
 #include <braid/torch/tensor_parallel/parallel_transformer_block.hpp>
@@ -34,6 +33,7 @@
 
 #include "braid_models/gpt_stage.hpp"
 #include "braid_models/models.hpp"
+#include "braid_models/restartable.hpp"
 #include "braid_models/training_checks.hpp"
 
 namespace {
@@ -60,12 +60,6 @@ options:
   --optimizer adam|sgd       (default adam; lr 3e-3, or 0.1 for sgd)
   --lr X
   --seed N                   weights and data (default 1)
-  --checkpoint-dir D         restartable: on start, resume after the newest step every rank
-                             holds whole under D (each rank's stage slices, optimizer state,
-                             generator; the data follows the step), and save every
-                             --checkpoint-every steps there in the background
-  --checkpoint-every K       steps between checkpoints (default 10)
-  -h, --help
 )";
 
 // The model's shape, batch and seed (GptOptions), and how it is trained.
@@ -75,8 +69,7 @@ struct Settings : example_models::GptOptions, example_models::ScheduleChoice {
   int steps = 60;
   std::string optimizer = "adam";
   std::optional<double> lr;
-  std::string checkpoint_dir;  // empty: no checkpoints
-  int checkpoint_every = 10;
+  example_models::RestartChoice restart;  // --checkpoint-dir, --memory-every, --step-log
 };
 
 Settings parse(int argc, char** argv) {
@@ -85,12 +78,15 @@ Settings parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
-      std::cout << kUsage;
+      std::cout << kUsage << example_models::RestartChoice::usage() << "  -h, --help\n";
       std::exit(0);
     }
     if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
     const std::string value = argv[++i];
-    if (s.GptOptions::parse(arg, value) || s.ScheduleChoice::parse(arg, value)) continue;
+    if (s.GptOptions::parse(arg, value) || s.ScheduleChoice::parse(arg, value) ||
+        s.restart.parse(arg, [&] { return value; })) {
+      continue;
+    }
     if (arg == "--tp")
       s.tp = whole_number(arg, value, 1);
     else if (arg == "--pp")
@@ -103,10 +99,6 @@ Settings parse(int argc, char** argv) {
       s.optimizer = value;
     else if (arg == "--lr")
       s.lr = example_models::decimal_number(arg, value);
-    else if (arg == "--checkpoint-dir")
-      s.checkpoint_dir = value;
-    else if (arg == "--checkpoint-every")
-      s.checkpoint_every = whole_number(arg, value, 1);
     else if (arg == "--stage-layers") {
       std::stringstream items(value);
       for (std::string item; std::getline(items, item, ',');) {
@@ -128,25 +120,26 @@ std::vector<braid::collectives::AgreedValue> agreed_settings(const Settings& s) 
   const auto optional = [](const std::optional<int>& v) { return v ? std::to_string(*v) : "auto"; };
   std::string stage_layers;
   for (const int n : s.stage_layers) stage_layers += fmt::format("{},", n);
-  return {{"--tp", optional(s.tp)},
-          {"--pp", optional(s.pp)},
-          {"--dp", optional(s.dp)},
-          {"--steps", std::to_string(s.steps)},
-          {"--schedule", s.schedule},
-          {"--microbatches", std::to_string(s.microbatches)},
-          {"--virtual-stages", std::to_string(s.virtual_stages)},
-          {"--stage-layers", stage_layers},
-          {"--layers", std::to_string(s.layers)},
-          {"--hidden", std::to_string(s.hidden)},
-          {"--heads", std::to_string(s.heads)},
-          {"--vocab", std::to_string(s.vocab)},
-          {"--seq", std::to_string(s.seq)},
-          {"--global-batch", std::to_string(s.global_batch)},
-          {"--seed", std::to_string(s.seed)},
-          {"--optimizer", s.optimizer},
-          {"--lr", s.lr ? fmt::format("{}", *s.lr) : "default"},
-          {"--checkpoint-every",
-           s.checkpoint_dir.empty() ? "none" : std::to_string(s.checkpoint_every)}};
+  std::vector<braid::collectives::AgreedValue> agreed{
+      {"--tp", optional(s.tp)},
+      {"--pp", optional(s.pp)},
+      {"--dp", optional(s.dp)},
+      {"--steps", std::to_string(s.steps)},
+      {"--schedule", s.schedule},
+      {"--microbatches", std::to_string(s.microbatches)},
+      {"--virtual-stages", std::to_string(s.virtual_stages)},
+      {"--stage-layers", stage_layers},
+      {"--layers", std::to_string(s.layers)},
+      {"--hidden", std::to_string(s.hidden)},
+      {"--heads", std::to_string(s.heads)},
+      {"--vocab", std::to_string(s.vocab)},
+      {"--seq", std::to_string(s.seq)},
+      {"--global-batch", std::to_string(s.global_batch)},
+      {"--seed", std::to_string(s.seed)},
+      {"--optimizer", s.optimizer},
+      {"--lr", s.lr ? fmt::format("{}", *s.lr) : "default"}};
+  for (auto& value : s.restart.agreed()) agreed.push_back(std::move(value));
+  return agreed;
 }
 
 using StageImpl = example_models::GptStageImpl;
@@ -258,35 +251,13 @@ int train(const Settings& s) {
     if (module->embed) tied.push_back(module->embed->weight);
   }
 
-  // --checkpoint-dir: this rank's state is its stages' parameters (its TP slices), its
-  // optimizer's state and the generator; every rank resumes from the newest step all hold.
-  auto capture = [&](int steps_done) {
-    braid::torch::TrainingState state{.step = steps_done};
-    for (std::size_t i = 0; i < parameters.size(); ++i) {
-      state.tensors[fmt::format("parameter.{:04}", i)] = parameters[i];
-    }
-    braid::torch::save_optimizer(*optimizer, state, "optimizer");
-    state.blobs["cpu_generator"] = braid::torch::cpu_generator_bytes();
-    return state;
-  };
-  std::optional<braid::torch::DiskCheckpoints> checkpoints;
-  int first_step = 0;
-  if (!s.checkpoint_dir.empty()) {
-    checkpoints.emplace(s.checkpoint_dir, comm);
-    if (auto state = checkpoints->restore()) {
-      ::torch::NoGradGuard no_grad;
-      for (std::size_t i = 0; i < parameters.size(); ++i) {
-        parameters[i].copy_(state->tensors.at(fmt::format("parameter.{:04}", i)));
-      }
-      braid::torch::load_optimizer(*optimizer, *state, "optimizer");
-      braid::torch::load_cpu_generator_bytes(state->blobs.at("cpu_generator"));
-      first_step = static_cast<int>(state->step);
-      if (leader) {
-        std::cout << fmt::format("train_3d: resuming after step {} from {}\n", first_step,
-                                 s.checkpoint_dir);
-      }
-    }
-  }
+  // --checkpoint-dir, --memory-every: this rank's state is its stages' parameters (its TP
+  // slices), its optimizer's state and the generator; every rank resumes from the newest
+  // step all hold whole, in memory or on disk.
+  example_models::Restartable restart(s.restart, comm, "train_3d");
+  const int first_step = restart.resume([&](const braid::torch::TrainingState& state) {
+    example_models::restore_training_state(state, parameters, {}, *optimizer);
+  });
 
   std::int64_t from_ns = 0;
   const auto started = std::chrono::steady_clock::now();
@@ -299,6 +270,9 @@ int train(const Settings& s) {
       from_ns = braid::trace::now_ns();
     }
     batch = example_models::gpt_global_batch(s, step);
+    // The step's first transfer lets a neighbour stage go on toward its next update: the
+    // last step's in-memory copy must be whole before it.
+    restart.before_exchange();
     optimizer->zero_grad(/*set_to_none=*/false);  // in place: the buckets' views stay
     const std::vector<double> losses = executor.run();
     // Megatron-Core's finalize_model_grads order: DP (done in each stage's last backward),
@@ -307,9 +281,9 @@ int train(const Settings& s) {
       braid::torch::tp::all_reduce_replicated_gradients(embedding_group, tied);
     }
     optimizer->step();
-    if (checkpoints && (step + 1) % s.checkpoint_every == 0) {
-      checkpoints->save_async(capture(step + 1));
-    }
+    restart.after_step(step + 1, [&] {
+      return example_models::training_state(step + 1, parameters, {}, *optimizer);
+    });
     if (step >= first_step + 1) {
       const auto times = executor.last_step();
       std::vector<double> wall{static_cast<double>(times.wall_ns)};
@@ -330,7 +304,7 @@ int train(const Settings& s) {
                 << std::flush;
     }
   }
-  if (checkpoints) checkpoints->wait();  // the last save on disk before the job ends
+  restart.finish();  // the last save on disk before the job ends
   braid::trace::set_enabled(false);
   const std::int64_t to_ns = braid::trace::now_ns();
 

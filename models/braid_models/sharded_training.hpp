@@ -25,6 +25,7 @@
 #include <braid/torch/data_parallel/zero_redundancy_optimizer.hpp>
 
 #include "braid_models/models.hpp"
+#include "braid_models/restartable.hpp"
 #include "braid_models/training_checks.hpp"
 
 namespace example_models {
@@ -126,43 +127,20 @@ class ShardedTraining {
     optimizer_->step();
   }
 
-  // This rank's whole training state after `step` steps, for DiskCheckpoints: its
+  // This rank's whole training state after `step` steps, for the checkpoints: its
   // parameters (FSDP: its shards), the model's buffers, its optimizer's state (ZeRO: its
   // slice's) and the CPU generator. restore() puts such a state back into a ShardedTraining
   // built alike.
   braid::torch::TrainingState state(std::int64_t step) {
-    braid::torch::TrainingState state{.step = step};
-    const std::vector<torch::Tensor> parameters = held_parameters();
-    for (std::size_t i = 0; i < parameters.size(); ++i) {
-      state.tensors[fmt::format("parameter.{:04}", i)] = parameters[i];
-    }
-    const std::vector<torch::Tensor> buffers = model_->buffers();
-    for (std::size_t i = 0; i < buffers.size(); ++i) {
-      state.tensors[fmt::format("buffer.{:04}", i)] = buffers[i];
-    }
-    braid::torch::save_optimizer(zero_ ? zero_->optimizer() : *optimizer_, state, "optimizer");
-    state.blobs["cpu_generator"] = braid::torch::cpu_generator_bytes();
-    return state;
+    return training_state(step, held_parameters(), model_->buffers(), optimizer());
   }
 
   void restore(const braid::torch::TrainingState& state) {
-    torch::NoGradGuard no_grad;
-    auto put_back = [&](const std::vector<torch::Tensor>& into, const char* kind) {
-      for (std::size_t i = 0; i < into.size(); ++i) {
-        const std::string name = fmt::format("{}.{:04}", kind, i);
-        const auto found = state.tensors.find(name);
-        if (found == state.tensors.end() || !found->second.sizes().equals(into[i].sizes())) {
-          throw std::invalid_argument(fmt::format(
-              "the checkpoint of step {} holds no {} of this model's shape", state.step, name));
-        }
-        into[i].copy_(found->second);
-      }
-    };
-    put_back(held_parameters(), "parameter");
-    put_back(model_->buffers(), "buffer");
-    braid::torch::load_optimizer(zero_ ? zero_->optimizer() : *optimizer_, state, "optimizer");
-    braid::torch::load_cpu_generator_bytes(state.blobs.at("cpu_generator"));
+    restore_training_state(state, held_parameters(), model_->buffers(), optimizer());
   }
+
+  // The optimizer this rank steps (ZeRO: over its slice).
+  torch::optim::Optimizer& optimizer() { return zero_ ? zero_->optimizer() : *optimizer_; }
 
   braid::torch::DistributedDataParallel<Model>* ddp() { return ddp_ ? &*ddp_ : nullptr; }
 

@@ -32,6 +32,13 @@ constexpr std::array kKnobs{
     Knob{"BRAID_RESTART_COUNT", "",
          "how many times braid-run --max-restarts has restarted the job (0: its first start); "
          "set by braid-run"},
+    Knob{"BRAID_SNAPSHOT_FDS", "",
+         "the two memfds braid-run keeps for this rank's in-memory checkpoints across its "
+         "restarts (MemoryCheckpoints), as fd numbers: 7,8; set by braid-run"},
+    Knob{"BRAID_FAULT", "",
+         "tests only: <point>:<n>:<rank> has rank <rank> SIGKILL itself the n-th time it "
+         "passes <point> (forward, bucket-reduction, pipeline-send, memory-copy, disk-write), "
+         "in the job's first start only (braid/core/fault_points.hpp); empty: never"},
     Knob{"BRAID_NETWORK_TIMEOUT", "10",
          "seconds a store connection may go unanswered (a node lost, a link cut) before "
          "its other end is declared failed; 0: TCP's own, about 15 minutes"},

@@ -9,6 +9,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <fmt/format.h>
 
+#include <braid/core/fault_points.hpp>
 #include <braid/dp/reducer.hpp>
 
 #include "dp/reducer_internal.hpp"
@@ -265,6 +266,7 @@ void Reducer::launch_ready_buckets() {
         reduce_bucket(comm_, hook_, view, std::move(span), std::move(previous), std::move(mine)));
     bucket.launched = true;
     ++next_launch_;
+    fault_point(FaultPoint::bucket_reduction);
   }
 }
 

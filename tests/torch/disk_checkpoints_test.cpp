@@ -16,6 +16,7 @@
 
 #include "../support/expect_error.hpp"
 #include "../support/rank_threads.hpp"
+#include "checkpoint_test_helpers.hpp"
 
 namespace braid::torch {
 namespace {
@@ -23,43 +24,6 @@ namespace {
 namespace fs = std::filesystem;
 using braid::testing::expect_all_passed;
 using braid::testing::run_blocking_ranks;
-
-// A directory of its own per test, removed after it.
-class ScratchDirectory {
- public:
-  ScratchDirectory()
-      : path_(fs::temp_directory_path() /
-              fmt::format("braid-checkpoints-{}-{}", ::getpid(),
-                          ::testing::UnitTest::GetInstance()->current_test_info()->name())) {
-    fs::remove_all(path_);
-  }
-  ~ScratchDirectory() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-// Rank r's state after `step` steps: values that say whose and which step they are.
-TrainingState state_of(int rank, std::int64_t step) {
-  TrainingState state{.step = step};
-  state.tensors["weight"] = ::torch::arange(12, ::torch::kFloat32).reshape({3, 4}) * rank + step;
-  state.tensors["count"] = ::torch::full({2}, step * 10 + rank, ::torch::kInt64);
-  state.blobs["data"] = fmt::format("rank {} at step {}", rank, step);
-  return state;
-}
-
-void expect_state(const TrainingState& got, int rank, std::int64_t step) {
-  const TrainingState want = state_of(rank, step);
-  EXPECT_EQ(got.step, step);
-  ASSERT_EQ(got.tensors.size(), want.tensors.size());
-  for (const auto& [name, tensor] : want.tensors) {
-    ASSERT_TRUE(got.tensors.contains(name)) << name;
-    EXPECT_EQ(got.tensors.at(name).scalar_type(), tensor.scalar_type()) << name;
-    EXPECT_TRUE(::torch::equal(got.tensors.at(name), tensor)) << name;
-  }
-  EXPECT_EQ(got.blobs, want.blobs);
-}
 
 TEST(DiskCheckpoints, AStateComesBackExactlyAsItWasSaved) {
   ScratchDirectory dir;

@@ -19,6 +19,7 @@ std::vector<braid::bench::Mode> all_modes() {
   return {
     p2p_mode(), collectives_mode(), algorithms_mode(), trace_cost_mode(), ddp_mode(),
         compute_tax_mode(), tp_mode(), pipeline_mode(), sharded_mode(), torch_backend_mode(),
+        recovery_mode(),
 #if BRAID_WITH_CUDA
         nccl_mode(), cuda_p2p_mode()
 #endif

@@ -12,6 +12,7 @@
 #include <random>
 #include <stdexcept>
 #include <string_view>
+#include <sys/mman.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -130,6 +131,9 @@ class Job {
   bool stopping_ = false;
   bool rank_failed_ = false;  // the job stopped because a rank failed (a restart may follow)
   int restarts_ = 0;          // --max-restarts: how many times the ranks were started again
+  // Per local rank, the two memfds its in-memory checkpoints live in (MemoryCheckpoints):
+  // braid-run's, so a rank's copies outlive its process and reach its next start.
+  std::vector<std::array<int, 2>> snapshot_fds_;
   std::optional<Clock::time_point> kill_at_;  // SIGKILL for ranks still running then
   Clock::time_point deadline_ = Clock::time_point::max();
   // Failed ranks seen within kSettle of the first failure, in the order seen, and when
@@ -151,9 +155,9 @@ constexpr auto kSettle = std::chrono::milliseconds(200);
 
 // The variables braid-run sets; each must be a declared knob.
 constexpr std::array kRankVariables{
-    "BRAID_RANK",         "BRAID_WORLD_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_WORLD_SIZE",
-    "BRAID_NODE_RANK",    "BRAID_NNODES",     "BRAID_STORE",      "BRAID_TOKEN",
-    "BRAID_RESTART_COUNT"};
+    "BRAID_RANK",          "BRAID_WORLD_SIZE",  "BRAID_LOCAL_RANK", "BRAID_LOCAL_WORLD_SIZE",
+    "BRAID_NODE_RANK",     "BRAID_NNODES",      "BRAID_STORE",      "BRAID_TOKEN",
+    "BRAID_RESTART_COUNT", "BRAID_SNAPSHOT_FDS"};
 
 // torchrun's variables, set too so that PyTorch's init_method="env://" (and any program
 // written for torchrun) runs under braid-run unchanged. Not knobs: braid does not read them.
@@ -163,6 +167,9 @@ constexpr std::array kTorchVariables{
 
 Job::~Job() {
   close_streams();
+  for (const auto& fds : snapshot_fds_) {
+    for (int fd : fds) ::close(fd);
+  }
   if (signal_fd_ >= 0) {
     ::close(signal_fd_);
     ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
@@ -192,6 +199,8 @@ std::vector<std::string> Job::rank_environment(int local_rank) const {
   env.push_back(fmt::format("LOCAL_RANK={}", local_rank));
   env.push_back(fmt::format("BRAID_RESTART_COUNT={}", restarts_));
   env.push_back(fmt::format("TORCHELASTIC_RESTART_COUNT={}", restarts_));
+  const auto& slots = snapshot_fds_[static_cast<std::size_t>(local_rank)];
+  env.push_back(fmt::format("BRAID_SNAPSHOT_FDS={},{}", slots[0], slots[1]));
   return env;
 }
 
@@ -228,6 +237,7 @@ void Job::start_rank(int local_rank) {
     ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
     int null_fd = ::open("/dev/null", O_RDONLY);
     if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
+    for (int fd : snapshot_fds_[static_cast<std::size_t>(local_rank)]) ::fcntl(fd, F_SETFD, 0);
     if (options_.prefix_output) {
       ::dup2(pipes[0][1], STDOUT_FILENO);
       ::dup2(pipes[1][1], STDERR_FILENO);
@@ -607,6 +617,16 @@ int Job::run() {
   // as the machine would run cores x ranks threads: one each unless the user said.
   if (options_.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
     shared_env_.push_back("OMP_NUM_THREADS=1");
+  }
+
+  for (int i = 0; i < options_.nproc_per_node; ++i) {
+    auto& slots = snapshot_fds_.emplace_back();
+    for (std::size_t k = 0; k < slots.size(); ++k) {
+      const std::string name = fmt::format("braid-run-rank-{}-slot-{}",
+                                           options_.node_rank * options_.nproc_per_node + i, k);
+      slots[k] = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+      if (slots[k] < 0) throw_errno("memfd_create");
+    }
   }
 
   take_signals();

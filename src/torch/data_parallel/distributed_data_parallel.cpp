@@ -10,6 +10,7 @@
 
 #include <braid/build_config.hpp>
 #include <braid/core/error.hpp>
+#include <braid/core/fault_points.hpp>
 #include <braid/core/log.hpp>
 #include <braid/torch/data_parallel/distributed_data_parallel.hpp>
 #include <braid/torch/data_parallel/sync_batch_norm.hpp>
@@ -254,6 +255,7 @@ void DataParallelCore::broadcast_buffers_from(int root) {
 }
 
 void DataParallelCore::before_forward() {
+  fault_point(FaultPoint::forward);
   const bool sync = ::torch::autograd::GradMode::is_enabled() && require_sync_;
   if (sync) {
     try {

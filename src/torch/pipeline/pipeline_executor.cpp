@@ -14,6 +14,7 @@
 #include <braid/core/config.hpp>
 #include <braid/core/deadline.hpp>
 #include <braid/core/error.hpp>
+#include <braid/core/fault_points.hpp>
 #include <braid/core/future.hpp>
 #include <braid/core/log.hpp>
 #include <braid/torch/pipeline/pipeline_executor.hpp>
@@ -513,6 +514,7 @@ void PipelineExecutor::Step::start_send(const Action& action, const Tensor& tens
                   trace::AsyncSpan(trace::Category::comm, span_name(action.kind), s_.transfers,
                                    static_cast<std::uint64_t>(payload.nbytes()))));
   s_.sends.push_back({payload, std::move(done)});
+  fault_point(FaultPoint::pipeline_send);
 }
 
 Tensor PipelineExecutor::Step::output_grad(const Action& action) {

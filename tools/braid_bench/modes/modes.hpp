@@ -18,6 +18,7 @@ Mode tp_mode();
 Mode pipeline_mode();
 Mode sharded_mode();
 Mode torch_backend_mode();
+Mode recovery_mode();
 #if BRAID_WITH_CUDA
 Mode nccl_mode();
 Mode cuda_p2p_mode();

@@ -27,11 +27,15 @@
 // restore() is a collective on the communicator: every rank lists the steps it holds
 // whole (newest first, checksums verified), the ranks exchange the lists, and all take the
 // newest step every rank holds. A step some rank lacks or holds damaged is skipped, with
-// a warning naming the file. The checkpoint must come from a job of the same world size.
+// a warning naming the file; files of steps after the one taken (another timeline's, left by
+// ranks that got further) are removed. The checkpoint must come from a job of the same
+// world size. restore_newest() (restore_newest.hpp) does the same across these files and
+// MemoryCheckpoints' copies.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -42,6 +46,8 @@
 #include <braid/collectives/communicator.hpp>
 
 namespace braid::torch {
+
+class BackgroundJob;
 
 // One rank's training state at the end of a step.
 struct TrainingState {
@@ -75,15 +81,23 @@ class DiskCheckpoints {
   // none (a fresh start).
   std::optional<TrainingState> restore();
 
+  // Every step this rank holds whole, newest first (8 at most), read back with checksums
+  // verified; each file refused is named in a warning. Not collective (restore_newest()).
+  std::map<std::int64_t, TrainingState, std::greater<>> readable();
+
+  // Removes this rank's files of the steps after `step`: once the job has gone back to
+  // `step`, they are another timeline's.
+  void forget_after(std::int64_t step);
+
   // This rank's file for `step` (for messages and tests).
   std::filesystem::path file_of(std::int64_t step) const;
+  const std::filesystem::path& directory() const { return directory_; }
 
  private:
-  class Writer;
   std::filesystem::path directory_;
   std::shared_ptr<collectives::Communicator> comm_;
   DiskCheckpointOptions options_;
-  std::unique_ptr<Writer> writer_;
+  std::unique_ptr<BackgroundJob> writer_;
 };
 
 // What a torch optimizer holds, into `state` under names beginning with `prefix`, and back

@@ -1,0 +1,71 @@
+// One thread running one job at a time for the checkpoints' save_async: a job handed over
+// while the previous one runs waits for it, so at most one snapshot is in flight.
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+namespace braid::torch {
+
+class BackgroundJob {
+ public:
+  BackgroundJob() : thread_([this] { loop(); }) {}
+  ~BackgroundJob() {
+    {
+      std::lock_guard lock(mutex_);
+      closing_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+  BackgroundJob(const BackgroundJob&) = delete;
+  BackgroundJob& operator=(const BackgroundJob&) = delete;
+
+  // Waits for the job before (throwing its error), then hands this one over.
+  void submit(std::function<void()> job) {
+    wait();
+    std::lock_guard lock(mutex_);
+    job_ = std::move(job);
+    changed_.notify_all();
+  }
+
+  // Waits until no job runs; throws the last job's error, once.
+  void wait() {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return !job_; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      changed_.wait(lock, [&] { return job_ || closing_; });
+      if (!job_) return;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        job_();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      job_ = nullptr;
+      if (error) error_ = error;
+      changed_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::function<void()> job_;
+  std::exception_ptr error_;
+  bool closing_ = false;
+  std::thread thread_;
+};
+
+}  // namespace braid::torch

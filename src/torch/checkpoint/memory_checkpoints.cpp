@@ -1,0 +1,370 @@
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <string_view>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <braid/core/config.hpp>
+#include <braid/core/error.hpp>
+#include <braid/core/fault_points.hpp>
+#include <braid/core/log.hpp>
+#include <braid/torch/checkpoint/memory_checkpoints.hpp>
+#include <braid/torch/checkpoint/restore_newest.hpp>
+
+#include "background_job.hpp"
+#include "checkpoint_format.hpp"
+
+namespace braid::torch {
+namespace {
+
+constexpr char kSlotMagic[8] = {'B', 'R', 'A', 'I', 'D', 'M', 'S', '1'};
+
+// What a slot says about its contents, at its start; the checkpoint's bytes follow at
+// kHeaderBytes.
+struct SlotHeader {
+  char magic[8];
+  std::uint32_t condition;  // a SlotCondition, read and written through atomic_ref
+  std::uint32_t rank;
+  std::uint32_t world;
+  std::uint32_t unused;
+  std::int64_t step;
+  std::uint64_t length;  // the checkpoint's bytes
+  std::uint64_t sum;     // SlotSum of them
+};
+constexpr std::size_t kHeaderBytes = 64;
+static_assert(sizeof(SlotHeader) <= kHeaderBytes);
+
+enum SlotCondition : std::uint32_t { kEmpty = 0, kBeingWritten = 1, kWhole = 2 };
+
+// The slot's check: Fletcher's two running sums over the bytes' 8-byte words, in four lanes,
+// computed in the same pass as the copy. A checkpoint file's checksum (FNV-1a, a
+// multiplication per word) would cost a second pass over the state, twice the memcpy's
+// time, on every step; this one costs about 15% over the memcpy. The file's own checksum
+// (its last 8 bytes) is left 0 in a slot, and decode() is told not to check it.
+class SlotSum {
+ public:
+  // Copies `size` bytes to `to` (or, with `to` null, only reads them) and adds them.
+  void add(char* to, const char* from, std::size_t size) {
+    while (size > 0 && carried_ > 0) {  // finish the word a previous piece began
+      if (to != nullptr) *to++ = *from;
+      carry_[carried_++] = *from++;
+      --size;
+      if (carried_ == 8) {
+        word(load(carry_.data()));
+        carried_ = 0;
+      }
+    }
+    for (; size >= 8 && (words_ & 3) != 0; from += 8, size -= 8) {
+      const std::uint64_t w = load(from);
+      if (to != nullptr) {
+        std::memcpy(to, &w, 8);
+        to += 8;
+      }
+      word(w);
+    }
+    // The lanes in locals: the stores through `to` (a char*) may alias any member, which
+    // would send every sum back to memory each word.
+    std::uint64_t a0 = a_[0], a1 = a_[1], a2 = a_[2], a3 = a_[3];
+    std::uint64_t b0 = b_[0], b1 = b_[1], b2 = b_[2], b3 = b_[3];
+    const std::size_t blocks = size / 32;
+    for (std::size_t i = 0; i < blocks; ++i, from += 32) {
+      std::uint64_t w[4];
+      std::memcpy(w, from, 32);
+      if (to != nullptr) {
+        std::memcpy(to, w, 32);
+        to += 32;
+      }
+      a0 += w[0];
+      a1 += w[1];
+      a2 += w[2];
+      a3 += w[3];
+      b0 += a0;
+      b1 += a1;
+      b2 += a2;
+      b3 += a3;
+    }
+    a_ = {a0, a1, a2, a3};
+    b_ = {b0, b1, b2, b3};
+    words_ += 4 * blocks;
+    size -= 32 * blocks;
+    for (; size >= 8; from += 8, size -= 8) {
+      const std::uint64_t w = load(from);
+      if (to != nullptr) {
+        std::memcpy(to, &w, 8);
+        to += 8;
+      }
+      word(w);
+    }
+    for (; size > 0; --size) {
+      if (to != nullptr) *to++ = *from;
+      carry_[carried_++] = *from++;
+    }
+  }
+  std::uint64_t value() const {
+    SlotSum last = *this;
+    if (last.carried_ > 0) {
+      std::fill(last.carry_.begin() + static_cast<std::ptrdiff_t>(last.carried_), last.carry_.end(),
+                0);
+      last.word(load(last.carry_.data()));
+    }
+    std::uint64_t hash = 0xcbf29ce484222325ULL ^ (words_ * 8 + carried_);
+    for (int k = 0; k < 4; ++k) {
+      hash = (hash ^ last.a_[k]) * 0x100000001b3ULL;
+      hash = (hash ^ last.b_[k]) * 0x100000001b3ULL;
+    }
+    return hash;
+  }
+
+ private:
+  static std::uint64_t load(const char* bytes) {
+    std::uint64_t w;
+    std::memcpy(&w, bytes, 8);
+    return w;
+  }
+  void word(std::uint64_t w) {
+    const auto k = words_++ & 3;
+    a_[k] += w;
+    b_[k] += a_[k];
+  }
+  std::array<std::uint64_t, 4> a_{}, b_{};
+  std::uint64_t words_ = 0;
+  std::array<char, 8> carry_{};
+  std::size_t carried_ = 0;
+};
+
+[[noreturn]] void throw_errno(const std::string& what, int rank) {
+  throw Error(std::error_code(errno, std::system_category()), what,
+              {.rank = rank, .operation = "MemoryCheckpoints"});
+}
+
+// The fds braid-run hands this rank, from BRAID_SNAPSHOT_FDS ("7,8"); empty when unset.
+std::vector<int> launcher_fds(int rank) {
+  const std::string text = config::string_value("BRAID_SNAPSHOT_FDS");
+  std::vector<int> fds;
+  if (text.empty()) return fds;
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    fds.push_back(static_cast<int>(
+        config::parse_int(config::trim(rest.substr(0, comma)), "BRAID_SNAPSHOT_FDS")));
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+  }
+  if (fds.size() != 2) {
+    throw Error(
+        Errc::invalid_environment,
+        fmt::format("BRAID_SNAPSHOT_FDS='{}' names {} file descriptors, not 2", text, fds.size()),
+        {.rank = rank, .operation = "MemoryCheckpoints"});
+  }
+  return fds;
+}
+
+}  // namespace
+
+// One memfd, mapped whole; grown (never shrunk) to the state's size.
+class MemoryCheckpoints::Slot {
+ public:
+  Slot(int fd, int rank) : fd_(fd), rank_(rank) {
+    struct stat info {};
+    if (::fstat(fd_, &info) != 0) throw_errno("cannot stat a checkpoint slot", rank_);
+    if (static_cast<std::size_t>(info.st_size) >= kHeaderBytes) {
+      map(static_cast<std::size_t>(info.st_size));
+    }
+  }
+  ~Slot() {
+    if (data_ != nullptr) ::munmap(data_, capacity_);
+    ::close(fd_);
+  }
+  Slot(const Slot&) = delete;
+  Slot& operator=(const Slot&) = delete;
+
+  void reserve(std::size_t bytes) {
+    if (bytes <= capacity_) return;
+    if (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0) {
+      throw_errno(fmt::format("cannot grow a checkpoint slot to {} bytes", bytes), rank_);
+    }
+    map(bytes);
+  }
+
+  // Null until the slot has been written once.
+  SlotHeader* header() const { return reinterpret_cast<SlotHeader*>(data_); }
+  char* body() const { return data_ + kHeaderBytes; }
+  std::size_t capacity() const { return capacity_; }
+
+  SlotCondition condition() const {
+    if (header() == nullptr || std::memcmp(header()->magic, kSlotMagic, 8) != 0) return kEmpty;
+    return static_cast<SlotCondition>(
+        std::atomic_ref(header()->condition).load(std::memory_order_acquire));
+  }
+  void set(SlotCondition condition) const {
+    std::atomic_ref(header()->condition).store(condition, std::memory_order_release);
+  }
+
+ private:
+  void map(std::size_t bytes) {
+    if (data_ != nullptr) ::munmap(data_, capacity_);
+    void* at = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (at == MAP_FAILED) {
+      data_ = nullptr;
+      capacity_ = 0;
+      throw_errno(fmt::format("cannot map a checkpoint slot of {} bytes", bytes), rank_);
+    }
+    data_ = static_cast<char*>(at);
+    capacity_ = bytes;
+  }
+
+  int fd_;
+  int rank_;
+  char* data_ = nullptr;
+  std::size_t capacity_ = 0;
+};
+
+MemoryCheckpoints::MemoryCheckpoints(std::shared_ptr<collectives::Communicator> comm,
+                                     MemoryCheckpointOptions options)
+    : comm_(std::move(comm)) {
+  const int rank = comm_->rank();
+  std::vector<int> given = options.slot_fds;
+  const bool from_launcher = given.empty();
+  if (from_launcher) given = launcher_fds(rank);
+  held_by_launcher_ = !given.empty();
+  if (!given.empty() && given.size() != 2) {
+    throw Error(Errc::invalid_argument,
+                fmt::format("MemoryCheckpointOptions::slot_fds holds {} fds, not 2", given.size()),
+                {.rank = rank, .operation = "MemoryCheckpoints"});
+  }
+  for (int i = 0; i < 2; ++i) {
+    int fd = -1;
+    if (given.empty()) {
+      fd = ::memfd_create(fmt::format("braid-rank-{}-slot-{}", rank, i).c_str(), MFD_CLOEXEC);
+      if (fd < 0) throw_errno("cannot make a memfd for a checkpoint slot", rank);
+    } else {
+      fd = ::fcntl(given[static_cast<std::size_t>(i)], F_DUPFD_CLOEXEC, 3);
+      if (fd < 0) {
+        throw Error(Errc::invalid_environment,
+                    fmt::format("checkpoint slot fd {} ({}) is not open: {}",
+                                given[static_cast<std::size_t>(i)],
+                                from_launcher ? "from BRAID_SNAPSHOT_FDS" : "slot_fds",
+                                std::strerror(errno)),
+                    {.rank = rank, .operation = "MemoryCheckpoints"});
+      }
+      // What braid-run passed stays open for this process only, not for what it starts.
+      if (from_launcher) ::fcntl(given[static_cast<std::size_t>(i)], F_SETFD, FD_CLOEXEC);
+    }
+    slots_.push_back(std::make_unique<Slot>(fd, rank));
+  }
+  copier_ = std::make_unique<BackgroundJob>();
+}
+
+MemoryCheckpoints::~MemoryCheckpoints() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    log::warn("the last in-memory checkpoint was not copied: {}", e.what());
+  }
+}
+
+void MemoryCheckpoints::save_async(const TrainingState& state) {
+  wait();
+  // The slot not holding the newest whole copy: one being written or empty, else the older.
+  auto rank_of = [](const Slot& slot) {
+    return slot.condition() == kWhole ? slot.header()->step : std::int64_t{-1};
+  };
+  Slot& slot = rank_of(*slots_[0]) <= rank_of(*slots_[1]) ? *slots_[0] : *slots_[1];
+  const std::size_t length = checkpoint_format::encoded_size(state);
+  slot.reserve(kHeaderBytes + length);
+  SlotHeader& header = *slot.header();
+  slot.set(kBeingWritten);
+  std::memcpy(header.magic, kSlotMagic, sizeof kSlotMagic);
+  header.rank = static_cast<std::uint32_t>(comm_->rank());
+  header.world = static_cast<std::uint32_t>(comm_->size());
+  header.step = state.step;
+  header.length = length;
+  copier_->submit([&slot, state, rank = comm_->rank(), world = comm_->size(), length] {
+    char* at = slot.body();
+    char* const end = at + length;
+    SlotSum sum;
+    bool halfway = false;
+    checkpoint_format::Encoder out(
+        [&](const char* data, std::size_t size) {
+          if (size > static_cast<std::size_t>(end - at)) {
+            throw Error(Errc::size_mismatch,
+                        fmt::format("the state of step {} grew while it was copied", state.step),
+                        {.rank = rank, .operation = "MemoryCheckpoints"});
+          }
+          sum.add(at, data, size);
+          at += size;
+          if (!halfway && at - slot.body() >= static_cast<std::ptrdiff_t>(length / 2)) {
+            halfway = true;
+            fault_point(FaultPoint::memory_copy);
+          }
+        },
+        /*checksummed=*/false);
+    checkpoint_format::encode(out, state, rank, world);
+    slot.header()->sum = sum.value();
+    slot.set(kWhole);
+  });
+}
+
+void MemoryCheckpoints::wait() {
+  copier_->wait();
+}
+
+std::optional<TrainingState> MemoryCheckpoints::restore() {
+  auto restored = restore_newest(*comm_, this, nullptr);
+  if (!restored) return std::nullopt;
+  return std::move(restored->state);
+}
+
+std::map<std::int64_t, TrainingState, std::greater<>> MemoryCheckpoints::readable() {
+  wait();
+  std::map<std::int64_t, TrainingState, std::greater<>> read;
+  for (const auto& slot : slots_) {
+    const SlotCondition condition = slot->condition();
+    if (condition == kEmpty) continue;
+    const SlotHeader& header = *slot->header();
+    const std::string what =
+        fmt::format("rank {}'s in-memory copy of step {}", comm_->rank(), header.step);
+    if (condition == kBeingWritten) {
+      log::warn("{} is refused: its process stopped while copying it", what);
+      continue;
+    }
+    try {
+      if (header.length > slot->capacity() - kHeaderBytes) {
+        throw std::runtime_error("its length runs past its slot");
+      }
+      SlotSum sum;
+      sum.add(nullptr, slot->body(), header.length);
+      if (sum.value() != header.sum) {
+        throw std::runtime_error("its sum does not match its contents (damaged)");
+      }
+      TrainingState state = checkpoint_format::decode(std::string_view(slot->body(), header.length),
+                                                      comm_->rank(), comm_->size(),
+                                                      /*verify=*/false);
+      read[state.step] = std::move(state);
+    } catch (const std::exception& e) {
+      log::warn("{} is refused: {}", what, e.what());
+    }
+  }
+  return read;
+}
+
+void MemoryCheckpoints::forget_after(std::int64_t step) {
+  wait();
+  for (const auto& slot : slots_) {
+    if (slot->condition() != kEmpty && slot->header()->step > step) slot->set(kEmpty);
+  }
+}
+
+std::size_t MemoryCheckpoints::bytes() const {
+  std::size_t total = 0;
+  for (const auto& slot : slots_) total += slot->capacity();
+  return total;
+}
+
+}  // namespace braid::torch

@@ -1,0 +1,204 @@
+// MemoryCheckpoints: a state copied into memfds a launcher holds comes back, exactly, to
+// the next process given them; a copy its process was still writing when it died, or one
+// damaged since, is refused by name and the step before is used; the ranks resume from the
+// newest step all of them hold, in memory or on disk, memory first, and copies of later
+// steps are then forgotten; malformed fds are named.
+#include <cstdlib>
+#include <string>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <braid/core/error.hpp>
+#include <braid/torch/checkpoint/memory_checkpoints.hpp>
+#include <braid/torch/checkpoint/restore_newest.hpp>
+
+#include "../support/expect_error.hpp"
+#include "../support/rank_threads.hpp"
+#include "checkpoint_test_helpers.hpp"
+
+namespace braid::torch {
+namespace {
+
+using braid::testing::expect_all_passed;
+using braid::testing::run_blocking_ranks;
+
+// Two memfds per rank, held here as braid-run holds them across a rank's starts.
+class LauncherSlots {
+ public:
+  explicit LauncherSlots(int ranks) {
+    for (int r = 0; r < ranks; ++r) {
+      auto& pair = fds_.emplace_back();
+      for (int& fd : pair) fd = ::memfd_create("test-slot", MFD_CLOEXEC);
+    }
+  }
+  ~LauncherSlots() {
+    for (const auto& pair : fds_) {
+      for (int fd : pair) ::close(fd);
+    }
+  }
+  MemoryCheckpointOptions of(int rank) const {
+    const auto& pair = fds_[static_cast<std::size_t>(rank)];
+    return {.slot_fds = {pair[0], pair[1]}};
+  }
+  // Writes `bytes` at `offset` of rank r's slot k, as a process dying or memory going bad
+  // would leave it.
+  void scribble(int rank, int slot, off_t offset, const std::string& bytes) const {
+    ASSERT_EQ(::pwrite(fds_[static_cast<std::size_t>(rank)][static_cast<std::size_t>(slot)],
+                       bytes.data(), bytes.size(), offset),
+              static_cast<ssize_t>(bytes.size()));
+  }
+
+ private:
+  std::vector<std::array<int, 2>> fds_;
+};
+
+TEST(MemoryCheckpoints, AStateComesBackToTheNextProcessGivenTheSlots) {
+  LauncherSlots slots(2);
+  expect_all_passed(run_blocking_ranks(2, [&](int rank, auto comm) {
+    {
+      MemoryCheckpoints memory(comm, slots.of(rank));
+      EXPECT_TRUE(memory.outlives_the_process());
+      EXPECT_FALSE(memory.restore().has_value()) << "empty slots are a fresh start";
+      for (std::int64_t step : {1, 2, 3}) memory.save_async(state_of(rank, step));
+      memory.wait();
+      EXPECT_GT(memory.bytes(), 0U);
+    }
+    MemoryCheckpoints again(comm, slots.of(rank));  // the restarted process
+    const auto held = again.readable();
+    ASSERT_EQ(held.size(), 2U) << "two slots: the newest two steps";
+    EXPECT_EQ(held.begin()->first, 3);
+    auto state = again.restore();
+    ASSERT_TRUE(state.has_value());
+    expect_state(*state, rank, 3);
+  }));
+}
+
+// The copy reads the tensors in the background: what it holds is the state when
+// save_async was called, as long as the update waits for wait().
+TEST(MemoryCheckpoints, ACopyHoldsTheStateAsItWasWhenTheUpdateWaitsForIt) {
+  LauncherSlots slots(1);
+  expect_all_passed(run_blocking_ranks(1, [&](int rank, auto comm) {
+    MemoryCheckpoints memory(comm, slots.of(rank));
+    TrainingState state = state_of(rank, 5);
+    memory.save_async(state);
+    memory.wait();
+    state.tensors["weight"].add_(100);  // the next step's update
+    auto back = memory.restore();
+    ASSERT_TRUE(back.has_value());
+    expect_state(*back, rank, 5);
+  }));
+}
+
+// Rank 1's process died while copying step 2 (its slot still says "being written"), or
+// its copy of step 2 was damaged since: both ranks resume from step 1, which rank 1's
+// other slot still holds.
+TEST(MemoryCheckpoints, ACopyCutOffOrDamagedIsRefusedAndTheStepBeforeIsUsed) {
+  for (const bool cut_off : {true, false}) {
+    SCOPED_TRACE(cut_off ? "cut off" : "damaged");
+    LauncherSlots slots(2);
+    expect_all_passed(run_blocking_ranks(2, [&](int rank, auto comm) {
+      {
+        MemoryCheckpoints memory(comm, slots.of(rank));
+        memory.save_async(state_of(rank, 1));  // slot 0
+        memory.save_async(state_of(rank, 2));  // slot 1
+        memory.wait();
+      }
+      if (rank == 1) {
+        // The header's condition word (8 bytes in) back to 1, "being written"; or a
+        // byte of the checkpoint after the 64-byte header flipped.
+        if (cut_off) {
+          slots.scribble(1, 1, 8, std::string("\x01\x00\x00\x00", 4));
+        } else {
+          slots.scribble(1, 1, 64 + 40, "\x7f");
+        }
+      }
+      comm->launch(comm->barrier()).get();
+      MemoryCheckpoints again(comm, slots.of(rank));
+      auto state = again.restore();
+      ASSERT_TRUE(state.has_value());
+      expect_state(*state, rank, 1);
+    }));
+  }
+}
+
+// Rank 0 got a step further than rank 1 before the failure: both resume from step 2, and
+// rank 0's copy of step 3 (the abandoned timeline's) is forgotten.
+TEST(MemoryCheckpoints, TheRanksResumeFromTheNewestCommonStepAndForgetLaterOnes) {
+  LauncherSlots slots(2);
+  expect_all_passed(run_blocking_ranks(2, [&](int rank, auto comm) {
+    {
+      MemoryCheckpoints memory(comm, slots.of(rank));
+      memory.save_async(state_of(rank, 1));
+      memory.save_async(state_of(rank, 2));
+      if (rank == 0) memory.save_async(state_of(rank, 3));
+      memory.wait();
+    }
+    MemoryCheckpoints again(comm, slots.of(rank));
+    auto state = again.restore();
+    ASSERT_TRUE(state.has_value());
+    expect_state(*state, rank, 2);
+    EXPECT_EQ(again.readable().begin()->first, 2) << "step 3 is another timeline's";
+  }));
+}
+
+// Memory and disk together: the newest step every rank holds in either, from memory where
+// both hold it.
+TEST(MemoryCheckpoints, RestoreNewestTakesTheNewestStepAcrossMemoryAndDisk) {
+  ScratchDirectory dir;
+  LauncherSlots slots(2);
+  expect_all_passed(run_blocking_ranks(2, [&](int rank, auto comm) {
+    DiskCheckpoints disk(dir.path(), comm);
+    MemoryCheckpoints memory(comm, slots.of(rank));
+    disk.save_async(state_of(rank, 10));
+    memory.save_async(state_of(rank, 10));
+    memory.save_async(state_of(rank, 12));
+    disk.wait();
+    memory.wait();
+    auto restored = restore_newest(*comm, &memory, &disk);
+    ASSERT_TRUE(restored.has_value());
+    expect_state(restored->state, rank, 12);
+    EXPECT_EQ(restored->source, "memory");
+
+    // Rank 1's copies gone (its node lost, say): step 10 on every rank, rank 1's from disk,
+    // rank 0's still from memory; rank 0's copy of step 12 is then another timeline's.
+    comm->launch(comm->barrier()).get();
+    LauncherSlots fresh(1);
+    MemoryCheckpoints lost(comm, fresh.of(0));
+    auto from_disk = restore_newest(*comm, rank == 1 ? &lost : &memory, &disk);
+    ASSERT_TRUE(from_disk.has_value());
+    expect_state(from_disk->state, rank, 10);
+    EXPECT_EQ(from_disk->source, rank == 1 ? dir.path().string() : "memory");
+    if (rank == 0) EXPECT_EQ(memory.readable().begin()->first, 10);
+  }));
+}
+
+TEST(MemoryCheckpoints, FdsThatAreNotOpenAreNamed) {
+  expect_all_passed(run_blocking_ranks(1, [&](int, auto comm) {
+    try {
+      MemoryCheckpoints memory(comm, {.slot_fds = {9999, 9998}});
+      ADD_FAILURE() << "closed fds were taken";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_environment);
+      EXPECT_NE(std::string(e.what()).find("fd 9999"), std::string::npos) << e.what();
+    }
+    ::setenv("BRAID_SNAPSHOT_FDS", "7", 1);
+    try {
+      MemoryCheckpoints memory(comm);
+      ADD_FAILURE() << "BRAID_SNAPSHOT_FDS=7 was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("BRAID_SNAPSHOT_FDS='7'"), std::string::npos)
+          << e.what();
+    }
+    ::unsetenv("BRAID_SNAPSHOT_FDS");
+    MemoryCheckpoints own(comm);  // neither: memfds of its own
+    EXPECT_FALSE(own.outlives_the_process());
+  }));
+}
+
+}  // namespace
+}  // namespace braid::torch

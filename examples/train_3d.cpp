@@ -145,7 +145,7 @@ std::vector<braid::collectives::AgreedValue> agreed_settings(const Settings& s) 
 using StageImpl = example_models::GptStageImpl;
 
 int train(const Settings& s) {
-  ::torch::set_num_threads(1);
+  example_models::set_compute_threads(1);
   braid::Runtime runtime;
   auto world = braid::transport::World::join(runtime);
   auto comm = braid::collectives::Communicator::world(*world);

@@ -141,4 +141,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
   throw std::invalid_argument("--optimizer adam|sgd, not '" + name + "'");
 }
 
+void set_compute_threads(int threads) {
+  torch::set_num_threads(threads);
+  at::globalContext().setFlushDenormal(true);
+}
+
 }  // namespace example_models

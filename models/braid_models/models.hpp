@@ -100,6 +100,15 @@ void run_window(Ddp* ddp, int count, Step&& step) {
 // waiting (for a collective, a slower rank) off its core.
 double thread_cpu_seconds();
 
+// How the main jobs and their benchmarks compute on the CPU: `threads` intra-op threads,
+// and denormal floats flushed to zero on this thread. Late in training, Adam's second
+// moments (squared gradients) fall below 1e-38, where each x86 float operation on them
+// takes about a hundred cycles instead of a few: ddp_train's step grew from 8 to 17 ms
+// after 700 steps, with no change in its losses once flushed. PyTorch leaves denormals on
+// unless told (torch.set_flush_denormal); the Python peers are told, so that comparisons
+// stay like for like.
+void set_compute_threads(int threads);
+
 // A positive finite decimal number for `option` ("0.001", "3e-3"); anything else is
 // std::invalid_argument naming the option.
 double decimal_number(const std::string& option, const std::string& text);

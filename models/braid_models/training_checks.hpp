@@ -73,7 +73,7 @@ torch::Device training_device(const std::string& device, int local_rank);
 template <class Train>
 int join_and_train(const ModelChoice& choice, int threads, Train train,
                    const std::string& device = "cpu") {
-  torch::set_num_threads(threads);
+  set_compute_threads(threads);
   braid::trace::set_enabled(true);
   braid::Runtime runtime;
   auto world = braid::transport::World::join(runtime);

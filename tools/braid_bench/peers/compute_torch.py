@@ -58,6 +58,7 @@ def main():
     hidden = args.hidden or (256 if transformer else 512)
     layers = args.layers or (4 if transformer else 5)
     torch.set_num_threads(1)
+    torch.set_flush_denormal(True)  # as braid's runners (example_models::set_compute_threads)
     torch.manual_seed(4242)
     teacher = torch.randn(16, 1) / 4
     model = Transformer(hidden, layers) if transformer else mlp(hidden, layers)

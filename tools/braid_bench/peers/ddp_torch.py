@@ -77,6 +77,7 @@ def backend_for(args):
 def worker(rank, args, port):
     """`port`: the rendezvous on 127.0.0.1; None under a launcher (env://)."""
     torch.set_num_threads(1)
+    torch.set_flush_denormal(True)  # as braid's runners (example_models::set_compute_threads)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     device = torch.device("cpu")
     if args.device == "cuda":

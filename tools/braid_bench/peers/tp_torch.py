@@ -121,6 +121,7 @@ def worker(rank, args, port, results):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
+    torch.set_flush_denormal(True)  # as braid's runners (example_models::set_compute_threads)
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     torch.manual_seed(1)
     blocks = torch.nn.ModuleList(Block(args.hidden, args.heads, args.ranks) for _ in range(args.layers))

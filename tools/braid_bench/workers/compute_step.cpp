@@ -144,7 +144,7 @@ int main(int argc, char** argv) {
   try {
     const Settings s = parse(argc, argv);
     // One intra-op thread, as braid-run gives every rank of the main job.
-    torch::set_num_threads(1);
+    example_models::set_compute_threads(1);
     std::cout << (s.model.transformer() ? run(s, s.model.make_transformer())
                                         : run(s, s.model.make_mlp()))
               << std::endl;

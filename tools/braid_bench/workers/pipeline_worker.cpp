@@ -33,6 +33,7 @@
 
 #include "../harness/options.hpp"
 #include "braid_models/gpt_stage.hpp"
+#include "braid_models/models.hpp"
 #include "pipeline_timeline.hpp"
 #include "timed_steps.hpp"
 #include "worker_main.hpp"
@@ -85,7 +86,7 @@ void average_gradients(braid::collectives::Communicator& dp,
 }
 
 int train(const Settings& s) {
-  torch::set_num_threads(1);
+  example_models::set_compute_threads(1);
   braid::Runtime runtime;
   auto world = braid::transport::World::join(runtime);
   auto comm = braid::collectives::Communicator::world(*world);

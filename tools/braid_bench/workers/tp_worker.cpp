@@ -18,6 +18,7 @@
 #include <braid/parallel/rank_grid.hpp>
 #include <braid/torch/tensor_parallel/parallel_transformer_block.hpp>
 
+#include "braid_models/models.hpp"
 #include "timed_steps.hpp"
 #include "tp_shape.hpp"
 #include "worker_main.hpp"
@@ -37,7 +38,7 @@ braid::bench::OptionTable table(Settings& s) {
 }
 
 int train(const Settings& s) {
-  torch::set_num_threads(1);
+  example_models::set_compute_threads(1);
   braid::Runtime runtime;
   auto world = braid::transport::World::join(runtime);
   auto comm = braid::collectives::Communicator::world(*world);

@@ -132,7 +132,17 @@ class ShardedTraining {
   // slice's) and the CPU generator. restore() puts such a state back into a ShardedTraining
   // built alike.
   braid::torch::TrainingState state(std::int64_t step) {
-    return training_state(step, held_parameters(), model_->buffers(), optimizer());
+    braid::torch::TrainingState state =
+        training_state(step, held_parameters(), model_->buffers(), optimizer());
+    // What every rank holds alike, which an in-memory copy splits among them: everything
+    // under DDP and NO_SHARD, the parameters and buffers under ZeRO-1; nothing under the
+    // other FSDP strategies, or without synchronisation.
+    const bool all = ddp_.has_value() ? !zero_ : sharding_ == Sharding::no_shard;
+    const bool model = ddp_.has_value() || sharding_ == Sharding::no_shard;
+    for (const auto& [name, tensor] : state.tensors) {
+      if (all || (model && !name.starts_with("optimizer"))) state.replicated.insert(name);
+    }
+    return state;
   }
 
   void restore(const braid::torch::TrainingState& state) {

@@ -146,8 +146,8 @@ TEST(MemoryCheckpoints, TheRanksResumeFromTheNewestCommonStepAndForgetLaterOnes)
   }));
 }
 
-// Memory and disk together: the newest step every rank holds in either, from memory where
-// both hold it.
+// Memory and disk together: the newest step every rank holds in memory or every rank holds
+// on disk, from memory where both hold it.
 TEST(MemoryCheckpoints, RestoreNewestTakesTheNewestStepAcrossMemoryAndDisk) {
   ScratchDirectory dir;
   LauncherSlots slots(2);
@@ -164,16 +164,49 @@ TEST(MemoryCheckpoints, RestoreNewestTakesTheNewestStepAcrossMemoryAndDisk) {
     expect_state(restored->state, rank, 12);
     EXPECT_EQ(restored->source, "memory");
 
-    // Rank 1's copies gone (its node lost, say): step 10 on every rank, rank 1's from disk,
-    // rank 0's still from memory; rank 0's copy of step 12 is then another timeline's.
+    // Rank 1's copies gone (its node lost, say): step 10 on every rank, from disk on every
+    // rank (one source for all); rank 0's copy of step 12 is then another timeline's.
     comm->launch(comm->barrier()).get();
     LauncherSlots fresh(1);
     MemoryCheckpoints lost(comm, fresh.of(0));
     auto from_disk = restore_newest(*comm, rank == 1 ? &lost : &memory, &disk);
     ASSERT_TRUE(from_disk.has_value());
     expect_state(from_disk->state, rank, 10);
-    EXPECT_EQ(from_disk->source, rank == 1 ? dir.path().string() : "memory");
+    EXPECT_EQ(from_disk->source, dir.path().string());
     if (rank == 0) EXPECT_EQ(memory.readable().begin()->first, 10);
+  }));
+}
+
+// A tensor every rank holds alike is split among them: each copies its share, and the
+// restore gathers it whole; a tensor of 7 elements over 3 ranks leaves the last a share of 1,
+// one of 1 element leaves two ranks none. The copy of each rank is a third of the whole.
+TEST(MemoryCheckpoints, ReplicatedTensorsAreSplitAmongTheRanksAndGatheredWhole) {
+  LauncherSlots slots(3);
+  expect_all_passed(run_blocking_ranks(3, [&](int rank, auto comm) {
+    auto shared_state = [&](std::int64_t step) {
+      TrainingState state = state_of(rank, step);  // "weight" and "count" differ by rank
+      state.tensors["model"] = ::torch::arange(3000, ::torch::kFloat32).reshape({30, 100}) + step;
+      state.tensors["seven"] = ::torch::arange(7, ::torch::kInt64) * step;
+      state.tensors["one"] = ::torch::full({1}, 0.5 * static_cast<double>(step), ::torch::kFloat64);
+      state.replicated = {"model", "seven", "one"};
+      return state;
+    };
+    {
+      MemoryCheckpoints memory(comm, slots.of(rank));
+      memory.save_async(shared_state(4));
+      memory.wait();
+      EXPECT_LT(memory.bytes(), 3000U * 4 / 2) << "a third of the model's 12000 bytes, and headers";
+    }
+    MemoryCheckpoints again(comm, slots.of(rank));
+    auto state = again.restore();
+    ASSERT_TRUE(state.has_value());
+    const TrainingState want = shared_state(4);
+    EXPECT_TRUE(state->replicated.empty());
+    for (const auto& [name, tensor] : want.tensors) {
+      ASSERT_TRUE(state->tensors.contains(name)) << name;
+      EXPECT_TRUE(::torch::equal(state->tensors.at(name), tensor)) << name;
+    }
+    EXPECT_EQ(state->blobs, want.blobs) << "no share's shape left behind";
   }));
 }
 

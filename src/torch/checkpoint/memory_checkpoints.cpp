@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <braid/core/config.hpp>
 #include <braid/core/error.hpp>
@@ -17,6 +18,7 @@
 #include <braid/core/log.hpp>
 #include <braid/torch/checkpoint/memory_checkpoints.hpp>
 #include <braid/torch/checkpoint/restore_newest.hpp>
+#include <braid/torch/tensor_buffer.hpp>
 
 #include "background_job.hpp"
 #include "checkpoint_format.hpp"
@@ -25,6 +27,8 @@ namespace braid::torch {
 namespace {
 
 constexpr char kSlotMagic[8] = {'B', 'R', 'A', 'I', 'D', 'M', 'S', '1'};
+// The blob beside a replicated tensor's share: "<scalar type>;<sizes>" of the whole.
+constexpr std::string_view kReplicated = "replicated:";
 
 // What a slot says about its contents, at its start; the checkpoint's bytes follow at
 // kHeaderBytes.
@@ -276,7 +280,23 @@ void MemoryCheckpoints::save_async(const TrainingState& state) {
     return slot.condition() == kWhole ? slot.header()->step : std::int64_t{-1};
   };
   Slot& slot = rank_of(*slots_[0]) <= rank_of(*slots_[1]) ? *slots_[0] : *slots_[1];
-  const std::size_t length = checkpoint_format::encoded_size(state);
+  // What this rank's slot holds: its own tensors whole, and its share of each replicated one
+  // (elements [r*chunk, (r+1)*chunk) of it flattened), with the whole one's type and shape.
+  TrainingState held{.step = state.step, .tensors = {}, .blobs = state.blobs, .replicated = {}};
+  const std::int64_t world = comm_->size();
+  for (const auto& [name, tensor] : state.tensors) {
+    if (!state.replicated.contains(name)) {
+      held.tensors[name] = tensor;
+      continue;
+    }
+    const at::Tensor flat = tensor.detach().contiguous().reshape(-1);
+    const std::int64_t chunk = (flat.numel() + world - 1) / world;
+    const std::int64_t begin = std::min(flat.numel(), chunk * comm_->rank());
+    held.tensors[name] = flat.narrow(0, begin, std::min(chunk, flat.numel() - begin));
+    held.blobs[std::string(kReplicated) + name] = fmt::format(
+        "{};{}", static_cast<int>(tensor.scalar_type()), fmt::join(tensor.sizes(), ","));
+  }
+  const std::size_t length = checkpoint_format::encoded_size(held);
   slot.reserve(kHeaderBytes + length);
   SlotHeader& header = *slot.header();
   slot.set(kBeingWritten);
@@ -285,7 +305,8 @@ void MemoryCheckpoints::save_async(const TrainingState& state) {
   header.world = static_cast<std::uint32_t>(comm_->size());
   header.step = state.step;
   header.length = length;
-  copier_->submit([&slot, state, rank = comm_->rank(), world = comm_->size(), length] {
+  copier_->submit([&slot, state = std::move(held), rank = comm_->rank(), world = comm_->size(),
+                   length] {
     char* at = slot.body();
     char* const end = at + length;
     SlotSum sum;
@@ -346,12 +367,42 @@ std::map<std::int64_t, TrainingState, std::greater<>> MemoryCheckpoints::readabl
       TrainingState state = checkpoint_format::decode(std::string_view(slot->body(), header.length),
                                                       comm_->rank(), comm_->size(),
                                                       /*verify=*/false);
+      for (const auto& [name, bytes] : state.blobs) {
+        if (name.starts_with(kReplicated)) state.replicated.insert(name.substr(kReplicated.size()));
+      }
       read[state.step] = std::move(state);
     } catch (const std::exception& e) {
       log::warn("{} is refused: {}", what, e.what());
     }
   }
   return read;
+}
+
+void MemoryCheckpoints::gather_replicated(TrainingState& state) {
+  const std::int64_t world = comm_->size();
+  for (const std::string& name : state.replicated) {
+    const std::string shape = state.blobs.at(std::string(kReplicated) + name);
+    const auto semicolon = shape.find(';');
+    const auto type = static_cast<c10::ScalarType>(std::stoi(shape.substr(0, semicolon)));
+    std::vector<std::int64_t> sizes;
+    for (std::string_view rest = std::string_view(shape).substr(semicolon + 1); !rest.empty();) {
+      const auto comma = rest.find(',');
+      sizes.push_back(config::parse_int(rest.substr(0, comma), "a replicated tensor's shape"));
+      rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    }
+    at::Tensor whole = at::empty(sizes, at::TensorOptions().dtype(type));
+    const std::int64_t chunk = (whole.numel() + world - 1) / world;
+    // Every share padded to `chunk`, gathered in rank order: the flattened tensor.
+    at::Tensor share = at::zeros({chunk}, whole.options());
+    const at::Tensor mine = state.tensors.at(name);
+    if (mine.numel() > 0) share.narrow(0, 0, mine.numel()).copy_(mine);
+    at::Tensor gathered = at::empty({chunk * world}, whole.options());
+    comm_->launch(comm_->all_gather(as_buffer(share), as_buffer(gathered))).get();
+    whole.view(-1).copy_(gathered.narrow(0, 0, whole.numel()));
+    state.tensors[name] = std::move(whole);
+    state.blobs.erase(std::string(kReplicated) + name);
+  }
+  state.replicated.clear();
 }
 
 void MemoryCheckpoints::forget_after(std::int64_t step) {

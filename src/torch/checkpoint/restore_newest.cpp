@@ -10,54 +10,72 @@
 #include <braid/torch/checkpoint/restore_newest.hpp>
 
 namespace braid::torch {
+namespace {
+
+using Held = std::map<std::int64_t, TrainingState, std::greater<>>;
+
+// Steps each source offers, at most this many, padded with -1: the same length on every rank.
+constexpr std::size_t kOffered = 8;
+
+std::vector<std::int64_t> steps_of(const Held& held) {
+  std::vector<std::int64_t> steps;
+  for (const auto& [step, state] : held) {
+    if (steps.size() < kOffered) steps.push_back(step);
+  }
+  steps.resize(kOffered, -1);
+  return steps;
+}
+
+}  // namespace
 
 std::optional<RestoredState> restore_newest(collectives::Communicator& comm,
                                             MemoryCheckpoints* memory, DiskCheckpoints* disk) {
-  using Held = std::map<std::int64_t, TrainingState, std::greater<>>;
   Held in_memory = memory != nullptr ? memory->readable() : Held{};
   Held on_disk = disk != nullptr ? disk->readable() : Held{};
-  // The steps this rank offers, newest first, padded with -1 to one length on every rank.
-  constexpr std::size_t kOffered = 16;
-  std::vector<std::int64_t> offered;
-  for (const Held* held : {&in_memory, &on_disk}) {
-    for (const auto& [step, state] : *held) offered.push_back(step);
-  }
-  std::sort(offered.rbegin(), offered.rend());
-  offered.erase(std::unique(offered.begin(), offered.end()), offered.end());
-  offered.resize(kOffered, -1);
-
-  std::vector<std::int64_t> all(kOffered * static_cast<std::size_t>(comm.size()));
+  // Every rank's steps in memory, then on disk. A step is taken from one source on every
+  // rank alike: memory's copies of replicated tensors are shares, gathered by all together.
+  std::vector<std::int64_t> offered = steps_of(in_memory);
+  const std::vector<std::int64_t> disk_steps = steps_of(on_disk);
+  offered.insert(offered.end(), disk_steps.begin(), disk_steps.end());
+  std::vector<std::int64_t> all(offered.size() * static_cast<std::size_t>(comm.size()));
   comm.launch(comm.all_gather(Buffer(offered), Buffer(all))).get();
-  auto offered_by = [&](int rank, std::int64_t step) {
-    const auto begin = all.begin() + static_cast<std::ptrdiff_t>(kOffered) * rank;
-    return std::find(begin, begin + static_cast<std::ptrdiff_t>(kOffered), step) !=
-           begin + static_cast<std::ptrdiff_t>(kOffered);
-  };
-  std::optional<std::int64_t> chosen;
-  for (std::int64_t step : offered) {
-    if (step < 0) break;
-    bool everywhere = true;
-    for (int r = 0; r < comm.size() && everywhere; ++r) everywhere = offered_by(r, step);
-    if (everywhere) {
-      chosen = step;
-      break;
+  // The newest step of source `source` (0 memory, 1 disk) on every rank's list; -1 if none.
+  auto newest_everywhere = [&](std::size_t source) {
+    const auto list = [&](int rank) {
+      return all.begin() + static_cast<std::ptrdiff_t>(offered.size() * rank + kOffered * source);
+    };
+    for (auto at = list(comm.rank()); at != list(comm.rank()) + kOffered && *at >= 0; ++at) {
+      bool everywhere = true;
+      for (int r = 0; r < comm.size() && everywhere; ++r) {
+        everywhere = std::find(list(r), list(r) + kOffered, *at) != list(r) + kOffered;
+      }
+      if (everywhere) return *at;
     }
-  }
-  if (!chosen) {
-    if (offered.front() >= 0) {
+    return std::int64_t{-1};
+  };
+  const std::int64_t from_memory = newest_everywhere(0);
+  const std::int64_t from_disk = newest_everywhere(1);
+  if (from_memory < 0 && from_disk < 0) {
+    if (!in_memory.empty() || !on_disk.empty()) {
       // Left in place: a directory given by mistake must not be emptied.
+      std::vector<std::int64_t> held;
+      for (const Held* h : {&in_memory, &on_disk}) {
+        for (const auto& [step, state] : *h) held.push_back(step);
+      }
       log::warn("rank {} holds checkpoints of steps {} that not every rank holds: starting afresh",
-                comm.rank(),
-                fmt::join(offered.begin(), std::find(offered.begin(), offered.end(), -1), ", "));
+                comm.rank(), fmt::join(held, ", "));
     }
     return std::nullopt;
   }
-  if (memory != nullptr) memory->forget_after(*chosen);
-  if (disk != nullptr) disk->forget_after(*chosen);
-  if (auto found = in_memory.find(*chosen); found != in_memory.end()) {
-    return RestoredState{.state = std::move(found->second), .source = "memory"};
+  const std::int64_t chosen = std::max(from_memory, from_disk);
+  if (memory != nullptr) memory->forget_after(chosen);
+  if (disk != nullptr) disk->forget_after(chosen);
+  if (from_memory == chosen) {
+    TrainingState state = std::move(in_memory.at(chosen));
+    memory->gather_replicated(state);
+    return RestoredState{.state = std::move(state), .source = "memory"};
   }
-  return RestoredState{.state = std::move(on_disk.at(*chosen)),
+  return RestoredState{.state = std::move(on_disk.at(chosen)),
                        .source = disk->directory().string()};
 }
 

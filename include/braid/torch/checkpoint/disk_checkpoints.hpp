@@ -39,6 +39,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include <torch/torch.h>
@@ -54,6 +55,10 @@ struct TrainingState {
   std::int64_t step = 0;                      // steps completed: training resumes with step `step`
   std::map<std::string, at::Tensor> tensors;  // by name: parameters, shards, buffers
   std::map<std::string, std::string> blobs;   // by name: bytes (optimizer, generators, data)
+  // The tensors every rank of the communicator holds alike (DDP's parameters and optimizer
+  // state): MemoryCheckpoints copies 1/world of each per rank, and restore_newest gathers
+  // them whole again. DiskCheckpoints writes them whole.
+  std::set<std::string> replicated;
 };
 
 struct DiskCheckpointOptions {

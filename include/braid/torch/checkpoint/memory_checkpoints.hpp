@@ -26,7 +26,7 @@
 // killed while copying leaves its slot marked "being written", and the other slot holds the
 // step before; a copy damaged since fails its sum. Both are refused by name.
 //
-// What it costs: save_async() returns at once; the copy (a memcpy of the state's bytes that
+// What it costs: save_async() returns at once; the copy (a memcpy of this rank's bytes that
 // sums them as it goes, about 15% over a bare memcpy) runs on the background thread while
 // the next step computes. It
 // reads the state's tensors where they are, so they must not change until wait() returns:
@@ -37,8 +37,15 @@
 // step is lost. On a GPU the copy is a device-to-host transfer from the copy thread; on
 // CPU ranks that already fill every core the copy takes its own time from them.
 //
-// Memory: twice the state's bytes per rank (12 bytes a parameter under DDP with Adam, f32:
-// 24 held), in braid-run's memory, freed when braid-run ends.
+// Replicated state is split: of each tensor TrainingState::replicated names (DDP's
+// parameters and optimizer state, which every rank holds alike), each rank copies 1/world,
+// so the copy and its memory shrink with the data-parallel degree, as PyTorch's distributed
+// checkpoint saves a replicated tensor once. A restore gathers the shares whole again (an
+// all-gather of the state); it needs every rank's copy, so a rank whose slots are lost
+// (its node gone) is restored from disk.
+//
+// Memory: twice the state's bytes per rank (12 bytes a parameter under FSDP with Adam, f32,
+// of its shard; under DDP 12 / world), in braid-run's memory, freed when braid-run ends.
 #pragma once
 
 #include <cstddef>
@@ -85,6 +92,10 @@ class MemoryCheckpoints {
   // verified; a slot refused (being written when its process died, damaged, another
   // rank's) is named in a warning. Not collective (restore_newest()).
   std::map<std::int64_t, TrainingState, std::greater<>> readable();
+
+  // Collective: `state` (from readable(), the same step on every rank) with each replicated
+  // tensor gathered whole from every rank's share.
+  void gather_replicated(TrainingState& state);
 
   // Marks this rank's copies of the steps after `step` empty (another timeline's).
   void forget_after(std::int64_t step);

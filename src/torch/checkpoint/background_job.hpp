@@ -28,19 +28,23 @@ class BackgroundJob {
   BackgroundJob(const BackgroundJob&) = delete;
   BackgroundJob& operator=(const BackgroundJob&) = delete;
 
-  // Waits for the job before (throwing its error), then hands this one over.
-  void submit(std::function<void()> job) {
+  // Waits for the job before (throwing its error), then hands this one over: to the thread
+  // now, or with `start_now` false to the next wait(), which runs it.
+  void submit(std::function<void()> job, bool start_now = true) {
     wait();
     std::lock_guard lock(mutex_);
     job_ = std::move(job);
-    changed_.notify_all();
+    running_ = !start_now;  // not for the thread to take
+    deferred_ = !start_now;
+    if (start_now) changed_.notify_all();
   }
 
   // Waits until no job runs (running one not started here); throws the last job's error,
   // once.
   void wait() {
     std::unique_lock lock(mutex_);
-    if (job_ && !running_) {
+    if (job_ && (!running_ || deferred_)) {
+      running_ = deferred_ = false;
       std::function<void()> job = std::exchange(job_, nullptr);
       lock.unlock();
       job();  // its error goes to the caller directly
@@ -76,7 +80,8 @@ class BackgroundJob {
   std::condition_variable changed_;
   std::function<void()> job_;
   std::exception_ptr error_;
-  bool running_ = false;  // the thread has taken job_
+  bool running_ = false;   // the thread has taken job_, or may not
+  bool deferred_ = false;  // job_ waits for wait()
   bool closing_ = false;
   std::thread thread_;
 };

@@ -305,31 +305,39 @@ void MemoryCheckpoints::save_async(const TrainingState& state) {
   header.world = static_cast<std::uint32_t>(comm_->size());
   header.step = state.step;
   header.length = length;
-  copier_->submit([&slot, state = std::move(held), rank = comm_->rank(), world = comm_->size(),
-                   length] {
-    char* at = slot.body();
-    char* const end = at + length;
-    SlotSum sum;
-    bool halfway = false;
-    checkpoint_format::Encoder out(
-        [&](const char* data, std::size_t size) {
-          if (size > static_cast<std::size_t>(end - at)) {
-            throw Error(Errc::size_mismatch,
-                        fmt::format("the state of step {} grew while it was copied", state.step),
-                        {.rank = rank, .operation = "MemoryCheckpoints"});
-          }
-          sum.add(at, data, size);
-          at += size;
-          if (!halfway && at - slot.body() >= static_cast<std::ptrdiff_t>(length / 2)) {
-            halfway = true;
-            fault_point(FaultPoint::memory_copy);
-          }
-        },
-        /*checksummed=*/false);
-    checkpoint_format::encode(out, state, rank, world);
-    slot.header()->sum = sum.value();
-    slot.set(kWhole);
-  });
+  // Host tensors are copied by the wait() before the step needs them, on its thread:
+  // where the ranks fill every core (CPU training) a thread of its own only adds a
+  // scheduler's delay (ddp_train: 10.5 ms a step so, 11.1-12.1 ms handed over). A
+  // device's state is copied beside the step, on the thread.
+  const bool on_device = std::any_of(held.tensors.begin(), held.tensors.end(),
+                                     [](const auto& t) { return !t.second.device().is_cpu(); });
+  copier_->submit(
+      [&slot, state = std::move(held), rank = comm_->rank(), world = comm_->size(), length] {
+        char* at = slot.body();
+        char* const end = at + length;
+        SlotSum sum;
+        bool halfway = false;
+        checkpoint_format::Encoder out(
+            [&](const char* data, std::size_t size) {
+              if (size > static_cast<std::size_t>(end - at)) {
+                throw Error(
+                    Errc::size_mismatch,
+                    fmt::format("the state of step {} grew while it was copied", state.step),
+                    {.rank = rank, .operation = "MemoryCheckpoints"});
+              }
+              sum.add(at, data, size);
+              at += size;
+              if (!halfway && at - slot.body() >= static_cast<std::ptrdiff_t>(length / 2)) {
+                halfway = true;
+                fault_point(FaultPoint::memory_copy);
+              }
+            },
+            /*checksummed=*/false);
+        checkpoint_format::encode(out, state, rank, world);
+        slot.header()->sum = sum.value();
+        slot.set(kWhole);
+      },
+      /*start_now=*/on_device);
 }
 
 void MemoryCheckpoints::wait() {

@@ -1,5 +1,5 @@
-// In-memory checkpoints: each rank's training state copied, on a thread of its own, into
-// memory that outlives the rank's process, so that a job restarted after a failure resumes
+// In-memory checkpoints: each rank's training state copied into memory that outlives the
+// rank's process, so that a job restarted after a failure resumes
 // from the step before it, not from the last disk checkpoint.
 //
 //   braid::torch::MemoryCheckpoints memory(comm);
@@ -7,7 +7,8 @@
 //   if (auto r = braid::torch::restore_newest(*comm, &memory, &disk)) resume_from(r->state);
 //   for (...) {
 //     forward();
-//     memory.wait();           // before this step's gradients leave the rank
+//     memory.wait();           // before this step's gradients leave the rank (host state:
+//                              // the copy runs here)
 //     backward_and_reduce();
 //     optimizer_step();
 //     memory.save_async(capture(step + 1));                       // returns at once
@@ -26,16 +27,17 @@
 // killed while copying leaves its slot marked "being written", and the other slot holds the
 // step before; a copy damaged since fails its sum. Both are refused by name.
 //
-// What it costs: save_async() returns at once; the copy (a memcpy of this rank's bytes that
-// sums them as it goes, about 15% over a bare memcpy) runs on the background thread while
-// the next step computes. It
-// reads the state's tensors where they are, so they must not change until wait() returns:
-// call wait() before the next update, and before anything that lets another rank finish
-// its next update (under DDP, before backward: the gradients; under a pipeline, before the
-// step begins). With that, when any rank dies, the newest step every rank holds whole is the
-// newest any rank finished or the one before, and two slots always hold it: at most one
-// step is lost. On a GPU the copy is a device-to-host transfer from the copy thread; on
-// CPU ranks that already fill every core the copy takes its own time from them.
+// What it costs: a memcpy of this rank's bytes that sums them as it goes (about 15% over a
+// bare memcpy). save_async() returns at once. A state on a device is copied on the
+// checkpoints' own thread, beside the next step's compute; a state in host memory is copied
+// by the wait() that needs it, on the caller's thread, because where the ranks already fill
+// every core (CPU training) a thread of its own only adds a scheduler's delay. Either way
+// the copy reads the state's tensors where they are, so they must not change until wait()
+// returns: call wait() before the next update, and before anything that lets another rank
+// finish its next update (under DDP, before backward: the gradients; under a pipeline,
+// before the step begins). With that, when any rank dies, the newest step every rank holds
+// whole is the newest any rank finished or the one before, and two slots always hold it:
+// at most one step is lost.
 //
 // Replicated state is split: of each tensor TrainingState::replicated names (DDP's
 // parameters and optimizer state, which every rank holds alike), each rank copies 1/world,

@@ -125,6 +125,31 @@ TEST(DiskCheckpoints, APartialWriteIsNotACheckpoint) {
   }));
 }
 
+// A tensor every rank holds alike is written once over the ranks: each rank's file holds
+// its half, and a restore gathers it whole.
+TEST(DiskCheckpoints, ReplicatedTensorsAreWrittenOnceOverTheRanks) {
+  ScratchDirectory dir;
+  expect_all_passed(run_blocking_ranks(2, [&](int rank, auto comm) {
+    TrainingState state = state_of(rank, 6);
+    state.tensors["model"] = ::torch::arange(3001, ::torch::kFloat32).reshape({3001, 1});
+    state.replicated = {"model"};
+    {
+      DiskCheckpoints checkpoints(dir.path(), comm);
+      checkpoints.save_async(state);
+      checkpoints.wait();
+      EXPECT_LT(fs::file_size(checkpoints.file_of(6)), 3001U * 4 / 2 + 1024)
+          << "half of the model's 12004 bytes, and the rest of the state";
+    }
+    DiskCheckpoints again(dir.path(), comm);
+    auto back = again.restore();
+    ASSERT_TRUE(back.has_value());
+    EXPECT_TRUE(::torch::equal(back->tensors.at("model"), state.tensors.at("model")));
+    EXPECT_TRUE(::torch::equal(back->tensors.at("weight"), state.tensors.at("weight")));
+    EXPECT_EQ(back->blobs, state.blobs);
+    EXPECT_TRUE(back->replicated.empty());
+  }));
+}
+
 TEST(DiskCheckpoints, KeepingFewerThanTwoIsRefused) {
   ScratchDirectory dir;
   expect_all_passed(run_blocking_ranks(1, [&](int, auto comm) {

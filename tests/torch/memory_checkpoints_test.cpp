@@ -45,6 +45,14 @@ class LauncherSlots {
     const auto& pair = fds_[static_cast<std::size_t>(rank)];
     return {.slot_fds = {pair[0], pair[1]}};
   }
+  // The checkpoint's length in rank r's slot k (the header's field 32 bytes in).
+  std::uint64_t length(int rank, int slot) const {
+    std::uint64_t bytes = 0;
+    EXPECT_EQ(::pread(fds_[static_cast<std::size_t>(rank)][static_cast<std::size_t>(slot)], &bytes,
+                      8, 32),
+              8);
+    return bytes;
+  }
   // Writes `bytes` at `offset` of rank r's slot k, as a process dying or memory going bad
   // would leave it.
   void scribble(int rank, int slot, off_t offset, const std::string& bytes) const {
@@ -110,11 +118,12 @@ TEST(MemoryCheckpoints, ACopyCutOffOrDamagedIsRefusedAndTheStepBeforeIsUsed) {
       }
       if (rank == 1) {
         // The header's condition word (8 bytes in) back to 1, "being written"; or a
-        // byte of the checkpoint after the 64-byte header flipped.
+        // byte of the last blob's text flipped (before the checkpoint's 8 closing bytes),
+        // which only the slot's sum can tell.
         if (cut_off) {
           slots.scribble(1, 1, 8, std::string("\x01\x00\x00\x00", 4));
         } else {
-          slots.scribble(1, 1, 64 + 40, "\x7f");
+          slots.scribble(1, 1, static_cast<off_t>(64 + slots.length(1, 1) - 8 - 3), "#");
         }
       }
       comm->launch(comm->barrier()).get();
@@ -173,7 +182,9 @@ TEST(MemoryCheckpoints, RestoreNewestTakesTheNewestStepAcrossMemoryAndDisk) {
     ASSERT_TRUE(from_disk.has_value());
     expect_state(from_disk->state, rank, 10);
     EXPECT_EQ(from_disk->source, dir.path().string());
-    if (rank == 0) EXPECT_EQ(memory.readable().begin()->first, 10);
+    if (rank == 0) {
+      EXPECT_EQ(memory.readable().begin()->first, 10);
+    }
   }));
 }
 

@@ -168,8 +168,9 @@ def expect_fault_recovered(name, program, ranks, args, saving, fault, earliest, 
     parameters."""
     want = unbroken_checksum(name, program, ranks, args)
     directory = tempfile.mkdtemp(prefix="braid-fault-")
+    step_log = os.path.join(directory, "steps.jsonl")
     try:
-        flags = [f.replace("{dir}", directory) for f in saving]
+        flags = [f.replace("{dir}", directory) for f in saving] + ["--step-log", step_log]
         run = subprocess.run(
             [os.environ["BRAID_RUN"], "-n", str(ranks), "--max-restarts", "1", program] + args
             + flags, capture_output=True, text=True, timeout=200,
@@ -185,11 +186,18 @@ def expect_fault_recovered(name, program, ranks, args, saving, fault, earliest, 
             fail(f"{name}: the job did not resume after step {earliest} or later", output)
         if said and said not in output:
             fail(f"{name}: the output does not say '{said}'", output)
+        with open(step_log) as f:
+            records = [json.loads(line) for line in f]
+        finished = max(r["step"] for r in records if r["start"] == 0)
+        if "--memory-every" in saving and finished - int(resumed.group(1)) > 1:
+            fail(f"{name}: rank 0 had finished step {finished} and the job resumed after "
+                 f"step {resumed.group(1)}: more than one step lost", output)
         if checksum(output) != want:
             fail(f"{name}: the job ended with parameters {checksum(output)}, the job without "
                  f"a failure with {want}", output)
-        print(f"{name}: rank {rank} died at {point}, the job resumed after step "
-              f"{resumed.group(1)} from {resumed.group(2)} and ended with the same parameters")
+        print(f"{name}: rank {rank} died at {point} after rank 0 finished step {finished}, "
+              f"the job resumed after step {resumed.group(1)} from {resumed.group(2)} and "
+              "ended with the same parameters")
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 

@@ -168,7 +168,9 @@ constexpr std::array kTorchVariables{
 Job::~Job() {
   close_streams();
   for (const auto& fds : snapshot_fds_) {
-    for (int fd : fds) ::close(fd);
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
   }
   if (signal_fd_ >= 0) {
     ::close(signal_fd_);
@@ -199,8 +201,10 @@ std::vector<std::string> Job::rank_environment(int local_rank) const {
   env.push_back(fmt::format("LOCAL_RANK={}", local_rank));
   env.push_back(fmt::format("BRAID_RESTART_COUNT={}", restarts_));
   env.push_back(fmt::format("TORCHELASTIC_RESTART_COUNT={}", restarts_));
-  const auto& slots = snapshot_fds_[static_cast<std::size_t>(local_rank)];
-  env.push_back(fmt::format("BRAID_SNAPSHOT_FDS={},{}", slots[0], slots[1]));
+  if (!snapshot_fds_.empty()) {
+    const auto& slots = snapshot_fds_[static_cast<std::size_t>(local_rank)];
+    env.push_back(fmt::format("BRAID_SNAPSHOT_FDS={},{}", slots[0], slots[1]));
+  }
   return env;
 }
 
@@ -237,7 +241,9 @@ void Job::start_rank(int local_rank) {
     ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
     int null_fd = ::open("/dev/null", O_RDONLY);
     if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
-    for (int fd : snapshot_fds_[static_cast<std::size_t>(local_rank)]) ::fcntl(fd, F_SETFD, 0);
+    if (!snapshot_fds_.empty()) {
+      for (int fd : snapshot_fds_[static_cast<std::size_t>(local_rank)]) ::fcntl(fd, F_SETFD, 0);
+    }
     if (options_.prefix_output) {
       ::dup2(pipes[0][1], STDOUT_FILENO);
       ::dup2(pipes[1][1], STDERR_FILENO);
@@ -619,14 +625,27 @@ int Job::run() {
     shared_env_.push_back("OMP_NUM_THREADS=1");
   }
 
+  // Where memfds are refused (a seccomp filter), the ranks go without: an in-memory
+  // checkpoint then lives in the rank's own memory, and says so.
   for (int i = 0; i < options_.nproc_per_node; ++i) {
-    auto& slots = snapshot_fds_.emplace_back();
+    auto& slots = snapshot_fds_.emplace_back(std::array<int, 2>{-1, -1});
     for (std::size_t k = 0; k < slots.size(); ++k) {
       const std::string name = fmt::format("braid-run-rank-{}-slot-{}",
                                            options_.node_rank * options_.nproc_per_node + i, k);
       slots[k] = ::memfd_create(name.c_str(), MFD_CLOEXEC);
-      if (slots[k] < 0) throw_errno("memfd_create");
+      if (slots[k] < 0) {
+        report(fmt::format("no memory for in-memory checkpoints to outlive a rank: {}",
+                           std::strerror(errno)));
+        for (auto& pair : snapshot_fds_) {
+          for (int& fd : pair) {
+            if (fd >= 0) ::close(std::exchange(fd, -1));
+          }
+        }
+        snapshot_fds_.clear();
+        break;
+      }
     }
+    if (snapshot_fds_.empty()) break;
   }
 
   take_signals();

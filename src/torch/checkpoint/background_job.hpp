@@ -59,7 +59,7 @@ class BackgroundJob {
     std::unique_lock lock(mutex_);
     while (true) {
       changed_.wait(lock, [&] { return (job_ && !running_) || closing_; });
-      if (!job_) return;
+      if (!job_ || deferred_) return;  // closing: a job left for wait() is dropped
       running_ = true;
       lock.unlock();
       std::exception_ptr error;

@@ -19,6 +19,7 @@
 
 #include "background_job.hpp"
 #include "checkpoint_format.hpp"
+#include "replicated_shares.hpp"
 
 namespace braid::torch {
 namespace fs = std::filesystem;
@@ -147,11 +148,13 @@ fs::path DiskCheckpoints::file_of(std::int64_t step) const {
 }
 
 void DiskCheckpoints::save_async(const TrainingState& state) {
-  // The snapshot: host copies the next step's updates cannot reach.
+  // The snapshot: host copies the next step's updates cannot reach, of this rank's own
+  // tensors and its shares of the replicated ones (replicated_shares.hpp).
+  const TrainingState held = replicated_shares::split(state, comm_->rank(), comm_->size());
   auto snapshot = std::make_shared<TrainingState>();
-  snapshot->step = state.step;
-  snapshot->blobs = state.blobs;
-  for (const auto& [name, tensor] : state.tensors) {
+  snapshot->step = held.step;
+  snapshot->blobs = held.blobs;
+  for (const auto& [name, tensor] : held.tensors) {
     snapshot->tensors[name] =
         tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
   }
@@ -190,6 +193,7 @@ std::map<std::int64_t, TrainingState, std::greater<>> DiskCheckpoints::readable(
     try {
       read[step] =
           checkpoint_format::decode(read_file(file_of(step)), comm_->rank(), comm_->size());
+      replicated_shares::mark(read[step]);
     } catch (const std::exception& e) {
       log::warn("checkpoint {} is refused: {}", file_of(step).string(), e.what());
     }

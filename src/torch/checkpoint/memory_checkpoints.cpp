@@ -18,17 +18,15 @@
 #include <braid/core/log.hpp>
 #include <braid/torch/checkpoint/memory_checkpoints.hpp>
 #include <braid/torch/checkpoint/restore_newest.hpp>
-#include <braid/torch/tensor_buffer.hpp>
 
 #include "background_job.hpp"
 #include "checkpoint_format.hpp"
+#include "replicated_shares.hpp"
 
 namespace braid::torch {
 namespace {
 
 constexpr char kSlotMagic[8] = {'B', 'R', 'A', 'I', 'D', 'M', 'S', '1'};
-// The blob beside a replicated tensor's share: "<scalar type>;<sizes>" of the whole.
-constexpr std::string_view kReplicated = "replicated:";
 
 // What a slot says about its contents, at its start; the checkpoint's bytes follow at
 // kHeaderBytes.
@@ -174,11 +172,22 @@ std::vector<int> launcher_fds(int rank) {
 // One memfd, mapped whole; grown (never shrunk) to the state's size.
 class MemoryCheckpoints::Slot {
  public:
+  // Takes `fd` over, closing it if the slot cannot be made.
   Slot(int fd, int rank) : fd_(fd), rank_(rank) {
-    struct stat info {};
-    if (::fstat(fd_, &info) != 0) throw_errno("cannot stat a checkpoint slot", rank_);
-    if (static_cast<std::size_t>(info.st_size) >= kHeaderBytes) {
-      map(static_cast<std::size_t>(info.st_size));
+    try {
+      struct stat info {};
+      if (::fstat(fd_, &info) != 0) throw_errno("cannot stat a checkpoint slot", rank_);
+      if (!S_ISREG(info.st_mode)) {
+        throw Error(Errc::invalid_environment,
+                    fmt::format("checkpoint slot fd {} is not a memfd", fd_),
+                    {.rank = rank_, .operation = "MemoryCheckpoints"});
+      }
+      if (static_cast<std::size_t>(info.st_size) >= kHeaderBytes) {
+        map(static_cast<std::size_t>(info.st_size));
+      }
+    } catch (...) {
+      ::close(fd_);
+      throw;
     }
   }
   ~Slot() {
@@ -276,26 +285,12 @@ MemoryCheckpoints::~MemoryCheckpoints() {
 void MemoryCheckpoints::save_async(const TrainingState& state) {
   wait();
   // The slot not holding the newest whole copy: one being written or empty, else the older.
-  auto rank_of = [](const Slot& slot) {
+  auto whole_step = [](const Slot& slot) {
     return slot.condition() == kWhole ? slot.header()->step : std::int64_t{-1};
   };
-  Slot& slot = rank_of(*slots_[0]) <= rank_of(*slots_[1]) ? *slots_[0] : *slots_[1];
-  // What this rank's slot holds: its own tensors whole, and its share of each replicated one
-  // (elements [r*chunk, (r+1)*chunk) of it flattened), with the whole one's type and shape.
-  TrainingState held{.step = state.step, .tensors = {}, .blobs = state.blobs, .replicated = {}};
-  const std::int64_t world = comm_->size();
-  for (const auto& [name, tensor] : state.tensors) {
-    if (!state.replicated.contains(name)) {
-      held.tensors[name] = tensor;
-      continue;
-    }
-    const at::Tensor flat = tensor.detach().contiguous().reshape(-1);
-    const std::int64_t chunk = (flat.numel() + world - 1) / world;
-    const std::int64_t begin = std::min(flat.numel(), chunk * comm_->rank());
-    held.tensors[name] = flat.narrow(0, begin, std::min(chunk, flat.numel() - begin));
-    held.blobs[std::string(kReplicated) + name] = fmt::format(
-        "{};{}", static_cast<int>(tensor.scalar_type()), fmt::join(tensor.sizes(), ","));
-  }
+  Slot& slot = whole_step(*slots_[0]) <= whole_step(*slots_[1]) ? *slots_[0] : *slots_[1];
+  // Its own tensors whole, and its share of each replicated one (replicated_shares.hpp).
+  TrainingState held = replicated_shares::split(state, comm_->rank(), comm_->size());
   const std::size_t length = checkpoint_format::encoded_size(held);
   slot.reserve(kHeaderBytes + length);
   SlotHeader& header = *slot.header();
@@ -305,10 +300,10 @@ void MemoryCheckpoints::save_async(const TrainingState& state) {
   header.world = static_cast<std::uint32_t>(comm_->size());
   header.step = state.step;
   header.length = length;
-  // Host tensors are copied by the wait() before the step needs them, on its thread:
-  // where the ranks fill every core (CPU training) a thread of its own only adds a
-  // scheduler's delay (ddp_train: 10.5 ms a step so, 11.1-12.1 ms handed over). A
-  // device's state is copied beside the step, on the thread.
+  // Host tensors are copied by the wait() before the step needs them, on the caller's
+  // thread: where the ranks fill every core (CPU training) a thread of its own only adds a
+  // scheduler's delay (ddp_train: 10.5 ms a step copied by the caller, 11.1-12.1 ms handed
+  // over). A device's state is copied beside the step, on the checkpoints' thread.
   const bool on_device = std::any_of(held.tensors.begin(), held.tensors.end(),
                                      [](const auto& t) { return !t.second.device().is_cpu(); });
   copier_->submit(
@@ -375,42 +370,19 @@ std::map<std::int64_t, TrainingState, std::greater<>> MemoryCheckpoints::readabl
       TrainingState state = checkpoint_format::decode(std::string_view(slot->body(), header.length),
                                                       comm_->rank(), comm_->size(),
                                                       /*verify=*/false);
-      for (const auto& [name, bytes] : state.blobs) {
-        if (name.starts_with(kReplicated)) state.replicated.insert(name.substr(kReplicated.size()));
+      // The header is outside the sum: it must agree with what it describes, as slot
+      // choice and forget_after() go by it.
+      if (state.step != header.step || static_cast<int>(header.rank) != comm_->rank() ||
+          static_cast<int>(header.world) != comm_->size()) {
+        throw std::runtime_error("its header does not match its contents");
       }
+      replicated_shares::mark(state);
       read[state.step] = std::move(state);
     } catch (const std::exception& e) {
       log::warn("{} is refused: {}", what, e.what());
     }
   }
   return read;
-}
-
-void MemoryCheckpoints::gather_replicated(TrainingState& state) {
-  const std::int64_t world = comm_->size();
-  for (const std::string& name : state.replicated) {
-    const std::string shape = state.blobs.at(std::string(kReplicated) + name);
-    const auto semicolon = shape.find(';');
-    const auto type = static_cast<c10::ScalarType>(std::stoi(shape.substr(0, semicolon)));
-    std::vector<std::int64_t> sizes;
-    for (std::string_view rest = std::string_view(shape).substr(semicolon + 1); !rest.empty();) {
-      const auto comma = rest.find(',');
-      sizes.push_back(config::parse_int(rest.substr(0, comma), "a replicated tensor's shape"));
-      rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-    }
-    at::Tensor whole = at::empty(sizes, at::TensorOptions().dtype(type));
-    const std::int64_t chunk = (whole.numel() + world - 1) / world;
-    // Every share padded to `chunk`, gathered in rank order: the flattened tensor.
-    at::Tensor share = at::zeros({chunk}, whole.options());
-    const at::Tensor mine = state.tensors.at(name);
-    if (mine.numel() > 0) share.narrow(0, 0, mine.numel()).copy_(mine);
-    at::Tensor gathered = at::empty({chunk * world}, whole.options());
-    comm_->launch(comm_->all_gather(as_buffer(share), as_buffer(gathered))).get();
-    whole.view(-1).copy_(gathered.narrow(0, 0, whole.numel()));
-    state.tensors[name] = std::move(whole);
-    state.blobs.erase(std::string(kReplicated) + name);
-  }
-  state.replicated.clear();
 }
 
 void MemoryCheckpoints::forget_after(std::int64_t step) {

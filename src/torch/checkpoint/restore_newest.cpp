@@ -9,6 +9,8 @@
 #include <braid/torch/checkpoint/memory_checkpoints.hpp>
 #include <braid/torch/checkpoint/restore_newest.hpp>
 
+#include "replicated_shares.hpp"
+
 namespace braid::torch {
 namespace {
 
@@ -70,13 +72,12 @@ std::optional<RestoredState> restore_newest(collectives::Communicator& comm,
   const std::int64_t chosen = std::max(from_memory, from_disk);
   if (memory != nullptr) memory->forget_after(chosen);
   if (disk != nullptr) disk->forget_after(chosen);
-  if (from_memory == chosen) {
-    TrainingState state = std::move(in_memory.at(chosen));
-    memory->gather_replicated(state);
-    return RestoredState{.state = std::move(state), .source = "memory"};
-  }
-  return RestoredState{.state = std::move(on_disk.at(chosen)),
-                       .source = disk->directory().string()};
+  const bool memory_holds_it = from_memory == chosen;
+  RestoredState restored{
+      .state = std::move(memory_holds_it ? in_memory.at(chosen) : on_disk.at(chosen)),
+      .source = memory_holds_it ? "memory" : disk->directory().string()};
+  replicated_shares::gather(comm, restored.state);
+  return restored;
 }
 
 }  // namespace braid::torch

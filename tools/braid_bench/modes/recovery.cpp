@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -114,7 +115,7 @@ class WatchedJob {
  public:
   explicit WatchedJob(const std::vector<std::string>& argv) {
     int fds[2];
-    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
@@ -143,10 +144,7 @@ class WatchedJob {
     });
   }
   ~WatchedJob() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
+    stop();
     if (reader_.joinable()) reader_.join();
   }
 
@@ -176,9 +174,7 @@ class WatchedJob {
     while (running() && Clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (running()) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-      pid_ = -1;
+      stop();
       status_ = -1;
     }
     if (reader_.joinable()) reader_.join();
@@ -200,6 +196,22 @@ class WatchedJob {
   }
 
  private:
+  // SIGTERM, which braid-run passes to its ranks (they would outlive a SIGKILLed braid-run
+  // and hold the output pipe open), then SIGKILL after its grace.
+  void stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (running() && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+
   int pid_ = -1;
   int status_ = -1;
   std::thread reader_;

@@ -1,7 +1,8 @@
 // Restartable training: each rank's whole training state (its parameters or shards, its
 // optimizer's state, the step, the data position, its random generators) written to disk
 // every few steps in the background, and read back, by every rank alike, from the newest
-// step every rank has whole.
+// step every rank has whole. What every rank holds alike (TrainingState::replicated) is
+// written once over the ranks, each rank's file holding its share.
 //
 //   braid::torch::DiskCheckpoints checkpoints(dir, comm);
 //   if (auto state = checkpoints.restore()) resume_from(*state);   // collective
@@ -56,8 +57,8 @@ struct TrainingState {
   std::map<std::string, at::Tensor> tensors;  // by name: parameters, shards, buffers
   std::map<std::string, std::string> blobs;   // by name: bytes (optimizer, generators, data)
   // The tensors every rank of the communicator holds alike (DDP's parameters and optimizer
-  // state): MemoryCheckpoints copies 1/world of each per rank, and restore_newest gathers
-  // them whole again. DiskCheckpoints writes them whole.
+  // state): each rank saves 1/world of each, to memory or disk, and a restore gathers them
+  // whole again, so a checkpoint of DDP costs each rank 1/world of the model's state.
   std::set<std::string> replicated;
 };
 

@@ -41,10 +41,9 @@
 //
 // Replicated state is split: of each tensor TrainingState::replicated names (DDP's
 // parameters and optimizer state, which every rank holds alike), each rank copies 1/world,
-// so the copy and its memory shrink with the data-parallel degree, as PyTorch's distributed
-// checkpoint saves a replicated tensor once. A restore gathers the shares whole again (an
-// all-gather of the state); it needs every rank's copy, so a rank whose slots are lost
-// (its node gone) is restored from disk.
+// so the copy and its memory shrink with the data-parallel degree (DiskCheckpoints writes
+// alike). A restore gathers the shares whole again (an all-gather of the state); it needs
+// every rank's copy, so a rank whose slots are lost (its node gone) is restored from disk.
 //
 // Memory: twice the state's bytes per rank (12 bytes a parameter under FSDP with Adam, f32,
 // of its shard; under DDP 12 / world), in braid-run's memory, freed when braid-run ends.
@@ -71,16 +70,18 @@ struct MemoryCheckpointOptions {
 
 class MemoryCheckpoints {
  public:
-  // Throws braid::Error(Errc::invalid_argument) when BRAID_SNAPSHOT_FDS or slot_fds does not
-  // name two open memfds.
+  // Throws braid::Error(Errc::invalid_environment) when BRAID_SNAPSHOT_FDS or slot_fds does
+  // not name two open memfds (invalid_argument when slot_fds holds other than two).
   explicit MemoryCheckpoints(std::shared_ptr<collectives::Communicator> comm,
                              MemoryCheckpointOptions options = {});
-  ~MemoryCheckpoints();  // waits for the copy in flight; its error is logged, not thrown
+  ~MemoryCheckpoints();  // finishes the last copy (makes it, for a host state); its error
+                         // is logged, not thrown
   MemoryCheckpoints(const MemoryCheckpoints&) = delete;
   MemoryCheckpoints& operator=(const MemoryCheckpoints&) = delete;
 
-  // Starts copying `state` into the older slot and returns; the tensors are read until
-  // wait() returns. Waits for the copy before and throws its error, if it failed.
+  // Copies `state` into the older slot: on the checkpoints' thread now for a device's
+  // state, in the next wait() for a host's; returns at once either way. The tensors are
+  // read until wait() returns. Finishes the copy before first, throwing its error.
   void save_async(const TrainingState& state);
 
   // Waits until the last copy is whole (the tensors are free to change); throws its error,
@@ -92,12 +93,9 @@ class MemoryCheckpoints {
 
   // Every step this rank's slots hold whole, newest first, read back with checksums
   // verified; a slot refused (being written when its process died, damaged, another
-  // rank's) is named in a warning. Not collective (restore_newest()).
+  // rank's) is named in a warning. Replicated tensors come back as this rank's shares,
+  // named in TrainingState::replicated. Not collective (restore_newest() gathers them).
   std::map<std::int64_t, TrainingState, std::greater<>> readable();
-
-  // Collective: `state` (from readable(), the same step on every rank) with each replicated
-  // tensor gathered whole from every rank's share.
-  void gather_replicated(TrainingState& state);
 
   // Marks this rank's copies of the steps after `step` empty (another timeline's).
   void forget_after(std::int64_t step);

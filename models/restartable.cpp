@@ -1,7 +1,6 @@
 #include "braid_models/restartable.hpp"
 
 #include <chrono>
-#include <cstdlib>
 #include <fcntl.h>
 #include <iostream>
 #include <stdexcept>
@@ -9,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <braid/core/config.hpp>
 #include <braid/core/log.hpp>
 #include <braid/torch/checkpoint/restore_newest.hpp>
 
@@ -69,7 +69,7 @@ Restartable::Restartable(const RestartChoice& choice,
     step_log_ = ::open(choice_.step_log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (step_log_ < 0) throw std::runtime_error("cannot open --step-log " + choice_.step_log);
   }
-  if (const char* count = std::getenv("BRAID_RESTART_COUNT")) restart_count_ = std::atol(count);
+  restart_count_ = braid::config::int_value("BRAID_RESTART_COUNT");
 }
 
 Restartable::~Restartable() {

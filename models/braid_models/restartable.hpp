@@ -74,7 +74,7 @@ class Restartable {
   std::optional<braid::torch::DiskCheckpoints> disk_;
   std::optional<braid::torch::MemoryCheckpoints> memory_;
   int step_log_ = -1;
-  long restart_count_ = 0;
+  std::int64_t restart_count_ = 0;
 };
 
 // A training state of the usual shape: `parameters` as "parameter.NNNN", copies of

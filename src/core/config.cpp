@@ -29,7 +29,7 @@ constexpr std::array kKnobs{
     Knob{"BRAID_NNODES", "", "number of nodes in the job; set by braid-run"},
     Knob{"BRAID_STORE", "", "host:port of the rendezvous store served by rank 0"},
     Knob{"BRAID_TOKEN", "", "shared secret a store client must present; empty: no check"},
-    Knob{"BRAID_RESTART_COUNT", "",
+    Knob{"BRAID_RESTART_COUNT", "0",
          "how many times braid-run --max-restarts has restarted the job (0: its first start); "
          "set by braid-run"},
     Knob{"BRAID_SNAPSHOT_FDS", "",

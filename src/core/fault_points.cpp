@@ -33,10 +33,7 @@ std::int64_t this_rank() {
 std::optional<Fault> parse_fault() {
   const std::string text = config::string_value("BRAID_FAULT");
   if (text.empty()) return std::nullopt;
-  const std::string restarts = config::string_value("BRAID_RESTART_COUNT");
-  if (!restarts.empty() && config::parse_int(restarts, "BRAID_RESTART_COUNT") > 0) {
-    return std::nullopt;
-  }
+  if (config::int_value("BRAID_RESTART_COUNT") > 0) return std::nullopt;
   auto malformed = [&](std::string_view why) {
     return Error(Errc::invalid_environment,
                  fmt::format("BRAID_FAULT='{}' {}: it takes <point>:<n>:<rank>, <point> one of "

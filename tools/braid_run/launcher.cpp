@@ -116,6 +116,8 @@ class Job {
   void kill_remaining();
   int running_count() const;
   void close_streams();
+  void make_snapshot_fds();
+  void close_snapshot_fds();
 
   const LaunchOptions& options_;
   // What the job's members are: this node's ranks, or (--emulate-nodes) the nodes, each
@@ -167,15 +169,39 @@ constexpr std::array kTorchVariables{
 
 Job::~Job() {
   close_streams();
+  close_snapshot_fds();
+  if (signal_fd_ >= 0) {
+    ::close(signal_fd_);
+    ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+  }
+}
+
+// Two memfds per local rank. Where memfds are refused (a seccomp filter), the ranks go
+// without: an in-memory checkpoint then lives in the rank's own memory, and says so.
+void Job::make_snapshot_fds() {
+  for (int i = 0; i < options_.nproc_per_node; ++i) {
+    auto& slots = snapshot_fds_.emplace_back(std::array<int, 2>{-1, -1});
+    for (std::size_t k = 0; k < slots.size(); ++k) {
+      const std::string name = fmt::format("braid-run-rank-{}-slot-{}",
+                                           options_.node_rank * options_.nproc_per_node + i, k);
+      slots[k] = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+      if (slots[k] < 0) {
+        report(fmt::format("no memory for in-memory checkpoints to outlive a rank: {}",
+                           std::strerror(errno)));
+        close_snapshot_fds();
+        return;
+      }
+    }
+  }
+}
+
+void Job::close_snapshot_fds() {
   for (const auto& fds : snapshot_fds_) {
     for (int fd : fds) {
       if (fd >= 0) ::close(fd);
     }
   }
-  if (signal_fd_ >= 0) {
-    ::close(signal_fd_);
-    ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
-  }
+  snapshot_fds_.clear();
 }
 
 void Job::close_streams() {
@@ -625,29 +651,7 @@ int Job::run() {
     shared_env_.push_back("OMP_NUM_THREADS=1");
   }
 
-  // Where memfds are refused (a seccomp filter), the ranks go without: an in-memory
-  // checkpoint then lives in the rank's own memory, and says so.
-  for (int i = 0; i < options_.nproc_per_node; ++i) {
-    auto& slots = snapshot_fds_.emplace_back(std::array<int, 2>{-1, -1});
-    for (std::size_t k = 0; k < slots.size(); ++k) {
-      const std::string name = fmt::format("braid-run-rank-{}-slot-{}",
-                                           options_.node_rank * options_.nproc_per_node + i, k);
-      slots[k] = ::memfd_create(name.c_str(), MFD_CLOEXEC);
-      if (slots[k] < 0) {
-        report(fmt::format("no memory for in-memory checkpoints to outlive a rank: {}",
-                           std::strerror(errno)));
-        for (auto& pair : snapshot_fds_) {
-          for (int& fd : pair) {
-            if (fd >= 0) ::close(std::exchange(fd, -1));
-          }
-        }
-        snapshot_fds_.clear();
-        break;
-      }
-    }
-    if (snapshot_fds_.empty()) break;
-  }
-
+  make_snapshot_fds();
   take_signals();
   for (;; ++restarts_) {
     ranks_.reserve(static_cast<std::size_t>(options_.nproc_per_node));

@@ -117,6 +117,13 @@ std::vector<std::int64_t> own_steps(const fs::path& directory, const DiskCheckpo
   return steps;
 }
 
+// Removes this rank's file of `step`, and the step's directory once no rank's file is left.
+void remove_own(const DiskCheckpoints& checkpoints, std::int64_t step) {
+  std::error_code ignored;
+  fs::remove(checkpoints.file_of(step), ignored);
+  fs::remove(checkpoints.file_of(step).parent_path(), ignored);  // only once it is empty
+}
+
 }  // namespace
 
 DiskCheckpoints::DiskCheckpoints(fs::path directory,
@@ -166,9 +173,7 @@ void DiskCheckpoints::save_async(const TrainingState& state) {
     // This rank's files beyond the newest `keep`: its own only, never another rank's.
     const std::vector<std::int64_t> steps = own_steps(directory_, *this, /*remove_torn=*/false);
     for (std::size_t i = static_cast<std::size_t>(options_.keep); i < steps.size(); ++i) {
-      std::error_code ignored;
-      fs::remove(file_of(steps[i]), ignored);
-      fs::remove(file_of(steps[i]).parent_path(), ignored);  // only once it is empty
+      remove_own(*this, steps[i]);
     }
   });
 }
@@ -205,9 +210,7 @@ void DiskCheckpoints::forget_after(std::int64_t step) {
   wait();
   for (std::int64_t held : own_steps(directory_, *this, /*remove_torn=*/false)) {
     if (held <= step) break;
-    std::error_code ignored;
-    fs::remove(file_of(held), ignored);
-    fs::remove(file_of(held).parent_path(), ignored);  // only once it is empty
+    remove_own(*this, held);
   }
 }
 

@@ -1,15 +1,14 @@
 #include "replicated_shares.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <braid/core/buffer.hpp>
-#include <braid/core/config.hpp>
 #include <braid/core/error.hpp>
 #include <braid/torch/tensor_buffer.hpp>
 
@@ -18,11 +17,33 @@
 namespace braid::torch::replicated_shares {
 namespace {
 
-// The blob beside a share: "<scalar type>;<sizes>" of the whole tensor.
+// The blob beside a share: the whole tensor's scalar type (i32) and sizes (i64 each).
 constexpr std::string_view kPrefix = "replicated:";
 
 std::string blob_name(const std::string& tensor) {
   return std::string(kPrefix) + tensor;
+}
+
+std::string describe(const at::Tensor& tensor) {
+  const auto type = static_cast<std::int32_t>(tensor.scalar_type());
+  std::string bytes(reinterpret_cast<const char*>(&type), sizeof type);
+  bytes.append(reinterpret_cast<const char*>(tensor.sizes().data()),
+               tensor.sizes().size() * sizeof(std::int64_t));
+  return bytes;
+}
+
+// An empty tensor of what describe() wrote.
+at::Tensor described(const std::string& bytes) {
+  std::int32_t type = 0;
+  std::memcpy(&type, bytes.data(), sizeof type);
+  std::vector<std::int64_t> sizes((bytes.size() - sizeof type) / sizeof(std::int64_t));
+  std::memcpy(sizes.data(), bytes.data() + sizeof type, sizes.size() * sizeof(std::int64_t));
+  return at::empty(sizes, at::TensorOptions().dtype(static_cast<c10::ScalarType>(type)));
+}
+
+// Each rank's share of `numel` elements: the last ones shorter, or empty.
+std::int64_t chunk_of(std::int64_t numel, std::int64_t world) {
+  return (numel + world - 1) / world;
 }
 
 }  // namespace
@@ -35,11 +56,10 @@ TrainingState split(const TrainingState& state, int rank, int world) {
       continue;
     }
     const at::Tensor flat = tensor.detach().contiguous().reshape(-1);
-    const std::int64_t chunk = (flat.numel() + world - 1) / world;
+    const std::int64_t chunk = chunk_of(flat.numel(), world);
     const std::int64_t begin = std::min(flat.numel(), chunk * rank);
     held.tensors[name] = flat.narrow(0, begin, std::min(chunk, flat.numel() - begin));
-    held.blobs[blob_name(name)] = fmt::format("{};{}", static_cast<int>(tensor.scalar_type()),
-                                              fmt::join(tensor.sizes(), ","));
+    held.blobs[blob_name(name)] = describe(tensor);
   }
   return held;
 }
@@ -72,18 +92,8 @@ void gather(collectives::Communicator& comm, TrainingState& state) {
     }
   }
   for (const std::string& name : state.replicated) {
-    const std::string shape = state.blobs.at(blob_name(name));
-    const auto semicolon = shape.find(';');
-    const auto type = static_cast<c10::ScalarType>(
-        config::parse_int(std::string_view(shape).substr(0, semicolon), "a share's type"));
-    std::vector<std::int64_t> sizes;
-    for (std::string_view rest = std::string_view(shape).substr(semicolon + 1); !rest.empty();) {
-      const auto comma = rest.find(',');
-      sizes.push_back(config::parse_int(rest.substr(0, comma), "a share's shape"));
-      rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-    }
-    at::Tensor whole = at::empty(sizes, at::TensorOptions().dtype(type));
-    const std::int64_t chunk = (whole.numel() + world - 1) / world;
+    at::Tensor whole = described(state.blobs.at(blob_name(name)));
+    const std::int64_t chunk = chunk_of(whole.numel(), world);
     // Every share padded to `chunk`, gathered in rank order: the tensor flattened.
     at::Tensor share = at::zeros({chunk}, whole.options());
     const at::Tensor mine = state.tensors.at(name);

@@ -25,14 +25,28 @@ std::vector<char*> c_argv(const std::vector<std::string>& argv) {
   return out;
 }
 
-int spawn(const std::vector<std::string>& argv, int stdout_fd) {
+// Polls waitpid until `pid` exits or `timeout` passes; -1 on timeout.
+int wait_with_timeout(int pid, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid) return exit_status_of(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return -1;
+}
+
+}  // namespace
+
+int spawn(const std::vector<std::string>& argv, int output_fd) {
   auto args = c_argv(argv);
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
-    if (stdout_fd >= 0) {
-      dup2(stdout_fd, STDOUT_FILENO);
-      dup2(stdout_fd, STDERR_FILENO);
+    if (output_fd >= 0) {
+      dup2(output_fd, STDOUT_FILENO);
+      dup2(output_fd, STDERR_FILENO);
     } else {
       const int null_fd = open("/dev/null", O_WRONLY);
       dup2(null_fd, STDOUT_FILENO);
@@ -44,25 +58,11 @@ int spawn(const std::vector<std::string>& argv, int stdout_fd) {
   return pid;
 }
 
-int decode_status(int status) {
+int exit_status_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return -1;
 }
-
-// Polls waitpid until `pid` exits or `timeout` passes; -1 on timeout.
-int wait_with_timeout(int pid, std::chrono::seconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  int status = 0;
-  while (std::chrono::steady_clock::now() < deadline) {
-    const pid_t done = waitpid(pid, &status, WNOHANG);
-    if (done == pid) return decode_status(status);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return -1;
-}
-
-}  // namespace
 
 CommandResult run_command(const std::vector<std::string>& argv, std::chrono::seconds timeout) {
   int pipe_fds[2];
@@ -90,7 +90,7 @@ CommandResult run_command(const std::vector<std::string>& argv, std::chrono::sec
   }
   close(pipe_fds[0]);
   waitpid(pid, &status, 0);
-  result.exit_code = decode_status(status);
+  result.exit_code = exit_status_of(status);
   return result;
 }
 

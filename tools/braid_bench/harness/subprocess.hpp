@@ -15,6 +15,12 @@ struct CommandResult {
   std::string output;  // stdout and stderr, interleaved
 };
 
+// Starts `argv` with its stdout and stderr on `output_fd` (/dev/null where it is -1);
+// returns its pid. Throws std::runtime_error when fork fails; exits 127 when exec does.
+int spawn(const std::vector<std::string>& argv, int output_fd);
+// A waitpid() status as an exit code: the program's, 128 + signal when killed, -1 else.
+int exit_status_of(int status);
+
 // Runs `argv` to completion, capturing its output; kills it after `timeout`.
 CommandResult run_command(const std::vector<std::string>& argv, std::chrono::seconds timeout);
 

@@ -116,17 +116,7 @@ class WatchedJob {
   explicit WatchedJob(const std::vector<std::string>& argv) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    pid_ = ::fork();
-    if (pid_ < 0) throw std::runtime_error("fork failed");
-    if (pid_ == 0) {
-      ::dup2(fds[1], STDOUT_FILENO);
-      ::dup2(fds[1], STDERR_FILENO);
-      ::execvp(args[0], args.data());
-      ::_exit(127);
-    }
+    pid_ = spawn(argv, fds[1]);
     ::close(fds[1]);
     reader_ = std::thread([this, fd = fds[0]] {
       std::string pending;
@@ -163,7 +153,7 @@ class WatchedJob {
     int status = 0;
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
-      status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      status_ = exit_status_of(status);
       return false;
     }
     return true;

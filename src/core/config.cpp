@@ -27,7 +27,13 @@ constexpr std::array kKnobs{
     Knob{"BRAID_LOCAL_WORLD_SIZE", "", "number of ranks on this node; set by braid-run"},
     Knob{"BRAID_NODE_RANK", "", "index of this node in the job; set by braid-run"},
     Knob{"BRAID_NNODES", "", "number of nodes in the job; set by braid-run"},
-    Knob{"BRAID_STORE", "", "host:port of the rendezvous store served by rank 0"},
+    Knob{"BRAID_STORE", "", "host:port of the rendezvous store"},
+    Knob{"BRAID_STORE_SERVED_BY", "rank0",
+         "who serves the store at BRAID_STORE: rank0 (rank 0, for the job's life) or launcher "
+         "(braid-run, so it outlives every rank); set by braid-run"},
+    Knob{"BRAID_STORE_PREFIX", "",
+         "the namespace of the ranks' keys in the store (braid-run gives each generation of a "
+         "restarting job its own: braid/run/g/<n>/); set by braid-run"},
     Knob{"BRAID_TOKEN", "", "shared secret a store client must present; empty: no check"},
     Knob{"BRAID_RESTART_COUNT", "0",
          "how many times braid-run --max-restarts has restarted the job (0: its first start); "

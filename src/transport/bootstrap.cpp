@@ -417,8 +417,15 @@ void fill_launch(LaunchInfo& info, const EnvReader& reader, const Ranks& ranks) 
   info.store_host = std::move(store.host);
   info.store_port = store.port;
   info.token = reader.text("BRAID_TOKEN").value_or("");
-  info.description = fmt::format("{}: {}; store {} ({})", info.source, ranks_text(ranks),
-                                 format_host_port(info.store_host, info.store_port), store.origin);
+  info.store_prefix = reader.text("BRAID_STORE_PREFIX").value_or("");
+  const std::string served_by = reader.text("BRAID_STORE_SERVED_BY").value_or("rank0");
+  if (served_by != "rank0" && served_by != "launcher") {
+    fail("BRAID_STORE_SERVED_BY={} is neither rank0 nor launcher", served_by);
+  }
+  info.store_served_by_launcher = served_by == "launcher";
+  info.description = fmt::format("{}: {}; store {} ({}{})", info.source, ranks_text(ranks),
+                                 format_host_port(info.store_host, info.store_port), store.origin,
+                                 info.store_served_by_launcher ? ", served by the launcher" : "");
 }
 
 }  // namespace

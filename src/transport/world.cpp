@@ -154,7 +154,7 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   const LaunchInfo& info = world->launch_;
 
   std::uint16_t store_port = info.store_port;
-  if (info.rank == 0) {
+  if (info.rank == 0 && !info.store_served_by_launcher) {
     // The store serves on a thread of its own, so what its clients send (strangers
     // included) never queues ahead of this rank's communication on the runtime thread.
     world->store_runtime_ = std::make_unique<Runtime>(
@@ -168,7 +168,10 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   }
   // A named argument, not a braced temporary: GCC 12 destroys a braced temporary passed
   // by value to a coroutine twice.
-  StoreAddress store_address{.host = info.store_host, .port = store_port, .token = info.token};
+  StoreAddress store_address{.host = info.store_host,
+                             .port = store_port,
+                             .token = info.token,
+                             .key_prefix = info.store_prefix};
   world->store_ = co_await detail::connect_to_store(runtime.executor(), std::move(store_address),
                                                     deadline, world->options_);
   // A second process given a rank already taken is refused here, before its will or its
@@ -283,9 +286,16 @@ asio::awaitable<void> World::watch_peers(std::shared_ptr<PeerWatch> watch) {
       continue;
     }
     if (lost->code() == Errc::timeout) continue;
-    // The connection to the store broke: rank 0, which serves it, is gone (or unreachable,
-    // which leaves us as stuck as if it were).
-    if (rank() == 0) {
+    // The connection to the store broke: whoever serves it (rank 0, or braid-run on node
+    // 0, whose ranks die with it) is gone, or unreachable, which leaves us as stuck as if it
+    // were.
+    if (launch_.store_served_by_launcher) {
+      std::string reason = fmt::format(
+          "the store braid-run serves on node 0 stopped answering ({})", lost->detail());
+      for (int peer = 0; peer < size(); ++peer) {
+        if (peer != rank()) ucx_->fail_peer(peer, reason, UcxWorker::PeerLoss::gone);
+      }
+    } else if (rank() == 0) {
       log::warn("lost the connection to this rank's own store: {}", lost->what());
     } else {
       std::string reason =

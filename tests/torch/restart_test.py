@@ -231,8 +231,10 @@ try:
         + ["--checkpoint-dir", directory, "--checkpoint-every", "5"], [21, 61])
     if status != 128 + signal.SIGKILL:
         fail(f"a job failing twice under --max-restarts 1 exited {status}, not 137", output)
-    if len(re.findall(r"rank 1 \(pid \d+\) was killed by signal 9", output)) != 2:
-        fail("each of the two failures should be named", output)
+    if not re.search(r"its failures: generation 0, node 0: rank 1 \(pid \d+\) was killed by "
+                     r"signal 9 \(SIGKILL\).*; generation 1, node 0: rank 1 \(pid \d+\) was "
+                     r"killed by signal 9", output):
+        fail("the two failures should be named, each with its start", output)
     print("a second failure past --max-restarts 1 ends the job, both failures named")
 finally:
     shutil.rmtree(directory, ignore_errors=True)

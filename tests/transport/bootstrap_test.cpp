@@ -39,6 +39,25 @@ TEST(Bootstrap, ReadsEveryBraidVariable) {
   EXPECT_EQ(info.source, "braid");
 }
 
+// Under braid-run the launcher serves the store and gives each start of the job a
+// namespace in it; elsewhere rank 0 serves it and keys have no prefix.
+TEST(Bootstrap, ReadsWhoServesTheStoreAndTheKeyPrefix) {
+  auto info = parse_launch_env(env_of({{"BRAID_RANK", "0"},
+                                       {"BRAID_WORLD_SIZE", "2"},
+                                       {"BRAID_STORE", "node0:1234"},
+                                       {"BRAID_STORE_SERVED_BY", "launcher"},
+                                       {"BRAID_STORE_PREFIX", "braid/run/g/2/"}}));
+  EXPECT_TRUE(info.store_served_by_launcher);
+  EXPECT_EQ(info.store_prefix, "braid/run/g/2/");
+  EXPECT_THAT(info.description, HasSubstr("served by the launcher"));
+  auto plain = parse_launch_env(env_of({{"BRAID_RANK", "0"}, {"BRAID_WORLD_SIZE", "2"}}));
+  EXPECT_FALSE(plain.store_served_by_launcher);
+  EXPECT_EQ(plain.store_prefix, "");
+  auto message = error_for(
+      {{"BRAID_RANK", "0"}, {"BRAID_WORLD_SIZE", "2"}, {"BRAID_STORE_SERVED_BY", "rank1"}});
+  EXPECT_THAT(message, HasSubstr("BRAID_STORE_SERVED_BY=rank1 is neither rank0 nor launcher"));
+}
+
 TEST(Bootstrap, ReadsTorchrun) {
   auto info = parse_launch_env(env_of({{"RANK", "3"},
                                        {"WORLD_SIZE", "4"},

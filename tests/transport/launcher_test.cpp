@@ -4,14 +4,17 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <fcntl.h>
 #include <filesystem>
 #include <map>
+#include <netinet/in.h>
 #include <poll.h>
 #include <set>
 #include <spawn.h>
 #include <sstream>
 #include <string>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
@@ -53,6 +56,33 @@ class Launch : public ChildProcess {
 
 Outcome run(std::vector<std::string> args, const Env& env = {}) {
   return Launch(std::move(args), env).wait();
+}
+
+// A TCP port free a moment ago, for a two-node job's store on this machine.
+std::string free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    ADD_FAILURE() << "no free port: " << std::strerror(errno);
+  }
+  ::close(fd);
+  return std::to_string(ntohs(address.sin_port));
+}
+
+// Every braid-run of a job of several nodes meets the others in the store node 0's serves:
+// runs `args` with the job's other node's braid-run (`other`, `other_env`) beside it, and
+// returns the outcome of the first; the other must succeed too.
+Outcome run_with_other_node(std::vector<std::string> args, const Env& env,
+                            std::vector<std::string> other, const Env& other_env) {
+  Launch beside(std::move(other), other_env);
+  Outcome result = run(std::move(args), env);
+  const Outcome theirs = beside.wait();
+  EXPECT_EQ(theirs.status, 0) << theirs.err;
+  return result;
 }
 
 // "[1] rank=1 world=3 ..." -> {"prefix": "[1]", "rank": "1", "world": "3", ...}
@@ -127,9 +157,13 @@ TEST(BraidRun, SeveralRanksOnANodeGetOneOpenMpThreadUnlessTheUserChoseACount) {
 }
 
 TEST(BraidRun, MultiNodeFlagsOffsetRanksByNode) {
-  auto result = run({"--nnodes", "2", "--node-rank=1", "--master-addr", "10.1.2.3", "--master-port",
-                     "29555", "--nproc_per_node=2", probe(), "env"},
-                    {{"BRAID_TOKEN", "t"}});
+  const std::string port = free_port();
+  auto result = run_with_other_node({"--nnodes", "2", "--node-rank=1", "--master-addr", "127.0.0.1",
+                                     "--master-port", port, "--nproc_per_node=2", probe(), "env"},
+                                    {{"BRAID_TOKEN", "t"}},
+                                    {"--nnodes", "2", "--node-rank=0", "--master-addr", "127.0.0.1",
+                                     "--master-port", port, "--nproc_per_node=2", probe(), "env"},
+                                    {{"BRAID_TOKEN", "t"}});
   ASSERT_EQ(result.status, 0) << result.err;
   auto lines = env_lines(result.out);
   ASSERT_EQ(lines.size(), 2u);
@@ -140,29 +174,36 @@ TEST(BraidRun, MultiNodeFlagsOffsetRanksByNode) {
     EXPECT_EQ(line.at("local_world"), "2");
     EXPECT_EQ(line.at("node"), "1");
     EXPECT_EQ(line.at("nodes"), "2");
-    EXPECT_EQ(line.at("store"), "10.1.2.3:29555");
+    EXPECT_EQ(line.at("store"), "127.0.0.1:" + port);
   }
   EXPECT_EQ(ranks, (std::set<std::pair<std::string, std::string>>{{"2", "0"}, {"3", "1"}}));
 }
 
 TEST(BraidRun, MultiNodeWithoutATokenWarns) {
-  auto result = run({"--nnodes", "2", "--master-addr", "h", "-n", "1", probe(), "env"});
+  const std::string port = free_port();
+  auto result = run_with_other_node({"--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port",
+                                     port, "-n", "1", probe(), "env"},
+                                    {},
+                                    {"--nnodes", "2", "--node-rank", "1", "--master-addr",
+                                     "127.0.0.1", "--master-port", port, "-n", "1", probe(), "env"},
+                                    {});
   EXPECT_EQ(result.status, 0);
   EXPECT_THAT(result.err, HasSubstr("BRAID_TOKEN is not set"));
   auto lines = env_lines(result.out);
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0].at("token"), "");
-  EXPECT_EQ(lines[0].at("store"), "h:29500");
+  EXPECT_EQ(lines[0].at("store"), "127.0.0.1:" + port);
 }
 
 // A Kubeflow pod's environment: torchrun's flags as PET_* variables, and no flags at all.
 TEST(BraidRun, KubeflowsPetVariablesStandForTheFlags) {
-  auto result = run({probe(), "env"}, {{"PET_NNODES", "2"},
-                                       {"PET_NPROC_PER_NODE", "2"},
-                                       {"PET_NODE_RANK", "1"},
-                                       {"PET_MASTER_ADDR", "10.1.2.3"},
-                                       {"PET_MASTER_PORT", "29555"},
-                                       {"BRAID_TOKEN", "t"}});
+  const std::string port = free_port();
+  Env pod{{"PET_NNODES", "2"},       {"PET_NPROC_PER_NODE", "2"},
+          {"PET_NODE_RANK", "1"},    {"PET_MASTER_ADDR", "127.0.0.1"},
+          {"PET_MASTER_PORT", port}, {"BRAID_TOKEN", "t"}};
+  Env master_pod = pod;
+  master_pod["PET_NODE_RANK"] = "0";
+  auto result = run_with_other_node({probe(), "env"}, pod, {probe(), "env"}, master_pod);
   ASSERT_EQ(result.status, 0) << result.err;
   EXPECT_THAT(result.err, HasSubstr("braid-run: node 1 of 2, 2 rank(s) each, from torchrun's "
                                     "PET_* variables (Kubeflow): PET_NNODES=2"));
@@ -173,7 +214,7 @@ TEST(BraidRun, KubeflowsPetVariablesStandForTheFlags) {
     ranks.insert(line.at("rank"));
     EXPECT_EQ(line.at("world"), "4");
     EXPECT_EQ(line.at("node"), "1");
-    EXPECT_EQ(line.at("store"), "10.1.2.3:29555");
+    EXPECT_EQ(line.at("store"), "127.0.0.1:" + port);
   }
   EXPECT_EQ(ranks, (std::set<std::string>{"2", "3"}));
 }
@@ -186,28 +227,33 @@ TEST(BraidRun, AFlagWinsOverItsPetVariable) {
 
 // A PyTorchJob names its master pod in MASTER_ADDR/MASTER_PORT rather than PET_*.
 TEST(BraidRun, APyTorchJobsMasterAddrNamesTheStore) {
-  auto result = run({probe(), "env"}, {{"PET_NNODES", "2"},
-                                       {"PET_NPROC_PER_NODE", "1"},
-                                       {"PET_NODE_RANK", "0"},
-                                       {"MASTER_ADDR", "master-0"},
-                                       {"MASTER_PORT", "23456"},
-                                       {"BRAID_TOKEN", "t"}});
+  const std::string port = free_port();
+  Env master{{"PET_NNODES", "2"},          {"PET_NPROC_PER_NODE", "1"}, {"PET_NODE_RANK", "0"},
+             {"MASTER_ADDR", "localhost"}, {"MASTER_PORT", port},       {"BRAID_TOKEN", "t"}};
+  Env worker = master;
+  worker["PET_NODE_RANK"] = "1";
+  auto result = run_with_other_node({probe(), "env"}, master, {probe(), "env"}, worker);
   ASSERT_EQ(result.status, 0) << result.err;
   auto lines = env_lines(result.out);
   ASSERT_EQ(lines.size(), 1u);
-  EXPECT_EQ(lines[0].at("store"), "master-0:23456");
+  EXPECT_EQ(lines[0].at("store"), "localhost:" + port);
   EXPECT_EQ(lines[0].at("world"), "2");
 }
 
 // srun --ntasks-per-node 1 braid-run: the node's place and the store from srun's variables.
 TEST(BraidRun, StartedOncePerNodeBySrunItTakesItsNodeFromSlurm) {
-  auto result = run({"-n", "2", probe(), "env"}, {{"SLURM_PROCID", "1"},
-                                                  {"SLURM_STEP_NUM_TASKS", "2"},
-                                                  {"SLURM_STEP_NUM_NODES", "2"},
-                                                  {"SLURM_NODEID", "1"},
-                                                  {"SLURM_STEP_NODELIST", "gpu[07-08]"},
-                                                  {"SLURM_JOB_ID", "1234567"},
-                                                  {"BRAID_TOKEN", "t"}});
+  Env task{{"SLURM_PROCID", "1"},
+           {"SLURM_STEP_NUM_TASKS", "2"},
+           {"SLURM_STEP_NUM_NODES", "2"},
+           {"SLURM_NODEID", "1"},
+           {"SLURM_STEP_NODELIST", "localhost,gpu08"},
+           {"SLURM_JOB_ID", "1234567"},
+           {"BRAID_TOKEN", "t"}};
+  Env first_task = task;
+  first_task["SLURM_PROCID"] = "0";
+  first_task["SLURM_NODEID"] = "0";
+  auto result = run_with_other_node({"-n", "2", probe(), "env"}, task, {"-n", "2", probe(), "env"},
+                                    first_task);
   ASSERT_EQ(result.status, 0) << result.err;
   EXPECT_THAT(result.err, HasSubstr("braid-run: node 1 of 2, 2 rank(s) each, from srun's step "
                                     "(slurm: rank 1 of 2"));
@@ -217,7 +263,7 @@ TEST(BraidRun, StartedOncePerNodeBySrunItTakesItsNodeFromSlurm) {
     EXPECT_EQ(line.at("node"), "1");
     EXPECT_EQ(line.at("nodes"), "2");
     EXPECT_EQ(line.at("source"), "braid");
-    EXPECT_THAT(line.at("store"), ::testing::MatchesRegex("gpu07:2[0-9]{4}"));
+    EXPECT_THAT(line.at("store"), ::testing::MatchesRegex("localhost:2[0-9]{4}"));
   }
 }
 

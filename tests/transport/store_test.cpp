@@ -562,6 +562,33 @@ TEST_F(Store, EveryAppendingWillThatFiresIsKeptInTheOrderTheyFired) {
   EXPECT_EQ(run_on(runtime_, store->get("deaths/1", deadline_after(5s))), bytes("2"));
 }
 
+// A client with a key prefix lives in a namespace of its own: every key it names, its
+// waits and its will are under the prefix, so two starts of one job (braid-run's
+// generations) share a store without seeing each other's keys.
+TEST_F(Store, AClientsKeysAndItsWillLieUnderItsPrefix) {
+  auto root = connect();
+  auto connect_under = [&](std::string prefix) {
+    StoreAddress under = address();
+    under.key_prefix = std::move(prefix);
+    return run_on(runtime_,
+                  StoreClient::connect(runtime_.executor(), std::move(under), deadline_after(5s)));
+  };
+  auto first = connect_under("g/0/");
+  auto second = connect_under("g/1/");
+  run_on(runtime_, first->set("rank", bytes("claimed")));
+  EXPECT_EQ(run_on(runtime_, root->get("g/0/rank", deadline_after(1s))), bytes("claimed"));
+  EXPECT_EQ(run_on(runtime_, second->add("rank", 1)), 1);  // its own key: g/1/rank
+  EXPECT_EQ(run_on(runtime_, first->append("events", bytes("F1"))), 0);
+  EXPECT_EQ(run_on(runtime_, root->get("g/0/events/0", deadline_after(1s))), bytes("F1"));
+  run_on(runtime_, root->set("g/1/ready", bytes("yes")));
+  run_on(runtime_, second->wait({"ready"}, deadline_after(1s)));
+  Error e = error_from(runtime_, first->get("ready", deadline_after(100ms)), Errc::timeout);
+  EXPECT_THAT(e.what(), HasSubstr("'g/0/ready'"));  // errors name the whole key
+  run_on(runtime_, second->set_will("end", bytes("R")));
+  second.reset();
+  EXPECT_EQ(run_on(runtime_, root->get("g/1/end", deadline_after(5s))), bytes("R"));
+}
+
 TEST(StoreConnect, RetriesUntilAServerThatStartsLateComesUp) {
   Runtime runtime;
   const std::uint16_t port = find_free_port();

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <system_error>
 #include <unistd.h>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -179,7 +180,7 @@ std::string EmulatedNodes::address_of(int node) {
 }
 
 EmulatedNodes::EmulatedNodes(int nodes, std::optional<LinkRate> rate)
-    : nodes_(nodes), rate_(std::move(rate)) {
+    : nodes_(nodes), rate_(std::move(rate)), node_netns_(static_cast<std::size_t>(nodes), -1) {
   if (nodes < 1 || nodes > kMaxNodes) {
     throw std::invalid_argument(fmt::format("--emulate-nodes {} is not 1 to {}", nodes, kMaxNodes));
   }
@@ -197,7 +198,9 @@ EmulatedNodes::EmulatedNodes(int nodes, std::optional<LinkRate> rate)
 }
 
 EmulatedNodes::~EmulatedNodes() {
-  for (int fd : node_netns_) ::close(fd);
+  for (int fd : node_netns_) {
+    if (fd >= 0) ::close(fd);
+  }
 }
 
 std::string EmulatedNodes::node_name(int node) {
@@ -207,6 +210,14 @@ std::string EmulatedNodes::node_name(int node) {
 pid_t EmulatedNodes::start_node(int node, const std::vector<std::string>& argv,
                                 const std::vector<std::string>& env, const sigset_t& blocked_mask,
                                 const std::vector<std::string>& agent_argv) {
+  int& held_netns = node_netns_.at(static_cast<std::size_t>(node));
+  if (held_netns >= 0) {
+    // A node started again: its predecessor's link is deleted (both ends of the veth pair)
+    // while its namespace is still held, so the port's name is free at once, and then the
+    // namespace goes.
+    run_command({"ip", "link", "del", switch_port(node)});
+    ::close(std::exchange(held_netns, -1));
+  }
   NodeStart start{.node = node, .hostname = node_name(node), .hosts = &hosts_};
   for (const std::string& a : argv) start.argv.push_back(const_cast<char*>(a.c_str()));
   start.argv.push_back(nullptr);
@@ -231,7 +242,7 @@ pid_t EmulatedNodes::start_node(int node, const std::vector<std::string>& argv,
   }
   ::setpgid(pid, pid);
   const int netns = ::open(fmt::format("/proc/{}/ns/net", pid).c_str(), O_RDONLY | O_CLOEXEC);
-  if (netns >= 0) node_netns_.push_back(netns);
+  held_netns = netns;
   // Closing `go` unsent (an exception below) tells the init to give up.
   struct Closer {
     int fd;

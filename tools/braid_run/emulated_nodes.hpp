@@ -43,7 +43,8 @@ class EmulatedNodes {
   // Its hostname, which every node's /etc/hosts resolves to that address: node<i>.
   static std::string node_name(int node);
 
-  // Starts node `node`: its init, in new namespaces, with its link up, runs `argv` (a
+  // Starts node `node` (again, after its init died: a fresh node in its place, with a new
+  // link): its init, in new namespaces, with its link up, runs `argv` (a
   // braid-run for that node) with `env`, reaps what is orphaned in the node, and exits with
   // the status of `argv`'s process (128 + signal when a signal ended it). Returns the init's
   // pid; signalled with SIGTERM it passes the signal on (as its own process group holds
@@ -61,8 +62,8 @@ class EmulatedNodes {
   std::optional<LinkRate> rate_;
   // Each node's network namespace, held open so that its link (and its counters) outlive
   // the node's processes until this object goes; closed with braid-run however it ends.
-  std::vector<int> node_netns_;
-  std::string hosts_;  // every node's /etc/hosts
+  std::vector<int> node_netns_;  // by node; -1 before it starts
+  std::string hosts_;            // every node's /etc/hosts
 };
 
 }  // namespace braid::launcher

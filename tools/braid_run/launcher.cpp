@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string_view>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -24,6 +25,8 @@
 
 #include <braid/core/config.hpp>
 #include <braid/transport/bootstrap.hpp>
+
+#include "rendezvous.hpp"
 
 extern char** environ;
 
@@ -118,6 +121,12 @@ class Job {
   void close_streams();
   void make_snapshot_fds();
   void close_snapshot_fds();
+  void on_generation_end();
+  GenerationEnd end_of_generation();
+  GenerationEnd wait_for_end();
+  int conclude(const GenerationEnd& end);
+  void start_again();
+  void replace_node(Rank& node, int status);
 
   const LaunchOptions& options_;
   // What the job's members are: this node's ranks, or (--emulate-nodes) the nodes, each
@@ -126,13 +135,21 @@ class Job {
   const Rank* primary_ = nullptr;  // --on-first-node: node 0, whose end is the job's
   std::optional<EmulatedNodes> emulation_;
   std::vector<std::string> shared_env_;  // the parent's environment plus the job-wide BRAID_*
+  std::vector<std::string> node_env_;    // --emulate-nodes: what each node's init is given
   std::vector<Rank> ranks_;
   int signal_fd_ = -1;
   sigset_t old_mask_{};
   int exit_status_ = 0;
   bool stopping_ = false;
   bool rank_failed_ = false;  // the job stopped because a rank failed (a restart may follow)
-  int restarts_ = 0;          // --max-restarts: how many times the ranks were started again
+  std::string verdict_;       // what give_verdict() said of it
+  std::string stop_reason_;   // why braid-run stopped the ranks itself (a signal, --timeout)
+  // The job's store (served here on node 0) and its generations: each start of the ranks
+  // is one, the same on every node (rendezvous.hpp).
+  std::optional<Rendezvous> rendezvous_;
+  std::int64_t generation_ = 0;
+  bool ended_elsewhere_ = false;  // another node ended this generation: ranks stopped here
+  int replaced_nodes_ = 0;        // --emulate-nodes with --max-restarts: nodes started again
   // Per local rank, the two memfds its in-memory checkpoints live in (MemoryCheckpoints):
   // braid-run's, so a rank's copies outlive its process and reach its next start.
   std::vector<std::array<int, 2>> snapshot_fds_;
@@ -157,9 +174,9 @@ constexpr auto kSettle = std::chrono::milliseconds(200);
 
 // The variables braid-run sets; each must be a declared knob.
 constexpr std::array kRankVariables{
-    "BRAID_RANK",          "BRAID_WORLD_SIZE",  "BRAID_LOCAL_RANK", "BRAID_LOCAL_WORLD_SIZE",
-    "BRAID_NODE_RANK",     "BRAID_NNODES",      "BRAID_STORE",      "BRAID_TOKEN",
-    "BRAID_RESTART_COUNT", "BRAID_SNAPSHOT_FDS"};
+    "BRAID_RANK",          "BRAID_WORLD_SIZE",   "BRAID_LOCAL_RANK",      "BRAID_LOCAL_WORLD_SIZE",
+    "BRAID_NODE_RANK",     "BRAID_NNODES",       "BRAID_STORE",           "BRAID_TOKEN",
+    "BRAID_RESTART_COUNT", "BRAID_SNAPSHOT_FDS", "BRAID_STORE_SERVED_BY", "BRAID_STORE_PREFIX"};
 
 // torchrun's variables, set too so that PyTorch's init_method="env://" (and any program
 // written for torchrun) runs under braid-run unchanged. Not knobs: braid does not read them.
@@ -225,8 +242,9 @@ std::vector<std::string> Job::rank_environment(int local_rank) const {
   env.push_back(fmt::format("BRAID_LOCAL_RANK={}", local_rank));
   env.push_back(fmt::format("RANK={}", rank));
   env.push_back(fmt::format("LOCAL_RANK={}", local_rank));
-  env.push_back(fmt::format("BRAID_RESTART_COUNT={}", restarts_));
-  env.push_back(fmt::format("TORCHELASTIC_RESTART_COUNT={}", restarts_));
+  env.push_back(fmt::format("BRAID_RESTART_COUNT={}", generation_));
+  env.push_back(fmt::format("TORCHELASTIC_RESTART_COUNT={}", generation_));
+  env.push_back(fmt::format("BRAID_STORE_PREFIX={}", Rendezvous::key_prefix(generation_)));
   if (!snapshot_fds_.empty()) {
     const auto& slots = snapshot_fds_[static_cast<std::size_t>(local_rank)];
     env.push_back(fmt::format("BRAID_SNAPSHOT_FDS={},{}", slots[0], slots[1]));
@@ -259,9 +277,15 @@ void Job::start_rank(int local_rank) {
   std::array<int, 2> exec_pipe{};
   if (::pipe2(exec_pipe.data(), O_CLOEXEC) != 0) throw_errno("pipe2");
 
+  const pid_t supervisor = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) throw_errno("fork");
   if (pid == 0) {
+    // A rank outlives no braid-run: killed with it, as a node's processes die with the node,
+    // rather than left running unsupervised. (The main thread forks and lives as long as
+    // braid-run: the signal follows the thread that forked.)
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != supervisor) ::_exit(1);
     ::setpgid(0, 0);
     ::signal(SIGPIPE, SIG_DFL);  // ignored in braid-run, and ignoring survives exec
     ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
@@ -304,7 +328,9 @@ void Job::start_rank(int local_rank) {
     exit_status_ = error == ENOENT ? 127 : 126;
     stopping_ = true;
     int others = running_count();
-    report(fmt::format("cannot execute '{}': {}{}", options_.command.front(), std::strerror(error),
+    stop_reason_ =
+        fmt::format("cannot execute '{}': {}", options_.command.front(), std::strerror(error));
+    report(fmt::format("{}{}", stop_reason_,
                        others > 0 ? fmt::format("; stopping the {} started rank(s)", others) : ""));
     stop(SIGTERM);
   }
@@ -371,6 +397,14 @@ void Job::on_rank_exit(Rank& rank, int status) {
   }
   const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
   if (!failed || stopping_) return;
+  // An emulated node killed whole (its init, by a signal: a node's braid-run that ends
+  // exits) is started again, as a cluster's scheduler replaces a failed node; node 0 serves
+  // the job's store and cannot be.
+  if (emulation_ && !primary_ && WIFSIGNALED(status) && rank.rank != 0 &&
+      replaced_nodes_ < options_.max_restarts) {
+    replace_node(rank, status);
+    return;
+  }
   failures_.push_back({&rank, status});
   if (!verdict_at_) verdict_at_ = Clock::now() + kSettle;
 }
@@ -397,9 +431,11 @@ void Job::give_verdict() {
   }
   const int others = running_count();
   rank_failed_ = true;
-  report(fmt::format(
-      "{} {} (pid {}) {}{}{}", noun_, culprit.rank->rank, culprit.rank->pid, how(culprit.status),
-      also, others > 0 ? fmt::format("; stopping the other {} {}(s)", others, noun_) : ""));
+  verdict_ = fmt::format("{} {} (pid {}) {}{}", noun_, culprit.rank->rank, culprit.rank->pid,
+                         how(culprit.status), also);
+  report(
+      fmt::format("{}{}", verdict_,
+                  others > 0 ? fmt::format("; stopping the other {} {}(s)", others, noun_) : ""));
   stopping_ = true;
   stop(SIGTERM);
 }
@@ -424,6 +460,7 @@ void Job::on_signal(int sig) {
   }
   stopping_ = true;
   exit_status_ = 128 + sig;
+  stop_reason_ = fmt::format("braid-run received {}", signal_name(sig));
   report(fmt::format("received {}; forwarding it to {} {}(s)", signal_name(sig), running_count(),
                      noun_));
   stop(sig);
@@ -455,6 +492,10 @@ void Job::supervise() {
     }
     fds.assign(1, pollfd{signal_fd_, POLLIN, 0});
     owners.assign(1, {nullptr, nullptr});
+    if (rendezvous_) {
+      fds.push_back({rendezvous_->wakeup_fd(), POLLIN, 0});
+      owners.emplace_back(nullptr, nullptr);
+    }
     for (Rank& rank : ranks_) {
       for (Stream& s : rank.streams) {
         if (s.fd < 0) continue;
@@ -472,7 +513,12 @@ void Job::supervise() {
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) throw_errno("poll");
 
     for (std::size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents != 0) read_stream(*owners[i].first, *owners[i].second);
+      if (fds[i].revents == 0) continue;
+      if (owners[i].first == nullptr) {
+        on_generation_end();
+      } else {
+        read_stream(*owners[i].first, *owners[i].second);
+      }
     }
     if (fds[0].revents & POLLIN) {
       signalfd_siginfo info{};
@@ -489,6 +535,8 @@ void Job::supervise() {
     if (!stopping_ && now >= deadline_) {
       stopping_ = true;
       exit_status_ = 124;  // what timeout(1) returns
+      stop_reason_ = fmt::format("the job ran longer than --timeout {:g} s",
+                                 std::chrono::duration<double>(*options_.timeout).count());
       report(fmt::format("the job ran longer than --timeout {:g} s; stopping {} {}(s)",
                          std::chrono::duration<double>(*options_.timeout).count(), running_count(),
                          noun_));
@@ -544,6 +592,8 @@ int Job::start_emulated_nodes() {
   if (options_.on_first_node && std::getenv("OMPI_MCA_plm_rsh_agent") == nullptr) {
     env.push_back(fmt::format("OMPI_MCA_plm_rsh_agent={} --on-node", self.data()));
   }
+  node_env_ = env;
+  ranks_.reserve(static_cast<std::size_t>(options_.emulate_nodes));  // replace_node keeps them
   for (int node = 0; node < options_.emulate_nodes && !stopping_; ++node) {
     const NodeCommand command = options_.on_first_node ? first_node_command(self.data(), node)
                                                        : node_braid_run(self.data(), node);
@@ -577,6 +627,9 @@ Job::NodeCommand Job::node_braid_run(const std::string& self, int node) const {
     argv.insert(argv.end(), {"--master-port", std::to_string(*options_.master_port)});
   }
   if (!options_.prefix_output) argv.emplace_back("--no-prefix");
+  if (options_.max_restarts > 0) {
+    argv.insert(argv.end(), {"--max-restarts", std::to_string(options_.max_restarts)});
+  }
   argv.emplace_back("--");
   argv.insert(argv.end(), options_.command.begin(), options_.command.end());
   return {.argv = std::move(argv), .agent = {}};
@@ -594,13 +647,151 @@ Job::NodeCommand Job::first_node_command(const std::string& self, int node) cons
   return {.argv = std::move(argv), .agent = std::move(serve)};
 }
 
+// The generation being run ended elsewhere (another node's launcher, or its will), or the
+// store is gone: this node's ranks stop, as their peers do.
+void Job::on_generation_end() {
+  std::uint64_t rings = 0;
+  ssize_t ignored = ::read(rendezvous_->wakeup_fd(), &rings, sizeof rings);
+  static_cast<void>(ignored);
+  const std::optional<GenerationEnd> end = rendezvous_->ended();
+  // A ring from a generation before this one (which this launcher ended itself) says
+  // nothing of this one.
+  if (!end || stopping_) return;
+  ended_elsewhere_ = true;
+  stopping_ = true;
+  const int running = running_count();
+  report(fmt::format("{}{}",
+                     end->kind == GenerationEnd::Kind::store_lost
+                         ? fmt::format("lost the job's store on node 0: {}", end->why)
+                         : fmt::format("the job stopped on another node: {}", end->why),
+                     running > 0 ? fmt::format("; stopping this node's {} rank(s)", running) : ""));
+  stop(SIGTERM);
+}
+
+// Once this node's ranks are all down: how the generation ended, ending it here first
+// where this node has cause to.
+GenerationEnd Job::end_of_generation() {
+  if (rank_failed_ && !ended_elsewhere_) {
+    return rendezvous_->end_by_failure(exit_status_, verdict_, /*may_restart=*/true);
+  }
+  if (ended_elsewhere_) return *rendezvous_->ended();
+  if (stopping_) {
+    return rendezvous_->end_by_failure(exit_status_, stop_reason_, /*may_restart=*/false);
+  }
+  rendezvous_->finished();
+  return wait_for_end();
+}
+
+// This node's ranks all exited with 0: the job is done once every node's have, unless
+// another node fails first (then a restart may follow: every node runs the generation
+// again). Signals and --timeout still apply while waiting.
+GenerationEnd Job::wait_for_end() {
+  for (;;) {
+    if (std::optional<GenerationEnd> end = rendezvous_->ended()) return *end;
+    std::array<pollfd, 2> fds{pollfd{signal_fd_, POLLIN, 0},
+                              pollfd{rendezvous_->wakeup_fd(), POLLIN, 0}};
+    int timeout_ms = -1;
+    if (deadline_ != Clock::time_point::max()) {
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - Clock::now());
+      timeout_ms = static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 60'000));
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) throw_errno("poll");
+    if (fds[1].revents & POLLIN) {
+      std::uint64_t rings = 0;
+      ssize_t ignored = ::read(rendezvous_->wakeup_fd(), &rings, sizeof rings);
+      static_cast<void>(ignored);
+    }
+    if (fds[0].revents & POLLIN) {
+      signalfd_siginfo info{};
+      while (::read(signal_fd_, &info, sizeof info) == sizeof info) {
+        if (info.ssi_signo == SIGCHLD) continue;
+        exit_status_ = 128 + static_cast<int>(info.ssi_signo);
+        return rendezvous_->end_by_failure(
+            exit_status_,
+            fmt::format("braid-run received {}", signal_name(static_cast<int>(info.ssi_signo))),
+            /*may_restart=*/false);
+      }
+    }
+    if (Clock::now() >= deadline_) {
+      exit_status_ = 124;
+      return rendezvous_->end_by_failure(
+          exit_status_,
+          fmt::format("the job ran longer than --timeout {:g} s",
+                      std::chrono::duration<double>(*options_.timeout).count()),
+          /*may_restart=*/false);
+    }
+  }
+}
+
+// The job is over: braid-run's exit status, and the failures that ended it named.
+int Job::conclude(const GenerationEnd& end) {
+  int status = exit_status_;
+  switch (end.kind) {
+    case GenerationEnd::Kind::restart:
+    case GenerationEnd::Kind::done:
+      status = 0;
+      break;
+    case GenerationEnd::Kind::failed: {
+      status = end.status;
+      if (!rank_failed_ || ended_elsewhere_) report(fmt::format("the job failed: {}", end.why));
+      const std::vector<std::string> failures = rendezvous_->failures();
+      if (failures.size() > 1) {
+        std::string all;
+        for (const std::string& f : failures)
+          all += fmt::format("{}{}", all.empty() ? "" : "; ", f);
+        report(
+            fmt::format("the job failed after {} restart(s) (--max-restarts {}); its failures: {}",
+                        generation_, options_.max_restarts, all));
+      }
+      break;
+    }
+    case GenerationEnd::Kind::store_lost:
+      status = end.status;
+      if (!ended_elsewhere_) report(fmt::format("lost the job's store on node 0: {}", end.why));
+      return status;  // nobody left to tell
+  }
+  rendezvous_->leave();
+  return status;
+}
+
+void Job::start_again() {
+  close_streams();
+  ranks_.clear();
+  failures_.clear();
+  rank_failed_ = stopping_ = ended_elsewhere_ = false;
+  verdict_.clear();
+  stop_reason_.clear();
+  exit_status_ = 0;
+  kill_at_.reset();
+  verdict_at_.reset();
+}
+
+// An emulated node died whole: it starts again, empty, as a replacement machine would, and
+// its braid-run joins the job's next generation (rendezvous.hpp).
+void Job::replace_node(Rank& node, int status) {
+  ++replaced_nodes_;
+  report(
+      fmt::format("node {} (pid {}) was killed by signal {} ({}); starting it again "
+                  "(replacement {} of --max-restarts {})",
+                  node.rank, node.pid, WTERMSIG(status), signal_name(WTERMSIG(status)),
+                  replaced_nodes_, options_.max_restarts));
+  std::array<char, 4096> self{};
+  if (::readlink("/proc/self/exe", self.data(), self.size() - 1) < 0) {
+    throw_errno("readlink /proc/self/exe");
+  }
+  const NodeCommand command = node_braid_run(self.data(), node.rank);
+  node.pid = emulation_->start_node(node.rank, command.argv, node_env_, old_mask_);
+  node.running = true;
+}
+
 int Job::run() {
   if (options_.emulate_nodes > 0) return start_emulated_nodes();
   for (const char* name : kRankVariables) config::knob(name);
 
   std::string host = options_.master_addr.empty() ? "127.0.0.1" : options_.master_addr;
+  // On one node, any free port: braid-run binds it itself (Rendezvous::port()).
   std::uint16_t port = options_.master_port           ? *options_.master_port
-                       : options_.master_addr.empty() ? transport::find_free_port()
+                       : options_.master_addr.empty() ? 0
                                                       : transport::kDefaultStorePort;
   std::string token = config::string_value("BRAID_TOKEN");
   if (token.empty() && options_.nnodes > 1) {
@@ -624,8 +815,6 @@ int Job::run() {
   shared_env_.push_back(fmt::format("BRAID_LOCAL_WORLD_SIZE={}", options_.nproc_per_node));
   shared_env_.push_back(fmt::format("BRAID_NODE_RANK={}", options_.node_rank));
   shared_env_.push_back(fmt::format("BRAID_NNODES={}", options_.nnodes));
-  shared_env_.push_back(fmt::format("BRAID_STORE={}", transport::format_host_port(host, port)));
-  if (!token.empty()) shared_env_.push_back(fmt::format("BRAID_TOKEN={}", token));
   // PyTorch's store (rank 0's TCPStore under env://) needs a port of its own beside
   // braid's: a free one on one node; on several, the one after braid's store, which every
   // node can compute alike.
@@ -636,15 +825,11 @@ int Job::run() {
           "--master-port 65535 leaves no port after it for PyTorch's store (MASTER_PORT)");
     }
     torch_port = static_cast<std::uint16_t>(port + 1);
-  } else {
-    do torch_port = transport::find_free_port();
-    while (torch_port == port);
   }
   shared_env_.push_back(fmt::format("WORLD_SIZE={}", options_.nnodes * options_.nproc_per_node));
   shared_env_.push_back(fmt::format("LOCAL_WORLD_SIZE={}", options_.nproc_per_node));
   shared_env_.push_back(fmt::format("GROUP_RANK={}", options_.node_rank));
   shared_env_.push_back(fmt::format("MASTER_ADDR={}", host));
-  shared_env_.push_back(fmt::format("MASTER_PORT={}", torch_port));
   // Several ranks each starting an OpenMP (libtorch) and a BLAS (OpenBLAS) pool as wide
   // as the machine would run cores x ranks threads: one each unless the user said.
   if (options_.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
@@ -653,23 +838,40 @@ int Job::run() {
 
   make_snapshot_fds();
   take_signals();
-  for (;; ++restarts_) {
+  // After take_signals(): the store's thread must start with SIGCHLD, SIGINT and SIGTERM
+  // blocked, so that they reach the signalfd and not it.
+  rendezvous_.emplace(Rendezvous::Options{.host = host,
+                                          .port = port,
+                                          .token = token,
+                                          .serve = options_.node_rank == 0,
+                                          .node_rank = options_.node_rank,
+                                          .nnodes = options_.nnodes,
+                                          .max_restarts = options_.max_restarts});
+  port = rendezvous_->port();
+  shared_env_.push_back(fmt::format("BRAID_STORE={}", transport::format_host_port(host, port)));
+  shared_env_.push_back("BRAID_STORE_SERVED_BY=launcher");
+  if (!token.empty()) shared_env_.push_back(fmt::format("BRAID_TOKEN={}", token));
+  if (options_.master_addr.empty()) {
+    do torch_port = transport::find_free_port();
+    while (torch_port == port);
+  }
+  shared_env_.push_back(fmt::format("MASTER_PORT={}", torch_port));
+  for (;;) {
+    const std::optional<std::int64_t> generation = rendezvous_->enter();
+    if (!generation) return conclude(*rendezvous_->ended());
+    generation_ = *generation;
     ranks_.reserve(static_cast<std::size_t>(options_.nproc_per_node));
     for (int i = 0; i < options_.nproc_per_node && !stopping_; ++i) start_rank(i);
     supervise();
     for (Rank& rank : ranks_) drain(rank);
-    if (!rank_failed_ || restarts_ == options_.max_restarts) break;
-    report(fmt::format("restarting the job's {} rank(s) (restart {} of --max-restarts {})",
-                       options_.nproc_per_node, restarts_ + 1, options_.max_restarts));
-    close_streams();
-    ranks_.clear();
-    failures_.clear();
-    rank_failed_ = stopping_ = false;
-    exit_status_ = 0;
-    kill_at_.reset();
-    verdict_at_.reset();
+    const GenerationEnd end = end_of_generation();
+    if (end.kind != GenerationEnd::Kind::restart) return conclude(end);
+    report(fmt::format("restarting {} {} rank(s) (restart {} of --max-restarts {}){}",
+                       options_.nnodes == 1 ? "the job's" : "this node's", options_.nproc_per_node,
+                       generation_ + 1, options_.max_restarts,
+                       rank_failed_ && !ended_elsewhere_ ? "" : fmt::format(": {}", end.why)));
+    start_again();
   }
-  return exit_status_;
 }
 
 }  // namespace

@@ -62,9 +62,11 @@ options (options end at the program, or at --):
                           (default 5)
   --timeout SECONDS       stop the job and fail with status 124 if it runs longer
   --max-restarts N        when a rank fails, stop the others and start the job's ranks
-                          again, N times at most (default 0); BRAID_RESTART_COUNT (and
-                          torchrun's TORCHELASTIC_RESTART_COUNT) says which start it is.
-                          One node only: a job of several nodes stops on a failure
+                          again, on every node, N times at most in all (default 0);
+                          BRAID_RESTART_COUNT (and torchrun's TORCHELASTIC_RESTART_COUNT)
+                          says which start it is. A node's braid-run started again (its
+                          node replaced) joins the next start. With --emulate-nodes, a
+                          node killed whole (its init) is started again too
   --no-prefix             pass the ranks' output through untouched
   --print-config          print what a rank would read from this environment (which
                           launcher's variables, what was derived), the flags braid-run
@@ -226,10 +228,8 @@ Cli parse_command_line(int argc, char** argv) {
         "--master-addr");
   }
   if (o.link_rate && o.emulate_nodes == 0) usage_error("--link-rate needs --emulate-nodes");
-  if (o.max_restarts > 0 && (o.nnodes > 1 || o.emulate_nodes > 0)) {
-    usage_error(
-        "--max-restarts restarts the ranks of one node; a job of several nodes cannot restart "
-        "one node's ranks alone (its other nodes' ranks have already failed)");
+  if (o.max_restarts > 0 && o.on_first_node) {
+    usage_error("--max-restarts restarts braid-run's ranks; --on-first-node starts none");
   }
   if (static_cast<long long>(o.emulate_nodes) * o.nproc_per_node > INT_MAX) {
     usage_error("--emulate-nodes times --nproc-per-node is too large");

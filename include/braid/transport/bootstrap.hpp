@@ -85,7 +85,9 @@
 //      srun's default block distribution starts rank 0 (slurm_store_address);
 //   5. else, when every rank is on this node, 127.0.0.1 at kDefaultStorePort;
 //   6. else an error asking for BRAID_STORE or MASTER_ADDR/MASTER_PORT.
-//   The token is BRAID_TOKEN (empty: the store checks none).
+//   The token is BRAID_TOKEN (empty: the store checks none). Rank 0 serves the store
+//   unless BRAID_STORE_SERVED_BY=launcher (braid-run sets it: it serves the store itself),
+//   and the ranks' keys lie under BRAID_STORE_PREFIX (empty: none).
 //
 // Every missing, malformed or contradictory variable throws
 // braid::Error(Errc::invalid_environment) whose message names the variable and its value,
@@ -137,7 +139,14 @@ struct LaunchInfo {
   std::string store_host;        // where rank 0 serves the store; a literal, no brackets
   std::uint16_t store_port = 0;  // 0 only when world_size is 1: any free port will do
   std::string token;             // empty: the store accepts any client
-  std::string source;            // "braid", "torchrun", "openmpi" or "slurm"
+  // Where braid-run serves the store itself (BRAID_STORE_SERVED_BY=launcher), so the store
+  // outlives every rank and a restarted job finds it; else (rank0, the default) rank 0
+  // serves it for the job's life.
+  bool store_served_by_launcher = false;
+  // BRAID_STORE_PREFIX: the namespace of this start's keys in the store (StoreAddress::
+  // key_prefix); braid-run gives each generation of a restarting job its own.
+  std::string store_prefix;
+  std::string source;  // "braid", "torchrun", "openmpi" or "slurm"
   // What was read and derived, on one line: "slurm: rank 3 of 4 (SLURM_PROCID=3,
   // SLURM_STEP_NUM_TASKS=4), local rank 1 of 2 (...), node 1 of 2 (...); store
   // node0:24817 (...)". Empty where the LaunchInfo was not parsed.

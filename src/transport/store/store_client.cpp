@@ -110,7 +110,12 @@ struct StoreClient::Impl : std::enable_shared_from_this<StoreClient::Impl> {
   Impl(asio::any_io_executor executor, const StoreAddress& address)
       : executor_(std::move(executor)),
         socket_(executor_),
-        where_(fmt::format("{}:{}", address.host, address.port)) {}
+        where_(fmt::format("{}:{}", address.host, address.port)),
+        key_prefix_(address.key_prefix) {}
+
+  // A key an operation names, under the address's prefix. The prefix is set once and read
+  // from any thread.
+  std::string under_prefix(std::string key) const { return key_prefix_ + key; }
 
   static asio::awaitable<std::unique_ptr<StoreClient>> connect(asio::any_io_executor executor,
                                                                StoreAddress address,
@@ -157,7 +162,8 @@ struct StoreClient::Impl : std::enable_shared_from_this<StoreClient::Impl> {
 
   asio::any_io_executor executor_;
   tcp::socket socket_;
-  const std::string where_;  // host:port, for messages
+  const std::string where_;       // host:port, for messages
+  const std::string key_prefix_;  // StoreAddress::key_prefix
   bool started_ = false;
   std::uint64_t next_request_id_ = 1;
   std::unordered_map<std::uint64_t, Pending*> pending_;
@@ -377,6 +383,7 @@ asio::awaitable<std::unique_ptr<StoreClient>> StoreClient::connect(asio::any_io_
 // executor; the caller resumes on its own.
 
 asio::awaitable<void> StoreClient::set(std::string key, Bytes value) {
+  key = impl_->under_prefix(std::move(key));
   std::string awaited = fmt::format("no reply to set of key '{}'", key);
   proto::Request request = proto::SetRequest{std::move(key), std::move(value)};
   return run_on(impl_->executor_,
@@ -385,6 +392,7 @@ asio::awaitable<void> StoreClient::set(std::string key, Bytes value) {
 }
 
 asio::awaitable<Bytes> StoreClient::get(std::string key, Deadline deadline) {
+  key = impl_->under_prefix(std::move(key));
   std::string awaited = fmt::format("key '{}' was not set", key);
   proto::Request request = proto::GetRequest{std::move(key), remaining(deadline)};
   return run_on(impl_->executor_, Impl::call(impl_, std::move(request), deadline, "store.get",
@@ -392,6 +400,7 @@ asio::awaitable<Bytes> StoreClient::get(std::string key, Deadline deadline) {
 }
 
 asio::awaitable<std::int64_t> StoreClient::add(std::string key, std::int64_t delta) {
+  key = impl_->under_prefix(std::move(key));
   std::string awaited = fmt::format("no reply to add to key '{}'", key);
   proto::Request request = proto::AddRequest{std::move(key), delta};
   return run_on(impl_->executor_,
@@ -400,6 +409,7 @@ asio::awaitable<std::int64_t> StoreClient::add(std::string key, std::int64_t del
 }
 
 asio::awaitable<Bytes> StoreClient::compare_set(std::string key, Bytes expected, Bytes desired) {
+  key = impl_->under_prefix(std::move(key));
   std::string awaited = fmt::format("no reply to compare_set of key '{}'", key);
   proto::Request request =
       proto::CompareSetRequest{std::move(key), std::move(expected), std::move(desired)};
@@ -409,6 +419,7 @@ asio::awaitable<Bytes> StoreClient::compare_set(std::string key, Bytes expected,
 }
 
 asio::awaitable<bool> StoreClient::erase(std::string key) {
+  key = impl_->under_prefix(std::move(key));
   std::string awaited = fmt::format("no reply to erase of key '{}'", key);
   proto::Request request = proto::EraseRequest{std::move(key)};
   return run_on(impl_->executor_,
@@ -417,6 +428,7 @@ asio::awaitable<bool> StoreClient::erase(std::string key) {
 }
 
 asio::awaitable<void> StoreClient::wait(std::vector<std::string> keys, Deadline deadline) {
+  for (std::string& key : keys) key = impl_->under_prefix(std::move(key));
   std::string awaited = keys.size() == 1
                             ? fmt::format("key '{}' was not set", keys[0])
                             : fmt::format("keys {} were not all set", proto::quote_keys(keys));
@@ -426,6 +438,7 @@ asio::awaitable<void> StoreClient::wait(std::vector<std::string> keys, Deadline 
 }
 
 asio::awaitable<void> StoreClient::set_will(std::string key, Bytes value) {
+  key = impl_->under_prefix(std::move(key));
   std::string awaited = fmt::format("no reply to set_will of key '{}'", key);
   proto::Request request = proto::SetWillRequest{std::move(key), std::move(value)};
   return run_on(impl_->executor_,
@@ -434,6 +447,7 @@ asio::awaitable<void> StoreClient::set_will(std::string key, Bytes value) {
 }
 
 asio::awaitable<void> StoreClient::set_appending_will(std::string key, Bytes value) {
+  key = impl_->under_prefix(std::move(key));
   std::string awaited = fmt::format("no reply to set_will of key '{}'", key);
   proto::Request request =
       proto::SetWillRequest{.key = std::move(key), .value = std::move(value), .append = true};
@@ -443,6 +457,7 @@ asio::awaitable<void> StoreClient::set_appending_will(std::string key, Bytes val
 }
 
 asio::awaitable<std::int64_t> StoreClient::append(std::string key, Bytes value) {
+  key = impl_->under_prefix(std::move(key));
   std::string awaited = fmt::format("no reply to append to key '{}'", key);
   proto::Request request = proto::AppendRequest{std::move(key), std::move(value)};
   return run_on(impl_->executor_,

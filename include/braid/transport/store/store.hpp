@@ -45,6 +45,10 @@ struct StoreAddress {
   std::string host;
   std::uint16_t port = 0;
   std::string token;  // empty: no token
+  // Put before every key this client names, as PyTorch's PrefixStore does: one store then
+  // holds many namespaces (braid-run gives each generation of a restarting job its own,
+  // "braid/run/g/3/"). Errors name the whole key.
+  std::string key_prefix;
 };
 
 class StoreServer {

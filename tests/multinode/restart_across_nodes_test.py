@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""A job across nodes that loses a rank, or a whole node, restarts on every node and ends
+where the job that never failed ends. examples/ddp_train runs on two emulated nodes
+(braid-run --emulate-nodes 2 --max-restarts 1), one rank each, with its state copied into
+memory every step and to disk every 5 steps:
+
+- a rank on node 1 killed: both nodes' braid-runs start their ranks again (one generation
+  of the job's store, which braid-run serves on node 0), the job resumes from memory at
+  most one step behind, and ends with exactly the unbroken run's parameters;
+- node 1 killed whole (its init: every process of the node, its memory with them): the
+  node is started again, empty, its braid-run joins the next generation, and the job
+  resumes from disk (the replaced node holds nothing in memory), with the same parameters;
+- a rank killed in each of two starts, one more failure than --max-restarts 1 allows: the
+  job fails with 137 on every node, and braid-run names both failures;
+- node 0 killed whole, and with it the store: node 1's braid-run stops its rank and says it
+  lost the store, within seconds.
+
+Needs root for the namespaces (CI runs as root); skipped, saying why, elsewhere. Paths from
+the environment (meson sets them): BRAID_RUN, DDP_TRAIN.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+STEPS = 60
+# --straggle-ms: the last rank computes 2 ms more a step, so the job is still running well
+# after a kill is decided.
+COMMON = ["--hidden", "64", "--layers", "3", "--batch", "16", "--seed", "11", "--steps",
+          str(STEPS), "--straggle-ms", "2", "--optimizer", "adam"]
+DEADLINE_S = 200
+
+
+def fail(message, output=""):
+    print(output)
+    print("FAIL:", message)
+    sys.exit(1)
+
+
+def skip_without_namespaces():
+    probe = subprocess.run([os.environ["BRAID_RUN"], "--emulate-nodes", "1", "-n", "1", "true"],
+                           capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        print("SKIP: this machine does not let the test make namespaces (run it as root):",
+              probe.stderr.strip())
+        sys.exit(77)
+
+
+def checksum(output):
+    found = re.search(r"parameters: sum of squares (\S+)", output)
+    if not found:
+        fail("no parameter checksum", output)
+    return found.group(1)
+
+
+def children(pid):
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found += [int(p) for p in f.read().split()]
+    return sorted(found)
+
+
+def node_init(launcher, node):
+    """Node `node`'s init: the outer braid-run starts the nodes in order."""
+    return children(launcher)[node]
+
+
+def rank_on(launcher, node):
+    """The one rank of node `node`: its init's braid-run's child."""
+    node_braid_run = children(node_init(launcher, node))[0]
+    return children(node_braid_run)[0]
+
+
+def run_and_kill(args, kills):
+    """Runs braid-run with args; for each (step, victim) in kills, once rank 0 reports that
+    step (of the start the kill belongs to, in order), SIGKILLs victim(launcher pid).
+    Returns (status, output, seconds from the last kill to braid-run's end)."""
+    process = subprocess.Popen([os.environ["BRAID_RUN"]] + args, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    output = []
+    pending = list(kills)
+    deadline = time.monotonic() + DEADLINE_S
+    killed_at = None
+    for line in process.stdout:
+        output.append(line)
+        if time.monotonic() > deadline:
+            process.kill()
+            fail(f"the job ran past {DEADLINE_S} s", "".join(output))
+        step = re.search(r"\[0\] step +(\d+)/", line)
+        if pending and step and int(step.group(1)) >= pending[0][0]:
+            _, victim = pending.pop(0)
+            try:
+                os.kill(victim(process.pid), signal.SIGKILL)
+            except (IndexError, ProcessLookupError):
+                process.kill()
+                fail("the process to kill had already ended", "".join(output))
+            killed_at = time.monotonic()
+    status = process.wait(timeout=60)
+    return status, "".join(output), (time.monotonic() - killed_at) if killed_at else 0.0
+
+
+def unbroken_checksum():
+    reference = subprocess.run([os.environ["BRAID_RUN"], "-n", "2", os.environ["DDP_TRAIN"]]
+                               + COMMON, capture_output=True, text=True, timeout=DEADLINE_S)
+    if reference.returncode != 0:
+        fail(f"the run without a failure exited {reference.returncode}",
+             reference.stdout + reference.stderr)
+    return checksum(reference.stdout)
+
+
+def expect_recovered(name, victim, source, earliest, want, replaced):
+    """Kills victim once rank 0 has finished step 31; the job must restart on both nodes (on
+    a `replaced` node, a new braid-run joins the next start instead), resume from `source`
+    after a step of `earliest` or later, and end with `want`."""
+    directory = tempfile.mkdtemp(prefix="braid-nodes-restart-")
+    step_log = os.path.join(directory, "steps.jsonl")
+    try:
+        status, output, _ = run_and_kill(
+            ["--emulate-nodes", "2", "-n", "1", "--max-restarts", "1", os.environ["DDP_TRAIN"]]
+            + COMMON + ["--memory-every", "1", "--checkpoint-dir", directory,
+                        "--checkpoint-every", "5", "--step-log", step_log],
+            [(31, victim)])
+        if status != 0:
+            fail(f"{name}: the restarted job exited {status}", output)
+        restarted = output.count("restarting this node's 1 rank(s) (restart 1 of --max-restarts 1)")
+        if restarted != (1 if replaced else 2):
+            fail(f"{name}: {restarted} braid-run(s) said they restarted their rank", output)
+        if replaced and "node 1 (pid" not in output or replaced and \
+                "starting it again (replacement 1 of --max-restarts 1)" not in output:
+            fail(f"{name}: braid-run should say it started node 1 again", output)
+        resumed = re.search(r"\[0\] .*resuming after step (\d+) from (\S+)", output)
+        resumed_from = "memory" if resumed and resumed.group(2) == "memory" else "disk"
+        if not resumed or resumed_from != source or int(resumed.group(1)) < earliest:
+            fail(f"{name}: the job did not resume from {source} after step {earliest} or "
+                 "later", output)
+        with open(step_log) as f:
+            records = [json.loads(line) for line in f]
+        finished = max(r["step"] for r in records if r["start"] == 0)
+        lost = finished - int(resumed.group(1))
+        if source == "memory" and lost > 1:
+            fail(f"{name}: rank 0 had finished step {finished} and the job resumed after step "
+                 f"{resumed.group(1)}: more than one step lost", output)
+        if checksum(output) != want:
+            fail(f"{name}: the restarted job ended with parameters {checksum(output)}, the job "
+                 f"without a failure with {want}", output)
+        print(f"{name}: rank 0 had finished step {finished}; the job resumed after step "
+              f"{resumed.group(1)} from {source} ({lost} step(s) lost) and ended with the same "
+              f"parameters ({want})")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+skip_without_namespaces()
+WANT = unbroken_checksum()
+
+expect_recovered("a rank on node 1 killed", lambda launcher: rank_on(launcher, 1), "memory",
+                 30, WANT, replaced=False)
+expect_recovered("node 1 killed whole", lambda launcher: node_init(launcher, 1), "disk", 25,
+                 WANT, replaced=True)
+
+# One failure more than --max-restarts 1: the job fails everywhere, both failures named.
+status, output, _ = run_and_kill(
+    ["--emulate-nodes", "2", "-n", "1", "--max-restarts", "1", os.environ["DDP_TRAIN"]]
+    + COMMON, [(11, lambda launcher: rank_on(launcher, 1)),
+               (21, lambda launcher: rank_on(launcher, 1))])
+if status != 128 + signal.SIGKILL:
+    fail(f"a job failing twice under --max-restarts 1 exited {status}, not 137", output)
+named = re.search(r"its failures: generation 0, node 1: rank 1 \(pid \d+\) was killed by signal "
+                  r"9 \(SIGKILL\).*; generation 1, node 1: rank 1 \(pid \d+\) was killed by "
+                  r"signal 9", output)
+if not named:
+    fail("braid-run should name both failures, each with its generation and node", output)
+print("a second failure past --max-restarts 1 ends the job on both nodes, both failures named")
+
+# Node 0 lost whole: the store goes with it, and node 1 says so rather than wait.
+status, output, seconds = run_and_kill(
+    ["--emulate-nodes", "2", "-n", "1", "--max-restarts", "1", "--grace", "1",
+     os.environ["DDP_TRAIN"]] + COMMON, [(11, lambda launcher: node_init(launcher, 0))])
+if status == 0:
+    fail("a job whose node 0 was killed exited 0", output)
+if "lost the job's store on node 0" not in output:
+    fail("node 1's braid-run should say it lost the store on node 0", output)
+if seconds > 30:
+    fail(f"the job took {seconds:.1f} s to end after node 0 was killed", output)
+print(f"node 0 killed whole: node 1's braid-run named the lost store and the job ended "
+      f"{seconds:.1f} s later, with status {status}")

@@ -1,0 +1,331 @@
+#include "rendezvous.hpp"
+
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <stdexcept>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <boost/asio/detached.hpp>
+#include <fmt/format.h>
+
+#include <braid/core/deadline.hpp>
+#include <braid/core/error.hpp>
+#include <braid/core/runtime.hpp>
+#include <braid/transport/bootstrap.hpp>
+#include <braid/transport/store/store.hpp>
+
+namespace braid::launcher {
+namespace {
+
+using transport::Bytes;
+using namespace std::chrono_literals;
+
+// How long node 0 keeps serving after the job's end for the other launchers to read it.
+constexpr auto kLingerAtEnd = 5s;
+
+std::string generation_key(std::int64_t generation, std::string_view what) {
+  return fmt::format("braid/run/g/{}/{}", generation, what);
+}
+constexpr const char* kFailuresKey = "braid/run/failures";
+
+Bytes bytes_of(std::string_view text) {
+  return Bytes(text.begin(), text.end());
+}
+std::string text_of(const Bytes& bytes) {
+  return std::string(bytes.begin(), bytes.end());
+}
+
+// An expected value no key ever holds: compare_set with it changes nothing and returns the
+// key's value, or nothing where the key is absent (an empty expected would create it).
+const Bytes kNeverStored{0xff, 'p', 'e', 'e', 'k'};
+
+Bytes encode(const GenerationEnd& end) {
+  switch (end.kind) {
+    case GenerationEnd::Kind::restart:
+      return bytes_of("R" + end.why);
+    case GenerationEnd::Kind::failed:
+    case GenerationEnd::Kind::store_lost:
+      return bytes_of(fmt::format("F{}:{}", end.status, end.why));
+    case GenerationEnd::Kind::done:
+      break;
+  }
+  return bytes_of("D");
+}
+
+GenerationEnd decode(const Bytes& value) {
+  const std::string text = text_of(value);
+  if (text.starts_with('R')) return {.kind = GenerationEnd::Kind::restart, .why = text.substr(1)};
+  if (text.starts_with('F')) {
+    const auto colon = text.find(':');
+    const int status = colon == std::string::npos ? 1 : std::atoi(text.c_str() + 1);
+    return {.kind = GenerationEnd::Kind::failed,
+            .status = status,
+            .why = colon == std::string::npos ? text.substr(1) : text.substr(colon + 1)};
+  }
+  return {.kind = GenerationEnd::Kind::done};
+}
+
+std::string host_name() {
+  std::array<char, 256> name{};
+  if (::gethostname(name.data(), name.size() - 1) != 0) return "?";
+  return name.data();
+}
+
+}  // namespace
+
+struct Rendezvous::Impl {
+  explicit Impl(Options o) : options(std::move(o)) {}
+
+  // The watched generation's end, as the watcher saw it: shared with the watcher coroutine,
+  // which may outlive a generation (a restart replaces it) but never the client.
+  struct Watched {
+    std::mutex mutex;
+    std::optional<GenerationEnd> end;
+  };
+
+  template <class T>
+  T call(asio::awaitable<T> work) {
+    return runtime.spawn(std::move(work)).get();
+  }
+
+  GenerationEnd proposal(int status, std::string why) const {
+    if (generation < options.max_restarts) {
+      return {.kind = GenerationEnd::Kind::restart, .why = std::move(why)};
+    }
+    return {.kind = GenerationEnd::Kind::failed, .status = status, .why = std::move(why)};
+  }
+
+  asio::awaitable<Bytes> peek(std::string key) {
+    // Named, not temporaries: GCC 12 destroys a temporary passed by value to a coroutine
+    // twice.
+    Bytes never = kNeverStored;
+    Bytes nothing;
+    co_return co_await store->compare_set(std::move(key), std::move(never), std::move(nothing));
+  }
+
+  // Ends generation g with `end` unless another launcher (or a will) did first; the end
+  // that stands either way.
+  asio::awaitable<Bytes> end_generation(std::int64_t g, Bytes end) {
+    std::string key = generation_key(g, "end");
+    Bytes absent;
+    co_return co_await store->compare_set(std::move(key), std::move(absent), std::move(end));
+  }
+
+  asio::awaitable<std::optional<std::int64_t>> enter(bool first) {
+    std::int64_t g = first ? 0 : generation + 1;
+    if (first) {
+      // The job's current generation: the first without an end.
+      for (;; ++g) {
+        const Bytes end = co_await peek(generation_key(g, "end"));
+        if (end.empty()) break;
+        const GenerationEnd how = decode(end);
+        if (how.kind != GenerationEnd::Kind::restart) {
+          record(how);
+          co_return std::nullopt;
+        }
+      }
+    }
+    for (;; ++g) {
+      generation = g;
+      std::string node_key = generation_key(g, fmt::format("node/{}", options.node_rank));
+      Bytes absent;
+      Bytes mine = bytes_of(self);
+      const Bytes claimed =
+          co_await store->compare_set(std::move(node_key), std::move(absent), std::move(mine));
+      if (text_of(claimed) == self) break;
+      // Another braid-run ran this node's ranks in g: this one replaces it, so g is over.
+      const std::string why = fmt::format("node {}'s braid-run ({}) is gone: {} took its place",
+                                          options.node_rank, text_of(claimed), self);
+      std::string log_key = kFailuresKey;
+      Bytes entry = bytes_of(fmt::format("generation {}, node {}: {}", g, options.node_rank, why));
+      co_await store->append(std::move(log_key), std::move(entry));
+      Bytes end = encode(proposal(1, why));
+      const GenerationEnd how = decode(co_await end_generation(g, std::move(end)));
+      if (how.kind != GenerationEnd::Kind::restart) {
+        record(how);
+        co_return std::nullopt;
+      }
+    }
+    // This launcher's connection dropping (its node gone) ends g for everyone.
+    const GenerationEnd will =
+        proposal(1, fmt::format("node {}'s braid-run ({}) lost its connection to the store",
+                                options.node_rank, self));
+    std::string end_key = generation_key(g, "end");
+    Bytes will_value = encode(will);
+    co_await store->set_will(std::move(end_key), std::move(will_value));
+    watched = std::make_shared<Watched>();
+    std::string watched_key = generation_key(g, "end");
+    asio::co_spawn(runtime.executor(), watch(store.get(), std::move(watched_key), watched, wakeup),
+                   asio::detached);
+    co_return g;
+  }
+
+  // Waits for the end of a generation and rings `wakeup`. A lost store is an end too.
+  static asio::awaitable<void> watch(transport::StoreClient* store, std::string key,
+                                     std::shared_ptr<Watched> watched, int wakeup) {
+    GenerationEnd end;
+    for (;;) {
+      try {
+        std::string end_key = key;
+        end = decode(co_await store->get(std::move(end_key), default_deadline()));
+        break;
+      } catch (const Error& e) {
+        if (e.code() == Errc::timeout) continue;
+        if (e.code() == Errc::closed) co_return;  // this braid-run is leaving
+        end = {.kind = GenerationEnd::Kind::store_lost, .status = 1, .why = e.what()};
+        break;
+      }
+    }
+    {
+      std::lock_guard lock(watched->mutex);
+      watched->end = std::move(end);
+    }
+    const std::uint64_t one = 1;
+    ssize_t ignored = ::write(wakeup, &one, sizeof one);
+    static_cast<void>(ignored);
+  }
+
+  void record(GenerationEnd how) {
+    watched = std::make_shared<Watched>();
+    watched->end = std::move(how);
+  }
+
+  Options options;
+  std::string self = fmt::format("{}:{}", host_name(), ::getpid());
+  Runtime runtime{Runtime::Options{.thread_name = "braid-run-store"}};
+  std::unique_ptr<transport::StoreServer> server;
+  std::unique_ptr<transport::StoreClient> store;
+  std::uint16_t port = 0;  // where the store listens
+  int wakeup = -1;
+  std::int64_t generation = -1;
+  std::shared_ptr<Watched> watched;
+};
+
+Rendezvous::Rendezvous(Options options) : impl_(std::make_unique<Impl>(std::move(options))) {
+  Impl& impl = *impl_;
+  impl.wakeup = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (impl.wakeup < 0) throw std::runtime_error("cannot make an eventfd for the store's news");
+  std::uint16_t port = impl.options.port;
+  try {
+    if (impl.options.serve) {
+      impl.server = std::make_unique<transport::StoreServer>(
+          impl.runtime,
+          transport::StoreServer::Options{
+              .host = "0.0.0.0", .port = impl.options.port, .token = impl.options.token});
+      port = impl.server->port();
+    }
+    impl.port = port;
+    transport::StoreAddress address{
+        .host = impl.options.host, .port = port, .token = impl.options.token};
+    impl.store = impl.call(transport::StoreClient::connect(impl.runtime.executor(),
+                                                           std::move(address), default_deadline()));
+  } catch (const Error& e) {
+    throw std::runtime_error(impl.options.serve
+                                 ? fmt::format("cannot serve the job's store on port {}: {}",
+                                               impl.options.port, e.what())
+                                 : fmt::format("cannot reach the job's store on node 0 ({}): {}",
+                                               transport::format_host_port(impl.options.host, port),
+                                               e.what()));
+  }
+}
+
+Rendezvous::~Rendezvous() {
+  // The client before the server, both on the runtime's thread's terms: destroying the
+  // client fails the watcher's get with Errc::closed, which it leaves quietly.
+  impl_->runtime.run([&] { impl_->store.reset(); });
+  impl_->server.reset();
+  ::close(impl_->wakeup);
+}
+
+std::optional<std::int64_t> Rendezvous::enter() {
+  const bool first = impl_->generation < 0;
+  try {
+    return impl_->call(impl_->enter(first));
+  } catch (const Error& e) {
+    impl_->record({.kind = GenerationEnd::Kind::store_lost, .status = 1, .why = e.what()});
+    return std::nullopt;
+  }
+}
+
+std::string Rendezvous::key_prefix(std::int64_t generation) {
+  return generation_key(generation, "");
+}
+
+std::uint16_t Rendezvous::port() const {
+  return impl_->port;
+}
+
+int Rendezvous::wakeup_fd() const {
+  return impl_->wakeup;
+}
+
+std::optional<GenerationEnd> Rendezvous::ended() const {
+  if (!impl_->watched) return std::nullopt;
+  std::lock_guard lock(impl_->watched->mutex);
+  return impl_->watched->end;
+}
+
+GenerationEnd Rendezvous::end_by_failure(int status, const std::string& failure, bool may_restart) {
+  Impl& impl = *impl_;
+  const std::int64_t g = impl.generation;
+  try {
+    impl.call(impl.store->append(
+        kFailuresKey,
+        bytes_of(fmt::format("generation {}, node {}: {}", g, impl.options.node_rank, failure))));
+    std::string why = fmt::format("node {}: {}", impl.options.node_rank, failure);
+    const Bytes proposal = encode(may_restart ? impl.proposal(status, std::move(why))
+                                              : GenerationEnd{.kind = GenerationEnd::Kind::failed,
+                                                              .status = status,
+                                                              .why = std::move(why)});
+    return decode(impl.call(impl.end_generation(g, proposal)));
+  } catch (const Error& e) {
+    return {.kind = GenerationEnd::Kind::store_lost, .status = status, .why = e.what()};
+  }
+}
+
+void Rendezvous::finished() {
+  Impl& impl = *impl_;
+  const std::int64_t g = impl.generation;
+  try {
+    const std::int64_t count = impl.call(impl.store->add(generation_key(g, "finished"), 1));
+    if (count == impl.options.nnodes) impl.call(impl.end_generation(g, encode({})));
+  } catch (const Error&) {
+    // The watcher sees the store's loss too and reports it.
+  }
+}
+
+std::vector<std::string> Rendezvous::failures() {
+  Impl& impl = *impl_;
+  std::vector<std::string> log;
+  try {
+    const Bytes count = impl.call(impl.peek(kFailuresKey));
+    const int n = count.empty() ? 0 : std::atoi(text_of(count).c_str());
+    for (int i = 0; i < n; ++i) {
+      log.push_back(text_of(impl.call(impl.peek(fmt::format("{}/{}", kFailuresKey, i)))));
+    }
+  } catch (const Error&) {
+    // What the store had is lost with it.
+  }
+  return log;
+}
+
+void Rendezvous::leave() {
+  Impl& impl = *impl_;
+  const std::int64_t g = impl.generation;
+  if (g < 0) return;
+  try {
+    const std::int64_t read = impl.call(impl.store->add(generation_key(g, "read"), 1));
+    if (read == impl.options.nnodes) impl.call(impl.store->set(generation_key(g, "all-read"), {}));
+    impl.call(impl.store->clear_will());
+    if (impl.server && impl.options.nnodes > 1) {
+      impl.call(impl.store->get(generation_key(g, "all-read"), deadline_after(kLingerAtEnd)));
+    }
+  } catch (const Error&) {
+    // A launcher that never reads it is gone: nobody is left to tell.
+  }
+}
+
+}  // namespace braid::launcher

@@ -68,7 +68,7 @@ asio::awaitable<void> report_store_wait(std::shared_ptr<StoreWaitReport> report,
     boost::system::error_code ignored;
     co_await report->timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
     if (report->done) break;
-    log::warn("still waiting for rank 0's store at {} ({:.1f} s so far)", where,
+    log::warn("still waiting for the job's store at {} ({:.1f} s so far)", where,
               std::chrono::duration<double>(Clock::now() - started).count());
   }
 }

@@ -15,7 +15,12 @@ memory every step and to disk every 5 steps:
 - node 0 killed whole, and with it the store: node 1's braid-run stops its rank and says it
   lost the store, within seconds.
 
-Needs root for the namespaces (CI runs as root); skipped, saying why, elsewhere. Paths from
+And as on a cluster, where a workload manager starts braid-run once per node: two braid-runs
+on this machine as nodes 0 and 1 of one job (--nnodes 2 --master-addr 127.0.0.1), node 1's
+braid-run SIGKILLed (its rank dies with it) and started again by hand, as a requeued node
+would be: the new one joins the job's next start, and the job ends with the same parameters.
+That case needs nothing; the others need root for the namespaces (CI runs as root) and are
+skipped, saying why, elsewhere. Paths from
 the environment (meson sets them): BRAID_RUN, DDP_TRAIN.
 """
 import json
@@ -23,6 +28,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -156,8 +162,69 @@ def expect_recovered(name, victim, source, earliest, want, replaced):
         shutil.rmtree(directory, ignore_errors=True)
 
 
-skip_without_namespaces()
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def expect_a_node_braid_run_replaced_by_hand(want):
+    directory = tempfile.mkdtemp(prefix="braid-nodes-by-hand-")
+    port = free_port()
+    env = dict(os.environ, BRAID_TOKEN="by-hand")
+
+    def node(rank, output):
+        return subprocess.Popen(
+            [os.environ["BRAID_RUN"], "--nnodes", "2", "--node-rank", str(rank), "--master-addr",
+             "127.0.0.1", "--master-port", port, "-n", "1", "--max-restarts", "1",
+             os.environ["DDP_TRAIN"]] + COMMON
+            + ["--memory-every", "1", "--checkpoint-dir", directory, "--checkpoint-every", "5"],
+            stdout=output, stderr=subprocess.STDOUT, text=True, env=env)
+
+    first = node(0, subprocess.PIPE)
+    doomed = node(1, subprocess.DEVNULL)
+    replacement = None
+    output = []
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        for line in first.stdout:
+            output.append(line)
+            if time.monotonic() > deadline:
+                fail(f"the job ran past {DEADLINE_S} s", "".join(output))
+            step = re.search(r"\[0\] step +(\d+)/", line)
+            if replacement is None and step and int(step.group(1)) >= 31:
+                doomed.kill()
+                doomed.wait()
+                replacement = node(1, subprocess.PIPE)
+        status = first.wait(timeout=60)
+        theirs = replacement.communicate(timeout=60)[0] if replacement else ""
+        text = "".join(output)
+        if status != 0 or replacement is None or replacement.returncode != 0:
+            fail(f"node 0's braid-run exited {status}, the replacement "
+                 f"{replacement.returncode if replacement else 'never started'}", text + theirs)
+        if "node 1's braid-run" not in text or \
+                "restarting this node's 1 rank(s) (restart 1 of --max-restarts 1)" not in text:
+            fail("node 0's braid-run should restart its rank, naming node 1's braid-run", text)
+        resumed = re.search(r"resuming after step (\d+) from (\S+)", text)
+        if not resumed or resumed.group(2) == "memory" or int(resumed.group(1)) < 25:
+            fail("the job should resume from disk (node 1's memory went with its braid-run) "
+                 "after step 25 or later", text)
+        if checksum(text) != want:
+            fail(f"the job ended with parameters {checksum(text)}, the job without a failure "
+                 f"with {want}", text)
+        print(f"node 1's braid-run killed and started again by hand: the job resumed after step "
+              f"{resumed.group(1)} from disk and ended with the same parameters ({want})")
+    finally:
+        for process in (first, doomed, replacement):
+            if process and process.poll() is None:
+                process.kill()
+                process.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 WANT = unbroken_checksum()
+expect_a_node_braid_run_replaced_by_hand(WANT)
+skip_without_namespaces()
 
 expect_recovered("a rank on node 1 killed", lambda launcher: rank_on(launcher, 1), "memory",
                  30, WANT, replaced=False)

@@ -125,7 +125,7 @@ TEST(WorldProcesses, RanksThatNeverJoinAreNamedWhileWaitingAndWithBraidTimeoutAt
   env["BRAID_TIMEOUT"] = "3";
   alone = ChildProcess({probe(), "join"}, env).wait();
   EXPECT_EQ(alone.status, 3) << alone.err;
-  EXPECT_THAT(alone.err, HasSubstr("still waiting for rank 0's store"));
+  EXPECT_THAT(alone.err, HasSubstr("still waiting for the job's store"));
   EXPECT_THAT(alone.err, HasSubstr("rank 0 never served the store"));
   EXPECT_THAT(alone.err, HasSubstr("BRAID_TIMEOUT=3 s"));
   EXPECT_LT(alone.elapsed, 10s);

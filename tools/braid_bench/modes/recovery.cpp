@@ -9,6 +9,12 @@
 // step, --memory-every 1) and the anchor's (a full restart from a disk checkpoint taken
 // every 50 steps, as torchrun users do). And what in-memory checkpointing costs a step
 // without failures. Goals: kill to next step <= 5 s, <= 1 step lost, <= 3% of a step.
+//
+// --nodes N runs the jobs on N emulated nodes (braid-run --emulate-nodes, root only), where
+// every node's braid-run restarts its ranks; --kill node then kills a whole node other than
+// node 0 (its init: every process of it, its memory with them), which braid-run starts
+// again empty. A replaced node holds no in-memory copy, so braid's way there keeps a disk
+// checkpoint every 10 steps beside its copies in memory.
 
 #include <algorithm>
 #include <chrono>
@@ -43,6 +49,8 @@ using Clock = std::chrono::steady_clock;
 
 struct RecoveryOptions {
   std::vector<std::string> jobs{"ddp", "3d"};
+  int nodes = 1;
+  std::string kill = "rank";
   int kills = 10;
   double interval = 2.0;
   int anchor_every = 50;
@@ -54,6 +62,9 @@ struct RecoveryOptions {
 OptionTable table(RecoveryOptions& o) {
   return {
       words("--jobs", o.jobs, {"ddp", "3d"}),
+      count("--nodes", o.nodes, 1, 2).noted("emulated nodes the jobs run on (root only)"),
+      word("--kill", o.kill, {"rank", "node"})
+          .noted("what the punisher kills: a random rank, or a whole node other than node 0"),
       count("--kills", o.kills, 1, 100),
       decimal("--interval", o.interval, 0.2, 600).noted("seconds from a recovery to the next kill"),
       count("--anchor-every", o.anchor_every, 1)
@@ -113,7 +124,7 @@ std::vector<StepRecord> read_step_log(const fs::path& path) {
 // braid-run with the job, its output read line by line with the time each line arrived.
 class WatchedJob {
  public:
-  explicit WatchedJob(const std::vector<std::string>& argv) {
+  WatchedJob(const std::vector<std::string>& argv, int nodes) : nodes_(nodes) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
     pid_ = spawn(argv, fds[1]);
@@ -138,15 +149,25 @@ class WatchedJob {
     if (reader_.joinable()) reader_.join();
   }
 
-  // The ranks braid-run started and still has.
+  // The job's ranks now: braid-run's children, or on emulated nodes those of each node's
+  // braid-run (the child of the node's init).
   std::vector<int> ranks() const {
+    if (nodes_ == 1) return children_of(pid_);
     std::vector<int> found;
-    std::error_code ignored;
-    for (const auto& task : fs::directory_iterator(fmt::format("/proc/{}/task", pid_), ignored)) {
-      std::ifstream children(task.path() / "children");
-      for (int pid; children >> pid;) found.push_back(pid);
+    for (int init : children_of(pid_)) {
+      for (int node_braid_run : children_of(init)) {
+        for (int rank : children_of(node_braid_run)) found.push_back(rank);
+      }
     }
     return found;
+  }
+  // The inits of the nodes other than node 0, which braid-run started first and never
+  // replaces (a replaced node's init is younger, so node 0's keeps the lowest pid).
+  std::vector<int> nodes_but_the_first() const {
+    std::vector<int> inits = children_of(pid_);
+    std::sort(inits.begin(), inits.end());
+    if (!inits.empty()) inits.erase(inits.begin());
+    return inits;
   }
   bool running() {
     if (pid_ <= 0) return false;
@@ -202,6 +223,17 @@ class WatchedJob {
     }
   }
 
+  static std::vector<int> children_of(int pid) {
+    std::vector<int> found;
+    std::error_code ignored;
+    for (const auto& task : fs::directory_iterator(fmt::format("/proc/{}/task", pid), ignored)) {
+      std::ifstream children(task.path() / "children");
+      for (int child; children >> child;) found.push_back(child);
+    }
+    return found;
+  }
+
+  int nodes_ = 1;
   int pid_ = -1;
   int status_ = -1;
   std::thread reader_;
@@ -234,12 +266,21 @@ struct Scratch {
 
 // Runs the job for `steps` steps with `extra` arguments; with kills > 0, under
 // --max-restarts, killing a random rank `interval` seconds after each start's first step.
+struct Punisher {
+  int nodes = 1;            // emulated nodes the job runs on (1: none)
+  bool whole_node = false;  // kill a node other than node 0, not a rank
+};
+
 RunResult run_job(const JobShape& shape, int steps, const std::vector<std::string>& extra,
-                  int kills, double interval, std::mt19937& random) {
+                  int kills, double interval, std::mt19937& random, const Punisher& punisher) {
   Scratch scratch;
   const fs::path log = scratch.path / "steps.jsonl";
-  std::vector<std::string> argv{sibling_program("braid-run"), "-n", std::to_string(shape.ranks),
-                                "--max-restarts", std::to_string(kills)};
+  std::vector<std::string> argv{sibling_program("braid-run")};
+  if (punisher.nodes > 1) {
+    argv.insert(argv.end(), {"--emulate-nodes", std::to_string(punisher.nodes)});
+  }
+  argv.insert(argv.end(), {"-n", std::to_string(shape.ranks / punisher.nodes), "--max-restarts",
+                           std::to_string(kills)});
   argv.insert(argv.end(), shape.argv.begin(), shape.argv.end());
   argv.insert(argv.end(), {"--steps", std::to_string(steps), "--step-log", log.string()});
   for (const auto& e : extra) {
@@ -247,7 +288,7 @@ RunResult run_job(const JobShape& shape, int steps, const std::vector<std::strin
   }
   RunResult result;
   const std::int64_t began = now_ns();
-  WatchedJob job(argv);
+  WatchedJob job(argv, punisher.nodes);
   std::vector<std::int64_t> kill_ns;
   for (int k = 0; k < kills; ++k) {
     // This start's first step, then the interval.
@@ -261,10 +302,10 @@ RunResult run_job(const JobShape& shape, int steps, const std::vector<std::strin
     while (job.running() && Clock::now() < kill_at) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    const std::vector<int> ranks = job.ranks();
-    if (!job.running() || ranks.empty()) break;
+    const std::vector<int> victims = punisher.whole_node ? job.nodes_but_the_first() : job.ranks();
+    if (!job.running() || victims.empty()) break;
     const int victim =
-        ranks[std::uniform_int_distribution<std::size_t>(0, ranks.size() - 1)(random)];
+        victims[std::uniform_int_distribution<std::size_t>(0, victims.size() - 1)(random)];
     kill_ns.push_back(now_ns());
     ::kill(victim, SIGKILL);
   }
@@ -320,47 +361,63 @@ int run(RecoveryOptions& o) {
       return 1;
     }
   }
+  if (o.kill == "node" && o.nodes < 2) {
+    std::cerr << "braid-bench recovery: --kill node needs --nodes 2\n";
+    return 2;
+  }
+  const Punisher punisher{.nodes = o.nodes, .whole_node = o.kill == "node"};
+  const Punisher none{.nodes = o.nodes};
   const Report report(
       o.json,
       {"job", "way", "kills", "detect ms", "kill->step s", "lost steps", "goodput", "step ms"},
       {-26, -30, 6, 16, 14, 12, 8, 8});
   report.say(fmt::format(
-      "recovery: a random rank SIGKILLed {:g} s after each start's first step, {} times a run, "
-      "under braid-run --max-restarts {}; detect: the kill to braid-run's verdict; "
+      "recovery: {} SIGKILLed {:g} s after each start's first step, {} times a run, "
+      "under braid-run{} --max-restarts {}; detect: the kill to braid-run's verdict; "
       "kill->step: to the first step after the restart (median / max); lost: steps finished "
       "before the kill and done again (median / max); goodput: the failure-free job's wall "
       "time over this run's.\n\n",
-      o.interval, o.kills, o.kills));
+      punisher.whole_node ? "a random node other than node 0 (its init, every process of it)"
+                          : "a random rank",
+      o.interval, o.kills,
+      o.nodes > 1 ? fmt::format(" --emulate-nodes {}", o.nodes) : std::string(), o.kills));
   report.heading();
   std::mt19937 random(static_cast<unsigned>(o.seed));
   int status = 0;
   for (const std::string& job : o.jobs) {
     const JobShape shape = shape_of(job);
     // How many steps span the kills: from a short failure-free run's step time.
-    const RunResult probe = run_job(shape, 60, {}, 0, 0, random);
+    const RunResult probe = run_job(shape, 60, {}, 0, 0, random, none);
     if (!probe.ok || probe.step_ms <= 0) {
       status = 1;
       continue;
     }
     const int steps = static_cast<int>((o.kills + 1) * (o.interval + 0.5) * 1000 / probe.step_ms);
-    const RunResult plain = run_job(shape, steps, {}, 0, 0, random);
+    const RunResult plain = run_job(shape, steps, {}, 0, 0, random, none);
     // What the copies cost a step: short runs without and with them, taking turns, the
     // median of each's step time (several ranks on two cores make single runs noisy).
     std::vector<double> without, with;
     for (int round = 0; round < o.rounds; ++round) {
-      const RunResult a = run_job(shape, 300, {}, 0, 0, random);
-      const RunResult b = run_job(shape, 300, {"--memory-every", "1"}, 0, 0, random);
+      const RunResult a = run_job(shape, 300, {}, 0, 0, random, none);
+      const RunResult b = run_job(shape, 300, {"--memory-every", "1"}, 0, 0, random, none);
       if (a.ok && b.ok) {
         without.push_back(a.step_ms);
         with.push_back(b.step_ms);
       }
     }
+    // A replaced node's ranks hold no in-memory copy: braid's way keeps a disk checkpoint
+    // every 10 steps beside them for that.
+    std::vector<std::string> braid_way{"--memory-every", "1"};
+    if (punisher.whole_node) {
+      braid_way.insert(braid_way.end(), {"--checkpoint-dir", "{dir}", "--checkpoint-every", "10"});
+    }
     const std::vector<std::pair<std::string, std::vector<std::string>>> ways{
-        {"braid: in memory every step", {"--memory-every", "1"}},
+        {punisher.whole_node ? "braid: memory every step, disk 10" : "braid: in memory every step",
+         braid_way},
         {fmt::format("anchor: disk every {}, restart", o.anchor_every),
          {"--checkpoint-dir", "{dir}", "--checkpoint-every", std::to_string(o.anchor_every)}}};
     for (const auto& [way, extra] : ways) {
-      const RunResult failed = run_job(shape, steps, extra, o.kills, o.interval, random);
+      const RunResult failed = run_job(shape, steps, extra, o.kills, o.interval, random, punisher);
       if (!failed.ok || !plain.ok) {
         status = 1;
         continue;
@@ -373,7 +430,12 @@ int run(RecoveryOptions& o) {
       }
       const double goodput = plain.wall_s / failed.wall_s;
       JsonLine json;
-      json.add("job", job).add("way", way).add("steps", steps).add("kills", failed.kills.size());
+      json.add("job", job)
+          .add("way", way)
+          .add("nodes", o.nodes)
+          .add("kill", o.kill)
+          .add("steps", steps)
+          .add("kills", failed.kills.size());
       std::string per_kill = "[";
       for (const Kill& k : failed.kills) {
         per_kill += fmt::format("{}{{\"detect_ms\":{:.1f},\"recover_s\":{:.3f},\"lost\":{}}}",
@@ -416,7 +478,8 @@ int run(RecoveryOptions& o) {
 Mode recovery_mode() {
   return describe<RecoveryOptions>(
       {.name = "recovery",
-       .about = "a random rank of the main jobs SIGKILLed every --interval s under braid-run "
+       .about = "a random rank of the main jobs (or, --nodes 2 --kill node, a whole emulated "
+                "node) SIGKILLed every --interval s under braid-run "
                 "--max-restarts: detection, kill to next step, steps lost, goodput; braid's "
                 "in-memory checkpoints beside the anchor's restart from disk every 50 steps, and "
                 "what in-memory checkpoints cost a step",

@@ -1,5 +1,6 @@
-// The rendezvous store: a small TCP key-value service that rank 0 serves and every rank
-// uses to find the others (UCX worker addresses, NCCL unique ids, barriers at start-up).
+// The rendezvous store: a small TCP key-value service that node 0's braid-run (or, under
+// other launchers, rank 0) serves and every rank uses to find the others (UCX worker
+// addresses, NCCL unique ids, barriers at start-up).
 //
 //   StoreServer server(runtime, {.port = 0, .token = "secret"});  // rank 0
 //   auto store = co_await StoreClient::connect(runtime.executor(), {"127.0.0.1",

@@ -733,7 +733,7 @@ int Job::conclude(const GenerationEnd& end) {
       break;
     case GenerationEnd::Kind::failed: {
       status = end.status;
-      if (!rank_failed_ || ended_elsewhere_) report(fmt::format("the job failed: {}", end.why));
+      if (!end.ours) report(fmt::format("the job failed: {}", end.why));
       const std::vector<std::string> failures = rendezvous_->failures();
       if (failures.size() > 1) {
         std::string all;
@@ -869,7 +869,7 @@ int Job::run() {
     report(fmt::format("restarting {} {} rank(s) (restart {} of --max-restarts {}){}",
                        options_.nnodes == 1 ? "the job's" : "this node's", options_.nproc_per_node,
                        generation_ + 1, options_.max_restarts,
-                       rank_failed_ && !ended_elsewhere_ ? "" : fmt::format(": {}", end.why)));
+                       end.ours ? "" : fmt::format(": {}", end.why)));
     start_again();
   }
 }

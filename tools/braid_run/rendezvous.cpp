@@ -280,7 +280,10 @@ GenerationEnd Rendezvous::end_by_failure(int status, const std::string& failure,
                                               : GenerationEnd{.kind = GenerationEnd::Kind::failed,
                                                               .status = status,
                                                               .why = std::move(why)});
-    return decode(impl.call(impl.end_generation(g, proposal)));
+    const Bytes stored = impl.call(impl.end_generation(g, proposal));
+    GenerationEnd end = decode(stored);
+    end.ours = stored == proposal;
+    return end;
   } catch (const Error& e) {
     return {.kind = GenerationEnd::Kind::store_lost, .status = status, .why = e.what()};
   }

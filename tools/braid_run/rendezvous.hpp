@@ -42,6 +42,7 @@ struct GenerationEnd {
   Kind kind = Kind::done;
   int status = 0;   // failed, store_lost: braid-run's exit status
   std::string why;  // restart, failed, store_lost: what happened, for people
+  bool ours = false;  // this launcher ended the generation (end_by_failure's own end stood)
 };
 
 class Rendezvous {

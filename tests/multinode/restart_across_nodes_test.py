@@ -20,8 +20,8 @@ on this machine as nodes 0 and 1 of one job (--nnodes 2 --master-addr 127.0.0.1)
 braid-run SIGKILLed (its rank dies with it) and started again by hand, as a requeued node
 would be: the new one joins the job's next start, and the job ends with the same parameters.
 That case needs nothing; the others need root for the namespaces (CI runs as root) and are
-skipped, saying why, elsewhere. Paths from
-the environment (meson sets them): BRAID_RUN, DDP_TRAIN.
+skipped, saying why, elsewhere. Paths from the environment (meson sets them): BRAID_RUN,
+DDP_TRAIN.
 """
 import json
 import os
@@ -34,18 +34,15 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from training_runs import checksum, children, fail  # noqa: E402
+
 STEPS = 60
 # --straggle-ms: the last rank computes 2 ms more a step, so the job is still running well
 # after a kill is decided.
 COMMON = ["--hidden", "64", "--layers", "3", "--batch", "16", "--seed", "11", "--steps",
           str(STEPS), "--straggle-ms", "2", "--optimizer", "adam"]
 DEADLINE_S = 200
-
-
-def fail(message, output=""):
-    print(output)
-    print("FAIL:", message)
-    sys.exit(1)
 
 
 def skip_without_namespaces():
@@ -55,21 +52,6 @@ def skip_without_namespaces():
         print("SKIP: this machine does not let the test make namespaces (run it as root):",
               probe.stderr.strip())
         sys.exit(77)
-
-
-def checksum(output):
-    found = re.search(r"parameters: sum of squares (\S+)", output)
-    if not found:
-        fail("no parameter checksum", output)
-    return found.group(1)
-
-
-def children(pid):
-    found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            found += [int(p) for p in f.read().split()]
-    return sorted(found)
 
 
 def node_init(launcher, node):

@@ -23,33 +23,14 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from training_runs import checksum, children, fail  # noqa: E402
+
 STEPS = 100
 # --straggle-ms: the last rank computes 2 ms more a step (a busy loop, no random numbers), so
 # that the job is still running well after the kill is decided.
 COMMON = ["--hidden", "64", "--layers", "3", "--batch", "16", "--seed", "11",
           "--steps", str(STEPS), "--straggle-ms", "2"]
-
-
-def fail(message, output=""):
-    print(output)
-    print("FAIL:", message)
-    sys.exit(1)
-
-
-def checksum(output):
-    found = re.search(r"parameters: sum of squares (\S+)", output)
-    if not found:
-        fail("no parameter checksum", output)
-    return found.group(1)
-
-
-def children(pid):
-    """The ranks braid-run started, in the order it started them."""
-    found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            found += [int(p) for p in f.read().split()]
-    return sorted(found)
 
 
 def run_and_kill(args, kill_at_steps):

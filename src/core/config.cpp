@@ -39,8 +39,9 @@ constexpr std::array kKnobs{
          "how many times braid-run --max-restarts has restarted the job (0: its first start); "
          "set by braid-run"},
     Knob{"BRAID_SNAPSHOT_FDS", "",
-         "the two memfds braid-run keeps for this rank's in-memory checkpoints across its "
-         "restarts (MemoryCheckpoints), as fd numbers: 7,8; set by braid-run"},
+         "the memfds braid-run keeps for this rank's in-memory checkpoints across its "
+         "restarts (MemoryCheckpoints), as fd numbers: 7,8 (its own copies), or 7,8,9,10 "
+         "across nodes (and its partner's); set by braid-run"},
     Knob{"BRAID_FAULT", "",
          "tests only: <point>:<n>:<rank> has rank <rank> SIGKILL itself the n-th time it "
          "passes <point> (forward, bucket-reduction, pipeline-send, memory-copy, disk-write), "

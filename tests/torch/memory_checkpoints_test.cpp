@@ -27,13 +27,14 @@ namespace {
 using braid::testing::expect_all_passed;
 using braid::testing::run_blocking_ranks;
 
-// Two memfds per rank, held here as braid-run holds them across a rank's starts.
+// Two memfds per rank (four with a partner's copies), held here as braid-run holds them
+// across a rank's starts.
 class LauncherSlots {
  public:
-  explicit LauncherSlots(int ranks) {
+  explicit LauncherSlots(int ranks, int per_rank = 2) {
     for (int r = 0; r < ranks; ++r) {
-      auto& pair = fds_.emplace_back();
-      for (int& fd : pair) fd = ::memfd_create("test-slot", MFD_CLOEXEC);
+      auto& fds = fds_.emplace_back(static_cast<std::size_t>(per_rank));
+      for (int& fd : fds) fd = ::memfd_create("test-slot", MFD_CLOEXEC);
     }
   }
   ~LauncherSlots() {
@@ -42,8 +43,7 @@ class LauncherSlots {
     }
   }
   MemoryCheckpointOptions of(int rank) const {
-    const auto& pair = fds_[static_cast<std::size_t>(rank)];
-    return {.slot_fds = {pair[0], pair[1]}};
+    return {.slot_fds = fds_[static_cast<std::size_t>(rank)]};
   }
   // The checkpoint's length in rank r's slot k (the header's field 32 bytes in).
   std::uint64_t length(int rank, int slot) const {
@@ -62,7 +62,7 @@ class LauncherSlots {
   }
 
  private:
-  std::vector<std::array<int, 2>> fds_;
+  std::vector<std::vector<int>> fds_;
 };
 
 TEST(MemoryCheckpoints, AStateComesBackToTheNextProcessGivenTheSlots) {
@@ -184,6 +184,51 @@ TEST(MemoryCheckpoints, RestoreNewestTakesTheNewestStepAcrossMemoryAndDisk) {
     EXPECT_EQ(from_disk->source, dir.path().string());
     if (rank == 0) {
       EXPECT_EQ(memory.readable().begin()->first, 10);
+    }
+  }));
+}
+
+// Across nodes each rank also keeps its partner's copies (partner_distance 1: rank 0 and
+// rank 1 each other's). Rank 1's node lost whole, its slots fresh and empty: both ranks
+// resume from memory all the same, rank 1 from the copy rank 0 held for it, exactly.
+TEST(MemoryCheckpoints, ARankWhoseSlotsAreLostGetsItsCopyBackFromItsPartner) {
+  LauncherSlots slots(2, 4);
+  expect_all_passed(run_blocking_ranks(2, [&](int rank, auto comm) {
+    {
+      MemoryCheckpointOptions options = slots.of(rank);
+      options.partner_distance = 1;
+      MemoryCheckpoints memory(comm, options);
+      EXPECT_EQ(memory.partner(), 1 - rank);
+      EXPECT_EQ(memory.holds_for(), 1 - rank);
+      for (std::int64_t step : {1, 2, 3}) memory.save_async(state_of(rank, step));
+      memory.wait();
+      EXPECT_EQ(memory.partner_steps(), (std::vector<std::int64_t>{3, 2}));
+    }
+    comm->launch(comm->barrier()).get();
+    LauncherSlots replaced(1, 4);
+    MemoryCheckpointOptions options = rank == 1 ? replaced.of(0) : slots.of(0);
+    options.partner_distance = 1;
+    MemoryCheckpoints again(comm, options);
+    auto restored = restore_newest(*comm, &again, nullptr);
+    ASSERT_TRUE(restored.has_value());
+    expect_state(restored->state, rank, 3);
+    EXPECT_EQ(restored->source, "memory");
+  }));
+}
+
+// A partner needs four slots: one given two is an error naming both counts.
+TEST(MemoryCheckpoints, APartnerWithoutFourSlotsIsRefused) {
+  LauncherSlots slots(2);
+  expect_all_passed(run_blocking_ranks(2, [&](int rank, auto comm) {
+    MemoryCheckpointOptions options = slots.of(rank);
+    options.partner_distance = 1;
+    try {
+      MemoryCheckpoints memory(comm, options);
+      ADD_FAILURE() << "a partner with two slots was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("a partner (distance 1) needs four slot fds, not 2"),
+                std::string::npos)
+          << e.what();
     }
   }));
 }

@@ -22,6 +22,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <braid/core/config.hpp>
 #include <braid/transport/bootstrap.hpp>
@@ -150,9 +151,10 @@ class Job {
   std::int64_t generation_ = 0;
   bool ended_elsewhere_ = false;  // another node ended this generation: ranks stopped here
   int replaced_nodes_ = 0;        // --emulate-nodes with --max-restarts: nodes started again
-  // Per local rank, the two memfds its in-memory checkpoints live in (MemoryCheckpoints):
-  // braid-run's, so a rank's copies outlive its process and reach its next start.
-  std::vector<std::array<int, 2>> snapshot_fds_;
+  // Per local rank, the memfds its in-memory checkpoints live in (MemoryCheckpoints):
+  // braid-run's, so a rank's copies outlive its process and reach its next start. Two for
+  // its own copies; across nodes two more for its partner's, a rank on another node.
+  std::vector<std::vector<int>> snapshot_fds_;
   std::optional<Clock::time_point> kill_at_;  // SIGKILL for ranks still running then
   Clock::time_point deadline_ = Clock::time_point::max();
   // Failed ranks seen within kSettle of the first failure, in the order seen, and when
@@ -193,11 +195,13 @@ Job::~Job() {
   }
 }
 
-// Two memfds per local rank. Where memfds are refused (a seccomp filter), the ranks go
-// without: an in-memory checkpoint then lives in the rank's own memory, and says so.
+// Two memfds per local rank, four across nodes. Where memfds are refused (a seccomp
+// filter), the ranks go without: an in-memory checkpoint then lives in the rank's own
+// memory, and says so.
 void Job::make_snapshot_fds() {
+  const std::size_t per_rank = options_.nnodes > 1 ? 4 : 2;
   for (int i = 0; i < options_.nproc_per_node; ++i) {
-    auto& slots = snapshot_fds_.emplace_back(std::array<int, 2>{-1, -1});
+    auto& slots = snapshot_fds_.emplace_back(per_rank, -1);
     for (std::size_t k = 0; k < slots.size(); ++k) {
       const std::string name = fmt::format("braid-run-rank-{}-slot-{}",
                                            options_.node_rank * options_.nproc_per_node + i, k);
@@ -246,8 +250,8 @@ std::vector<std::string> Job::rank_environment(int local_rank) const {
   env.push_back(fmt::format("TORCHELASTIC_RESTART_COUNT={}", generation_));
   env.push_back(fmt::format("BRAID_STORE_PREFIX={}", Rendezvous::key_prefix(generation_)));
   if (!snapshot_fds_.empty()) {
-    const auto& slots = snapshot_fds_[static_cast<std::size_t>(local_rank)];
-    env.push_back(fmt::format("BRAID_SNAPSHOT_FDS={},{}", slots[0], slots[1]));
+    env.push_back(fmt::format("BRAID_SNAPSHOT_FDS={}",
+                              fmt::join(snapshot_fds_[static_cast<std::size_t>(local_rank)], ",")));
   }
   return env;
 }

@@ -40,8 +40,8 @@ namespace braid::launcher {
 struct GenerationEnd {
   enum class Kind { restart, failed, done, store_lost };
   Kind kind = Kind::done;
-  int status = 0;   // failed, store_lost: braid-run's exit status
-  std::string why;  // restart, failed, store_lost: what happened, for people
+  int status = 0;     // failed, store_lost: braid-run's exit status
+  std::string why;    // restart, failed, store_lost: what happened, for people
   bool ours = false;  // this launcher ended the generation (end_by_failure's own end stood)
 };
 

@@ -2,16 +2,19 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <string_view>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <braid/core/buffer.hpp>
 #include <braid/core/config.hpp>
 #include <braid/core/error.hpp>
 #include <braid/core/fault_points.hpp>
@@ -158,13 +161,29 @@ std::vector<int> launcher_fds(int rank) {
         config::parse_int(config::trim(rest.substr(0, comma)), "BRAID_SNAPSHOT_FDS")));
     rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
   }
-  if (fds.size() != 2) {
-    throw Error(
-        Errc::invalid_environment,
-        fmt::format("BRAID_SNAPSHOT_FDS='{}' names {} file descriptors, not 2", text, fds.size()),
-        {.rank = rank, .operation = "MemoryCheckpoints"});
+  if (fds.size() != 2 && fds.size() != 4) {
+    throw Error(Errc::invalid_environment,
+                fmt::format("BRAID_SNAPSHOT_FDS='{}' names {} file descriptors, not 2 or 4", text,
+                            fds.size()),
+                {.rank = rank, .operation = "MemoryCheckpoints"});
   }
   return fds;
+}
+
+// The partner's distance braid-run's environment implies: the local world size where the
+// job spans several nodes of equal size and `comm` is the whole job; else none.
+int partner_distance_from_launcher(int world) {
+  const auto number = [](const char* name) {
+    const char* text = std::getenv(name);
+    return text != nullptr ? std::atoi(text) : 0;
+  };
+  const int nodes = number("BRAID_NNODES");
+  const int local = number("BRAID_LOCAL_WORLD_SIZE");
+  return nodes > 1 && local > 0 && nodes * local == world ? local : 0;
+}
+
+Buffer bytes_at(void* data, std::size_t size) {
+  return Buffer(data, size, DType::u8);
 }
 
 }  // namespace
@@ -246,35 +265,54 @@ MemoryCheckpoints::MemoryCheckpoints(std::shared_ptr<collectives::Communicator> 
   const bool from_launcher = given.empty();
   if (from_launcher) given = launcher_fds(rank);
   held_by_launcher_ = !given.empty();
-  if (!given.empty() && given.size() != 2) {
-    throw Error(Errc::invalid_argument,
-                fmt::format("MemoryCheckpointOptions::slot_fds holds {} fds, not 2", given.size()),
-                {.rank = rank, .operation = "MemoryCheckpoints"});
+  if (!given.empty() && given.size() != 2 && given.size() != 4) {
+    throw Error(
+        Errc::invalid_argument,
+        fmt::format("MemoryCheckpointOptions::slot_fds holds {} fds, not 2 or 4", given.size()),
+        {.rank = rank, .operation = "MemoryCheckpoints"});
   }
-  for (int i = 0; i < 2; ++i) {
+  const int distance =
+      options.partner_distance >= 0
+          ? options.partner_distance
+          : (given.size() == 4 ? partner_distance_from_launcher(comm_->size()) : 0);
+  if (distance > 0 && given.size() != 4) {
+    throw Error(
+        Errc::invalid_argument,
+        fmt::format("a partner (distance {}) needs four slot fds, not {}", distance, given.size()),
+        {.rank = rank, .operation = "MemoryCheckpoints"});
+  }
+  if (distance % comm_->size() != 0) {
+    partner_ = (rank + distance) % comm_->size();
+    holds_for_ = ((rank - distance) % comm_->size() + comm_->size()) % comm_->size();
+  }
+  for (std::size_t i = 0; i < (partner_ >= 0 ? 4U : 2U); ++i) {
     int fd = -1;
     if (given.empty()) {
       fd = ::memfd_create(fmt::format("braid-rank-{}-slot-{}", rank, i).c_str(), MFD_CLOEXEC);
       if (fd < 0) throw_errno("cannot make a memfd for a checkpoint slot", rank);
     } else {
-      fd = ::fcntl(given[static_cast<std::size_t>(i)], F_DUPFD_CLOEXEC, 3);
+      fd = ::fcntl(given[i], F_DUPFD_CLOEXEC, 3);
       if (fd < 0) {
         throw Error(Errc::invalid_environment,
-                    fmt::format("checkpoint slot fd {} ({}) is not open: {}",
-                                given[static_cast<std::size_t>(i)],
+                    fmt::format("checkpoint slot fd {} ({}) is not open: {}", given[i],
                                 from_launcher ? "from BRAID_SNAPSHOT_FDS" : "slot_fds",
                                 std::strerror(errno)),
                     {.rank = rank, .operation = "MemoryCheckpoints"});
       }
-      // What braid-run passed stays open for this process only, not for what it starts.
-      if (from_launcher) ::fcntl(given[static_cast<std::size_t>(i)], F_SETFD, FD_CLOEXEC);
     }
-    slots_.push_back(std::make_unique<Slot>(fd, rank));
+    (i < 2 ? slots_ : partner_slots_).push_back(std::make_unique<Slot>(fd, rank));
+  }
+  // What braid-run passed stays open for this process only, not for what it starts.
+  if (from_launcher) {
+    for (int fd : given) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
   copier_ = std::make_unique<BackgroundJob>();
 }
 
 MemoryCheckpoints::~MemoryCheckpoints() {
+  // The last copy is not sent: the partner may be gone already (its job over), and a
+  // finished job restarts from nothing.
+  unsent_ = nullptr;
   try {
     wait();
   } catch (const std::exception& e) {
@@ -306,6 +344,7 @@ void MemoryCheckpoints::save_async(const TrainingState& state) {
   // over). A device's state is copied beside the step, on the checkpoints' thread.
   const bool on_device = std::any_of(held.tensors.begin(), held.tensors.end(),
                                      [](const auto& t) { return !t.second.device().is_cpu(); });
+  if (partner_ >= 0) unsent_ = &slot;
   copier_->submit(
       [&slot, state = std::move(held), rank = comm_->rank(), world = comm_->size(), length] {
         char* at = slot.body();
@@ -337,6 +376,108 @@ void MemoryCheckpoints::save_async(const TrainingState& state) {
 
 void MemoryCheckpoints::wait() {
   copier_->wait();
+  if (Slot* mine = std::exchange(unsent_, nullptr)) exchange_with_partner(*mine);
+}
+
+// The partner slot to overwrite (not the one holding the newest whole copy), or the one
+// holding `step` whole.
+MemoryCheckpoints::Slot* MemoryCheckpoints::partner_slot_holding(std::int64_t step) {
+  for (const auto& slot : partner_slots_) {
+    if (slot->condition() == kWhole && slot->header()->step == step) return slot.get();
+  }
+  return nullptr;
+}
+
+// Sends this rank's newest copy to its partner and receives, into the older of its partner
+// slots, the copy of the rank it holds for: headers first (each side learns the other's
+// length), then the bytes. The receiving slot says "being written" until they are in.
+void MemoryCheckpoints::exchange_with_partner(Slot& mine) {
+  std::array<char, kHeaderBytes> theirs{};
+  auto sent = comm_->launch(comm_->send(bytes_at(mine.header(), kHeaderBytes), partner_));
+  comm_->launch(comm_->recv(bytes_at(theirs.data(), kHeaderBytes), holds_for_)).get();
+  sent.get();
+  SlotHeader header{};
+  std::memcpy(&header, theirs.data(), sizeof header);
+  if (std::memcmp(header.magic, kSlotMagic, 8) != 0 ||
+      static_cast<int>(header.rank) != holds_for_ ||
+      static_cast<int>(header.world) != comm_->size()) {
+    throw Error(Errc::protocol_error,
+                fmt::format("rank {} sent a copy that is not rank {}'s", holds_for_, holds_for_),
+                {.rank = comm_->rank(), .peer = holds_for_, .operation = "MemoryCheckpoints"});
+  }
+  auto step_of = [](const Slot& slot) {
+    return slot.condition() == kWhole ? slot.header()->step : std::int64_t{-1};
+  };
+  Slot& into = step_of(*partner_slots_[0]) <= step_of(*partner_slots_[1]) ? *partner_slots_[0]
+                                                                          : *partner_slots_[1];
+  into.reserve(kHeaderBytes + header.length);
+  into.set(kBeingWritten);
+  SlotHeader& kept = *into.header();
+  std::memcpy(kept.magic, kSlotMagic, sizeof kSlotMagic);
+  kept.rank = header.rank;
+  kept.world = header.world;
+  kept.step = header.step;
+  kept.length = header.length;
+  kept.sum = header.sum;
+  auto body_sent =
+      comm_->launch(comm_->send(bytes_at(mine.body(), mine.header()->length), partner_));
+  comm_->launch(comm_->recv(bytes_at(into.body(), header.length), holds_for_)).get();
+  body_sent.get();
+  into.set(kWhole);
+}
+
+std::vector<std::int64_t> MemoryCheckpoints::partner_steps() {
+  wait();
+  std::vector<std::int64_t> steps;
+  for (const auto& slot : partner_slots_) {
+    if (slot->condition() != kWhole) continue;
+    const SlotHeader& header = *slot->header();
+    SlotSum sum;
+    if (header.length <= slot->capacity() - kHeaderBytes) {
+      sum.add(nullptr, slot->body(), header.length);
+    }
+    if (header.length > slot->capacity() - kHeaderBytes || sum.value() != header.sum) {
+      log::warn("rank {}'s copy of rank {}'s step {} is refused: damaged", comm_->rank(),
+                holds_for_, header.step);
+      continue;
+    }
+    steps.push_back(header.step);
+  }
+  std::sort(steps.begin(), steps.end(), std::greater<>());
+  return steps;
+}
+
+std::optional<TrainingState> MemoryCheckpoints::trade(std::int64_t step, bool mine_lost,
+                                                      bool theirs_lost) {
+  std::optional<Future<void>> sent;
+  std::uint64_t length = 0;
+  if (theirs_lost) {
+    Slot* held = partner_slot_holding(step);
+    if (held == nullptr) {
+      throw Error(Errc::invalid_argument,
+                  fmt::format("holds no copy of rank {}'s step {} to give back", holds_for_, step),
+                  {.rank = comm_->rank(), .operation = "MemoryCheckpoints"});
+    }
+    length = held->header()->length;
+    comm_->launch(comm_->send(bytes_at(&length, sizeof length), holds_for_)).get();
+    sent = comm_->launch(comm_->send(bytes_at(held->body(), length), holds_for_));
+  }
+  std::optional<TrainingState> state;
+  if (mine_lost) {
+    std::uint64_t size = 0;
+    comm_->launch(comm_->recv(bytes_at(&size, sizeof size), partner_)).get();
+    std::string bytes(size, '\0');
+    comm_->launch(comm_->recv(bytes_at(bytes.data(), size), partner_)).get();
+    state = checkpoint_format::decode(bytes, comm_->rank(), comm_->size(), /*verify=*/false);
+    if (state->step != step) {
+      throw Error(Errc::protocol_error,
+                  fmt::format("rank {} gave back step {}, not {}", partner_, state->step, step),
+                  {.rank = comm_->rank(), .peer = partner_, .operation = "MemoryCheckpoints"});
+    }
+    replicated_shares::mark(*state);
+  }
+  if (sent) sent->get();
+  return state;
 }
 
 std::optional<TrainingState> MemoryCheckpoints::restore() {
@@ -387,14 +528,18 @@ std::map<std::int64_t, TrainingState, std::greater<>> MemoryCheckpoints::readabl
 
 void MemoryCheckpoints::forget_after(std::int64_t step) {
   wait();
-  for (const auto& slot : slots_) {
-    if (slot->condition() != kEmpty && slot->header()->step > step) slot->set(kEmpty);
+  for (const auto* slots : {&slots_, &partner_slots_}) {
+    for (const auto& slot : *slots) {
+      if (slot->condition() != kEmpty && slot->header()->step > step) slot->set(kEmpty);
+    }
   }
 }
 
 std::size_t MemoryCheckpoints::bytes() const {
   std::size_t total = 0;
-  for (const auto& slot : slots_) total += slot->capacity();
+  for (const auto* slots : {&slots_, &partner_slots_}) {
+    for (const auto& slot : *slots) total += slot->capacity();
+  }
   return total;
 }
 

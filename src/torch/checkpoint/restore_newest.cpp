@@ -28,35 +28,63 @@ std::vector<std::int64_t> steps_of(const Held& held) {
   return steps;
 }
 
+// The lists every rank offers, gathered: per rank, kOffered steps of each source.
+enum Source : std::size_t { kMemory = 0, kDisk = 1, kHeldForPartner = 2, kSources = 3 };
+
 }  // namespace
 
 std::optional<RestoredState> restore_newest(collectives::Communicator& comm,
                                             MemoryCheckpoints* memory, DiskCheckpoints* disk) {
   Held in_memory = memory != nullptr ? memory->readable() : Held{};
   Held on_disk = disk != nullptr ? disk->readable() : Held{};
-  // Every rank's steps in memory, then on disk. A step is taken from one source on every
-  // rank alike: memory's copies of replicated tensors are shares, gathered by all together.
+  const int partner = memory != nullptr ? memory->partner() : -1;
+  std::vector<std::int64_t> held_for_partner =
+      partner >= 0 ? memory->partner_steps() : std::vector<std::int64_t>{};
+  held_for_partner.resize(kOffered, -1);
+  // Every rank's steps in memory, on disk, and held for its partner's partner (the copies
+  // of the rank it holds for). A step is taken from one source on every rank alike:
+  // memory's copies of replicated tensors are shares, gathered by all together.
   std::vector<std::int64_t> offered = steps_of(in_memory);
   const std::vector<std::int64_t> disk_steps = steps_of(on_disk);
   offered.insert(offered.end(), disk_steps.begin(), disk_steps.end());
+  offered.insert(offered.end(), held_for_partner.begin(), held_for_partner.end());
   std::vector<std::int64_t> all(offered.size() * static_cast<std::size_t>(comm.size()));
   comm.launch(comm.all_gather(Buffer(offered), Buffer(all))).get();
-  // The newest step of source `source` (0 memory, 1 disk) on every rank's list; -1 if none.
-  auto newest_everywhere = [&](std::size_t source) {
-    const auto list = [&](int rank) {
-      return all.begin() + static_cast<std::ptrdiff_t>(offered.size() * rank + kOffered * source);
-    };
-    for (auto at = list(comm.rank()); at != list(comm.rank()) + kOffered && *at >= 0; ++at) {
+  const auto list = [&](int rank, Source source) {
+    return all.begin() + static_cast<std::ptrdiff_t>(offered.size() * rank + kOffered * source);
+  };
+  const auto offers = [&](int rank, Source source, std::int64_t step) {
+    return std::find(list(rank, source), list(rank, source) + kOffered, step) !=
+           list(rank, source) + kOffered;
+  };
+  // In memory, rank r's step is its own copy or the one its partner holds for it.
+  const auto in_memory_for = [&](int rank, std::int64_t step) {
+    return offers(rank, kMemory, step) ||
+           (partner >= 0 && offers((rank + (partner - comm.rank()) + comm.size()) % comm.size(),
+                                   kHeldForPartner, step));
+  };
+  // The newest step `source` holds for every rank; -1 if none. Every rank computes it
+  // alike from the gathered lists.
+  auto newest_everywhere = [&](Source source) {
+    std::vector<std::int64_t> candidates;
+    for (int r = 0; r < comm.size(); ++r) {
+      for (Source s : {source, source == kMemory ? kHeldForPartner : source}) {
+        candidates.insert(candidates.end(), list(r, s), list(r, s) + kOffered);
+      }
+    }
+    std::sort(candidates.begin(), candidates.end(), std::greater<>());
+    for (const std::int64_t step : candidates) {
+      if (step < 0) break;
       bool everywhere = true;
       for (int r = 0; r < comm.size() && everywhere; ++r) {
-        everywhere = std::find(list(r), list(r) + kOffered, *at) != list(r) + kOffered;
+        everywhere = source == kMemory ? in_memory_for(r, step) : offers(r, source, step);
       }
-      if (everywhere) return *at;
+      if (everywhere) return step;
     }
     return std::int64_t{-1};
   };
-  const std::int64_t from_memory = newest_everywhere(0);
-  const std::int64_t from_disk = newest_everywhere(1);
+  const std::int64_t from_memory = newest_everywhere(kMemory);
+  const std::int64_t from_disk = newest_everywhere(kDisk);
   if (from_memory < 0 && from_disk < 0) {
     if (!in_memory.empty() || !on_disk.empty()) {
       // Left in place: a directory given by mistake must not be emptied.
@@ -70,9 +98,17 @@ std::optional<RestoredState> restore_newest(collectives::Communicator& comm,
     return std::nullopt;
   }
   const std::int64_t chosen = std::max(from_memory, from_disk);
+  const bool memory_holds_it = from_memory == chosen;
+  if (memory_holds_it && partner >= 0) {
+    // Ranks whose own copy is gone (their node was replaced) get it from their partners.
+    const bool mine_lost = !offers(comm.rank(), kMemory, chosen);
+    const bool theirs_lost = !offers(memory->holds_for(), kMemory, chosen);
+    if (std::optional<TrainingState> given = memory->trade(chosen, mine_lost, theirs_lost)) {
+      in_memory[chosen] = std::move(*given);
+    }
+  }
   if (memory != nullptr) memory->forget_after(chosen);
   if (disk != nullptr) disk->forget_after(chosen);
-  const bool memory_holds_it = from_memory == chosen;
   RestoredState restored{
       .state = std::move(memory_holds_it ? in_memory.at(chosen) : on_disk.at(chosen)),
       .source = memory_holds_it ? "memory" : disk->directory().string()};

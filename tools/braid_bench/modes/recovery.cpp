@@ -13,8 +13,8 @@
 // --nodes N runs the jobs on N emulated nodes (braid-run --emulate-nodes, root only), where
 // every node's braid-run restarts its ranks; --kill node then kills a whole node other than
 // node 0 (its init: every process of it, its memory with them), which braid-run starts
-// again empty. A replaced node holds no in-memory copy, so braid's way there keeps a disk
-// checkpoint every 10 steps beside its copies in memory.
+// again empty; its ranks get their in-memory copies back from their partners on the other
+// node (MemoryCheckpoints' partner copies).
 
 #include <algorithm>
 #include <chrono>
@@ -405,15 +405,8 @@ int run(RecoveryOptions& o) {
         with.push_back(b.step_ms);
       }
     }
-    // A replaced node's ranks hold no in-memory copy: braid's way keeps a disk checkpoint
-    // every 10 steps beside them for that.
-    std::vector<std::string> braid_way{"--memory-every", "1"};
-    if (punisher.whole_node) {
-      braid_way.insert(braid_way.end(), {"--checkpoint-dir", "{dir}", "--checkpoint-every", "10"});
-    }
     const std::vector<std::pair<std::string, std::vector<std::string>>> ways{
-        {punisher.whole_node ? "braid: memory every step, disk 10" : "braid: in memory every step",
-         braid_way},
+        {"braid: in memory every step", {"--memory-every", "1"}},
         {fmt::format("anchor: disk every {}, restart", o.anchor_every),
          {"--checkpoint-dir", "{dir}", "--checkpoint-every", std::to_string(o.anchor_every)}}};
     for (const auto& [way, extra] : ways) {

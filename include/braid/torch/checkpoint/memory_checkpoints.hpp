@@ -43,10 +43,21 @@
 // parameters and optimizer state, which every rank holds alike), each rank copies 1/world,
 // so the copy and its memory shrink with the data-parallel degree (DiskCheckpoints writes
 // alike). A restore gathers the shares whole again (an all-gather of the state); it needs
-// every rank's copy, so a rank whose slots are lost (its node gone) is restored from disk.
+// every rank's copy.
+//
+// Partner copies, so that a node lost whole costs no more than a rank: in a job of several
+// nodes under braid-run, each rank also sends its copy to its partner, the same local rank
+// on the next node ((rank + local world size) % world, Gemini's ring), which keeps it in two
+// more memfds its braid-run holds; any one node may then be lost. The exchange runs in
+// wait(), after the rank's own copy is whole and before its gradients leave, so whenever a
+// rank dies every copy of the step before the newest finished is whole on both sides. A
+// replaced node's ranks receive their state from their partners at restore_newest(). What
+// it costs: the state's bytes over the network every saved step, on the caller's thread
+// (--memory-every K spreads it).
 //
 // Memory: twice the state's bytes per rank (12 bytes a parameter under FSDP with Adam, f32,
-// of its shard; under DDP 12 / world), in braid-run's memory, freed when braid-run ends.
+// of its shard; under DDP 12 / world), twice that with partner copies, in braid-run's
+// memory, freed when braid-run ends.
 #pragma once
 
 #include <cstddef>
@@ -63,15 +74,22 @@
 namespace braid::torch {
 
 struct MemoryCheckpointOptions {
-  // The two slots' memfds (the checkpoints keep duplicates of them). Empty: the ones
-  // braid-run hands the rank (BRAID_SNAPSHOT_FDS), else two of this process's own.
+  // The slots' memfds (the checkpoints keep duplicates of them): two for this rank's
+  // copies, or four, the last two holding its partner's. Empty: the ones braid-run hands
+  // the rank (BRAID_SNAPSHOT_FDS), else two of this process's own.
   std::vector<int> slot_fds;
+  // How far the partner is: copies go to rank + distance and come from rank - distance
+  // (modulo the world). -1: from braid-run's environment, the local world size where the
+  // job spans several nodes (BRAID_NNODES, BRAID_LOCAL_WORLD_SIZE); 0: no partner. Needs
+  // four slots.
+  int partner_distance = -1;
 };
 
 class MemoryCheckpoints {
  public:
   // Throws braid::Error(Errc::invalid_environment) when BRAID_SNAPSHOT_FDS or slot_fds does
-  // not name two open memfds (invalid_argument when slot_fds holds other than two).
+  // not name two or four open memfds (invalid_argument when slot_fds holds another count,
+  // or a partner distance is given without four).
   explicit MemoryCheckpoints(std::shared_ptr<collectives::Communicator> comm,
                              MemoryCheckpointOptions options = {});
   ~MemoryCheckpoints();  // finishes the last copy (makes it, for a host state); its error
@@ -84,8 +102,9 @@ class MemoryCheckpoints {
   // read until wait() returns. Finishes the copy before first, throwing its error.
   void save_async(const TrainingState& state);
 
-  // Waits until the last copy is whole (the tensors are free to change); throws its error,
-  // if it failed.
+  // Waits until the last copy is whole (the tensors are free to change) and, with a
+  // partner, exchanged: sent to the partner, and the copy of the rank this one holds for
+  // received. Throws the error of either, if one failed (a partner gone: peer_failed).
   void wait();
 
   // Collective: restore_newest() over these copies alone.
@@ -97,8 +116,20 @@ class MemoryCheckpoints {
   // named in TrainingState::replicated. Not collective (restore_newest() gathers them).
   std::map<std::int64_t, TrainingState, std::greater<>> readable();
 
-  // Marks this rank's copies of the steps after `step` empty (another timeline's).
+  // Marks this rank's copies of the steps after `step` empty (another timeline's), and
+  // those it holds for another rank.
   void forget_after(std::int64_t step);
+
+  // The rank this one sends its copies to, and the one whose copies it holds; -1 without a
+  // partner.
+  int partner() const { return partner_; }
+  int holds_for() const { return holds_for_; }
+  // The steps this rank holds whole for holds_for(), sums verified, newest first.
+  std::vector<std::int64_t> partner_steps();
+  // Pairwise, at restore: sends the copy of `step` held for holds_for() to it where
+  // `theirs_lost`, and where `mine_lost` receives this rank's own from partner() and
+  // returns it (replicated tensors as this rank's shares).
+  std::optional<TrainingState> trade(std::int64_t step, bool mine_lost, bool theirs_lost);
 
   // True when the slots are held outside this process (braid-run's, or slot_fds), so a
   // restarted rank finds them.
@@ -111,7 +142,14 @@ class MemoryCheckpoints {
   class Slot;
   std::shared_ptr<collectives::Communicator> comm_;
   bool held_by_launcher_ = false;
+  void exchange_with_partner(Slot& mine);
+  Slot* partner_slot_holding(std::int64_t step);
+
   std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<std::unique_ptr<Slot>> partner_slots_;  // empty without a partner
+  int partner_ = -1;
+  int holds_for_ = -1;
+  Slot* unsent_ = nullptr;  // the own copy wait() sends to the partner next
   std::unique_ptr<BackgroundJob> copier_;
 };
 

@@ -410,7 +410,14 @@ void Job::on_rank_exit(Rank& rank, int status) {
     return;
   }
   failures_.push_back({&rank, status});
-  if (!verdict_at_) verdict_at_ = Clock::now() + kSettle;
+  // A death by a signal is a cause, never a consequence: named at once, so that across nodes
+  // this node ends the generation before another whose ranks failed on it (and still wait
+  // out their settle) names a consequence instead.
+  if (WIFSIGNALED(status)) {
+    verdict_at_ = Clock::now();
+  } else if (!verdict_at_) {
+    verdict_at_ = Clock::now() + kSettle;
+  }
 }
 
 void Job::give_verdict() {

@@ -121,6 +121,13 @@ def expect_recovered(name, victim, source, earliest, want, replaced):
         restarted = output.count("restarting this node's 1 rank(s) (restart 1 of --max-restarts 1)")
         if restarted != (1 if replaced else 2):
             fail(f"{name}: {restarted} braid-run(s) said they restarted their rank", output)
+        # Node 0's braid-run names the cause, node 1's rank killed, not its own rank's
+        # failure that followed.
+        if not replaced and not re.search(
+                r"restarting this node's 1 rank\(s\) \(restart 1 of --max-restarts 1\): node 1: "
+                r"rank 1 \(pid \d+\) was killed by signal 9", output):
+            fail(f"{name}: node 0's braid-run should name node 1's killed rank as the cause",
+                 output)
         if replaced and "node 1 (pid" not in output or replaced and \
                 "starting it again (replacement 1 of --max-restarts 1)" not in output:
             fail(f"{name}: braid-run should say it started node 1 again", output)

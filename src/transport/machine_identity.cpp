@@ -89,7 +89,7 @@ PlacementCheck check_placement(std::span<const int> node_of_rank,
     check.why = fmt::format(
         "rank(s) {} of other nodes run on this machine and share its IPC or PID namespace, "
         "so UCX could move their bytes through memory: UCX is kept to its network transports "
-        "(UCX_TLS=^posix,sysv,cma,knem,xpmem), so that what crosses nodes crosses the network",
+        "(UCX_TLS=^sm), so that what crosses nodes crosses the network",
         list_ranks(sharing));
   }
   return check;

@@ -103,7 +103,9 @@ void UcxWorkerImpl::open() {
       // See Options::shared_memory_peer_errors. UCP passes a name it does not know to
       // every transport when the worker opens its interfaces; POSIX_ and SYSV_ are the
       // per-transport spellings a user may have chosen instead.
-      if (shared_memory_peer_errors_ && std::getenv("UCX_POSIX_ERROR_HANDLING") == nullptr &&
+      // Not where shared memory is off (network_only): UCX then calls the setting invalid.
+      if (shared_memory_peer_errors_ && !network_only_ &&
+          std::getenv("UCX_POSIX_ERROR_HANDLING") == nullptr &&
           std::getenv("UCX_SYSV_ERROR_HANDLING") == nullptr) {
         set_default(config, "MM_ERROR_HANDLING", "y");
       }
@@ -121,7 +123,10 @@ void UcxWorkerImpl::open() {
               "machine's memory: bytes between nodes may not cross the network",
               chosen);
         }
-        set_default(config, "TLS", "^posix,sysv,cma,knem,xpmem");
+        // "sm", UCX's alias for its shared-memory transports (posix, sysv, cma, knem,
+        // xpmem): named one by one, those this UCX was built without are warned about at
+        // every rank's start.
+        set_default(config, "TLS", "^sm");
       }
       if (eager_messages_) set_default(config, "RNDV_THRESH", "inf");
       ucp_params_t params{};

@@ -107,7 +107,7 @@ class UcxWorker {
     // user's UCX_MM_ERROR_HANDLING / UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING,
     // when set, win either way.
     bool shared_memory_peer_errors = false;
-    // Keeps UCX to its network transports (UCX_TLS=^posix,sysv,cma,knem,xpmem unless the
+    // Keeps UCX to its network transports (UCX_TLS=^sm, its shared-memory ones, unless the
     // user set UCX_TLS): set by a World whose ranks of other nodes run on this machine and
     // could share its memory, so that bytes between nodes cross the network.
     bool network_only = false;

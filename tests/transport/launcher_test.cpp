@@ -16,6 +16,7 @@
 #include <string>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -350,6 +351,23 @@ TEST(BraidRun, SigtermToBraidRunStopsEveryRank) {
     EXPECT_EQ(::kill(pid, 0), -1) << "rank pid " << pid << " survived";
     EXPECT_EQ(errno, ESRCH);
   }
+}
+
+// A node's braid-run waits for node 0's store (it may start minutes later, up to
+// BRAID_TIMEOUT); a Ctrl-C meanwhile ends the wait at once, saying what it waited for.
+TEST(BraidRun, ASignalEndsTheWaitForNodeZerosStore) {
+  const std::string port = free_port();  // nobody serves it
+  Launch launch({"--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
+                 port, "-n", "1", probe(), "env"},
+                {{"BRAID_TOKEN", "t"}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ::kill(launch.pid(), SIGINT);
+  auto result = launch.wait();
+  EXPECT_EQ(result.status, 128 + SIGINT);
+  EXPECT_THAT(result.err, HasSubstr("stopped by a signal while waiting for the job's store on "
+                                    "node 0 (127.0.0.1:" +
+                                    port + ")"));
+  EXPECT_LT(result.elapsed, std::chrono::seconds(10));
 }
 
 TEST(BraidRun, TimeoutStopsTheJob) {

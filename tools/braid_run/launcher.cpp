@@ -851,13 +851,26 @@ int Job::run() {
   take_signals();
   // After take_signals(): the store's thread must start with SIGCHLD, SIGINT and SIGTERM
   // blocked, so that they reach the signalfd and not it.
-  rendezvous_.emplace(Rendezvous::Options{.host = host,
-                                          .port = port,
-                                          .token = token,
-                                          .serve = options_.node_rank == 0,
-                                          .node_rank = options_.node_rank,
-                                          .nnodes = options_.nnodes,
-                                          .max_restarts = options_.max_restarts});
+  try {
+    rendezvous_.emplace(Rendezvous::Options{.host = host,
+                                            .port = port,
+                                            .token = token,
+                                            .serve = options_.node_rank == 0,
+                                            .node_rank = options_.node_rank,
+                                            .nnodes = options_.nnodes,
+                                            .max_restarts = options_.max_restarts,
+                                            .interrupt_fd = signal_fd_});
+  } catch (const std::runtime_error& e) {
+    report(e.what());
+    // A signal that ended the wait for node 0 is read here, so that it does not end
+    // braid-run unsaid once the signals are unblocked; it makes the exit status.
+    int status = 1;
+    signalfd_siginfo info{};
+    while (::read(signal_fd_, &info, sizeof info) == sizeof info) {
+      if (info.ssi_signo != SIGCHLD) status = 128 + static_cast<int>(info.ssi_signo);
+    }
+    return status;
+  }
   port = rendezvous_->port();
   shared_env_.push_back(fmt::format("BRAID_STORE={}", transport::format_host_port(host, port)));
   shared_env_.push_back("BRAID_STORE_SERVED_BY=launcher");

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <poll.h>
 #include <stdexcept>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -220,8 +221,19 @@ Rendezvous::Rendezvous(Options options) : impl_(std::make_unique<Impl>(std::move
     impl.port = port;
     transport::StoreAddress address{
         .host = impl.options.host, .port = port, .token = impl.options.token};
-    impl.store = impl.call(transport::StoreClient::connect(impl.runtime.executor(),
+    Future<std::unique_ptr<transport::StoreClient>> connecting =
+        impl.runtime.spawn(transport::StoreClient::connect(impl.runtime.executor(),
                                                            std::move(address), default_deadline()));
+    // Node 0 may take minutes to come up (BRAID_TIMEOUT); a Ctrl-C meanwhile ends the wait.
+    while (!connecting.wait_for(std::chrono::milliseconds(100))) {
+      pollfd interrupt{impl.options.interrupt_fd, POLLIN, 0};
+      if (impl.options.interrupt_fd >= 0 && ::poll(&interrupt, 1, 0) > 0) {
+        throw std::runtime_error(
+            fmt::format("stopped by a signal while waiting for the job's store on node 0 ({})",
+                        transport::format_host_port(impl.options.host, port)));
+      }
+    }
+    impl.store = connecting.get();
   } catch (const Error& e) {
     throw std::runtime_error(impl.options.serve
                                  ? fmt::format("cannot serve the job's store on port {}: {}",

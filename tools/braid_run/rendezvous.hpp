@@ -55,11 +55,12 @@ class Rendezvous {
     int node_rank = 0;
     int nnodes = 1;
     int max_restarts = 0;
+    int interrupt_fd = -1;  // readable (braid-run's signalfd): stop waiting for node 0
   };
 
   // Node 0 starts serving at once; every node connects, waiting for node 0 until
-  // BRAID_TIMEOUT. std::runtime_error saying why where it cannot (the port taken, a wrong
-  // BRAID_TOKEN, node 0 never answering).
+  // BRAID_TIMEOUT or until interrupt_fd is readable. std::runtime_error saying why where it
+  // cannot (the port taken, a wrong BRAID_TOKEN, node 0 never answering, a signal).
   explicit Rendezvous(Options options);
   ~Rendezvous();
   Rendezvous(const Rendezvous&) = delete;

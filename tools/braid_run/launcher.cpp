@@ -56,8 +56,15 @@ void write_all(int fd, std::string_view data) {
   }
 }
 
+// Who speaks in braid-run's lines: "braid-run", or across nodes "braid-run (node 1)", since
+// the nodes' lines end up in one log (Slurm's, the emulation's terminal).
+std::string& speaker() {
+  static std::string name = "braid-run";
+  return name;
+}
+
 void report(std::string_view message) {
-  write_all(STDERR_FILENO, fmt::format("braid-run: {}\n", message));
+  write_all(STDERR_FILENO, fmt::format("{}: {}\n", speaker(), message));
 }
 
 std::string signal_name(int sig) {
@@ -798,6 +805,7 @@ void Job::replace_node(Rank& node, int status) {
 int Job::run() {
   if (options_.emulate_nodes > 0) return start_emulated_nodes();
   for (const char* name : kRankVariables) config::knob(name);
+  if (options_.nnodes > 1) speaker() = fmt::format("braid-run (node {})", options_.node_rank);
 
   std::string host = options_.master_addr.empty() ? "127.0.0.1" : options_.master_addr;
   // On one node, any free port: braid-run binds it itself (Rendezvous::port()).

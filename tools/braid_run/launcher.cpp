@@ -67,9 +67,22 @@ void report(std::string_view message) {
   write_all(STDERR_FILENO, fmt::format("{}: {}\n", speaker(), message));
 }
 
+// poll()'s timeout until `next` (max: none), at most a minute, so a clock step never
+// leaves the loop asleep for long.
+int poll_timeout_ms(Clock::time_point next) {
+  if (next == Clock::time_point::max()) return -1;
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now());
+  return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 60'000));
+}
+
 std::string signal_name(int sig) {
   const char* abbrev = ::sigabbrev_np(sig);
   return abbrev != nullptr ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", sig);
+}
+
+// Why braid-run stopped the job itself, as the job's failure log says it.
+std::string received(int sig) {
+  return fmt::format("braid-run received {}", signal_name(sig));
 }
 
 std::string random_token() {
@@ -135,6 +148,7 @@ class Job {
   int conclude(const GenerationEnd& end);
   void start_again();
   void replace_node(Rank& node, int status);
+  std::string timeout_reason() const;
 
   const LaunchOptions& options_;
   // What the job's members are: this node's ranks, or (--emulate-nodes) the nodes, each
@@ -144,6 +158,7 @@ class Job {
   std::optional<EmulatedNodes> emulation_;
   std::vector<std::string> shared_env_;  // the parent's environment plus the job-wide BRAID_*
   std::vector<std::string> node_env_;    // --emulate-nodes: what each node's init is given
+  std::string self_;                     // --emulate-nodes: this braid-run's executable
   std::vector<Rank> ranks_;
   int signal_fd_ = -1;
   sigset_t old_mask_{};
@@ -478,7 +493,7 @@ void Job::on_signal(int sig) {
   }
   stopping_ = true;
   exit_status_ = 128 + sig;
-  stop_reason_ = fmt::format("braid-run received {}", signal_name(sig));
+  stop_reason_ = received(sig);
   report(fmt::format("received {}; forwarding it to {} {}(s)", signal_name(sig), running_count(),
                      noun_));
   stop(sig);
@@ -523,12 +538,9 @@ void Job::supervise() {
     }
     auto next = kill_at_ ? std::min(*kill_at_, deadline_) : deadline_;
     if (verdict_at_) next = std::min(next, *verdict_at_);
-    int timeout_ms = -1;
-    if (next != Clock::time_point::max()) {
-      auto left = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now());
-      timeout_ms = static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 60'000));
+    if (::poll(fds.data(), fds.size(), poll_timeout_ms(next)) < 0 && errno != EINTR) {
+      throw_errno("poll");
     }
-    if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) throw_errno("poll");
 
     for (std::size_t i = 1; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
@@ -553,11 +565,8 @@ void Job::supervise() {
     if (!stopping_ && now >= deadline_) {
       stopping_ = true;
       exit_status_ = 124;  // what timeout(1) returns
-      stop_reason_ = fmt::format("the job ran longer than --timeout {:g} s",
-                                 std::chrono::duration<double>(*options_.timeout).count());
-      report(fmt::format("the job ran longer than --timeout {:g} s; stopping {} {}(s)",
-                         std::chrono::duration<double>(*options_.timeout).count(), running_count(),
-                         noun_));
+      stop_reason_ = timeout_reason();
+      report(fmt::format("{}; stopping {} {}(s)", stop_reason_, running_count(), noun_));
       stop(SIGTERM);
     }
     if (kill_at_ && now >= *kill_at_) {
@@ -605,16 +614,17 @@ int Job::start_emulated_nodes() {
   if (::readlink("/proc/self/exe", self.data(), self.size() - 1) < 0) {
     throw_errno("readlink /proc/self/exe");
   }
+  self_ = self.data();
   take_signals();
   emulation_.emplace(options_.emulate_nodes, options_.link_rate);
   if (options_.on_first_node && std::getenv("OMPI_MCA_plm_rsh_agent") == nullptr) {
-    env.push_back(fmt::format("OMPI_MCA_plm_rsh_agent={} --on-node", self.data()));
+    env.push_back(fmt::format("OMPI_MCA_plm_rsh_agent={} --on-node", self_));
   }
   node_env_ = env;
   ranks_.reserve(static_cast<std::size_t>(options_.emulate_nodes));  // replace_node keeps them
   for (int node = 0; node < options_.emulate_nodes && !stopping_; ++node) {
-    const NodeCommand command = options_.on_first_node ? first_node_command(self.data(), node)
-                                                       : node_braid_run(self.data(), node);
+    const NodeCommand command =
+        options_.on_first_node ? first_node_command(self_, node) : node_braid_run(self_, node);
     Rank& member = ranks_.emplace_back();
     member.rank = node;
     member.pid = emulation_->start_node(node, command.argv, env, old_mask_, command.agent);
@@ -668,9 +678,7 @@ Job::NodeCommand Job::first_node_command(const std::string& self, int node) cons
 // The generation being run ended elsewhere (another node's launcher, or its will), or the
 // store is gone: this node's ranks stop, as their peers do.
 void Job::on_generation_end() {
-  std::uint64_t rings = 0;
-  ssize_t ignored = ::read(rendezvous_->wakeup_fd(), &rings, sizeof rings);
-  static_cast<void>(ignored);
+  rendezvous_->clear_wakeup();
   const std::optional<GenerationEnd> end = rendezvous_->ended();
   // A ring from a generation before this one (which this launcher ended itself) says
   // nothing of this one.
@@ -708,35 +716,22 @@ GenerationEnd Job::wait_for_end() {
     if (std::optional<GenerationEnd> end = rendezvous_->ended()) return *end;
     std::array<pollfd, 2> fds{pollfd{signal_fd_, POLLIN, 0},
                               pollfd{rendezvous_->wakeup_fd(), POLLIN, 0}};
-    int timeout_ms = -1;
-    if (deadline_ != Clock::time_point::max()) {
-      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - Clock::now());
-      timeout_ms = static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 60'000));
+    if (::poll(fds.data(), fds.size(), poll_timeout_ms(deadline_)) < 0 && errno != EINTR) {
+      throw_errno("poll");
     }
-    if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) throw_errno("poll");
-    if (fds[1].revents & POLLIN) {
-      std::uint64_t rings = 0;
-      ssize_t ignored = ::read(rendezvous_->wakeup_fd(), &rings, sizeof rings);
-      static_cast<void>(ignored);
-    }
+    if (fds[1].revents & POLLIN) rendezvous_->clear_wakeup();
     if (fds[0].revents & POLLIN) {
       signalfd_siginfo info{};
       while (::read(signal_fd_, &info, sizeof info) == sizeof info) {
         if (info.ssi_signo == SIGCHLD) continue;
         exit_status_ = 128 + static_cast<int>(info.ssi_signo);
-        return rendezvous_->end_by_failure(
-            exit_status_,
-            fmt::format("braid-run received {}", signal_name(static_cast<int>(info.ssi_signo))),
-            /*may_restart=*/false);
+        return rendezvous_->end_by_failure(exit_status_, received(static_cast<int>(info.ssi_signo)),
+                                           /*may_restart=*/false);
       }
     }
     if (Clock::now() >= deadline_) {
       exit_status_ = 124;
-      return rendezvous_->end_by_failure(
-          exit_status_,
-          fmt::format("the job ran longer than --timeout {:g} s",
-                      std::chrono::duration<double>(*options_.timeout).count()),
-          /*may_restart=*/false);
+      return rendezvous_->end_by_failure(exit_status_, timeout_reason(), /*may_restart=*/false);
     }
   }
 }
@@ -772,6 +767,11 @@ int Job::conclude(const GenerationEnd& end) {
   return status;
 }
 
+std::string Job::timeout_reason() const {
+  return fmt::format("the job ran longer than --timeout {:g} s",
+                     std::chrono::duration<double>(*options_.timeout).count());
+}
+
 void Job::start_again() {
   close_streams();
   ranks_.clear();
@@ -793,11 +793,7 @@ void Job::replace_node(Rank& node, int status) {
                   "(replacement {} of --max-restarts {})",
                   node.rank, node.pid, WTERMSIG(status), signal_name(WTERMSIG(status)),
                   replaced_nodes_, options_.max_restarts));
-  std::array<char, 4096> self{};
-  if (::readlink("/proc/self/exe", self.data(), self.size() - 1) < 0) {
-    throw_errno("readlink /proc/self/exe");
-  }
-  const NodeCommand command = node_braid_run(self.data(), node.rank);
+  const NodeCommand command = node_braid_run(self_, node.rank);
   node.pid = emulation_->start_node(node.rank, command.argv, node_env_, old_mask_);
   node.running = true;
 }
@@ -834,16 +830,9 @@ int Job::run() {
   shared_env_.push_back(fmt::format("BRAID_LOCAL_WORLD_SIZE={}", options_.nproc_per_node));
   shared_env_.push_back(fmt::format("BRAID_NODE_RANK={}", options_.node_rank));
   shared_env_.push_back(fmt::format("BRAID_NNODES={}", options_.nnodes));
-  // PyTorch's store (rank 0's TCPStore under env://) needs a port of its own beside
-  // braid's: a free one on one node; on several, the one after braid's store, which every
-  // node can compute alike.
-  std::uint16_t torch_port = 0;
-  if (!options_.master_addr.empty()) {
-    if (port == 65535) {
-      throw std::invalid_argument(
-          "--master-port 65535 leaves no port after it for PyTorch's store (MASTER_PORT)");
-    }
-    torch_port = static_cast<std::uint16_t>(port + 1);
+  if (!options_.master_addr.empty() && port == 65535) {
+    throw std::invalid_argument(
+        "--master-port 65535 leaves no port after it for PyTorch's store (MASTER_PORT)");
   }
   shared_env_.push_back(fmt::format("WORLD_SIZE={}", options_.nnodes * options_.nproc_per_node));
   shared_env_.push_back(fmt::format("LOCAL_WORLD_SIZE={}", options_.nproc_per_node));
@@ -883,9 +872,15 @@ int Job::run() {
   shared_env_.push_back(fmt::format("BRAID_STORE={}", transport::format_host_port(host, port)));
   shared_env_.push_back("BRAID_STORE_SERVED_BY=launcher");
   if (!token.empty()) shared_env_.push_back(fmt::format("BRAID_TOKEN={}", token));
+  // PyTorch's store (rank 0's TCPStore under env://) needs a port of its own beside
+  // braid's: a free one on one node; on several, the one after braid's store, which every
+  // node can compute alike.
+  std::uint16_t torch_port = 0;
   if (options_.master_addr.empty()) {
     do torch_port = transport::find_free_port();
     while (torch_port == port);
+  } else {
+    torch_port = static_cast<std::uint16_t>(port + 1);
   }
   shared_env_.push_back(fmt::format("MASTER_PORT={}", torch_port));
   for (;;) {

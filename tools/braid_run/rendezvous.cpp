@@ -100,8 +100,8 @@ struct Rendezvous::Impl {
   }
 
   asio::awaitable<Bytes> peek(std::string key) {
-    // Named, not temporaries: GCC 12 destroys a temporary passed by value to a coroutine
-    // twice.
+    // Named, not braced temporaries: GCC 12 destroys a braced temporary passed by value to a
+    // coroutine twice.
     Bytes never = kNeverStored;
     Bytes nothing;
     co_return co_await store->compare_set(std::move(key), std::move(never), std::move(nothing));
@@ -113,6 +113,16 @@ struct Rendezvous::Impl {
     std::string key = generation_key(g, "end");
     Bytes absent;
     co_return co_await store->compare_set(std::move(key), std::move(absent), std::move(end));
+  }
+
+  // Logs `failure` as this node's in generation g, then ends g with `proposal` unless
+  // another end stood first; the end that stands.
+  asio::awaitable<Bytes> end_by(std::int64_t g, std::string failure, Bytes proposal) {
+    std::string log_key = kFailuresKey;
+    Bytes entry =
+        bytes_of(fmt::format("generation {}, node {}: {}", g, options.node_rank, failure));
+    co_await store->append(std::move(log_key), std::move(entry));
+    co_return co_await end_generation(g, std::move(proposal));
   }
 
   asio::awaitable<std::optional<std::int64_t>> enter(bool first) {
@@ -140,11 +150,8 @@ struct Rendezvous::Impl {
       // Another braid-run ran this node's ranks in g: this one replaces it, so g is over.
       const std::string why = fmt::format("node {}'s braid-run ({}) is gone: {} took its place",
                                           options.node_rank, text_of(claimed), self);
-      std::string log_key = kFailuresKey;
-      Bytes entry = bytes_of(fmt::format("generation {}, node {}: {}", g, options.node_rank, why));
-      co_await store->append(std::move(log_key), std::move(entry));
       Bytes end = encode(proposal(1, why));
-      const GenerationEnd how = decode(co_await end_generation(g, std::move(end)));
+      const GenerationEnd how = decode(co_await end_by(g, why, std::move(end)));
       if (how.kind != GenerationEnd::Kind::restart) {
         record(how);
         co_return std::nullopt;
@@ -274,6 +281,12 @@ int Rendezvous::wakeup_fd() const {
   return impl_->wakeup;
 }
 
+void Rendezvous::clear_wakeup() {
+  std::uint64_t rings = 0;
+  ssize_t ignored = ::read(impl_->wakeup, &rings, sizeof rings);
+  static_cast<void>(ignored);
+}
+
 std::optional<GenerationEnd> Rendezvous::ended() const {
   if (!impl_->watched) return std::nullopt;
   std::lock_guard lock(impl_->watched->mutex);
@@ -284,15 +297,12 @@ GenerationEnd Rendezvous::end_by_failure(int status, const std::string& failure,
   Impl& impl = *impl_;
   const std::int64_t g = impl.generation;
   try {
-    impl.call(impl.store->append(
-        kFailuresKey,
-        bytes_of(fmt::format("generation {}, node {}: {}", g, impl.options.node_rank, failure))));
     std::string why = fmt::format("node {}: {}", impl.options.node_rank, failure);
     const Bytes proposal = encode(may_restart ? impl.proposal(status, std::move(why))
                                               : GenerationEnd{.kind = GenerationEnd::Kind::failed,
                                                               .status = status,
                                                               .why = std::move(why)});
-    const Bytes stored = impl.call(impl.end_generation(g, proposal));
+    const Bytes stored = impl.call(impl.end_by(g, failure, proposal));
     GenerationEnd end = decode(stored);
     end.ours = stored == proposal;
     return end;
@@ -333,7 +343,11 @@ void Rendezvous::leave() {
   if (g < 0) return;
   try {
     const std::int64_t read = impl.call(impl.store->add(generation_key(g, "read"), 1));
-    if (read == impl.options.nnodes) impl.call(impl.store->set(generation_key(g, "all-read"), {}));
+    if (read == impl.options.nnodes) {
+      transport::Bytes nothing;  // named: GCC 12 destroys a braced temporary given to a
+                                 // coroutine twice
+      impl.call(impl.store->set(generation_key(g, "all-read"), std::move(nothing)));
+    }
     impl.call(impl.store->clear_will());
     if (impl.server && impl.options.nnodes > 1) {
       impl.call(impl.store->get(generation_key(g, "all-read"), deadline_after(kLingerAtEnd)));

@@ -79,8 +79,10 @@ class Rendezvous {
   // The ranks' BRAID_STORE_PREFIX for generation g.
   static std::string key_prefix(std::int64_t generation);
 
-  // Readable (an eventfd) once the generation entered last has ended, or the store is lost.
+  // Readable (an eventfd) once the generation entered last has ended, or the store is lost;
+  // clear_wakeup() reads it empty again.
   int wakeup_fd() const;
+  void clear_wakeup();
   // How the generation entered last ended, once wakeup_fd() said so; nullopt before.
   std::optional<GenerationEnd> ended() const;
 

@@ -237,6 +237,16 @@ class MemoryCheckpoints::Slot {
   void set(SlotCondition condition) const {
     std::atomic_ref(header()->condition).store(condition, std::memory_order_release);
   }
+  // The step it holds whole; -1 if none.
+  std::int64_t whole_step() const { return condition() == kWhole ? header()->step : -1; }
+  // Why its bytes are not what its header says (they run past the slot, or fail its sum);
+  // null where they are.
+  const char* damage() const {
+    if (header()->length > capacity_ - kHeaderBytes) return "its length runs past its slot";
+    SlotSum sum;
+    sum.add(nullptr, body(), header()->length);
+    return sum.value() == header()->sum ? nullptr : "its sum does not match its contents (damaged)";
+  }
 
  private:
   void map(std::size_t bytes) {
@@ -256,6 +266,13 @@ class MemoryCheckpoints::Slot {
   char* data_ = nullptr;
   std::size_t capacity_ = 0;
 };
+
+// Of two slots, the one to write next: not the one holding the newest whole copy (one
+// being written or empty, else the older).
+MemoryCheckpoints::Slot& MemoryCheckpoints::to_overwrite(
+    const std::vector<std::unique_ptr<Slot>>& pair) {
+  return pair[0]->whole_step() <= pair[1]->whole_step() ? *pair[0] : *pair[1];
+}
 
 MemoryCheckpoints::MemoryCheckpoints(std::shared_ptr<collectives::Communicator> comm,
                                      MemoryCheckpointOptions options)
@@ -282,8 +299,9 @@ MemoryCheckpoints::MemoryCheckpoints(std::shared_ptr<collectives::Communicator> 
         {.rank = rank, .operation = "MemoryCheckpoints"});
   }
   if (distance % comm_->size() != 0) {
-    partner_ = (rank + distance) % comm_->size();
-    holds_for_ = ((rank - distance) % comm_->size() + comm_->size()) % comm_->size();
+    distance_ = distance % comm_->size();
+    partner_ = partner_of(rank);
+    holds_for_ = (rank - distance_ + comm_->size()) % comm_->size();
   }
   for (std::size_t i = 0; i < (partner_ >= 0 ? 4U : 2U); ++i) {
     int fd = -1;
@@ -322,11 +340,7 @@ MemoryCheckpoints::~MemoryCheckpoints() {
 
 void MemoryCheckpoints::save_async(const TrainingState& state) {
   wait();
-  // The slot not holding the newest whole copy: one being written or empty, else the older.
-  auto whole_step = [](const Slot& slot) {
-    return slot.condition() == kWhole ? slot.header()->step : std::int64_t{-1};
-  };
-  Slot& slot = whole_step(*slots_[0]) <= whole_step(*slots_[1]) ? *slots_[0] : *slots_[1];
+  Slot& slot = to_overwrite(slots_);
   // Its own tensors whole, and its share of each replicated one (replicated_shares.hpp).
   TrainingState held = replicated_shares::split(state, comm_->rank(), comm_->size());
   const std::size_t length = checkpoint_format::encoded_size(held);
@@ -405,11 +419,7 @@ void MemoryCheckpoints::exchange_with_partner(Slot& mine) {
                 fmt::format("rank {} sent a copy that is not rank {}'s", holds_for_, holds_for_),
                 {.rank = comm_->rank(), .peer = holds_for_, .operation = "MemoryCheckpoints"});
   }
-  auto step_of = [](const Slot& slot) {
-    return slot.condition() == kWhole ? slot.header()->step : std::int64_t{-1};
-  };
-  Slot& into = step_of(*partner_slots_[0]) <= step_of(*partner_slots_[1]) ? *partner_slots_[0]
-                                                                          : *partner_slots_[1];
+  Slot& into = to_overwrite(partner_slots_);
   into.reserve(kHeaderBytes + header.length);
   into.set(kBeingWritten);
   SlotHeader& kept = *into.header();
@@ -426,22 +436,21 @@ void MemoryCheckpoints::exchange_with_partner(Slot& mine) {
   into.set(kWhole);
 }
 
+int MemoryCheckpoints::partner_of(int rank) const {
+  return distance_ == 0 ? -1 : (rank + distance_) % comm_->size();
+}
+
 std::vector<std::int64_t> MemoryCheckpoints::partner_steps() {
   wait();
   std::vector<std::int64_t> steps;
   for (const auto& slot : partner_slots_) {
     if (slot->condition() != kWhole) continue;
-    const SlotHeader& header = *slot->header();
-    SlotSum sum;
-    if (header.length <= slot->capacity() - kHeaderBytes) {
-      sum.add(nullptr, slot->body(), header.length);
-    }
-    if (header.length > slot->capacity() - kHeaderBytes || sum.value() != header.sum) {
-      log::warn("rank {}'s copy of rank {}'s step {} is refused: damaged", comm_->rank(),
-                holds_for_, header.step);
+    if (const char* damage = slot->damage()) {
+      log::warn("rank {}'s copy of rank {}'s step {} is refused: {}", comm_->rank(), holds_for_,
+                slot->header()->step, damage);
       continue;
     }
-    steps.push_back(header.step);
+    steps.push_back(slot->header()->step);
   }
   std::sort(steps.begin(), steps.end(), std::greater<>());
   return steps;
@@ -500,14 +509,7 @@ std::map<std::int64_t, TrainingState, std::greater<>> MemoryCheckpoints::readabl
       continue;
     }
     try {
-      if (header.length > slot->capacity() - kHeaderBytes) {
-        throw std::runtime_error("its length runs past its slot");
-      }
-      SlotSum sum;
-      sum.add(nullptr, slot->body(), header.length);
-      if (sum.value() != header.sum) {
-        throw std::runtime_error("its sum does not match its contents (damaged)");
-      }
+      if (const char* damage = slot->damage()) throw std::runtime_error(damage);
       TrainingState state = checkpoint_format::decode(std::string_view(slot->body(), header.length),
                                                       comm_->rank(), comm_->size(),
                                                       /*verify=*/false);

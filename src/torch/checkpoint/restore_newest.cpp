@@ -60,8 +60,7 @@ std::optional<RestoredState> restore_newest(collectives::Communicator& comm,
   // In memory, rank r's step is its own copy or the one its partner holds for it.
   const auto in_memory_for = [&](int rank, std::int64_t step) {
     return offers(rank, kMemory, step) ||
-           (partner >= 0 && offers((rank + (partner - comm.rank()) + comm.size()) % comm.size(),
-                                   kHeldForPartner, step));
+           (partner >= 0 && offers(memory->partner_of(rank), kHeldForPartner, step));
   };
   // The newest step `source` holds for every rank; -1 if none. Every rank computes it
   // alike from the gathered lists.

@@ -124,6 +124,8 @@ class MemoryCheckpoints {
   // partner.
   int partner() const { return partner_; }
   int holds_for() const { return holds_for_; }
+  // The partner of any rank of the communicator; -1 without partners.
+  int partner_of(int rank) const;
   // The steps this rank holds whole for holds_for(), sums verified, newest first.
   std::vector<std::int64_t> partner_steps();
   // Pairwise, at restore: sends the copy of `step` held for holds_for() to it where
@@ -142,11 +144,13 @@ class MemoryCheckpoints {
   class Slot;
   std::shared_ptr<collectives::Communicator> comm_;
   bool held_by_launcher_ = false;
+  static Slot& to_overwrite(const std::vector<std::unique_ptr<Slot>>& pair);
   void exchange_with_partner(Slot& mine);
   Slot* partner_slot_holding(std::int64_t step);
 
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<std::unique_ptr<Slot>> partner_slots_;  // empty without a partner
+  int distance_ = 0;  // partner_of(r) = (r + distance_) % size; 0: no partner
   int partner_ = -1;
   int holds_for_ = -1;
   Slot* unsent_ = nullptr;  // the own copy wait() sends to the partner next

@@ -27,7 +27,13 @@ constexpr std::array kKnobs{
     Knob{"BRAID_LOCAL_WORLD_SIZE", "", "number of ranks on this node; set by braid-run"},
     Knob{"BRAID_NODE_RANK", "", "index of this node in the job; set by braid-run"},
     Knob{"BRAID_NNODES", "", "number of nodes in the job; set by braid-run"},
-    Knob{"BRAID_STORE", "", "host:port of the rendezvous store"},
+    Knob{"BRAID_STORE", "",
+         "the rendezvous store: host:port of braid's own, or etcd://host:port[,host:port...]/name "
+         "for an etcd cluster (any member may answer; name: the job's namespace there)"},
+    Knob{"BRAID_ETCD_TTL", "10",
+         "seconds an etcd store client's lease lasts unrenewed: a process that dies has its "
+         "will carried out this long after; one whose thread stalls this long is taken for "
+         "dead (etcd raises values below its minimum, about 2)"},
     Knob{"BRAID_STORE_SERVED_BY", "rank0",
          "who serves the store at BRAID_STORE: rank0 (rank 0, for the job's life) or launcher "
          "(braid-run, so it outlives every rank); set by braid-run"},

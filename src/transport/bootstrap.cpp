@@ -302,6 +302,10 @@ StoreChoice resolve_store(const EnvReader& reader, const Ranks& ranks) {
   std::optional<StoreChoice> slurm;
   if (ranks.source == kSlurmPresence.source) slurm = slurm_store(reader, one_node);
   if (auto store = reader.text("BRAID_STORE")) {
+    if (std::optional<EtcdAddress> etcd = parse_etcd_url(*store, "BRAID_STORE")) {
+      HostPort first = parse_host_port(etcd->members.front(), "BRAID_STORE");
+      return {std::move(first.host), first.port, "BRAID_STORE, an etcd cluster", std::move(etcd)};
+    }
     HostPort address = parse_host_port(*store, "BRAID_STORE");
     return {std::move(address.host), address.port, "BRAID_STORE"};
   }
@@ -356,6 +360,46 @@ HostPort parse_host_port(std::string_view text, std::string_view what) {
 std::string format_host_port(std::string_view host, std::uint16_t port) {
   if (host.find(':') != std::string_view::npos) return fmt::format("[{}]:{}", host, port);
   return fmt::format("{}:{}", host, port);
+}
+
+std::optional<EtcdAddress> parse_etcd_url(std::string_view text, std::string_view what) {
+  constexpr std::string_view kScheme = "etcd://";
+  std::string_view t = trim(text);
+  if (!t.starts_with(kScheme)) return std::nullopt;
+  t.remove_prefix(kScheme.size());
+  EtcdAddress address;
+  const auto slash = t.find('/');
+  std::string_view members = t.substr(0, slash);
+  std::string_view name = slash == std::string_view::npos ? "braid" : t.substr(slash + 1);
+  while (name.ends_with('/')) name.remove_suffix(1);
+  if (name.empty() || name.find_first_of(" \t\n") != std::string_view::npos) {
+    fail("{}='{}' names no job after its members: etcd://host:port[,host:port...]/name", what,
+         text);
+  }
+  address.key_namespace = fmt::format("{}/", name);
+  for (;;) {
+    const auto comma = members.find(',');
+    const std::string_view member = members.substr(0, comma);
+    if (member.empty()) {
+      fail("{}='{}' lists an empty etcd member: etcd://host:port[,host:port...]/name", what, text);
+    }
+    // Each member as parse_host_port reads it; the error names the whole URL.
+    parse_host_port(member, fmt::format("{} (member '{}' of {})", what, member, text));
+    address.members.emplace_back(member);
+    if (comma == std::string_view::npos) break;
+    members.remove_prefix(comma + 1);
+  }
+  return address;
+}
+
+std::string format_etcd_url(const EtcdAddress& address) {
+  std::string members;
+  for (const std::string& member : address.members) {
+    members += fmt::format("{}{}", members.empty() ? "" : ",", member);
+  }
+  std::string_view name = address.key_namespace;
+  if (name.ends_with('/')) name.remove_suffix(1);
+  return fmt::format("etcd://{}/{}", members, name);
 }
 
 namespace {
@@ -423,9 +467,15 @@ void fill_launch(LaunchInfo& info, const EnvReader& reader, const Ranks& ranks) 
     fail("BRAID_STORE_SERVED_BY={} is neither rank0 nor launcher", served_by);
   }
   info.store_served_by_launcher = served_by == "launcher";
-  info.description = fmt::format("{}: {}; store {} ({}{})", info.source, ranks_text(ranks),
-                                 format_host_port(info.store_host, info.store_port), store.origin,
-                                 info.store_served_by_launcher ? ", served by the launcher" : "");
+  std::string where = format_host_port(info.store_host, info.store_port);
+  if (store.etcd) {
+    where = format_etcd_url(*store.etcd);
+    info.etcd_members = std::move(store.etcd->members);
+    info.etcd_namespace = std::move(store.etcd->key_namespace);
+  }
+  info.description =
+      fmt::format("{}: {}; store {} ({}{})", info.source, ranks_text(ranks), where, store.origin,
+                  info.store_served_by_launcher && !store.etcd ? ", served by the launcher" : "");
 }
 
 }  // namespace

@@ -85,6 +85,7 @@ struct StoreChoice {
   std::string host;
   std::uint16_t port = 0;
   std::string origin;
+  std::optional<EtcdAddress> etcd;  // BRAID_STORE=etcd://...: host and port are its first member
 };
 
 // slurm_env.cpp: the Slurm convention, its checks, and its store (rule 4 of bootstrap.hpp;

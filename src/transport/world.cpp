@@ -154,7 +154,8 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   const LaunchInfo& info = world->launch_;
 
   std::uint16_t store_port = info.store_port;
-  if (info.rank == 0 && !info.store_served_by_launcher) {
+  // An etcd cluster, or braid-run, serves the store for the job's life; else rank 0 does.
+  if (info.rank == 0 && !info.store_served_by_launcher && info.etcd_members.empty()) {
     // The store serves on a thread of its own, so what its clients send (strangers
     // included) never queues ahead of this rank's communication on the runtime thread.
     world->store_runtime_ = std::make_unique<Runtime>(
@@ -171,7 +172,9 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   StoreAddress store_address{.host = info.store_host,
                              .port = store_port,
                              .token = info.token,
-                             .key_prefix = info.store_prefix};
+                             .key_prefix = info.store_prefix,
+                             .etcd_members = info.etcd_members,
+                             .etcd_namespace = info.etcd_namespace};
   world->store_ = co_await detail::connect_to_store(runtime.executor(), std::move(store_address),
                                                     deadline, world->options_);
   // A second process given a rank already taken is refused here, before its will or its
@@ -240,7 +243,8 @@ asio::awaitable<std::unique_ptr<World>> World::async_join(Runtime& runtime, Laun
   if (!trace_directory.empty()) co_await world->start_trace_output(trace_directory, deadline);
   asio::co_spawn(runtime.executor(), world->watch_peers(world->watch_), asio::detached);
   log::info("joined a world of {} rank(s) (launched by {}, store {})", info.world_size, info.source,
-            format_host_port(info.store_host, store_port));
+            info.etcd_members.empty() ? format_host_port(info.store_host, store_port)
+                                      : format_etcd_url({info.etcd_members, info.etcd_namespace}));
   co_return world;
 }
 
@@ -289,9 +293,11 @@ asio::awaitable<void> World::watch_peers(std::shared_ptr<PeerWatch> watch) {
     // The connection to the store broke: whoever serves it (rank 0, or braid-run on node
     // 0, whose ranks die with it) is gone, or unreachable, which leaves us as stuck as if it
     // were.
-    if (launch_.store_served_by_launcher) {
+    if (launch_.store_served_by_launcher || !launch_.etcd_members.empty()) {
       std::string reason = fmt::format(
-          "the store braid-run serves on node 0 stopped answering ({})", lost->detail());
+          "the store {} stopped answering ({})",
+          launch_.etcd_members.empty() ? "braid-run serves on node 0" : "(an etcd cluster)",
+          lost->detail());
       for (int peer = 0; peer < size(); ++peer) {
         if (peer != rank()) ucx_->fail_peer(peer, reason, UcxWorker::PeerLoss::gone);
       }

@@ -21,6 +21,9 @@ on this machine as nodes 0 and 1 of one job (--nnodes 2 --master-addr 127.0.0.1)
 braid-run SIGKILLed (its rank dies with it) and started again by hand, as a requeued node
 would be: the new one joins the job's next start, gets its rank's state back from node 0,
 and the job ends with the same parameters.
+The same two braid-runs with the job's store in a three-member etcd cluster (--store
+etcd://...): node 0's braid-run SIGKILLed, and an etcd member with it, and the job still
+ends with the same parameters once a new node 0 joins; its name, used again, is refused.
 That case needs nothing; the others need root for the namespaces (CI runs as root) and are
 skipped, saying why, elsewhere. Paths from the environment (meson sets them): BRAID_RUN,
 DDP_TRAIN.
@@ -37,6 +40,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from etcd_cluster import EtcdCluster  # noqa: E402
 from training_runs import checksum, children, fail  # noqa: E402
 
 STEPS = 60
@@ -213,8 +217,86 @@ def expect_a_node_braid_run_replaced_by_hand(want):
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def expect_an_etcd_job_to_survive_the_node_that_started_it(want):
+    """Two braid-runs keep the job's store in a three-member etcd cluster (--store): node 0's
+    braid-run is SIGKILLed with one etcd member, and the job goes on: a new node 0 joins its
+    next start and the job ends with the unbroken run's parameters. A run whose name was used
+    is then refused by name."""
+    directory = tempfile.mkdtemp(prefix="braid-nodes-etcd-")
+    port = free_port()
+    with EtcdCluster(3) as etcd:
+        url = etcd.url(f"restart-test-{os.getpid()}")
+
+        def node(rank, output):
+            return subprocess.Popen(
+                [os.environ["BRAID_RUN"], "--nnodes", "2", "--node-rank", str(rank),
+                 "--master-addr", "127.0.0.1", "--master-port", port, "-n", "1",
+                 "--max-restarts", "1", "--store", url, os.environ["DDP_TRAIN"]] + COMMON
+                + ["--memory-every", "1", "--checkpoint-dir", directory, "--checkpoint-every",
+                   "5"],
+                stdout=output, stderr=subprocess.STDOUT, text=True)
+
+        doomed = node(0, subprocess.PIPE)
+        survivor = node(1, subprocess.PIPE)
+        replacement = None
+        before = []
+        try:
+            deadline = time.monotonic() + DEADLINE_S
+            for line in doomed.stdout:
+                before.append(line)
+                if time.monotonic() > deadline:
+                    fail(f"the job ran past {DEADLINE_S} s", "".join(before))
+                step = re.search(r"\[0\] step +(\d+)/", line)
+                if step and int(step.group(1)) >= 31:
+                    break
+            killed_at = time.monotonic()
+            doomed.kill()
+            doomed.wait()
+            etcd.stop_member(0)
+            replacement = node(0, subprocess.PIPE)
+            lines, first_step_after = [], None
+            for line in replacement.stdout:
+                lines.append(line)
+                if first_step_after is None and re.search(r"\[0\] step +\d+/", line):
+                    first_step_after = time.monotonic() - killed_at
+            replacement.wait(timeout=60)
+            text = "".join(lines)
+            theirs = survivor.communicate(timeout=60)[0]
+            everything = "".join(before) + text + theirs
+            if replacement.returncode != 0 or survivor.returncode != 0:
+                fail(f"the new node 0's braid-run exited {replacement.returncode}, node 1's "
+                     f"{survivor.returncode}", everything)
+            if "restarting this node's 1 rank(s) (restart 1 of --max-restarts 1)" not in theirs:
+                fail("node 1's braid-run should restart its rank", everything)
+            resumed = re.search(r"resuming after step (\d+) from (\S+)", text)
+            if not resumed or resumed.group(2) != "memory" or int(resumed.group(1)) < 30:
+                fail("the job should resume from memory (rank 0's copy, from its partner on "
+                     "node 1) after step 30 or later", everything)
+            if checksum(text) != want:
+                fail(f"the job ended with parameters {checksum(text)}, the job without a "
+                     f"failure with {want}", everything)
+            again = subprocess.run(
+                [os.environ["BRAID_RUN"], "--nnodes", "2", "--node-rank", "0", "--master-addr",
+                 "127.0.0.1", "-n", "1", "--store", url, "true"],
+                capture_output=True, text=True, timeout=60)
+            if again.returncode != 1 or "had already ended" not in again.stderr:
+                fail(f"a second run under the used name exited {again.returncode} without "
+                     "saying the job had ended", again.stdout + again.stderr)
+            print(f"node 0's braid-run and an etcd member killed: the job resumed after step "
+                  f"{resumed.group(1)} from memory, its first step {first_step_after:.2f} s "
+                  f"after the kill (a new braid-run started by hand at once), and ended with the "
+                  f"same parameters ({want}); the run's name, used again, was refused")
+        finally:
+            for process in (doomed, survivor, replacement):
+                if process and process.poll() is None:
+                    process.kill()
+                    process.wait()
+            shutil.rmtree(directory, ignore_errors=True)
+
+
 WANT = unbroken_checksum()
 expect_a_node_braid_run_replaced_by_hand(WANT)
+expect_an_etcd_job_to_survive_the_node_that_started_it(WANT)
 skip_without_namespaces()
 
 expect_recovered("a rank on node 1 killed", lambda launcher: rank_on(launcher, 1), "memory",

@@ -58,6 +58,25 @@ TEST(Bootstrap, ReadsWhoServesTheStoreAndTheKeyPrefix) {
   EXPECT_THAT(message, HasSubstr("BRAID_STORE_SERVED_BY=rank1 is neither rank0 nor launcher"));
 }
 
+// An etcd cluster as the store: its members and the job's namespace reach the World, which
+// then serves nothing (rank 0 included); a malformed URL names the variable.
+TEST(Bootstrap, ReadsAnEtcdStore) {
+  auto info = parse_launch_env(env_of({{"BRAID_RANK", "0"},
+                                       {"BRAID_WORLD_SIZE", "2"},
+                                       {"BRAID_STORE", "etcd://e0:2379,e1:2379/run-7"},
+                                       {"BRAID_STORE_PREFIX", "braid/run/g/0/"}}));
+  EXPECT_EQ(info.etcd_members, (std::vector<std::string>{"e0:2379", "e1:2379"}));
+  EXPECT_EQ(info.etcd_namespace, "run-7/");
+  EXPECT_EQ(info.store_host, "e0");
+  EXPECT_EQ(info.store_port, 2379);
+  EXPECT_EQ(info.store_prefix, "braid/run/g/0/");
+  EXPECT_THAT(info.description, HasSubstr("store etcd://e0:2379,e1:2379/run-7"));
+  auto message = error_for(
+      {{"BRAID_RANK", "0"}, {"BRAID_WORLD_SIZE", "2"}, {"BRAID_STORE", "etcd://e0:2379,e1/run"}});
+  EXPECT_THAT(message, HasSubstr("BRAID_STORE"));
+  EXPECT_THAT(message, HasSubstr("'e1'"));
+}
+
 TEST(Bootstrap, ReadsTorchrun) {
   auto info = parse_launch_env(env_of({{"RANK", "3"},
                                        {"WORLD_SIZE", "4"},

@@ -392,6 +392,9 @@ TEST(BraidRun, UsageErrorsExitWithStatusTwo) {
       {{"--master-port", "70000", "-n", "1", probe()}, "--master-port expects an integer"},
       {{"--grace", "-1", "-n", "1", probe()}, "--grace='-1' is not a non-negative number"},
       {{"--timeout", "0", "-n", "1", probe()}, "--timeout must be positive"},
+      {{"--store", "127.0.0.1:2379", "-n", "1", probe()},
+       "--store 127.0.0.1:2379 is not etcd://host:port[,host:port...]/name"},
+      {{"--store", "etcd://e0:port/job", "-n", "1", probe()}, "has port 'port'"},
   };
   for (const auto& [args, message] : cases) {
     auto result = run(args);
@@ -480,7 +483,7 @@ TEST(BraidRun, HelpDescribesEveryOption) {
   EXPECT_EQ(result.status, 0);
   for (const char* option :
        {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--grace",
-        "--timeout", "--no-prefix", "--print-config"}) {
+        "--timeout", "--store", "--no-prefix", "--print-config"}) {
     EXPECT_THAT(result.out, HasSubstr(option));
   }
 }

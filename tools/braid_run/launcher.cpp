@@ -85,6 +85,20 @@ std::string received(int sig) {
   return fmt::format("braid-run received {}", signal_name(sig));
 }
 
+// How a generation ended, in a few words: "done", "failed: ...".
+std::string describe(const GenerationEnd& end) {
+  switch (end.kind) {
+    case GenerationEnd::Kind::done:
+      return "done";
+    case GenerationEnd::Kind::restart:
+      return fmt::format("restarting: {}", end.why);
+    case GenerationEnd::Kind::failed:
+    case GenerationEnd::Kind::store_lost:
+      break;
+  }
+  return fmt::format("failed: {}", end.why);
+}
+
 std::string random_token() {
   std::random_device device;  // getrandom() on Linux
   std::string token;
@@ -425,9 +439,9 @@ void Job::on_rank_exit(Rank& rank, int status) {
   if (!failed || stopping_) return;
   // An emulated node killed whole (its init, by a signal: a node's braid-run that ends
   // exits) is started again, as a cluster's scheduler replaces a failed node; node 0 serves
-  // the job's store and cannot be.
-  if (emulation_ && !primary_ && WIFSIGNALED(status) && rank.rank != 0 &&
-      replaced_nodes_ < options_.max_restarts) {
+  // the job's store and cannot be, unless the store is an etcd cluster.
+  if (emulation_ && !primary_ && WIFSIGNALED(status) &&
+      (rank.rank != 0 || !options_.store_url.empty()) && replaced_nodes_ < options_.max_restarts) {
     replace_node(rank, status);
     return;
   }
@@ -658,6 +672,7 @@ Job::NodeCommand Job::node_braid_run(const std::string& self, int node) const {
   if (options_.max_restarts > 0) {
     argv.insert(argv.end(), {"--max-restarts", std::to_string(options_.max_restarts)});
   }
+  if (!options_.store_url.empty()) argv.insert(argv.end(), {"--store", options_.store_url});
   argv.emplace_back("--");
   argv.insert(argv.end(), options_.command.begin(), options_.command.end());
   return {.argv = std::move(argv), .agent = {}};
@@ -686,11 +701,12 @@ void Job::on_generation_end() {
   ended_elsewhere_ = true;
   stopping_ = true;
   const int running = running_count();
-  report(fmt::format("{}{}",
-                     end->kind == GenerationEnd::Kind::store_lost
-                         ? fmt::format("lost the job's store on node 0: {}", end->why)
-                         : fmt::format("the job stopped on another node: {}", end->why),
-                     running > 0 ? fmt::format("; stopping this node's {} rank(s)", running) : ""));
+  report(fmt::format(
+      "{}{}",
+      end->kind == GenerationEnd::Kind::store_lost
+          ? fmt::format("lost the job's store on {}: {}", rendezvous_->where(), end->why)
+          : fmt::format("the job stopped on another node: {}", end->why),
+      running > 0 ? fmt::format("; stopping this node's {} rank(s)", running) : ""));
   stop(SIGTERM);
 }
 
@@ -760,7 +776,9 @@ int Job::conclude(const GenerationEnd& end) {
     }
     case GenerationEnd::Kind::store_lost:
       status = end.status;
-      if (!ended_elsewhere_) report(fmt::format("lost the job's store on node 0: {}", end.why));
+      if (!ended_elsewhere_) {
+        report(fmt::format("lost the job's store on {}: {}", rendezvous_->where(), end.why));
+      }
       return status;  // nobody left to tell
   }
   rendezvous_->leave();
@@ -849,10 +867,15 @@ int Job::run() {
   // After take_signals(): the store's thread must start with SIGCHLD, SIGINT and SIGTERM
   // blocked, so that they reach the signalfd and not it.
   try {
+    std::optional<transport::EtcdAddress> etcd =
+        transport::parse_etcd_url(options_.store_url, "--store");
+    if (!etcd) etcd.emplace();
     rendezvous_.emplace(Rendezvous::Options{.host = host,
                                             .port = port,
                                             .token = token,
                                             .serve = options_.node_rank == 0,
+                                            .etcd_members = std::move(etcd->members),
+                                            .etcd_namespace = std::move(etcd->key_namespace),
                                             .node_rank = options_.node_rank,
                                             .nnodes = options_.nnodes,
                                             .max_restarts = options_.max_restarts,
@@ -869,8 +892,12 @@ int Job::run() {
     return status;
   }
   port = rendezvous_->port();
-  shared_env_.push_back(fmt::format("BRAID_STORE={}", transport::format_host_port(host, port)));
-  shared_env_.push_back("BRAID_STORE_SERVED_BY=launcher");
+  if (options_.store_url.empty()) {
+    shared_env_.push_back(fmt::format("BRAID_STORE={}", transport::format_host_port(host, port)));
+    shared_env_.push_back("BRAID_STORE_SERVED_BY=launcher");
+  } else {
+    shared_env_.push_back(fmt::format("BRAID_STORE={}", options_.store_url));
+  }
   if (!token.empty()) shared_env_.push_back(fmt::format("BRAID_TOKEN={}", token));
   // PyTorch's store (rank 0's TCPStore under env://) needs a port of its own beside
   // braid's: a free one on one node; on several, the one after braid's store, which every
@@ -885,6 +912,15 @@ int Job::run() {
   shared_env_.push_back(fmt::format("MASTER_PORT={}", torch_port));
   for (;;) {
     const std::optional<std::int64_t> generation = rendezvous_->enter();
+    if (!generation && rendezvous_->found_ended()) {
+      report(fmt::format(
+          "the job in the store on {} had already ended before this braid-run joined it ({}); "
+          "{}",
+          rendezvous_->where(), describe(*rendezvous_->ended()),
+          options_.store_url.empty() ? "nothing is left to run"
+                                     : "give each run a name of its own: etcd://.../<name>"));
+      return 1;
+    }
     if (!generation) return conclude(*rendezvous_->ended());
     generation_ = *generation;
     ranks_.reserve(static_cast<std::size_t>(options_.nproc_per_node));

@@ -39,6 +39,9 @@ struct LaunchOptions {
   // When a rank fails, stop the others and start the job's ranks again, this many times at
   // most (BRAID_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT tell them which start it is).
   int max_restarts = 0;
+  // etcd://host:port,.../name: the job's store is that etcd cluster (any node may be lost,
+  // node 0 too); empty: node 0's braid-run serves it.
+  std::string store_url;
 };
 
 // Runs the job to the end (on emulate_nodes emulated nodes, each running a braid-run of

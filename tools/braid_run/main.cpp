@@ -67,6 +67,12 @@ options (options end at the program, or at --):
                           says which start it is. A node's braid-run started again (its
                           node replaced) joins the next start. With --emulate-nodes, a
                           node killed whole (its init) is started again too
+  --store URL             etcd://host:port[,host:port...]/name: keep the job's store
+                          (its rendezvous, restarts and the ranks' keys) in that etcd
+                          cluster rather than in node 0's braid-run, so that the job
+                          outlives any node, node 0 included; give every node the same
+                          URL, and each run a name of its own (default: BRAID_STORE,
+                          where it is such a URL)
   --no-prefix             pass the ranks' output through untouched
   --print-config          print what a rank would read from this environment (which
                           launcher's variables, what was derived), the flags braid-run
@@ -191,6 +197,16 @@ Cli parse_command_line(int argc, char** argv) {
       if (*o.timeout == std::chrono::nanoseconds::zero()) usage_error("--timeout must be positive");
     } else if (flag == "--max-restarts") {
       o.max_restarts = parse_int_flag(flag, value(), 0, 1000);
+    } else if (flag == "--store") {
+      o.store_url = value();
+      try {
+        if (!braid::transport::parse_etcd_url(o.store_url, "--store")) {
+          usage_error(
+              fmt::format("--store {} is not etcd://host:port[,host:port...]/name", o.store_url));
+        }
+      } catch (const braid::Error& e) {
+        usage_error(e.detail());
+      }
     } else if (flag == "--no-prefix") {
       no_value();
       o.prefix_output = false;
@@ -217,6 +233,21 @@ Cli parse_command_line(int argc, char** argv) {
   }
   if (cli.print_config) return cli;
 
+  // An etcd store named in the environment is the job's, as --store would name it.
+  if (const char* inherited = std::getenv("BRAID_STORE");
+      o.store_url.empty() && inherited != nullptr &&
+      std::string_view(inherited).starts_with("etcd://")) {
+    o.store_url = inherited;
+    try {
+      braid::transport::parse_etcd_url(o.store_url, "BRAID_STORE");
+    } catch (const braid::Error& e) {
+      usage_error(e.detail());
+    }
+  }
+  if (!o.store_url.empty() && o.on_first_node) {
+    usage_error(
+        "--store keeps braid-run's rendezvous; --on-first-node starts no ranks to need one");
+  }
   if (o.on_first_node && o.emulate_nodes == 0) usage_error("--on-first-node needs --emulate-nodes");
   if (!cli.given.nproc_per_node && !o.on_first_node) {
     usage_error("say how many ranks to start: -n N");

@@ -134,6 +134,7 @@ struct Rendezvous::Impl {
         if (end.empty()) break;
         const GenerationEnd how = decode(end);
         if (how.kind != GenerationEnd::Kind::restart) {
+          found_ended = true;
           record(how);
           co_return std::nullopt;
         }
@@ -207,6 +208,8 @@ struct Rendezvous::Impl {
   std::unique_ptr<transport::StoreServer> server;
   std::unique_ptr<transport::StoreClient> store;
   std::uint16_t port = 0;  // where the store listens
+  std::string where;       // Rendezvous::where()
+  bool found_ended = false;
   int wakeup = -1;
   std::int64_t generation = -1;
   std::shared_ptr<Watched> watched;
@@ -217,8 +220,9 @@ Rendezvous::Rendezvous(Options options) : impl_(std::make_unique<Impl>(std::move
   impl.wakeup = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl.wakeup < 0) throw std::runtime_error("cannot make an eventfd for the store's news");
   std::uint16_t port = impl.options.port;
+  const bool etcd = !impl.options.etcd_members.empty();
   try {
-    if (impl.options.serve) {
+    if (impl.options.serve && !etcd) {
       impl.server = std::make_unique<transport::StoreServer>(
           impl.runtime,
           transport::StoreServer::Options{
@@ -228,6 +232,13 @@ Rendezvous::Rendezvous(Options options) : impl_(std::make_unique<Impl>(std::move
     impl.port = port;
     transport::StoreAddress address{
         .host = impl.options.host, .port = port, .token = impl.options.token};
+    impl.where = fmt::format("node 0 ({})", transport::format_host_port(impl.options.host, port));
+    if (etcd) {
+      address.etcd_members = impl.options.etcd_members;
+      address.etcd_namespace = impl.options.etcd_namespace;
+      impl.where =
+          transport::format_etcd_url({impl.options.etcd_members, impl.options.etcd_namespace});
+    }
     Future<std::unique_ptr<transport::StoreClient>> connecting =
         impl.runtime.spawn(transport::StoreClient::connect(impl.runtime.executor(),
                                                            std::move(address), default_deadline()));
@@ -236,18 +247,16 @@ Rendezvous::Rendezvous(Options options) : impl_(std::make_unique<Impl>(std::move
       pollfd interrupt{impl.options.interrupt_fd, POLLIN, 0};
       if (impl.options.interrupt_fd >= 0 && ::poll(&interrupt, 1, 0) > 0) {
         throw std::runtime_error(
-            fmt::format("stopped by a signal while waiting for the job's store on node 0 ({})",
-                        transport::format_host_port(impl.options.host, port)));
+            fmt::format("stopped by a signal while waiting for the job's store on {}", impl.where));
       }
     }
     impl.store = connecting.get();
   } catch (const Error& e) {
-    throw std::runtime_error(impl.options.serve
-                                 ? fmt::format("cannot serve the job's store on port {}: {}",
-                                               impl.options.port, e.what())
-                                 : fmt::format("cannot reach the job's store on node 0 ({}): {}",
-                                               transport::format_host_port(impl.options.host, port),
-                                               e.what()));
+    throw std::runtime_error(
+        impl.options.serve && !etcd
+            ? fmt::format("cannot serve the job's store on port {}: {}", impl.options.port,
+                          e.what())
+            : fmt::format("cannot reach the job's store on {}: {}", impl.where, e.what()));
   }
 }
 
@@ -275,6 +284,14 @@ std::string Rendezvous::key_prefix(std::int64_t generation) {
 
 std::uint16_t Rendezvous::port() const {
   return impl_->port;
+}
+
+const std::string& Rendezvous::where() const {
+  return impl_->where;
+}
+
+bool Rendezvous::found_ended() const {
+  return impl_->found_ended;
 }
 
 int Rendezvous::wakeup_fd() const {

@@ -26,7 +26,10 @@
 // trip ends a generation, and every launcher learns of it from its pending get at once.
 //
 // What node 0's loss costs: the store goes with it, every other launcher stops its ranks
-// and exits naming it. (A replicated store removes that: issue 49's etcd backend.)
+// and exits naming it -- unless the store is an etcd cluster (--store etcd://...): then
+// nobody serves it, every launcher is a client alike, and node 0 is replaced like any
+// other. Each run then needs a name of its own there: a launcher that finds the named
+// run already over says so and starts nothing.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +55,9 @@ class Rendezvous {
     std::uint16_t port = 0;
     std::string token;
     bool serve = false;  // node 0: serve the store here, on a thread of braid-run's own
+    // Not empty: the store is this etcd cluster (host, port, token and serve unused).
+    std::vector<std::string> etcd_members;
+    std::string etcd_namespace;
     int node_rank = 0;
     int nnodes = 1;
     int max_restarts = 0;
@@ -75,6 +81,11 @@ class Rendezvous {
 
   // The port the store listens on (on node 0, the one it bound: Options::port 0 picks any).
   std::uint16_t port() const;
+  // "node 0 (127.0.0.1:29500)", "etcd at h:p,h:p": where the store is, for messages.
+  const std::string& where() const;
+  // Whether enter() found the job over before this launcher took part in it (a run's name
+  // used twice in an etcd store, or a replacement that came too late).
+  bool found_ended() const;
 
   // The ranks' BRAID_STORE_PREFIX for generation g.
   static std::string key_prefix(std::int64_t generation);

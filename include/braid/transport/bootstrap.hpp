@@ -67,7 +67,9 @@
 //   node_rank         rank / local_world_size.
 //
 // Store address and token, for every convention:
-//   1. BRAID_STORE=host:port (an IPv6 address in brackets: [::1]:29500);
+//   1. BRAID_STORE=host:port (an IPv6 address in brackets: [::1]:29500), or
+//      BRAID_STORE=etcd://host:port[,host:port...][/name]: an etcd cluster's members, any
+//      of which may answer, and the namespace of the job's keys there (parse_etcd_url);
 //   2. else MASTER_ADDR and MASTER_PORT, both or neither. Under torchrun's agent store
 //      (TORCHELASTIC_USE_AGENT_STORE=True, which torchrun of PyTorch 2.x gives its
 //      workers; also true, 1; False, false, 0 or unset: no agent store) torchrun's own
@@ -139,6 +141,11 @@ struct LaunchInfo {
   std::string store_host;        // where rank 0 serves the store; a literal, no brackets
   std::uint16_t store_port = 0;  // 0 only when world_size is 1: any free port will do
   std::string token;             // empty: the store accepts any client
+  // BRAID_STORE=etcd://host:port,.../namespace: the store is that etcd cluster (store_host
+  // and store_port name its first member), which outlives every rank and every launcher;
+  // the ranks' keys lie under the namespace. Empty: braid's own store.
+  std::vector<std::string> etcd_members;
+  std::string etcd_namespace;
   // Where braid-run serves the store itself (BRAID_STORE_SERVED_BY=launcher), so the store
   // outlives every rank and a restarted job finds it; else (rank0, the default) rank 0
   // serves it for the job's life.
@@ -188,6 +195,17 @@ HostPort parse_host_port(std::string_view text, std::string_view what);
 
 // The inverse of parse_host_port: brackets an IPv6 literal.
 std::string format_host_port(std::string_view host, std::uint16_t port);
+
+// An etcd cluster as BRAID_STORE names one: "etcd://host:port[,host:port...][/name]".
+struct EtcdAddress {
+  std::vector<std::string> members;  // "host:port" each, as given
+  std::string key_namespace;         // "<name>/"; "braid/" where the URL names none
+};
+// nullopt where `text` does not start with etcd://; Errc::invalid_environment naming
+// `what` for a malformed member list or name.
+std::optional<EtcdAddress> parse_etcd_url(std::string_view text, std::string_view what);
+// The inverse: the URL every launcher hands its ranks.
+std::string format_etcd_url(const EtcdAddress& address);
 
 // A TCP port that was free on every IPv4 interface a moment ago, for a store that will be
 // started shortly (braid-run, benchmarks, tests). The port is released before the caller

@@ -1,7 +1,10 @@
-// The store's client side. One connection carries any number of outstanding requests: each
-// gets a request id, one reader coroutine hands replies to their waiting callers by id, and
-// one writer drains a queue of frames. A get parked on a missing key therefore never holds
-// up a set issued from another coroutine on the same client.
+// The store's client side: the public StoreClient, which names keys under the address's
+// prefix, hops onto its implementation's executor and traces each operation, and braid's own
+// store as one implementation (etcd_store.cpp is the other). One connection carries any
+// number of outstanding requests: each gets a request id, one reader coroutine hands
+// replies to their waiting callers by id, and one writer drains a queue of frames. A get
+// parked on a missing key therefore never holds up a set issued from another coroutine on
+// the same client.
 //
 // All state lives on the executor given to connect(); every public awaitable hops there
 // and resumes its caller on the caller's own executor (run_on below: one post each way,
@@ -29,8 +32,10 @@
 
 #include <braid/core/log.hpp>
 #include <braid/trace/span.hpp>
+#include <braid/transport/bootstrap.hpp>
 #include <braid/transport/store/store.hpp>
 
+#include "transport/store/store_client_impl.hpp"
 #include "transport/store/store_frame_io.hpp"
 #include "transport/store/store_keepalive.hpp"
 #include "transport/store/store_protocol.hpp"
@@ -90,10 +95,6 @@ asio::awaitable<T> run_on(asio::any_io_executor executor, asio::awaitable<T> op)
       std::move(initiate), asio::use_awaitable, std::move(executor), std::move(op));
 }
 
-Bytes take_payload(proto::Frame& reply) {
-  return std::move(reply.payload);
-}
-
 // A request waiting for its reply. `wakeup` expires at the request's deadline; the reader
 // cancels it early when the reply arrives or the connection fails.
 struct Pending {
@@ -104,22 +105,83 @@ struct Pending {
   std::optional<proto::ErrorReply> error;
 };
 
-}  // namespace
+// braid's own store: one TCP connection to a StoreServer.
+class BraidStoreConnection final : public StoreBackend {
+ public:
+  BraidStoreConnection(asio::any_io_executor executor, const StoreAddress& address)
+      : StoreBackend(executor, format_host_port(address.host, address.port)), socket_(executor) {}
 
-struct StoreClient::Impl : std::enable_shared_from_this<StoreClient::Impl> {
-  Impl(asio::any_io_executor executor, const StoreAddress& address)
-      : executor_(std::move(executor)),
-        socket_(executor_),
-        where_(fmt::format("{}:{}", address.host, address.port)),
-        key_prefix_(address.key_prefix) {}
+  static asio::awaitable<std::shared_ptr<StoreBackend>> connect(asio::any_io_executor executor,
+                                                                const StoreAddress& address,
+                                                                Deadline deadline);
 
-  // A key an operation names, under the address's prefix. The prefix is set once and read
-  // from any thread.
-  std::string under_prefix(std::string key) const { return key_prefix_ + key; }
+  // Requests are named locals: GCC 12 destroys a temporary handed to a coroutine by value
+  // twice.
+  asio::awaitable<void> set(std::string key, Bytes value) override {
+    std::string awaited = fmt::format("no reply to set of key '{}'", key);
+    proto::Request set = proto::SetRequest{std::move(key), std::move(value)};
+    proto::expect_empty(
+        co_await request(std::move(set), default_deadline(), "store.set", std::move(awaited)));
+  }
+  asio::awaitable<Bytes> get(std::string key, Deadline deadline) override {
+    std::string awaited = fmt::format("key '{}' was not set", key);
+    proto::Request get = proto::GetRequest{std::move(key), remaining(deadline)};
+    proto::Frame reply =
+        co_await request(std::move(get), deadline, "store.get", std::move(awaited));
+    co_return std::move(reply.payload);
+  }
+  asio::awaitable<std::int64_t> add(std::string key, std::int64_t delta) override {
+    std::string awaited = fmt::format("no reply to add to key '{}'", key);
+    proto::Request add = proto::AddRequest{std::move(key), delta};
+    co_return proto::decode_int64(
+        co_await request(std::move(add), default_deadline(), "store.add", std::move(awaited)));
+  }
+  asio::awaitable<Bytes> compare_set(std::string key, Bytes expected, Bytes desired) override {
+    std::string awaited = fmt::format("no reply to compare_set of key '{}'", key);
+    proto::Request swap =
+        proto::CompareSetRequest{std::move(key), std::move(expected), std::move(desired)};
+    proto::Frame reply = co_await request(std::move(swap), default_deadline(), "store.compare_set",
+                                          std::move(awaited));
+    co_return std::move(reply.payload);
+  }
+  asio::awaitable<std::int64_t> append(std::string key, Bytes value) override {
+    std::string awaited = fmt::format("no reply to append to key '{}'", key);
+    proto::Request append = proto::AppendRequest{std::move(key), std::move(value)};
+    co_return proto::decode_int64(co_await request(std::move(append), default_deadline(),
+                                                   "store.append", std::move(awaited)));
+  }
+  asio::awaitable<bool> erase(std::string key) override {
+    std::string awaited = fmt::format("no reply to erase of key '{}'", key);
+    proto::Request erase = proto::EraseRequest{std::move(key)};
+    co_return proto::decode_bool(
+        co_await request(std::move(erase), default_deadline(), "store.erase", std::move(awaited)));
+  }
+  asio::awaitable<void> wait(std::vector<std::string> keys, Deadline deadline) override {
+    std::string awaited = keys.size() == 1
+                              ? fmt::format("key '{}' was not set", keys[0])
+                              : fmt::format("keys {} were not all set", proto::quote_keys(keys));
+    proto::Request wait = proto::WaitRequest{std::move(keys), remaining(deadline)};
+    proto::expect_empty(
+        co_await request(std::move(wait), deadline, "store.wait", std::move(awaited)));
+  }
+  asio::awaitable<void> set_will(std::string key, Bytes value, bool append) override {
+    std::string awaited = fmt::format("no reply to set_will of key '{}'", key);
+    proto::Request will =
+        proto::SetWillRequest{.key = std::move(key), .value = std::move(value), .append = append};
+    proto::expect_empty(co_await request(std::move(will), default_deadline(), "store.set_will",
+                                         std::move(awaited)));
+  }
+  asio::awaitable<void> clear_will() override {
+    std::string awaited = "no reply to clear_will";
+    proto::Request clear = proto::ClearWillRequest{};
+    proto::expect_empty(co_await request(std::move(clear), default_deadline(), "store.clear_will",
+                                         std::move(awaited)));
+  }
+  void close() override {
+    fail(Error(Errc::closed, fmt::format("the client of the store at {} was destroyed", where_)));
+  }
 
-  static asio::awaitable<std::unique_ptr<StoreClient>> connect(asio::any_io_executor executor,
-                                                               StoreAddress address,
-                                                               Deadline deadline);
+ private:
   void start();
 
   // Sends `request` and waits until `deadline` for its ok reply. Throws Error with
@@ -127,24 +189,6 @@ struct StoreClient::Impl : std::enable_shared_from_this<StoreClient::Impl> {
   // whose message is `awaited` followed by how long it waited.
   asio::awaitable<proto::Frame> request(proto::Request request, Deadline deadline,
                                         const char* operation, std::string awaited);
-
-  // request(), then `decode` of the ok reply. Static: the coroutine holds `self` from
-  // creation on, so the client may be destroyed while the operation is outstanding.
-  template <class Decode>
-  static auto call(std::shared_ptr<Impl> self, proto::Request request, Deadline deadline,
-                   const char* operation, std::string awaited, Decode decode)
-      -> asio::awaitable<std::invoke_result_t<Decode, proto::Frame&>> {
-    // Store requests happen at start-up and in rare coordination steps, so interning the
-    // operation's name (a lock and a lookup) is paid only when tracing is on.
-    const bool tracing = trace::enabled();
-    trace::AsyncSpan span(trace::Category::store,
-                          tracing ? trace::intern(operation) : trace::Name("store"),
-                          tracing ? trace::track("store") : trace::Track{});
-    proto::Frame reply =
-        co_await self->request(std::move(request), deadline, operation, std::move(awaited));
-    span.set_bytes(reply.payload.size());
-    co_return decode(reply);
-  }
 
   asio::awaitable<void> read_replies();
   void deliver(proto::Frame frame);
@@ -154,16 +198,11 @@ struct StoreClient::Impl : std::enable_shared_from_this<StoreClient::Impl> {
   // failure wins.
   void fail(Error error);
 
-  Error timed_out(const char* operation, const std::string& awaited, Clock::duration waited) const {
-    return Error(Errc::timeout,
-                 fmt::format("{} within {:.3f}s (store at {})", awaited, seconds(waited), where_),
-                 {.operation = operation});
+  std::shared_ptr<BraidStoreConnection> self() {
+    return std::static_pointer_cast<BraidStoreConnection>(shared_from_this());
   }
 
-  asio::any_io_executor executor_;
   tcp::socket socket_;
-  const std::string where_;       // host:port, for messages
-  const std::string key_prefix_;  // StoreAddress::key_prefix
   bool started_ = false;
   std::uint64_t next_request_id_ = 1;
   std::unordered_map<std::uint64_t, Pending*> pending_;
@@ -172,10 +211,10 @@ struct StoreClient::Impl : std::enable_shared_from_this<StoreClient::Impl> {
   std::optional<Error> failure_;
 };
 
-asio::awaitable<std::unique_ptr<StoreClient>> StoreClient::Impl::connect(
-    asio::any_io_executor executor, StoreAddress address, Deadline deadline) {
+asio::awaitable<std::shared_ptr<StoreBackend>> BraidStoreConnection::connect(
+    asio::any_io_executor executor, const StoreAddress& address, Deadline deadline) {
   const auto started = Clock::now();
-  const std::string where = fmt::format("{}:{}", address.host, address.port);
+  const std::string where = format_host_port(address.host, address.port);
   // The server reads no more than this from a connection before its hello is accepted.
   if (address.token.size() > proto::kMaxTokenBytes) {
     throw Error(Errc::invalid_argument,
@@ -187,7 +226,7 @@ asio::awaitable<std::unique_ptr<StoreClient>> StoreClient::Impl::connect(
   std::string last_failure;
   tcp::resolver resolver(executor);
   for (;;) {
-    auto impl = std::make_shared<Impl>(executor, address);
+    auto impl = std::make_shared<BraidStoreConnection>(executor, address);
     auto [resolve_error, endpoints] = co_await resolver.async_resolve(
         address.host, std::to_string(address.port), asio::as_tuple(asio::use_awaitable));
     if (resolve_error) {
@@ -208,7 +247,7 @@ asio::awaitable<std::unique_ptr<StoreClient>> StoreClient::Impl::connect(
           proto::Request hello = proto::HelloRequest{address.token};
           std::string awaited = "no answer to hello";
           co_await impl->request(std::move(hello), deadline, "store.connect", std::move(awaited));
-          co_return std::unique_ptr<StoreClient>(new StoreClient(std::move(impl)));
+          co_return impl;
         } catch (const Error& e) {
           impl->fail(Error(Errc::closed, "connect gave up on this connection"));
           if (e.code() == Errc::refused) {
@@ -239,20 +278,21 @@ asio::awaitable<std::unique_ptr<StoreClient>> StoreClient::Impl::connect(
   }
 }
 
-void StoreClient::Impl::start() {
+void BraidStoreConnection::start() {
   started_ = true;
   boost::system::error_code ignored;
   socket_.set_option(tcp::no_delay(true), ignored);
   detail::give_up_on_silence(socket_);
   log::debug("store client: connected to {}", where_);
   asio::co_spawn(
-      executor_, [self = shared_from_this()] { return self->read_replies(); }, asio::detached);
+      executor_, [self = self()] { return self->read_replies(); }, asio::detached);
 }
 
-asio::awaitable<proto::Frame> StoreClient::Impl::request(proto::Request request, Deadline deadline,
-                                                         const char* operation,
-                                                         std::string awaited) {
-  auto self = shared_from_this();  // the client may be destroyed while this waits
+asio::awaitable<proto::Frame> BraidStoreConnection::request(proto::Request request,
+                                                            Deadline deadline,
+                                                            const char* operation,
+                                                            std::string awaited) {
+  auto self = this->self();  // the client may be destroyed while this waits
   if (failure_) throw Error(failure_->code(), failure_->detail(), {.operation = operation});
   const std::uint64_t id = next_request_id_++;
   Bytes frame;
@@ -265,7 +305,7 @@ asio::awaitable<proto::Frame> StoreClient::Impl::request(proto::Request request,
   Pending pending(executor_, deadline);
   pending_.emplace(id, &pending);
   struct Unlist {
-    Impl& impl;
+    BraidStoreConnection& impl;
     std::uint64_t id;
     ~Unlist() { impl.pending_.erase(id); }
   } unlist{*this, id};
@@ -288,8 +328,8 @@ asio::awaitable<proto::Frame> StoreClient::Impl::request(proto::Request request,
   throw timed_out(operation, awaited, Clock::now() - started);
 }
 
-asio::awaitable<void> StoreClient::Impl::read_replies() {
-  auto self = shared_from_this();
+asio::awaitable<void> BraidStoreConnection::read_replies() {
+  auto self = this->self();
   std::optional<Error> failure;
   try {
     while (!failure_) {
@@ -311,7 +351,7 @@ asio::awaitable<void> StoreClient::Impl::read_replies() {
   if (failure) fail(std::move(*failure));
 }
 
-void StoreClient::Impl::deliver(proto::Frame frame) {
+void BraidStoreConnection::deliver(proto::Frame frame) {
   std::optional<proto::ErrorReply> error;
   if (frame.opcode == proto::Opcode::error) {
     error = proto::decode_error(frame);
@@ -332,15 +372,15 @@ void StoreClient::Impl::deliver(proto::Frame frame) {
   pending_.erase(it);
 }
 
-void StoreClient::Impl::send(Bytes frame) {
+void BraidStoreConnection::send(Bytes frame) {
   outbox_.push_back(std::move(frame));
   if (writing_) return;
   writing_ = true;
   asio::co_spawn(
-      executor_, [self = shared_from_this()] { return self->flush(); }, asio::detached);
+      executor_, [self = self()] { return self->flush(); }, asio::detached);
 }
 
-asio::awaitable<void> StoreClient::Impl::flush() {
+asio::awaitable<void> BraidStoreConnection::flush() {
   std::string failure;
   try {
     co_await proto::write_frames(socket_, outbox_);
@@ -355,7 +395,7 @@ asio::awaitable<void> StoreClient::Impl::flush() {
   }
 }
 
-void StoreClient::Impl::fail(Error error) {
+void BraidStoreConnection::fail(Error error) {
   if (failure_) return;
   log::debug("store client: {}", error.detail());
   failure_ = std::move(error);
@@ -364,113 +404,132 @@ void StoreClient::Impl::fail(Error error) {
   for (auto& [id, pending] : pending_) pending->wakeup.cancel();
 }
 
-StoreClient::StoreClient(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+// Runs `operation` on the implementation's executor, traced, holding the implementation
+// for the operation's life: the client may be destroyed while it is outstanding.
+template <class T>
+asio::awaitable<T> traced([[maybe_unused]] std::shared_ptr<StoreBackend> held, const char* name,
+                          asio::awaitable<T> operation) {
+  // Store requests happen at start-up and in rare coordination steps, so interning the
+  // operation's name (a lock and a lookup) is paid only when tracing is on.
+  const bool tracing = trace::enabled();
+  trace::AsyncSpan span(trace::Category::store,
+                        tracing ? trace::intern(name) : trace::Name("store"),
+                        tracing ? trace::track("store") : trace::Track{});
+  if constexpr (std::is_void_v<T>) {
+    co_await std::move(operation);
+  } else {
+    T result = co_await std::move(operation);
+    if constexpr (std::is_same_v<T, Bytes>) span.set_bytes(result.size());
+    co_return result;
+  }
+}
+
+}  // namespace
+
+Error StoreBackend::timed_out(const char* operation, const std::string& awaited,
+                              Clock::duration waited) const {
+  return Error(Errc::timeout,
+               fmt::format("{} within {:.3f}s (store at {})", awaited, seconds(waited), where_),
+               {.operation = operation});
+}
+
+asio::awaitable<std::shared_ptr<StoreBackend>> connect_braid_store(asio::any_io_executor executor,
+                                                                   const StoreAddress& address,
+                                                                   Deadline deadline) {
+  return BraidStoreConnection::connect(std::move(executor), address, deadline);
+}
+
+// The public face's hold on its backend.
+struct StoreClient::Impl {
+  std::shared_ptr<StoreBackend> backend;
+};
+
+StoreClient::StoreClient(std::shared_ptr<Impl> impl, std::string key_prefix)
+    : impl_(std::move(impl)), key_prefix_(std::move(key_prefix)) {}
 
 StoreClient::~StoreClient() {
-  asio::dispatch(impl_->executor_, [impl = impl_] {
-    impl->fail(Error(Errc::closed,
-                     fmt::format("the client of the store at {} was destroyed", impl->where_)));
-  });
+  asio::dispatch(impl_->backend->executor(), [backend = impl_->backend] { backend->close(); });
 }
 
 asio::awaitable<std::unique_ptr<StoreClient>> StoreClient::connect(asio::any_io_executor executor,
                                                                    StoreAddress address,
                                                                    Deadline deadline) {
-  return run_on(executor, Impl::connect(executor, std::move(address), deadline));
+  auto connecting = [](asio::any_io_executor executor, StoreAddress address,
+                       Deadline deadline) -> asio::awaitable<std::unique_ptr<StoreClient>> {
+    auto impl = std::make_shared<Impl>();
+    // An if, not ?: around the two co_awaits, which GCC 12 miscompiles.
+    if (address.etcd_members.empty()) {
+      impl->backend = co_await connect_braid_store(executor, address, deadline);
+    } else {
+      impl->backend = co_await connect_etcd_store(executor, address, deadline);
+    }
+    co_return std::unique_ptr<StoreClient>(new StoreClient(std::move(impl), address.key_prefix));
+  };
+  return run_on(executor, connecting(executor, std::move(address), deadline));
 }
 
-// Each operation builds its request here, on the caller's thread, and runs on the client's
+// Each operation names its keys here, on the caller's thread, and runs on the client's
 // executor; the caller resumes on its own.
 
 asio::awaitable<void> StoreClient::set(std::string key, Bytes value) {
-  key = impl_->under_prefix(std::move(key));
-  std::string awaited = fmt::format("no reply to set of key '{}'", key);
-  proto::Request request = proto::SetRequest{std::move(key), std::move(value)};
-  return run_on(impl_->executor_,
-                Impl::call(impl_, std::move(request), default_deadline(), "store.set",
-                           std::move(awaited), &proto::expect_empty));
+  return run_on(impl_->backend->executor(),
+                traced(impl_->backend, "store.set",
+                       impl_->backend->set(key_prefix_ + key, std::move(value))));
 }
 
 asio::awaitable<Bytes> StoreClient::get(std::string key, Deadline deadline) {
-  key = impl_->under_prefix(std::move(key));
-  std::string awaited = fmt::format("key '{}' was not set", key);
-  proto::Request request = proto::GetRequest{std::move(key), remaining(deadline)};
-  return run_on(impl_->executor_, Impl::call(impl_, std::move(request), deadline, "store.get",
-                                             std::move(awaited), &take_payload));
+  return run_on(
+      impl_->backend->executor(),
+      traced(impl_->backend, "store.get", impl_->backend->get(key_prefix_ + key, deadline)));
 }
 
 asio::awaitable<std::int64_t> StoreClient::add(std::string key, std::int64_t delta) {
-  key = impl_->under_prefix(std::move(key));
-  std::string awaited = fmt::format("no reply to add to key '{}'", key);
-  proto::Request request = proto::AddRequest{std::move(key), delta};
-  return run_on(impl_->executor_,
-                Impl::call(impl_, std::move(request), default_deadline(), "store.add",
-                           std::move(awaited), &proto::decode_int64));
+  return run_on(impl_->backend->executor(),
+                traced(impl_->backend, "store.add", impl_->backend->add(key_prefix_ + key, delta)));
 }
 
 asio::awaitable<Bytes> StoreClient::compare_set(std::string key, Bytes expected, Bytes desired) {
-  key = impl_->under_prefix(std::move(key));
-  std::string awaited = fmt::format("no reply to compare_set of key '{}'", key);
-  proto::Request request =
-      proto::CompareSetRequest{std::move(key), std::move(expected), std::move(desired)};
-  return run_on(impl_->executor_,
-                Impl::call(impl_, std::move(request), default_deadline(), "store.compare_set",
-                           std::move(awaited), &take_payload));
+  return run_on(impl_->backend->executor(),
+                traced(impl_->backend, "store.compare_set",
+                       impl_->backend->compare_set(key_prefix_ + key, std::move(expected),
+                                                   std::move(desired))));
 }
 
 asio::awaitable<bool> StoreClient::erase(std::string key) {
-  key = impl_->under_prefix(std::move(key));
-  std::string awaited = fmt::format("no reply to erase of key '{}'", key);
-  proto::Request request = proto::EraseRequest{std::move(key)};
-  return run_on(impl_->executor_,
-                Impl::call(impl_, std::move(request), default_deadline(), "store.erase",
-                           std::move(awaited), &proto::decode_bool));
+  return run_on(impl_->backend->executor(),
+                traced(impl_->backend, "store.erase", impl_->backend->erase(key_prefix_ + key)));
 }
 
 asio::awaitable<void> StoreClient::wait(std::vector<std::string> keys, Deadline deadline) {
-  for (std::string& key : keys) key = impl_->under_prefix(std::move(key));
-  std::string awaited = keys.size() == 1
-                            ? fmt::format("key '{}' was not set", keys[0])
-                            : fmt::format("keys {} were not all set", proto::quote_keys(keys));
-  proto::Request request = proto::WaitRequest{std::move(keys), remaining(deadline)};
-  return run_on(impl_->executor_, Impl::call(impl_, std::move(request), deadline, "store.wait",
-                                             std::move(awaited), &proto::expect_empty));
+  for (std::string& key : keys) key = key_prefix_ + key;
+  return run_on(
+      impl_->backend->executor(),
+      traced(impl_->backend, "store.wait", impl_->backend->wait(std::move(keys), deadline)));
 }
 
 asio::awaitable<void> StoreClient::set_will(std::string key, Bytes value) {
-  key = impl_->under_prefix(std::move(key));
-  std::string awaited = fmt::format("no reply to set_will of key '{}'", key);
-  proto::Request request = proto::SetWillRequest{std::move(key), std::move(value)};
-  return run_on(impl_->executor_,
-                Impl::call(impl_, std::move(request), default_deadline(), "store.set_will",
-                           std::move(awaited), &proto::expect_empty));
+  return run_on(
+      impl_->backend->executor(),
+      traced(impl_->backend, "store.set_will",
+             impl_->backend->set_will(key_prefix_ + key, std::move(value), /*append=*/false)));
 }
 
 asio::awaitable<void> StoreClient::set_appending_will(std::string key, Bytes value) {
-  key = impl_->under_prefix(std::move(key));
-  std::string awaited = fmt::format("no reply to set_will of key '{}'", key);
-  proto::Request request =
-      proto::SetWillRequest{.key = std::move(key), .value = std::move(value), .append = true};
-  return run_on(impl_->executor_,
-                Impl::call(impl_, std::move(request), default_deadline(), "store.set_will",
-                           std::move(awaited), &proto::expect_empty));
+  return run_on(
+      impl_->backend->executor(),
+      traced(impl_->backend, "store.set_will",
+             impl_->backend->set_will(key_prefix_ + key, std::move(value), /*append=*/true)));
 }
 
 asio::awaitable<std::int64_t> StoreClient::append(std::string key, Bytes value) {
-  key = impl_->under_prefix(std::move(key));
-  std::string awaited = fmt::format("no reply to append to key '{}'", key);
-  proto::Request request = proto::AppendRequest{std::move(key), std::move(value)};
-  return run_on(impl_->executor_,
-                Impl::call(impl_, std::move(request), default_deadline(), "store.append",
-                           std::move(awaited), &proto::decode_int64));
+  return run_on(impl_->backend->executor(),
+                traced(impl_->backend, "store.append",
+                       impl_->backend->append(key_prefix_ + key, std::move(value))));
 }
 
 asio::awaitable<void> StoreClient::clear_will() {
-  std::string awaited = "no reply to clear_will";
-  proto::Request request = proto::ClearWillRequest{};
-  return run_on(impl_->executor_,
-                Impl::call(impl_, std::move(request), default_deadline(), "store.clear_will",
-                           std::move(awaited), &proto::expect_empty));
+  return run_on(impl_->backend->executor(),
+                traced(impl_->backend, "store.clear_will", impl_->backend->clear_will()));
 }
 
 }  // namespace braid::transport

@@ -1,6 +1,7 @@
 #include "transport/store/store_protocol.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -161,6 +162,31 @@ std::string_view to_string(Opcode opcode) noexcept {
 
 std::string log_entry_key(std::string_view key, std::int64_t index) {
   return fmt::format("{}/{}", key, index);
+}
+
+std::optional<std::int64_t> parse_counter(std::span<const std::uint8_t> value) {
+  std::int64_t count = 0;
+  const auto* first = reinterpret_cast<const char*>(value.data());
+  const auto* last = first + value.size();
+  auto [end, error] = std::from_chars(first, last, count);
+  if (value.empty() || error != std::errc() || end != last) return std::nullopt;
+  return count;
+}
+
+std::string not_a_counter(std::string_view key, std::size_t bytes) {
+  return fmt::format(
+      "key '{}' holds {} bytes that are not a decimal integer, so add cannot update it", key,
+      bytes);
+}
+
+std::string not_an_entry_count(std::string_view key, std::size_t bytes) {
+  return fmt::format(
+      "key '{}' holds {} bytes that are not an entry count, so append cannot add to its log", key,
+      bytes);
+}
+
+std::string counter_overflow(std::string_view key, std::int64_t delta, std::int64_t current) {
+  return fmt::format("adding {} to key '{}' (now {}) overflows int64", delta, key, current);
 }
 
 std::string quote_keys(std::span<const std::string> keys) {

@@ -68,6 +68,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -155,6 +156,14 @@ using Request =
 
 // Where entry `index` of the log at `key` is stored.
 std::string log_entry_key(std::string_view key, std::int64_t index);
+
+// Counters and log counts are decimal text ("42"); nullopt for anything else (empty too).
+std::optional<std::int64_t> parse_counter(std::span<const std::uint8_t> value);
+// The invalid_argument messages of add and append on a key that holds no count, and of an
+// add that overflows: every store says them alike.
+std::string not_a_counter(std::string_view key, std::size_t bytes);
+std::string not_an_entry_count(std::string_view key, std::size_t bytes);
+std::string counter_overflow(std::string_view key, std::int64_t delta, std::int64_t current);
 
 struct ErrorReply {
   Errc code = Errc::protocol_error;

@@ -77,16 +77,13 @@ void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::ui
   const std::optional<std::int64_t> current = counter_at(r.key);
   if (!current) {
     send(c, proto::encode_error(id, Errc::invalid_argument,
-                                fmt::format("key '{}' holds {} bytes that are not a decimal "
-                                            "integer, so add cannot update it",
-                                            r.key, data_.at(r.key).size())));
+                                proto::not_a_counter(r.key, data_.at(r.key).size())));
     return;
   }
   std::int64_t updated = 0;
   if (__builtin_add_overflow(*current, r.delta, &updated)) {
     send(c, proto::encode_error(id, Errc::invalid_argument,
-                                fmt::format("adding {} to key '{}' (now {}) overflows int64",
-                                            r.delta, r.key, *current)));
+                                proto::counter_overflow(r.key, r.delta, *current)));
     return;
   }
   const std::string text = std::to_string(updated);
@@ -100,9 +97,7 @@ void StoreServer::Impl::on_request(const std::shared_ptr<Connection>& c, std::ui
   const std::optional<std::int64_t> index = append(key, std::move(r.value));
   if (!index) {
     send(c, proto::encode_error(id, Errc::invalid_argument,
-                                fmt::format("key '{}' holds {} bytes that are not an entry count, "
-                                            "so append cannot add to its log",
-                                            key, data_.at(key).size())));
+                                proto::not_an_entry_count(key, data_.at(key).size())));
     return;
   }
   send(c, proto::encode_ok_int64(id, *index));
@@ -112,12 +107,7 @@ std::optional<std::int64_t> StoreServer::Impl::counter_at(const std::string& key
   // Counters are stored as decimal text, so a get of a counter reads naturally.
   auto it = data_.find(key);
   if (it == data_.end()) return 0;
-  std::int64_t current = 0;
-  const auto* first = reinterpret_cast<const char*>(it->second.data());
-  const auto* last = first + it->second.size();
-  auto [end, error] = std::from_chars(first, last, current);
-  if (it->second.empty() || error != std::errc() || end != last) return std::nullopt;
-  return current;
+  return proto::parse_counter(it->second);
 }
 
 std::optional<std::int64_t> StoreServer::Impl::append(const std::string& key, Bytes value) {

@@ -1,6 +1,8 @@
 // The rendezvous store: a small TCP key-value service that node 0's braid-run (or, under
 // other launchers, rank 0) serves and every rank uses to find the others (UCX worker
-// addresses, NCCL unique ids, barriers at start-up).
+// addresses, NCCL unique ids, barriers at start-up). A StoreClient may instead use an etcd
+// cluster (StoreAddress::etcd_members; BRAID_STORE=etcd://...), with the same operations and
+// guarantees, so that the store outlives any one machine; what differs is said below.
 //
 //   StoreServer server(runtime, {.port = 0, .token = "secret"});  // rank 0
 //   auto store = co_await StoreClient::connect(runtime.executor(), {"127.0.0.1",
@@ -50,6 +52,11 @@ struct StoreAddress {
   // holds many namespaces (braid-run gives each generation of a restarting job its own,
   // "braid/run/g/3/"). Errors name the whole key.
   std::string key_prefix;
+  // Not empty: the store is an etcd cluster (BRAID_STORE=etcd://...) reached at any of these
+  // members ("host:port", tried in turn), and host, port and token are unused. Every key
+  // lies under etcd_namespace there, so one cluster serves many jobs.
+  std::vector<std::string> etcd_members;
+  std::string etcd_namespace;
 };
 
 class StoreServer {
@@ -128,12 +135,13 @@ class StoreClient {
 
   // A last will: when this client's connection closes while a will is registered -- the
   // process exited or was killed, the client was destroyed, the network dropped it --
-  // the server sets `key` to `value`, waking get()/wait() callers on it like any set. If
-  // `key` already exists then, the server keeps the value it has: the first will to fire
-  // wins (several ranks sharing one failure key report the first death). One will per
-  // client; a second set_will replaces the first. The will is the server's to fire, so
-  // a server that itself goes away fires nothing: clients see their own Errc::peer_failed.
-  // Completes once the server has registered it.
+  // (on etcd: once the client's lease runs out, BRAID_ETCD_TTL after its process stopped
+  // renewing it, or at once when the client is destroyed) the server sets `key` to
+  // `value`, waking get()/wait() callers on it like any set. If `key` already exists then, the
+  // server keeps the value it has: the first will to fire wins (several ranks sharing one failure
+  // key report the first death). One will per client; a second set_will replaces the first. The
+  // will is the server's to fire, so a server that itself goes away fires nothing: clients see
+  // their own Errc::peer_failed. Completes once the server has registered it.
   asio::awaitable<void> set_will(std::string key, Bytes value);
   // As set_will, but the will's value is appended to the log at `key` (see append()), so
   // every will that fires is kept, in the order they fired.
@@ -144,8 +152,9 @@ class StoreClient {
 
  private:
   struct Impl;
-  explicit StoreClient(std::shared_ptr<Impl> impl);
+  StoreClient(std::shared_ptr<Impl> impl, std::string key_prefix);
   std::shared_ptr<Impl> impl_;
+  const std::string key_prefix_;  // StoreAddress::key_prefix
 };
 
 }  // namespace braid::transport

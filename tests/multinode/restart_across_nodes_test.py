@@ -163,34 +163,67 @@ def free_port():
         return str(s.getsockname()[1])
 
 
+def read_until_step(process, step, lines):
+    """Reads `process`'s output into `lines` until rank 0 says it finished `step`."""
+    deadline = time.monotonic() + DEADLINE_S
+    for line in process.stdout:
+        lines.append(line)
+        if time.monotonic() > deadline:
+            fail(f"the job ran past {DEADLINE_S} s", "".join(lines))
+        found = re.search(r"\[0\] step +(\d+)/", line)
+        if found and int(found.group(1)) >= step:
+            return
+    fail(f"the job ended before step {step}", "".join(lines))
+
+
+def expect_resumed_from_memory(text, want, whose_copy, output):
+    """The job in `text` resumed from memory (`whose_copy`) after step 30 or later and ended
+    with the parameters `want`; the step it resumed after."""
+    resumed = re.search(r"resuming after step (\d+) from (\S+)", text)
+    if not resumed or resumed.group(2) != "memory" or int(resumed.group(1)) < 30:
+        fail(f"the job should resume from memory ({whose_copy}) after step 30 or later", output)
+    if checksum(text) != want:
+        fail(f"the job ended with parameters {checksum(text)}, the job without a failure with "
+             f"{want}", output)
+    return resumed.group(1)
+
+
+def kill_what_runs(*processes):
+    for process in processes:
+        if process and process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def node_by_hand(rank, port, directory, output, env=None, store=()):
+    """Node `rank` of a two-node job of ddp_train on this machine, as a workload manager would
+    start its braid-run, its output to `output`."""
+    return subprocess.Popen(
+        [os.environ["BRAID_RUN"], "--nnodes", "2", "--node-rank", str(rank), "--master-addr",
+         "127.0.0.1", "--master-port", port, "-n", "1", "--max-restarts", "1", *store,
+         os.environ["DDP_TRAIN"]] + COMMON
+        + ["--memory-every", "1", "--checkpoint-dir", directory, "--checkpoint-every", "5"],
+        stdout=output, stderr=subprocess.STDOUT, text=True, env=env)
+
+
 def expect_a_node_braid_run_replaced_by_hand(want):
     directory = tempfile.mkdtemp(prefix="braid-nodes-by-hand-")
     port = free_port()
     env = dict(os.environ, BRAID_TOKEN="by-hand")
 
     def node(rank, output):
-        return subprocess.Popen(
-            [os.environ["BRAID_RUN"], "--nnodes", "2", "--node-rank", str(rank), "--master-addr",
-             "127.0.0.1", "--master-port", port, "-n", "1", "--max-restarts", "1",
-             os.environ["DDP_TRAIN"]] + COMMON
-            + ["--memory-every", "1", "--checkpoint-dir", directory, "--checkpoint-every", "5"],
-            stdout=output, stderr=subprocess.STDOUT, text=True, env=env)
+        return node_by_hand(rank, port, directory, output, env=env)
 
     first = node(0, subprocess.PIPE)
     doomed = node(1, subprocess.DEVNULL)
     replacement = None
     output = []
     try:
-        deadline = time.monotonic() + DEADLINE_S
-        for line in first.stdout:
-            output.append(line)
-            if time.monotonic() > deadline:
-                fail(f"the job ran past {DEADLINE_S} s", "".join(output))
-            step = re.search(r"\[0\] step +(\d+)/", line)
-            if replacement is None and step and int(step.group(1)) >= 31:
-                doomed.kill()
-                doomed.wait()
-                replacement = node(1, subprocess.PIPE)
+        read_until_step(first, 31, output)
+        doomed.kill()
+        doomed.wait()
+        replacement = node(1, subprocess.PIPE)
+        output += first.stdout.readlines()
         status = first.wait(timeout=60)
         theirs = replacement.communicate(timeout=60)[0] if replacement else ""
         text = "".join(output)
@@ -200,20 +233,12 @@ def expect_a_node_braid_run_replaced_by_hand(want):
         if "node 1's braid-run" not in text or \
                 "restarting this node's 1 rank(s) (restart 1 of --max-restarts 1)" not in text:
             fail("node 0's braid-run should restart its rank, naming node 1's braid-run", text)
-        resumed = re.search(r"resuming after step (\d+) from (\S+)", text)
-        if not resumed or resumed.group(2) != "memory" or int(resumed.group(1)) < 30:
-            fail("the job should resume from memory (node 1's rank's copy, from its partner on "
-                 "node 0) after step 30 or later", text)
-        if checksum(text) != want:
-            fail(f"the job ended with parameters {checksum(text)}, the job without a failure "
-                 f"with {want}", text)
+        resumed = expect_resumed_from_memory(text, want, "node 1's rank's copy, from its "
+                                             "partner on node 0", text)
         print(f"node 1's braid-run killed and started again by hand: the job resumed after step "
-              f"{resumed.group(1)} from memory and ended with the same parameters ({want})")
+              f"{resumed} from memory and ended with the same parameters ({want})")
     finally:
-        for process in (first, doomed, replacement):
-            if process and process.poll() is None:
-                process.kill()
-                process.wait()
+        kill_what_runs(first, doomed, replacement)
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -228,27 +253,14 @@ def expect_an_etcd_job_to_survive_the_node_that_started_it(want):
         url = etcd.url(f"restart-test-{os.getpid()}")
 
         def node(rank, output):
-            return subprocess.Popen(
-                [os.environ["BRAID_RUN"], "--nnodes", "2", "--node-rank", str(rank),
-                 "--master-addr", "127.0.0.1", "--master-port", port, "-n", "1",
-                 "--max-restarts", "1", "--store", url, os.environ["DDP_TRAIN"]] + COMMON
-                + ["--memory-every", "1", "--checkpoint-dir", directory, "--checkpoint-every",
-                   "5"],
-                stdout=output, stderr=subprocess.STDOUT, text=True)
+            return node_by_hand(rank, port, directory, output, store=["--store", url])
 
         doomed = node(0, subprocess.PIPE)
         survivor = node(1, subprocess.PIPE)
         replacement = None
         before = []
         try:
-            deadline = time.monotonic() + DEADLINE_S
-            for line in doomed.stdout:
-                before.append(line)
-                if time.monotonic() > deadline:
-                    fail(f"the job ran past {DEADLINE_S} s", "".join(before))
-                step = re.search(r"\[0\] step +(\d+)/", line)
-                if step and int(step.group(1)) >= 31:
-                    break
+            read_until_step(doomed, 31, before)
             killed_at = time.monotonic()
             doomed.kill()
             doomed.wait()
@@ -268,13 +280,8 @@ def expect_an_etcd_job_to_survive_the_node_that_started_it(want):
                      f"{survivor.returncode}", everything)
             if "restarting this node's 1 rank(s) (restart 1 of --max-restarts 1)" not in theirs:
                 fail("node 1's braid-run should restart its rank", everything)
-            resumed = re.search(r"resuming after step (\d+) from (\S+)", text)
-            if not resumed or resumed.group(2) != "memory" or int(resumed.group(1)) < 30:
-                fail("the job should resume from memory (rank 0's copy, from its partner on "
-                     "node 1) after step 30 or later", everything)
-            if checksum(text) != want:
-                fail(f"the job ended with parameters {checksum(text)}, the job without a "
-                     f"failure with {want}", everything)
+            resumed = expect_resumed_from_memory(text, want, "rank 0's copy, from its partner "
+                                                 "on node 1", everything)
             again = subprocess.run(
                 [os.environ["BRAID_RUN"], "--nnodes", "2", "--node-rank", "0", "--master-addr",
                  "127.0.0.1", "-n", "1", "--store", url, "true"],
@@ -283,14 +290,11 @@ def expect_an_etcd_job_to_survive_the_node_that_started_it(want):
                 fail(f"a second run under the used name exited {again.returncode} without "
                      "saying the job had ended", again.stdout + again.stderr)
             print(f"node 0's braid-run and an etcd member killed: the job resumed after step "
-                  f"{resumed.group(1)} from memory, its first step {first_step_after:.2f} s "
+                  f"{resumed} from memory, its first step {first_step_after:.2f} s "
                   f"after the kill (a new braid-run started by hand at once), and ended with the "
                   f"same parameters ({want}); the run's name, used again, was refused")
         finally:
-            for process in (doomed, survivor, replacement):
-                if process and process.poll() is None:
-                    process.kill()
-                    process.wait()
+            kill_what_runs(doomed, survivor, replacement)
             shutil.rmtree(directory, ignore_errors=True)
 
 

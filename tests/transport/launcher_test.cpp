@@ -395,6 +395,8 @@ TEST(BraidRun, UsageErrorsExitWithStatusTwo) {
       {{"--store", "127.0.0.1:2379", "-n", "1", probe()},
        "--store 127.0.0.1:2379 is not etcd://host:port[,host:port...]/name"},
       {{"--store", "etcd://e0:port/job", "-n", "1", probe()}, "has port 'port'"},
+      {{"--nnodes", "3:2", "--master-addr", "h", "-n", "1", probe()},
+       "--nnodes expects an integer from 1 to 2, got '3'"},
   };
   for (const auto& [args, message] : cases) {
     auto result = run(args);
@@ -408,7 +410,7 @@ TEST(BraidRun, UsageErrorsExitWithStatusTwo) {
 TEST(BraidRun, MalformedLauncherVariablesAreUsageErrors) {
   const std::vector<std::pair<Env, std::string>> cases{
       {{{"PET_NPROC_PER_NODE", "x"}}, "PET_NPROC_PER_NODE='x' is not an integer"},
-      {{{"PET_NNODES", "1:4"}}, "PET_NNODES='1:4' asks for a number of nodes that changes"},
+      {{{"PET_NNODES", "4:1"}}, "PET_NNODES='4:1' asks for at least more nodes than at most"},
       {{{"SLURM_PROCID", "0"},
         {"SLURM_STEP_NUM_TASKS", "4"},
         {"SLURM_STEP_NUM_NODES", "2"},
@@ -483,7 +485,7 @@ TEST(BraidRun, HelpDescribesEveryOption) {
   EXPECT_EQ(result.status, 0);
   for (const char* option :
        {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--grace",
-        "--timeout", "--store", "--no-prefix", "--print-config"}) {
+        "--timeout", "--store", "--join-wait", "--no-prefix", "--print-config"}) {
     EXPECT_THAT(result.out, HasSubstr(option));
   }
 }

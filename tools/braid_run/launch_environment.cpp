@@ -82,20 +82,20 @@ int parse_nproc(std::string_view name, std::string_view text, const config::EnvL
   return parse_count(name, text, 1, 1 << 16);
 }
 
-// "N" or "N:N"; elastic membership (MIN:MAX with MIN < MAX) needs a rendezvous braid-run
-// does not have.
-int parse_nnodes(std::string_view name, std::string_view text) {
+// "N" or "MIN:MAX" (MIN <= MAX): the fewest and the most nodes.
+std::pair<int, int> parse_nnodes(std::string_view name, std::string_view text) {
   const auto colon = text.find(':');
-  if (colon == std::string_view::npos) return parse_count(name, text, 1, 1 << 16);
+  if (colon == std::string_view::npos) {
+    const int n = parse_count(name, text, 1, 1 << 16);
+    return {n, n};
+  }
   const int low = parse_count(name, text.substr(0, colon), 1, 1 << 16);
   const int high = parse_count(name, text.substr(colon + 1), 1, 1 << 16);
-  if (low != high) {
-    throw std::invalid_argument(fmt::format(
-        "{}='{}' asks for a number of nodes that changes; braid-run starts a fixed number: "
-        "set it to one number",
-        name, text));
+  if (low > high) {
+    throw std::invalid_argument(
+        fmt::format("{}='{}' asks for at least more nodes than at most", name, text));
   }
-  return low;
+  return {low, high};
 }
 
 std::optional<std::string> apply_pet(LaunchOptions& o, GivenFlags& given,
@@ -109,8 +109,11 @@ std::optional<std::string> apply_pet(LaunchOptions& o, GivenFlags& given,
     read_from.push_back(fmt::format("{}={}", name, *value));
     // Each value is checked even where a flag overrides it: a malformed one is a mistake.
     if (name == "PET_NNODES") {
-      const int nnodes = parse_nnodes(name, *value);
-      if (!std::exchange(given.nnodes, true)) o.nnodes = nnodes;
+      const auto [fewest, most] = parse_nnodes(name, *value);
+      if (!std::exchange(given.nnodes, true)) {
+        o.min_nnodes = fewest;
+        o.nnodes = most;
+      }
     } else if (name == "PET_NPROC_PER_NODE") {
       const int nproc = parse_nproc(name, *value, env);
       if (!std::exchange(given.nproc_per_node, true)) o.nproc_per_node = nproc;

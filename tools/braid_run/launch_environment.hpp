@@ -4,7 +4,7 @@
 //
 //   PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT
 //       torchrun's environment form of its flags (PET_<FLAG>), which Kubeflow's TrainJob
-//       and PyTorchJob (Training Operator 1.7 on) set on every pod: --nnodes (N, or N:N),
+//       and PyTorchJob (Training Operator 1.7 on) set on every pod: --nnodes (N, or MIN:MAX),
 //       -n (N; "cpu": this machine's cores; "gpu": its GPUs, CUDA_VISIBLE_DEVICES's where
 //       set; "auto": the GPUs if there are any, else the cores), --node-rank,
 //       --master-addr, --master-port. Where PET_* leaves out the address, MASTER_ADDR and

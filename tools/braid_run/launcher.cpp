@@ -185,6 +185,14 @@ class Job {
   // is one, the same on every node (rendezvous.hpp).
   std::optional<Rendezvous> rendezvous_;
   std::int64_t generation_ = 0;
+  // This generation's nodes: how many, and this node's place among them (the rendezvous's
+  // members; every node of --nnodes N, in order, unless --nnodes MIN:MAX let some go).
+  int node_count_ = 0;
+  int node_index_ = 0;
+  int first_rank() const { return node_index_ * options_.nproc_per_node; }
+  int fewest_nodes() const {
+    return options_.min_nnodes > 0 ? options_.min_nnodes : options_.nnodes;
+  }
   bool ended_elsewhere_ = false;  // another node ended this generation: ranks stopped here
   int replaced_nodes_ = 0;        // --emulate-nodes with --max-restarts: nodes started again
   // Per local rank, the memfds its in-memory checkpoints live in (MemoryCheckpoints):
@@ -277,7 +285,13 @@ int Job::running_count() const {
 
 std::vector<std::string> Job::rank_environment(int local_rank) const {
   std::vector<std::string> env = shared_env_;
-  int rank = options_.node_rank * options_.nproc_per_node + local_rank;
+  const int rank = first_rank() + local_rank;
+  const int world = node_count_ * options_.nproc_per_node;
+  env.push_back(fmt::format("BRAID_WORLD_SIZE={}", world));
+  env.push_back(fmt::format("WORLD_SIZE={}", world));
+  env.push_back(fmt::format("BRAID_NODE_RANK={}", node_index_));
+  env.push_back(fmt::format("GROUP_RANK={}", node_index_));
+  env.push_back(fmt::format("BRAID_NNODES={}", node_count_));
   env.push_back(fmt::format("BRAID_RANK={}", rank));
   env.push_back(fmt::format("BRAID_LOCAL_RANK={}", local_rank));
   env.push_back(fmt::format("RANK={}", rank));
@@ -294,7 +308,7 @@ std::vector<std::string> Job::rank_environment(int local_rank) const {
 
 void Job::start_rank(int local_rank) {
   Rank& rank = ranks_.emplace_back();
-  rank.rank = options_.node_rank * options_.nproc_per_node + local_rank;
+  rank.rank = first_rank() + local_rank;
   rank.prefix = fmt::format("[{}] ", rank.rank);
 
   // Everything the child needs is built before fork(): between fork and exec only
@@ -843,18 +857,13 @@ int Job::run() {
       shared_env_.emplace_back(entry);
     }
   }
-  shared_env_.push_back(
-      fmt::format("BRAID_WORLD_SIZE={}", options_.nnodes * options_.nproc_per_node));
+  // The world's size and this node's place in it are each generation's (rank_environment).
   shared_env_.push_back(fmt::format("BRAID_LOCAL_WORLD_SIZE={}", options_.nproc_per_node));
-  shared_env_.push_back(fmt::format("BRAID_NODE_RANK={}", options_.node_rank));
-  shared_env_.push_back(fmt::format("BRAID_NNODES={}", options_.nnodes));
   if (!options_.master_addr.empty() && port == 65535) {
     throw std::invalid_argument(
         "--master-port 65535 leaves no port after it for PyTorch's store (MASTER_PORT)");
   }
-  shared_env_.push_back(fmt::format("WORLD_SIZE={}", options_.nnodes * options_.nproc_per_node));
   shared_env_.push_back(fmt::format("LOCAL_WORLD_SIZE={}", options_.nproc_per_node));
-  shared_env_.push_back(fmt::format("GROUP_RANK={}", options_.node_rank));
   shared_env_.push_back(fmt::format("MASTER_ADDR={}", host));
   // Several ranks each starting an OpenMP (libtorch) and a BLAS (OpenBLAS) pool as wide
   // as the machine would run cores x ranks threads: one each unless the user said.
@@ -870,16 +879,19 @@ int Job::run() {
     std::optional<transport::EtcdAddress> etcd =
         transport::parse_etcd_url(options_.store_url, "--store");
     if (!etcd) etcd.emplace();
-    rendezvous_.emplace(Rendezvous::Options{.host = host,
-                                            .port = port,
-                                            .token = token,
-                                            .serve = options_.node_rank == 0,
-                                            .etcd_members = std::move(etcd->members),
-                                            .etcd_namespace = std::move(etcd->key_namespace),
-                                            .node_rank = options_.node_rank,
-                                            .nnodes = options_.nnodes,
-                                            .max_restarts = options_.max_restarts,
-                                            .interrupt_fd = signal_fd_});
+    rendezvous_.emplace(Rendezvous::Options{
+        .host = host,
+        .port = port,
+        .token = token,
+        .serve = options_.node_rank == 0,
+        .etcd_members = std::move(etcd->members),
+        .etcd_namespace = std::move(etcd->key_namespace),
+        .node_rank = options_.node_rank,
+        .nnodes = options_.nnodes,
+        .min_nnodes = fewest_nodes(),
+        .join_wait = std::chrono::duration_cast<std::chrono::milliseconds>(options_.join_wait),
+        .max_restarts = options_.max_restarts,
+        .interrupt_fd = signal_fd_});
   } catch (const std::runtime_error& e) {
     report(e.what());
     // A signal that ended the wait for node 0 is read here, so that it does not end
@@ -912,6 +924,10 @@ int Job::run() {
   shared_env_.push_back(fmt::format("MASTER_PORT={}", torch_port));
   for (;;) {
     const std::optional<std::int64_t> generation = rendezvous_->enter();
+    if (!generation && rendezvous_->not_joined()) {
+      report(*rendezvous_->not_joined());
+      return 1;
+    }
     if (!generation && rendezvous_->found_ended()) {
       report(fmt::format(
           "the job in the store on {} had already ended before this braid-run joined it ({}); "
@@ -923,6 +939,19 @@ int Job::run() {
     }
     if (!generation) return conclude(*rendezvous_->ended());
     generation_ = *generation;
+    const std::vector<int>& members = rendezvous_->members();
+    node_index_ = static_cast<int>(std::find(members.begin(), members.end(), options_.node_rank) -
+                                   members.begin());
+    const bool resized = node_count_ != 0 && node_count_ != static_cast<int>(members.size());
+    node_count_ = static_cast<int>(members.size());
+    if (fewest_nodes() < options_.nnodes && (resized || generation_ == 0)) {
+      report(
+          fmt::format("{} {} of --nnodes {}:{} (nodes {}); this node is node {} of them, its "
+                      "ranks {} to {}",
+                      resized ? "the job now runs on" : "the job runs on", node_count_,
+                      fewest_nodes(), options_.nnodes, fmt::join(members, ", "), node_index_,
+                      first_rank(), first_rank() + options_.nproc_per_node - 1));
+    }
     ranks_.reserve(static_cast<std::size_t>(options_.nproc_per_node));
     for (int i = 0; i < options_.nproc_per_node && !stopping_; ++i) start_rank(i);
     supervise();

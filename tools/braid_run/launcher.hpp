@@ -21,8 +21,11 @@ namespace braid::launcher {
 
 struct LaunchOptions {
   int nproc_per_node = 1;
-  int nnodes = 1;
-  int node_rank = 0;
+  int nnodes = 1;      // the most nodes (--nnodes N, or MAX of --nnodes MIN:MAX)
+  int min_nnodes = 0;  // the fewest (0: nnodes); below nnodes, nodes may come and go
+  // --nnodes MIN:MAX: how long a start waits for more nodes once MIN have joined.
+  std::chrono::nanoseconds join_wait = std::chrono::seconds(10);
+  int node_rank = 0;                         // this node's place among the nnodes (its slot)
   std::string master_addr;                   // empty: 127.0.0.1 (one node only)
   std::optional<std::uint16_t> master_port;  // empty: kDefaultStorePort with --master-addr,
                                              // else a free local port

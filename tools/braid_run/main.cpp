@@ -37,6 +37,14 @@ store port + 1), replacing any inherited values; prefixes each line they print w
 options (options end at the program, or at --):
   -n, --nproc-per-node N  ranks to start on this node (required)
   --nnodes N              nodes in the job (default 1); run braid-run on each of them
+  --nnodes MIN:MAX        elastic: at most MAX nodes (--node-rank 0 to MAX-1), and each
+                          start of the job runs on those that have joined once all have,
+                          or once MIN have and --join-wait has passed; a node lost and not
+                          replaced leaves the job smaller at its next start, and a node
+                          that comes later restarts it to take part (with --max-restarts
+                          left). Ranks are numbered over the nodes taking part
+  --join-wait SECONDS     with --nnodes MIN:MAX: how long a start waits for more nodes
+                          once MIN have joined (default 10)
   --node-rank I           this node's index, 0 to N-1 (default 0); global rank =
                           node rank * nproc-per-node + local rank
   --master-addr HOST      address of node 0, where rank 0 serves the store; needed
@@ -167,8 +175,16 @@ Cli parse_command_line(int argc, char** argv) {
       o.nproc_per_node = parse_int_flag(flag, value(), 1, 1 << 16);
       cli.given.nproc_per_node = true;
     } else if (flag == "--nnodes") {
-      o.nnodes = parse_int_flag(flag, value(), 1, 1 << 16);
+      const std::string_view text = value();
+      const auto colon = text.find(':');
+      o.nnodes = parse_int_flag(flag, text.substr(colon == std::string_view::npos ? 0 : colon + 1),
+                                1, 1 << 16);
+      o.min_nnodes = colon == std::string_view::npos
+                         ? o.nnodes
+                         : parse_int_flag(flag, text.substr(0, colon), 1, o.nnodes);
       cli.given.nnodes = true;
+    } else if (flag == "--join-wait") {
+      o.join_wait = parse_seconds_flag(flag, value());
     } else if (flag == "--node-rank") {
       o.node_rank = parse_int_flag(flag, value(), 0, (1 << 16) - 1);
       cli.given.node_rank = true;

@@ -1,5 +1,6 @@
 #include "rendezvous.hpp"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 
 #include <boost/asio/detached.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <braid/core/deadline.hpp>
 #include <braid/core/error.hpp>
@@ -125,6 +127,86 @@ struct Rendezvous::Impl {
     co_return co_await end_generation(g, std::move(proposal));
   }
 
+  // The nodes (--node-rank each) that run generation g: every node of --nnodes N; under
+  // --nnodes MIN:MAX, those that claimed their place before the count closed -- once all MAX
+  // have, or once MIN have and --join-wait has passed since (the first launcher to see it
+  // closes it for all, by compare_set). Waits for MIN nodes until BRAID_TIMEOUT; the
+  // interrupt fd (a signal) ends the wait.
+  asio::awaitable<std::vector<int>> settle_members(std::int64_t g) {
+    std::vector<int> all;
+    for (int node = 0; node < options.nnodes; ++node) all.push_back(node);
+    if (options.min_nnodes >= options.nnodes) co_return all;
+    const std::string joined_key = generation_key(g, "joined");
+    const std::string members_key = generation_key(g, "members");
+    std::string joined_log = joined_key;
+    Bytes slot = bytes_of(std::to_string(options.node_rank));
+    co_await store->append(std::move(joined_log), std::move(slot));
+    const Deadline give_up = default_deadline();
+    std::optional<Clock::time_point> enough_since;
+    std::vector<int> joined;
+    for (;;) {
+      if (const Bytes decided = co_await peek(members_key); !decided.empty()) {
+        co_return parse_members(decided);
+      }
+      // Read the log's entries this launcher has not seen yet.
+      for (;;) {
+        const Bytes entry = co_await peek(fmt::format("{}/{}", joined_key, joined.size()));
+        if (entry.empty()) break;
+        joined.push_back(std::atoi(text_of(entry).c_str()));
+      }
+      const auto now = Clock::now();
+      const int count = static_cast<int>(joined.size());
+      if (count >= options.min_nnodes && !enough_since) enough_since = now;
+      if (count >= options.nnodes || (enough_since && now - *enough_since >= options.join_wait)) {
+        std::vector<int> sorted = joined;
+        std::sort(sorted.begin(), sorted.end());
+        sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+        std::string key = members_key;
+        Bytes absent;
+        Bytes proposal = bytes_of(fmt::format("{}", fmt::join(sorted, ",")));
+        co_return parse_members(
+            co_await store->compare_set(std::move(key), std::move(absent), std::move(proposal)));
+      }
+      if (now >= give_up) {
+        throw Error(Errc::timeout,
+                    fmt::format("{} of the {} nodes --nnodes {}:{} needs joined within "
+                                "BRAID_TIMEOUT",
+                                count, options.min_nnodes, options.min_nnodes, options.nnodes),
+                    {.operation = "braid-run"});
+      }
+      if (interrupted()) {
+        throw Error(Errc::closed, "stopped by a signal while waiting for the job's nodes",
+                    {.operation = "braid-run"});
+      }
+      // The next node's arrival, or the moment the count may close; a second at most, so
+      // that a signal is noticed.
+      Clock::time_point until = now + 1s;
+      if (enough_since) until = std::min(until, *enough_since + options.join_wait);
+      try {
+        co_await store->get(fmt::format("{}/{}", joined_key, joined.size()), until);
+      } catch (const Error& e) {
+        if (e.code() != Errc::timeout) throw;
+      }
+    }
+  }
+
+  static std::vector<int> parse_members(const Bytes& value) {
+    std::vector<int> nodes;
+    const std::string text = text_of(value);
+    for (std::size_t at = 0; at < text.size();) {
+      const auto comma = text.find(',', at);
+      nodes.push_back(std::atoi(text.substr(at, comma - at).c_str()));
+      if (comma == std::string::npos) break;
+      at = comma + 1;
+    }
+    return nodes;
+  }
+
+  bool interrupted() const {
+    pollfd interrupt{options.interrupt_fd, POLLIN, 0};
+    return options.interrupt_fd >= 0 && ::poll(&interrupt, 1, 0) > 0;
+  }
+
   asio::awaitable<std::optional<std::int64_t>> enter(bool first) {
     std::int64_t g = first ? 0 : generation + 1;
     if (first) {
@@ -147,10 +229,27 @@ struct Rendezvous::Impl {
       Bytes mine = bytes_of(self);
       const Bytes claimed =
           co_await store->compare_set(std::move(node_key), std::move(absent), std::move(mine));
-      if (text_of(claimed) == self) break;
-      // Another braid-run ran this node's ranks in g: this one replaces it, so g is over.
-      const std::string why = fmt::format("node {}'s braid-run ({}) is gone: {} took its place",
-                                          options.node_rank, text_of(claimed), self);
+      std::string why;
+      if (text_of(claimed) != self) {
+        // Another braid-run ran this node's ranks in g: this one replaces it, so g is over.
+        why = fmt::format("node {}'s braid-run ({}) is gone: {} took its place", options.node_rank,
+                          text_of(claimed), self);
+      } else {
+        members = co_await settle_members(g);
+        if (std::find(members.begin(), members.end(), options.node_rank) != members.end()) break;
+        // Counted out: the others started without this node. It joins the next start, which
+        // it asks for now (as torchrun's agents restart for a node waiting), if the job has
+        // a restart left.
+        if (g >= options.max_restarts) {
+          not_joined = fmt::format(
+              "node {} came after the job's nodes were counted ({} of them), and --max-restarts "
+              "{} leaves no restart to take it in",
+              options.node_rank, members.size(), options.max_restarts);
+          co_return std::nullopt;
+        }
+        why =
+            fmt::format("node {} joined the job, which restarts to take it in", options.node_rank);
+      }
       Bytes end = encode(proposal(1, why));
       const GenerationEnd how = decode(co_await end_by(g, why, std::move(end)));
       if (how.kind != GenerationEnd::Kind::restart) {
@@ -210,6 +309,8 @@ struct Rendezvous::Impl {
   std::uint16_t port = 0;  // where the store listens
   std::string where;       // Rendezvous::where()
   bool found_ended = false;
+  std::optional<std::string> not_joined;  // why this node takes no part (enter())
+  std::vector<int> members;               // the nodes of the generation entered last
   int wakeup = -1;
   std::int64_t generation = -1;
   std::shared_ptr<Watched> watched;
@@ -273,6 +374,10 @@ std::optional<std::int64_t> Rendezvous::enter() {
   try {
     return impl_->call(impl_->enter(first));
   } catch (const Error& e) {
+    if (e.context().operation == "braid-run") {  // settle_members: too few nodes, a signal
+      impl_->not_joined = e.detail();
+      return std::nullopt;
+    }
     impl_->record({.kind = GenerationEnd::Kind::store_lost, .status = 1, .why = e.what()});
     return std::nullopt;
   }
@@ -292,6 +397,14 @@ const std::string& Rendezvous::where() const {
 
 bool Rendezvous::found_ended() const {
   return impl_->found_ended;
+}
+
+const std::optional<std::string>& Rendezvous::not_joined() const {
+  return impl_->not_joined;
+}
+
+const std::vector<int>& Rendezvous::members() const {
+  return impl_->members;
 }
 
 int Rendezvous::wakeup_fd() const {
@@ -333,7 +446,9 @@ void Rendezvous::finished() {
   const std::int64_t g = impl.generation;
   try {
     const std::int64_t count = impl.call(impl.store->add(generation_key(g, "finished"), 1));
-    if (count == impl.options.nnodes) impl.call(impl.end_generation(g, encode({})));
+    if (count == static_cast<std::int64_t>(impl.members.size())) {
+      impl.call(impl.end_generation(g, encode({})));
+    }
   } catch (const Error&) {
     // The watcher sees the store's loss too and reports it.
   }
@@ -360,13 +475,13 @@ void Rendezvous::leave() {
   if (g < 0) return;
   try {
     const std::int64_t read = impl.call(impl.store->add(generation_key(g, "read"), 1));
-    if (read == impl.options.nnodes) {
+    if (read == static_cast<std::int64_t>(impl.members.size())) {
       transport::Bytes nothing;  // named: GCC 12 destroys a braced temporary given to a
                                  // coroutine twice
       impl.call(impl.store->set(generation_key(g, "all-read"), std::move(nothing)));
     }
     impl.call(impl.store->clear_will());
-    if (impl.server && impl.options.nnodes > 1) {
+    if (impl.server && impl.members.size() > 1) {
       impl.call(impl.store->get(generation_key(g, "all-read"), deadline_after(kLingerAtEnd)));
     }
   } catch (const Error&) {

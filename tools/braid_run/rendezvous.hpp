@@ -11,6 +11,11 @@
 //   braid/run/g/<g>/node/<i>    "<host>:<pid>" of the braid-run that runs node i's ranks in
 //                               g; a braid-run that finds another's there is the node's
 //                               replacement, and ends g
+//   braid/run/g/<g>/joined      under --nnodes MIN:MAX, a log of the nodes that claimed their
+//                               place in g, in the order they did
+//   braid/run/g/<g>/members     under MIN:MAX, the nodes that run g ("0,2"), set once by
+//                               compare_set when the count closes; a node not in it ends g to
+//                               take part in g+1
 //   braid/run/g/<g>/end         how g ended, set once by compare_set (the first launcher to
 //                               end it wins; a launcher's will ends it if its connection
 //                               drops): R<why> restart, F<status>:<why> the job failed, D
@@ -32,6 +37,7 @@
 // run already over says so and starts nothing.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -59,7 +65,11 @@ class Rendezvous {
     std::vector<std::string> etcd_members;
     std::string etcd_namespace;
     int node_rank = 0;
-    int nnodes = 1;
+    int nnodes = 1;      // the most nodes the job runs on (--nnodes N, or MAX of MIN:MAX)
+    int min_nnodes = 1;  // the fewest it runs on (N, or MIN): below nnodes, membership is elastic
+    // With min_nnodes < nnodes: how long a generation waits for more nodes once it has
+    // min_nnodes.
+    std::chrono::milliseconds join_wait{10000};
     int max_restarts = 0;
     int interrupt_fd = -1;  // readable (braid-run's signalfd): stop waiting for node 0
   };
@@ -86,6 +96,14 @@ class Rendezvous {
   // Whether enter() found the job over before this launcher took part in it (a run's name
   // used twice in an etcd store, or a replacement that came too late).
   bool found_ended() const;
+  // Set where enter() returned nullopt because this node takes no part, not because the job
+  // ended: why (it came after the nodes were counted with no restart left, too few nodes
+  // joined within BRAID_TIMEOUT, a signal).
+  const std::optional<std::string>& not_joined() const;
+  // The nodes (their --node-rank) that run the generation entered last, in order: a node's
+  // place in the job (BRAID_NODE_RANK) is its index here, and the job's node count their
+  // number. Every node under --nnodes N; under MIN:MAX, those that joined in time.
+  const std::vector<int>& members() const;
 
   // The ranks' BRAID_STORE_PREFIX for generation g.
   static std::string key_prefix(std::int64_t generation);

@@ -356,6 +356,18 @@ class EtcdStoreConnection final : public StoreBackend {
   }
   void fail(Error error);
 
+  // An open watch, listed where fail() can end it for as long as it is open.
+  struct Listed {
+    Listed(EtcdStoreConnection& impl, etcd::WatchStream* watch) : impl(impl), watch(watch) {
+      impl.watches_.insert(watch);
+    }
+    ~Listed() { impl.watches_.erase(watch); }
+    Listed(const Listed&) = delete;
+    Listed& operator=(const Listed&) = delete;
+    EtcdStoreConnection& impl;
+    etcd::WatchStream* watch;
+  };
+
   std::shared_ptr<etcd::Gateway> gateway_;
   const std::string namespace_;
   const std::string own_;  // the store's own keys: alive, wills, receipts
@@ -489,12 +501,7 @@ asio::awaitable<std::optional<Bytes>> EtcdStoreConnection::await_key(std::string
       throw Error(e.code(), e.detail(), {.operation = operation});
     }
     throw_if_failed(operation);
-    watches_.insert(watch.get());
-    struct Unlist {
-      EtcdStoreConnection& impl;
-      etcd::WatchStream* watch;
-      ~Unlist() { impl.watches_.erase(watch); }
-    } unlist{*this, watch.get()};
+    const Listed listed(*this, watch.get());
     // The deadline ends the watch; the loop above then answers nullopt.
     asio::steady_timer timeout(executor_, deadline);
     timeout.async_wait([watch](boost::system::error_code error) {
@@ -564,12 +571,7 @@ asio::awaitable<void> EtcdStoreConnection::watch_for_deaths() {
       std::shared_ptr<etcd::WatchStream> watch =
           co_await gateway_->watch(std::move(create), default_deadline());
       if (failure_) co_return;
-      watches_.insert(watch.get());
-      struct Unlist {
-        EtcdStoreConnection& impl;
-        etcd::WatchStream* watch;
-        ~Unlist() { impl.watches_.erase(watch); }
-      } unlist{*this, watch.get()};
+      const Listed listed(*this, watch.get());
       Json list_wills = {
           {"key", base64(wills)}, {"range_end", base64(prefix_end(wills))}, {"keys_only", true}};
       const Json written =

@@ -182,8 +182,35 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
   // --checkpoint-dir, --memory-every: where a restarted job picks up (a collective: every
   // rank takes the newest step all of them hold whole, in memory or on disk).
   example_models::Restartable restart(s.restart, comm, "ddp_train");
-  const int first_step =
-      restart.resume([&](const braid::torch::TrainingState& state) { training.restore(state); });
+  // A step's data is split over the ranks the job first started with (its checkpoints say
+  // how many). On fewer (braid-run --nnodes MIN:MAX lost a node), each rank takes several of
+  // those parts in turn and accumulates their gradients, so the global batch -- and the
+  // training -- stay what they were.
+  int data_ranks = comm->size();
+  const int first_step = restart.resume([&](const braid::torch::TrainingState& state) {
+    training.restore(state);
+    if (const auto found = state.blobs.find("data_ranks"); found != state.blobs.end()) {
+      data_ranks = std::stoi(found->second);
+    }
+  });
+  if (data_ranks % comm->size() != 0) {
+    throw std::invalid_argument(fmt::format(
+        "the job's data is split over the {} ranks of its first start, which {} rank(s) cannot "
+        "share evenly: run it on a number of ranks that divides {}",
+        data_ranks, comm->size(), data_ranks));
+  }
+  const int parts = data_ranks / comm->size();
+  if (parts > 1 && (s.balance || s.cadence || s.uneven > 0)) {
+    throw std::invalid_argument(
+        "--balance, --cadence and --uneven set each rank's share themselves: they cannot take "
+        "up a job that started on more ranks");
+  }
+  if (parts > 1 && comm->rank() == 0) {
+    std::cout << fmt::format(
+        "ddp_train: {} rank(s) take the data of the job's first {} ({} parts each, their "
+        "gradients accumulated)\n",
+        comm->size(), data_ranks, parts);
+  }
   if (comm->rank() == 0) {
     std::cout << fmt::format(
         "ddp_train: {} with {:.2f}M parameters on {} rank(s), batch {} per rank, {} steps, "
@@ -242,11 +269,11 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     const int batch = balancer ? static_cast<int>(balancer->batch_size()) : s.model.batch;
     if (balancer) training.ddp()->reducer().set_batch_share(balancer->share());
     if (cadence) training.ddp()->reducer().set_batch_share(cadence->share());
-    const int micro_batches = cadence ? cadence->micro_batches() : 1;
+    const int micro_batches = cadence ? cadence->micro_batches() : parts;
     // Every rank's samples this step (with --uneven, the ranks still training).
     samples += cadence    ? cadence->window_samples()
                : balancer ? balancer->global_batch()
-                          : std::int64_t{s.model.batch} *
+                          : std::int64_t{s.model.batch} * parts *
                                 std::min(comm->size(),
                                          s.uneven > 0 ? (s.steps - step + s.uneven - 1) / s.uneven
                                                       : comm->size());
@@ -254,7 +281,9 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     training.zero_grad();
     torch::Tensor loss;
     auto micro_step = [&](int i) {
-      auto [x, y] = task.batch(comm->rank(), step * micro_batches + i, batch);
+      // A window's micro-batches are the next steps' data (--cadence), or this step's parts.
+      auto [x, y] = cadence ? task.batch(comm->rank(), step * micro_batches + i, batch)
+                            : task.batch(comm->rank() * parts + i, step, batch);
       x = x.to(device);
       y = y.to(device);
       // Under --cadence each micro-batch's loss counts 1 / micro_batches, so the window's
@@ -273,7 +302,11 @@ int train(braid::transport::World& world, const Settings& s, Model model) {
     const double window_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     training.step();
-    restart.after_step(step + 1, [&] { return training.state(step + 1); });
+    restart.after_step(step + 1, [&] {
+      braid::torch::TrainingState state = training.state(step + 1);
+      state.blobs["data_ranks"] = std::to_string(data_ranks);
+      return state;
+    });
     if (balancer && balancer->record_step(compute_seconds) && comm->rank() == 0) {
       std::cout << fmt::format("balance: batch sizes now [{}]\n",
                                fmt::join(balancer->batch_sizes(), ", "));

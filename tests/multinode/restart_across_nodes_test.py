@@ -298,9 +298,51 @@ def expect_an_etcd_job_to_survive_the_node_that_started_it(want):
             shutil.rmtree(directory, ignore_errors=True)
 
 
+def expect_a_job_that_loses_a_node_to_continue_smaller(want):
+    """--nnodes 1:2: node 1's braid-run SIGKILLed and not replaced. Node 0 goes on alone: from
+    the newest checkpoint on disk (written by 2 ranks, put together whole), each step's two
+    parts of data now its own, their gradients accumulated. Same global batch, same training:
+    it ends within float tolerance of the job that never lost a node."""
+    directory = tempfile.mkdtemp(prefix="braid-nodes-smaller-")
+    port = free_port()
+    elastic = ["--nnodes", "1:2", "--join-wait", "1"]
+    first = node_by_hand(0, port, directory, subprocess.PIPE, store=elastic)
+    doomed = node_by_hand(1, port, directory, subprocess.DEVNULL, store=elastic)
+    output = []
+    try:
+        read_until_step(first, 31, output)
+        doomed.kill()
+        doomed.wait()
+        output += first.stdout.readlines()
+        status = first.wait(timeout=DEADLINE_S)
+        text = "".join(output)
+        if status != 0:
+            fail(f"node 0's braid-run exited {status} after node 1 was lost", text)
+        if "the job now runs on 1 of --nnodes 1:2 (nodes 0)" not in text:
+            fail("braid-run should say the job now runs on node 0 alone", text)
+        resumed = re.search(r"resuming after step (\d+) from .* \(written by 2 rank\(s\)\)",
+                            text)
+        if not resumed or int(resumed.group(1)) < 30:
+            fail("the job should resume from the disk checkpoint 2 ranks wrote, after step 30",
+                 text)
+        if "1 rank(s) take the data of the job's first 2 (2 parts each" not in text:
+            fail("ddp_train should say its one rank takes both ranks' data", text)
+        got, expected = float(checksum(text)), float(want)
+        if abs(got - expected) > 1e-4 * abs(expected):
+            fail(f"the job on one node ended with parameters {got}, the job that never lost a "
+                 f"node with {expected}: further apart than float tolerance", text)
+        print(f"node 1 lost under --nnodes 1:2: node 0 went on alone from step "
+              f"{resumed.group(1)} (the 2 ranks' checkpoint put together, 2 parts of data a "
+              f"step accumulated) and ended with parameters {got} against {expected}")
+    finally:
+        kill_what_runs(first, doomed)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 WANT = unbroken_checksum()
 expect_a_node_braid_run_replaced_by_hand(WANT)
 expect_an_etcd_job_to_survive_the_node_that_started_it(WANT)
+expect_a_job_that_loses_a_node_to_continue_smaller(WANT)
 skip_without_namespaces()
 
 expect_recovered("a rank on node 1 killed", lambda launcher: rank_on(launcher, 1), "memory",

@@ -150,6 +150,57 @@ TEST(DiskCheckpoints, ReplicatedTensorsAreWrittenOnceOverTheRanks) {
   }));
 }
 
+// A job that shrinks (braid-run --nnodes MIN:MAX) or grows takes up the newest step a job
+// of another size wrote, put together whole from every one of its files; a step of its own
+// size that is older does not win over it.
+TEST(DiskCheckpoints, AJobOfAnotherSizeResumesFromTheStepEveryFileOfTheOldSizeHolds) {
+  ScratchDirectory dir;
+  const at::Tensor model = ::torch::arange(3001, ::torch::kFloat32).reshape({3001, 1});
+  auto replicated_state = [&](std::int64_t step) {
+    TrainingState state{.step = step};
+    state.tensors["model"] = model + static_cast<double>(step);
+    state.blobs["data_ranks"] = "3";
+    state.replicated = {"model"};
+    return state;
+  };
+  expect_all_passed(run_blocking_ranks(1, [&](int, auto comm) {
+    DiskCheckpoints alone(dir.path(), comm);
+    alone.save_async(replicated_state(4));  // older, of the size that resumes
+    alone.wait();
+  }));
+  expect_all_passed(run_blocking_ranks(3, [&](int, auto comm) {
+    DiskCheckpoints checkpoints(dir.path(), comm);
+    checkpoints.save_async(replicated_state(9));
+    checkpoints.wait();
+  }));
+  for (int ranks : {1, 2}) {
+    expect_all_passed(run_blocking_ranks(ranks, [&](int, auto comm) {
+      DiskCheckpoints again(dir.path(), comm);
+      auto back = again.restore();
+      ASSERT_TRUE(back.has_value());
+      EXPECT_EQ(back->step, 9);
+      EXPECT_TRUE(::torch::equal(back->tensors.at("model"), model + 9.0));
+      EXPECT_EQ(back->blobs, (std::map<std::string, std::string>{{"data_ranks", "3"}}));
+    }));
+  }
+}
+
+// A rank's own tensors (ZeRO's or FSDP's shards) have no owner in a job of another size:
+// refused by name, not guessed at.
+TEST(DiskCheckpoints, ShardsOfAJobOfAnotherSizeAreRefusedByName) {
+  ScratchDirectory dir;
+  expect_all_passed(run_blocking_ranks(2, [&](int rank, auto comm) {
+    DiskCheckpoints checkpoints(dir.path(), comm);
+    checkpoints.save_async(state_of(rank, 7));
+    checkpoints.wait();
+  }));
+  expect_all_passed(run_blocking_ranks(1, [&](int, auto comm) {
+    DiskCheckpoints again(dir.path(), comm);
+    braid::testing::expect_invalid_argument([&] { again.restore(); },
+                                            "holds rank 0's own 'count' (a shard)");
+  }));
+}
+
 TEST(DiskCheckpoints, KeepingFewerThanTwoIsRefused) {
   ScratchDirectory dir;
   expect_all_passed(run_blocking_ranks(1, [&](int, auto comm) {

@@ -1,10 +1,12 @@
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <unistd.h>
 #include <vector>
@@ -212,6 +214,48 @@ void DiskCheckpoints::forget_after(std::int64_t step) {
     if (held <= step) break;
     remove_own(*this, held);
   }
+}
+
+std::optional<std::pair<std::int64_t, int>> DiskCheckpoints::newest_of_another_size() {
+  wait();
+  std::optional<std::pair<std::int64_t, int>> newest;
+  for (const auto& entry : fs::directory_iterator(directory_)) {
+    const auto step = step_of_directory(entry.path());
+    if (!step || (newest && *step <= newest->first)) continue;
+    // The ranks each world size wrote this step for.
+    std::map<int, std::set<int>> written;
+    for (const auto& file : fs::directory_iterator(entry.path())) {
+      int rank = 0, world = 0;
+      char end = 0;
+      if (std::sscanf(file.path().filename().c_str(), "rank-%5d-of-%5d.ckp%c", &rank, &world,
+                      &end) == 3 &&
+          end == 't' && file.path().filename().string().size() == 24 && world != comm_->size() &&
+          rank >= 0 && rank < world) {
+        written[world].insert(rank);
+      }
+    }
+    for (const auto& [world, ranks] : written) {
+      if (static_cast<int>(ranks.size()) == world) newest = {*step, world};
+    }
+  }
+  return newest;
+}
+
+TrainingState DiskCheckpoints::read_whole(std::int64_t step, int ranks) {
+  std::vector<TrainingState> shares;
+  for (int r = 0; r < ranks; ++r) {
+    const fs::path file = directory_ / fmt::format("step-{:08}", step) /
+                          fmt::format("rank-{:05}-of-{:05}.ckpt", r, ranks);
+    try {
+      shares.push_back(checkpoint_format::decode(read_file(file), r, ranks));
+    } catch (const std::exception& e) {
+      throw Error(Errc::invalid_argument,
+                  fmt::format("checkpoint {} is refused: {}", file.string(), e.what()),
+                  {.rank = comm_->rank(), .operation = "restore"});
+    }
+    replicated_shares::mark(shares.back());
+  }
+  return replicated_shares::join(std::move(shares));
 }
 
 namespace {

@@ -508,6 +508,13 @@ std::map<std::int64_t, TrainingState, std::greater<>> MemoryCheckpoints::readabl
       log::warn("{} is refused: its process stopped while copying it", what);
       continue;
     }
+    if (static_cast<int>(header.world) != comm_->size()) {
+      // Made before the job changed size (braid-run --nnodes MIN:MAX): its shares split the
+      // state another way. The disk's files of that size serve instead (restore_newest).
+      log::info("{} was made by a job of {} rank(s), not {}: not used", what, header.world,
+                comm_->size());
+      continue;
+    }
     try {
       if (const char* damage = slot->damage()) throw std::runtime_error(damage);
       TrainingState state = checkpoint_format::decode(std::string_view(slot->body(), header.length),

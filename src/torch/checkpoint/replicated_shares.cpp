@@ -107,4 +107,45 @@ void gather(collectives::Communicator& comm, TrainingState& state) {
   state.replicated.clear();
 }
 
+TrainingState join(std::vector<TrainingState> shares) {
+  TrainingState& first = shares.front();
+  for (const auto& [name, tensor] : first.tensors) {
+    if (!first.replicated.contains(name)) {
+      throw Error(Errc::invalid_argument,
+                  fmt::format("the checkpoint of step {} holds rank 0's own '{}' (a shard), which "
+                              "a job of {} rank(s) cannot be split another way",
+                              first.step, name, shares.size()),
+                  {.operation = "restore"});
+    }
+  }
+  TrainingState whole{.step = first.step, .tensors = {}, .blobs = first.blobs, .replicated = {}};
+  for (const std::string& name : first.replicated) {
+    at::Tensor joined = described(first.blobs.at(blob_name(name)));
+    std::int64_t at = 0;
+    for (std::size_t r = 0; r < shares.size(); ++r) {
+      const auto found = shares[r].tensors.find(name);
+      const std::int64_t n = found == shares[r].tensors.end() ? -1 : found->second.numel();
+      if (n < 0 || at + n > joined.numel()) {
+        throw Error(Errc::size_mismatch,
+                    fmt::format("the checkpoint of step {}: rank {}'s share of '{}' does not fit "
+                                "the tensor rank 0 describes",
+                                first.step, r, name),
+                    {.operation = "restore"});
+      }
+      joined.view(-1).narrow(0, at, n).copy_(found->second.reshape(-1));
+      at += n;
+    }
+    if (at != joined.numel()) {
+      throw Error(Errc::size_mismatch,
+                  fmt::format("the checkpoint of step {}: the shares of '{}' hold {} of its {} "
+                              "elements",
+                              first.step, name, at, joined.numel()),
+                  {.operation = "restore"});
+    }
+    whole.tensors[name] = std::move(joined);
+    whole.blobs.erase(blob_name(name));
+  }
+  return whole;
+}
+
 }  // namespace braid::torch::replicated_shares

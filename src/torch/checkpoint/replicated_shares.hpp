@@ -7,6 +7,8 @@
 // rank's share is there to gather.
 #pragma once
 
+#include <vector>
+
 #include <braid/collectives/communicator.hpp>
 #include <braid/torch/checkpoint/disk_checkpoints.hpp>
 
@@ -21,5 +23,13 @@ void mark(TrainingState& state);
 
 // Collective: each share marked in `state` gathered whole from every rank's, in place.
 void gather(collectives::Communicator& comm, TrainingState& state);
+
+// Not collective: the whole state from every rank's file of one step, read by one process
+// (a job restoring at another size than the one that saved: `shares[r]` is rank r's state
+// of the saving job, marked). Each replicated tensor is its shares joined in rank order;
+// blobs are rank 0's. Throws Error(Errc::invalid_argument) naming a tensor that is not
+// replicated: a rank's own state (a shard of ZeRO or FSDP) has no owner in a job of
+// another size.
+TrainingState join(std::vector<TrainingState> shares);
 
 }  // namespace braid::torch::replicated_shares

@@ -84,6 +84,32 @@ std::optional<RestoredState> restore_newest(collectives::Communicator& comm,
   };
   const std::int64_t from_memory = newest_everywhere(kMemory);
   const std::int64_t from_disk = newest_everywhere(kDisk);
+  // A job whose size changed (braid-run --nnodes MIN:MAX) finds its newest step written by
+  // another number of ranks: taken whole from their files, if every rank sees the same one
+  // (a directory they share) and it is newer than any of this size.
+  std::vector<std::int64_t> other_size{-1, 0};
+  if (disk != nullptr) {
+    if (const auto newest = disk->newest_of_another_size())
+      other_size = {newest->first, newest->second};
+  }
+  std::vector<std::int64_t> every_other(other_size.size() * static_cast<std::size_t>(comm.size()));
+  comm.launch(comm.all_gather(Buffer(other_size), Buffer(every_other))).get();
+  bool agreed = true;
+  for (std::size_t i = 0; i < every_other.size(); ++i)
+    agreed = agreed && every_other[i] == other_size[i % 2];
+  if (agreed && other_size[0] > std::max(from_memory, from_disk)) {
+    const std::int64_t step = other_size[0];
+    const int ranks = static_cast<int>(other_size[1]);
+    if (memory != nullptr) memory->forget_after(step);
+    disk->forget_after(step);
+    if (comm.rank() == 0) {
+      log::info("resuming at step {} on {} rank(s) from the checkpoint {} rank(s) wrote", step,
+                comm.size(), ranks);
+    }
+    return RestoredState{
+        .state = disk->read_whole(step, ranks),
+        .source = fmt::format("{} (written by {} rank(s))", disk->directory().string(), ranks)};
+  }
   if (from_memory < 0 && from_disk < 0) {
     if (!in_memory.empty() || !on_disk.empty()) {
       // Left in place: a directory given by mistake must not be emptied.

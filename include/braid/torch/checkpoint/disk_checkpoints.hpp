@@ -42,6 +42,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -94,6 +95,15 @@ class DiskCheckpoints {
   // Removes this rank's files of the steps after `step`: once the job has gone back to
   // `step`, they are another timeline's.
   void forget_after(std::int64_t step);
+
+  // A job that changed size (braid-run --nnodes MIN:MAX): the newest step under the
+  // directory written whole by a job of another number of ranks (a file from each of its
+  // ranks), as {step, ranks}; nullopt if none. Not collective.
+  std::optional<std::pair<std::int64_t, int>> newest_of_another_size();
+  // That step put together whole from every file its `ranks` wrote (checksums verified):
+  // replicated tensors only (DDP's), so any number of ranks can take it up. Throws
+  // braid::Error naming a file that cannot be read, or a rank's own tensor (a shard).
+  TrainingState read_whole(std::int64_t step, int ranks);
 
   // This rank's file for `step` (for messages and tests).
   std::filesystem::path file_of(std::int64_t step) const;

@@ -255,9 +255,23 @@ int train(const Settings& s) {
   // slices), its optimizer's state and the generator; every rank resumes from the newest
   // step all hold whole, in memory or on disk.
   example_models::Restartable restart(s.restart, comm, "train_3d");
-  const int first_step = restart.resume([&](const braid::torch::TrainingState& state) {
-    example_models::restore_training_state(state, parameters, {}, *optimizer);
-  });
+  // A job that changed size (braid-run --nnodes MIN:MAX: fewer data-parallel replicas, the
+  // same tp and pp) takes this rank's state from the old grid's rank with its coordinates
+  // on every axis but dp, where every replica held the same; the global batch stays, each
+  // replica's share of it grows.
+  const auto own_state_from = [&](int old_world) {
+    braid::parallel::GridSpec old_spec = braid::parallel::GridSpec::from_options(grid_options);
+    old_spec.degrees[static_cast<std::size_t>(Axis::dp)] = 0;  // what the old world leaves
+    const braid::parallel::GridLayout old_layout(old_world, old_spec);
+    braid::parallel::GridLayout::Coordinates at = grid->layout().coordinates(comm->rank());
+    at[static_cast<std::size_t>(Axis::dp)] = 0;
+    return old_layout.rank_at(at);
+  };
+  const int first_step = restart.resume(
+      [&](const braid::torch::TrainingState& state) {
+        example_models::restore_training_state(state, parameters, {}, *optimizer);
+      },
+      own_state_from);
 
   std::int64_t from_ns = 0;
   const auto started = std::chrono::steady_clock::now();

@@ -76,10 +76,11 @@ Restartable::~Restartable() {
   if (step_log_ >= 0) ::close(step_log_);
 }
 
-int Restartable::resume(const std::function<void(const braid::torch::TrainingState&)>& restore) {
+int Restartable::resume(const std::function<void(const braid::torch::TrainingState&)>& restore,
+                        const std::function<int(int)>& own_state_from) {
   if (!choice_.restartable()) return 0;
   auto restored = braid::torch::restore_newest(*comm_, memory_ ? &*memory_ : nullptr,
-                                               disk_ ? &*disk_ : nullptr);
+                                               disk_ ? &*disk_ : nullptr, own_state_from);
   if (!restored) return 0;
   restore(restored->state);
   if (comm_->rank() == 0) {

@@ -54,7 +54,9 @@ class Restartable {
 
   // Collective. 0 for a fresh start; else the step after the newest one every rank holds
   // whole (memory or disk), whose state `restore` has been given; rank 0 says which.
-  int resume(const std::function<void(const braid::torch::TrainingState&)>& restore);
+  // `own_state_from`: see braid::torch::restore_newest (a job that changed size).
+  int resume(const std::function<void(const braid::torch::TrainingState&)>& restore,
+             const std::function<int(int old_world)>& own_state_from = {});
 
   // Before this step sends what lets another rank finish its next update (DDP: before
   // backward; a pipeline: before the step): the last in-memory copy must be whole by then.

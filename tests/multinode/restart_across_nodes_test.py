@@ -195,13 +195,13 @@ def kill_what_runs(*processes):
             process.wait()
 
 
-def node_by_hand(rank, port, directory, output, env=None, store=()):
-    """Node `rank` of a two-node job of ddp_train on this machine, as a workload manager would
-    start its braid-run, its output to `output`."""
+def node_by_hand(rank, port, directory, output, env=None, store=(), program=None, ranks=1):
+    """Node `rank` of a two-node job on this machine (ddp_train, or `program`), as a workload
+    manager would start its braid-run, its output to `output`."""
     return subprocess.Popen(
         [os.environ["BRAID_RUN"], "--nnodes", "2", "--node-rank", str(rank), "--master-addr",
-         "127.0.0.1", "--master-port", port, "-n", "1", "--max-restarts", "1", *store,
-         os.environ["DDP_TRAIN"]] + COMMON
+         "127.0.0.1", "--master-port", port, "-n", str(ranks), "--max-restarts", "1", *store]
+        + (program or [os.environ["DDP_TRAIN"]] + COMMON)
         + ["--memory-every", "1", "--checkpoint-dir", directory, "--checkpoint-every", "5"],
         stdout=output, stderr=subprocess.STDOUT, text=True, env=env)
 
@@ -298,6 +298,54 @@ def expect_an_etcd_job_to_survive_the_node_that_started_it(want):
             shutil.rmtree(directory, ignore_errors=True)
 
 
+THREE_D = [os.environ.get("TRAIN_3D", ""), "--tp", "2", "--steps", "60", "--layers", "2",
+           "--hidden", "32", "--heads", "4", "--vocab", "32", "--seq", "8", "--global-batch", "8",
+           "--microbatches", "2", "--seed", "3"]
+
+
+def expect_a_3d_job_that_loses_a_node_to_continue_smaller():
+    """train_3d on tp 2 x dp 2 over two nodes of --nnodes 1:2 (two ranks each): node 1 lost,
+    node 0 goes on as tp 2 x dp 1 -- each rank's tensor-parallel slice from the old grid's
+    rank of the same slice, the global batch now one replica's -- and ends within float
+    tolerance of the job that never lost a node."""
+    reference = subprocess.run([os.environ["BRAID_RUN"], "-n", "4"] + THREE_D,
+                               capture_output=True, text=True, timeout=DEADLINE_S)
+    if reference.returncode != 0:
+        fail(f"train_3d without a failure exited {reference.returncode}",
+             reference.stdout + reference.stderr)
+    expected = float(checksum(reference.stdout))
+    directory = tempfile.mkdtemp(prefix="braid-nodes-smaller-3d-")
+    port = free_port()
+    elastic = ["--nnodes", "1:2", "--join-wait", "1"]
+    first = node_by_hand(0, port, directory, subprocess.PIPE, store=elastic, program=THREE_D,
+                         ranks=2)
+    doomed = node_by_hand(1, port, directory, subprocess.DEVNULL, store=elastic, program=THREE_D,
+                          ranks=2)
+    output = []
+    try:
+        read_until_step(first, 31, output)
+        doomed.kill()
+        doomed.wait()
+        output += first.stdout.readlines()
+        status = first.wait(timeout=DEADLINE_S)
+        text = "".join(output)
+        if status != 0:
+            fail(f"node 0's braid-run exited {status} after node 1 was lost", text)
+        resumed = re.search(r"resuming after step (\d+) from .* \(written by 4 rank\(s\)\)",
+                            text)
+        if not resumed or int(resumed.group(1)) < 30:
+            fail("train_3d should resume from the disk checkpoint 4 ranks wrote", text)
+        got = float(checksum(text))
+        if abs(got - expected) > 1e-4 * abs(expected):
+            fail(f"train_3d on one node ended with parameters {got}, without a failure with "
+                 f"{expected}: further apart than float tolerance", text)
+        print(f"train_3d tp 2 x dp 2 lost node 1: node 0 went on as tp 2 x dp 1 from step "
+              f"{resumed.group(1)} and ended with parameters {got} against {expected}")
+    finally:
+        kill_what_runs(first, doomed)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def expect_a_job_that_loses_a_node_to_continue_smaller(want):
     """--nnodes 1:2: node 1's braid-run SIGKILLed and not replaced. Node 0 goes on alone: from
     the newest checkpoint on disk (written by 2 ranks, put together whole), each step's two
@@ -343,6 +391,7 @@ WANT = unbroken_checksum()
 expect_a_node_braid_run_replaced_by_hand(WANT)
 expect_an_etcd_job_to_survive_the_node_that_started_it(WANT)
 expect_a_job_that_loses_a_node_to_continue_smaller(WANT)
+expect_a_3d_job_that_loses_a_node_to_continue_smaller()
 skip_without_namespaces()
 
 expect_recovered("a rank on node 1 killed", lambda launcher: rank_on(launcher, 1), "memory",

@@ -241,7 +241,7 @@ std::optional<std::pair<std::int64_t, int>> DiskCheckpoints::newest_of_another_s
   return newest;
 }
 
-TrainingState DiskCheckpoints::read_whole(std::int64_t step, int ranks) {
+TrainingState DiskCheckpoints::read_whole(std::int64_t step, int ranks, int own_from) {
   std::vector<TrainingState> shares;
   for (int r = 0; r < ranks; ++r) {
     const fs::path file = directory_ / fmt::format("step-{:08}", step) /
@@ -255,7 +255,7 @@ TrainingState DiskCheckpoints::read_whole(std::int64_t step, int ranks) {
     }
     replicated_shares::mark(shares.back());
   }
-  return replicated_shares::join(std::move(shares));
+  return replicated_shares::join(std::move(shares), own_from);
 }
 
 namespace {

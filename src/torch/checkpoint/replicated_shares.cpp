@@ -107,18 +107,21 @@ void gather(collectives::Communicator& comm, TrainingState& state) {
   state.replicated.clear();
 }
 
-TrainingState join(std::vector<TrainingState> shares) {
-  TrainingState& first = shares.front();
-  for (const auto& [name, tensor] : first.tensors) {
-    if (!first.replicated.contains(name)) {
+TrainingState join(std::vector<TrainingState> shares, int own_from) {
+  const TrainingState& first = shares.front();
+  const TrainingState& owner = shares.at(static_cast<std::size_t>(std::max(own_from, 0)));
+  TrainingState whole{.step = first.step, .tensors = {}, .blobs = owner.blobs, .replicated = {}};
+  for (const auto& [name, tensor] : owner.tensors) {
+    if (owner.replicated.contains(name)) continue;
+    if (own_from < 0) {
       throw Error(Errc::invalid_argument,
                   fmt::format("the checkpoint of step {} holds rank 0's own '{}' (a shard), which "
                               "a job of {} rank(s) cannot be split another way",
                               first.step, name, shares.size()),
                   {.operation = "restore"});
     }
+    whole.tensors[name] = tensor;
   }
-  TrainingState whole{.step = first.step, .tensors = {}, .blobs = first.blobs, .replicated = {}};
   for (const std::string& name : first.replicated) {
     at::Tensor joined = described(first.blobs.at(blob_name(name)));
     std::int64_t at = 0;

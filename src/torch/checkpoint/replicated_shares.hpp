@@ -27,9 +27,11 @@ void gather(collectives::Communicator& comm, TrainingState& state);
 // Not collective: the whole state from every rank's file of one step, read by one process
 // (a job restoring at another size than the one that saved: `shares[r]` is rank r's state
 // of the saving job, marked). Each replicated tensor is its shares joined in rank order;
-// blobs are rank 0's. Throws Error(Errc::invalid_argument) naming a tensor that is not
-// replicated: a rank's own state (a shard of ZeRO or FSDP) has no owner in a job of
+// the other tensors and the blobs are rank `own_from`'s (the program says which old rank
+// held what this one needs: the same tensor-parallel slice and stage, say). With
+// `own_from` < 0, a tensor that is not replicated is an Error(Errc::invalid_argument)
+// naming it: a rank's own state (a shard of ZeRO or FSDP) has no owner in a job of
 // another size.
-TrainingState join(std::vector<TrainingState> shares);
+TrainingState join(std::vector<TrainingState> shares, int own_from = -1);
 
 }  // namespace braid::torch::replicated_shares

@@ -34,7 +34,8 @@ enum Source : std::size_t { kMemory = 0, kDisk = 1, kHeldForPartner = 2, kSource
 }  // namespace
 
 std::optional<RestoredState> restore_newest(collectives::Communicator& comm,
-                                            MemoryCheckpoints* memory, DiskCheckpoints* disk) {
+                                            MemoryCheckpoints* memory, DiskCheckpoints* disk,
+                                            const std::function<int(int)>& own_state_from) {
   Held in_memory = memory != nullptr ? memory->readable() : Held{};
   Held on_disk = disk != nullptr ? disk->readable() : Held{};
   const int partner = memory != nullptr ? memory->partner() : -1;
@@ -106,8 +107,9 @@ std::optional<RestoredState> restore_newest(collectives::Communicator& comm,
       log::info("resuming at step {} on {} rank(s) from the checkpoint {} rank(s) wrote", step,
                 comm.size(), ranks);
     }
+    const int own_from = own_state_from ? own_state_from(ranks) : -1;
     return RestoredState{
-        .state = disk->read_whole(step, ranks),
+        .state = disk->read_whole(step, ranks, own_from),
         .source = fmt::format("{} (written by {} rank(s))", disk->directory().string(), ranks)};
   }
   if (from_memory < 0 && from_disk < 0) {

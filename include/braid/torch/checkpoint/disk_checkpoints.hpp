@@ -100,10 +100,12 @@ class DiskCheckpoints {
   // directory written whole by a job of another number of ranks (a file from each of its
   // ranks), as {step, ranks}; nullopt if none. Not collective.
   std::optional<std::pair<std::int64_t, int>> newest_of_another_size();
-  // That step put together whole from every file its `ranks` wrote (checksums verified):
-  // replicated tensors only (DDP's), so any number of ranks can take it up. Throws
-  // braid::Error naming a file that cannot be read, or a rank's own tensor (a shard).
-  TrainingState read_whole(std::int64_t step, int ranks);
+  // That step put together from every file its `ranks` wrote (checksums verified): the
+  // replicated tensors whole (DDP's), and the rest from old rank `own_from`'s file -- where
+  // the program knows which old rank held what this one needs -- or, with `own_from` < 0,
+  // none: then a rank's own tensor (a shard) is an error naming it. Throws braid::Error
+  // naming a file that cannot be read.
+  TrainingState read_whole(std::int64_t step, int ranks, int own_from = -1);
 
   // This rank's file for `step` (for messages and tests).
   std::filesystem::path file_of(std::int64_t step) const;

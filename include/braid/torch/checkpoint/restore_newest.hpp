@@ -10,6 +10,7 @@
 // failure must not mix a copy from the abandoned branch with one from the new.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -26,7 +27,15 @@ struct RestoredState {
 };
 
 // Either source may be null. nullopt when no step is held by every rank (a fresh start).
-std::optional<RestoredState> restore_newest(collectives::Communicator& comm,
-                                            MemoryCheckpoints* memory, DiskCheckpoints* disk);
+//
+// A job whose size changed (braid-run --nnodes MIN:MAX) takes up the newest step a job of
+// another size wrote whole on disk, where it is newer than any of its own size: its
+// replicated tensors joined from every file, and this rank's own tensors from the file of
+// old rank `own_state_from(old world size)`, where the program gives that (train_3d: the
+// rank of the old grid with this rank's tensor-parallel slice and stage); without it, only
+// replicated state crosses sizes (DDP), and a rank's own tensor is refused by name.
+std::optional<RestoredState> restore_newest(
+    collectives::Communicator& comm, MemoryCheckpoints* memory, DiskCheckpoints* disk,
+    const std::function<int(int old_world)>& own_state_from = {});
 
 }  // namespace braid::torch

@@ -24,9 +24,13 @@ and the job ends with the same parameters.
 The same two braid-runs with the job's store in a three-member etcd cluster (--store
 etcd://...): node 0's braid-run SIGKILLed, and an etcd member with it, and the job still
 ends with the same parameters once a new node 0 joins; its name, used again, is refused.
+And with --nnodes 1:2, node 1's braid-run SIGKILLed and not replaced: node 0 goes on alone
+from the checkpoint both nodes' ranks wrote, ddp_train accumulating both ranks' data a step
+and train_3d (tp 2 x dp 2, two ranks a node) as tp 2 x dp 1, each ending within float
+tolerance of its job that never lost a node.
 That case needs nothing; the others need root for the namespaces (CI runs as root) and are
 skipped, saying why, elsewhere. Paths from the environment (meson sets them): BRAID_RUN,
-DDP_TRAIN.
+DDP_TRAIN, TRAIN_3D.
 """
 import json
 import os
@@ -303,59 +307,17 @@ THREE_D = [os.environ.get("TRAIN_3D", ""), "--tp", "2", "--steps", "60", "--laye
            "--microbatches", "2", "--seed", "3"]
 
 
-def expect_a_3d_job_that_loses_a_node_to_continue_smaller():
-    """train_3d on tp 2 x dp 2 over two nodes of --nnodes 1:2 (two ranks each): node 1 lost,
-    node 0 goes on as tp 2 x dp 1 -- each rank's tensor-parallel slice from the old grid's
-    rank of the same slice, the global batch now one replica's -- and ends within float
-    tolerance of the job that never lost a node."""
-    reference = subprocess.run([os.environ["BRAID_RUN"], "-n", "4"] + THREE_D,
-                               capture_output=True, text=True, timeout=DEADLINE_S)
-    if reference.returncode != 0:
-        fail(f"train_3d without a failure exited {reference.returncode}",
-             reference.stdout + reference.stderr)
-    expected = float(checksum(reference.stdout))
-    directory = tempfile.mkdtemp(prefix="braid-nodes-smaller-3d-")
-    port = free_port()
-    elastic = ["--nnodes", "1:2", "--join-wait", "1"]
-    first = node_by_hand(0, port, directory, subprocess.PIPE, store=elastic, program=THREE_D,
-                         ranks=2)
-    doomed = node_by_hand(1, port, directory, subprocess.DEVNULL, store=elastic, program=THREE_D,
-                          ranks=2)
-    output = []
-    try:
-        read_until_step(first, 31, output)
-        doomed.kill()
-        doomed.wait()
-        output += first.stdout.readlines()
-        status = first.wait(timeout=DEADLINE_S)
-        text = "".join(output)
-        if status != 0:
-            fail(f"node 0's braid-run exited {status} after node 1 was lost", text)
-        resumed = re.search(r"resuming after step (\d+) from .* \(written by 4 rank\(s\)\)",
-                            text)
-        if not resumed or int(resumed.group(1)) < 30:
-            fail("train_3d should resume from the disk checkpoint 4 ranks wrote", text)
-        got = float(checksum(text))
-        if abs(got - expected) > 1e-4 * abs(expected):
-            fail(f"train_3d on one node ended with parameters {got}, without a failure with "
-                 f"{expected}: further apart than float tolerance", text)
-        print(f"train_3d tp 2 x dp 2 lost node 1: node 0 went on as tp 2 x dp 1 from step "
-              f"{resumed.group(1)} and ended with parameters {got} against {expected}")
-    finally:
-        kill_what_runs(first, doomed)
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def expect_a_job_that_loses_a_node_to_continue_smaller(want):
-    """--nnodes 1:2: node 1's braid-run SIGKILLed and not replaced. Node 0 goes on alone: from
-    the newest checkpoint on disk (written by 2 ranks, put together whole), each step's two
-    parts of data now its own, their gradients accumulated. Same global batch, same training:
-    it ends within float tolerance of the job that never lost a node."""
+def lose_node_1_of_an_elastic_job(program=None, ranks=1):
+    """Runs a job (ddp_train, or `program`) of --nnodes 1:2 on two by-hand nodes of `ranks`
+    ranks each, SIGKILLs node 1's braid-run once rank 0 has finished step 31 and leaves it
+    lost; node 0 must go on alone and end with status 0. Node 0's output."""
     directory = tempfile.mkdtemp(prefix="braid-nodes-smaller-")
     port = free_port()
     elastic = ["--nnodes", "1:2", "--join-wait", "1"]
-    first = node_by_hand(0, port, directory, subprocess.PIPE, store=elastic)
-    doomed = node_by_hand(1, port, directory, subprocess.DEVNULL, store=elastic)
+    first = node_by_hand(0, port, directory, subprocess.PIPE, store=elastic, program=program,
+                         ranks=ranks)
+    doomed = node_by_hand(1, port, directory, subprocess.DEVNULL, store=elastic,
+                          program=program, ranks=ranks)
     output = []
     try:
         read_until_step(first, 31, output)
@@ -368,23 +330,57 @@ def expect_a_job_that_loses_a_node_to_continue_smaller(want):
             fail(f"node 0's braid-run exited {status} after node 1 was lost", text)
         if "the job now runs on 1 of --nnodes 1:2 (nodes 0)" not in text:
             fail("braid-run should say the job now runs on node 0 alone", text)
-        resumed = re.search(r"resuming after step (\d+) from .* \(written by 2 rank\(s\)\)",
-                            text)
-        if not resumed or int(resumed.group(1)) < 30:
-            fail("the job should resume from the disk checkpoint 2 ranks wrote, after step 30",
-                 text)
-        if "1 rank(s) take the data of the job's first 2 (2 parts each" not in text:
-            fail("ddp_train should say its one rank takes both ranks' data", text)
-        got, expected = float(checksum(text)), float(want)
-        if abs(got - expected) > 1e-4 * abs(expected):
-            fail(f"the job on one node ended with parameters {got}, the job that never lost a "
-                 f"node with {expected}: further apart than float tolerance", text)
-        print(f"node 1 lost under --nnodes 1:2: node 0 went on alone from step "
-              f"{resumed.group(1)} (the 2 ranks' checkpoint put together, 2 parts of data a "
-              f"step accumulated) and ended with parameters {got} against {expected}")
+        return text
     finally:
         kill_what_runs(first, doomed)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def expect_resumed_smaller(text, ranks_before, expected, what):
+    """`text`'s job resumed from a disk checkpoint `ranks_before` ranks wrote -- step 30's, or
+    25's where step 30's files were still being written at the kill -- and ended within float
+    tolerance of `expected`; the step it resumed after."""
+    resumed = re.search(r"resuming after step (\d+) from .* \(written by "
+                        + str(ranks_before) + r" rank\(s\)\)", text)
+    if not resumed or int(resumed.group(1)) < 25:
+        fail(f"{what} should resume from the disk checkpoint {ranks_before} ranks wrote, after "
+             "step 25 or later", text)
+    got = float(checksum(text))
+    if abs(got - expected) > 1e-4 * abs(expected):
+        fail(f"{what} on one node ended with parameters {got}, without a failure with "
+             f"{expected}: further apart than float tolerance", text)
+    return resumed.group(1), got
+
+
+def expect_a_job_that_loses_a_node_to_continue_smaller(want):
+    """--nnodes 1:2: node 1 lost, not replaced. Node 0 goes on alone: from the newest
+    checkpoint on disk (written by 2 ranks, put together whole), each step's two parts of data
+    now its own, their gradients accumulated. Same global batch, same training: it ends within
+    float tolerance of the job that never lost a node."""
+    text = lose_node_1_of_an_elastic_job()
+    if "1 rank(s) take the data of the job's first 2 (2 parts each" not in text:
+        fail("ddp_train should say its one rank takes both ranks' data", text)
+    step, got = expect_resumed_smaller(text, 2, float(want), "ddp_train")
+    print(f"node 1 lost under --nnodes 1:2: node 0 went on alone from step {step} (the 2 ranks' "
+          f"checkpoint put together, 2 parts of data a step accumulated) and ended with "
+          f"parameters {got} against {want}")
+
+
+def expect_a_3d_job_that_loses_a_node_to_continue_smaller():
+    """train_3d on tp 2 x dp 2 over two nodes of --nnodes 1:2 (two ranks each): node 1 lost,
+    node 0 goes on as tp 2 x dp 1 -- each rank's tensor-parallel slice from the old grid's
+    rank of the same slice, the global batch now one replica's -- and ends within float
+    tolerance of the job that never lost a node."""
+    reference = subprocess.run([os.environ["BRAID_RUN"], "-n", "4"] + THREE_D,
+                               capture_output=True, text=True, timeout=DEADLINE_S)
+    if reference.returncode != 0:
+        fail(f"train_3d without a failure exited {reference.returncode}",
+             reference.stdout + reference.stderr)
+    expected = float(checksum(reference.stdout))
+    text = lose_node_1_of_an_elastic_job(program=THREE_D, ranks=2)
+    step, got = expect_resumed_smaller(text, 4, expected, "train_3d")
+    print(f"train_3d tp 2 x dp 2 lost node 1: node 0 went on as tp 2 x dp 1 from step {step} "
+          f"and ended with parameters {got} against {expected}")
 
 
 WANT = unbroken_checksum()

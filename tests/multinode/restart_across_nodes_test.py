@@ -321,15 +321,22 @@ def lose_node_1_of_an_elastic_job(program=None, ranks=1):
     output = []
     try:
         read_until_step(first, 31, output)
+        killed_at = time.monotonic()
         doomed.kill()
         doomed.wait()
-        output += first.stdout.readlines()
+        smaller_at = None
+        for line in first.stdout:
+            output.append(line)
+            if smaller_at is None and re.search(r"\[0\] .*resuming after step", line):
+                smaller_at = time.monotonic() - killed_at
         status = first.wait(timeout=DEADLINE_S)
         text = "".join(output)
         if status != 0:
             fail(f"node 0's braid-run exited {status} after node 1 was lost", text)
         if "the job now runs on 1 of --nnodes 1:2 (nodes 0)" not in text:
             fail("braid-run should say the job now runs on node 0 alone", text)
+        print(f"  (node 1 killed; node 0's ranks resumed on their own {smaller_at:.2f} s later, "
+              "--join-wait 1 included)")
         return text
     finally:
         kill_what_runs(first, doomed)

@@ -784,7 +784,7 @@ int Job::conclude(const GenerationEnd& end) {
           all += fmt::format("{}{}", all.empty() ? "" : "; ", f);
         report(
             fmt::format("the job failed after {} restart(s) (--max-restarts {}); its failures: {}",
-                        generation_, options_.max_restarts, all));
+                        rendezvous_->restarts_used(), options_.max_restarts, all));
       }
       break;
     }
@@ -958,9 +958,12 @@ int Job::run() {
     for (Rank& rank : ranks_) drain(rank);
     const GenerationEnd end = end_of_generation();
     if (end.kind != GenerationEnd::Kind::restart) return conclude(end);
-    report(fmt::format("restarting {} {} rank(s) (restart {} of --max-restarts {}){}",
+    report(fmt::format("restarting {} {} rank(s) ({}){}",
                        options_.nnodes == 1 ? "the job's" : "this node's", options_.nproc_per_node,
-                       generation_ + 1, options_.max_restarts,
+                       end.counted
+                           ? fmt::format("restart {} of --max-restarts {}",
+                                         rendezvous_->restarts_used() + 1, options_.max_restarts)
+                           : "to take in a node, not counted against --max-restarts",
                        end.ours ? "" : fmt::format(": {}", end.why)));
     start_again();
   }

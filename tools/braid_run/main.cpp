@@ -41,8 +41,8 @@ options (options end at the program, or at --):
                           start of the job runs on those that have joined once all have,
                           or once MIN have and --join-wait has passed; a node lost and not
                           replaced leaves the job smaller at its next start, and a node
-                          that comes later restarts it to take part (with --max-restarts
-                          left). Ranks are numbered over the nodes taking part
+                          that comes later restarts it to take part (not counted against
+                          --max-restarts). Ranks are numbered over the nodes taking part
   --join-wait SECONDS     with --nnodes MIN:MAX: how long a start waits for more nodes
                           once MIN have joined (default 10)
   --node-rank I           this node's index, 0 to N-1 (default 0); global rank =

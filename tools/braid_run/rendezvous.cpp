@@ -48,7 +48,7 @@ const Bytes kNeverStored{0xff, 'p', 'e', 'e', 'k'};
 Bytes encode(const GenerationEnd& end) {
   switch (end.kind) {
     case GenerationEnd::Kind::restart:
-      return bytes_of("R" + end.why);
+      return bytes_of((end.counted ? "R" : "G") + end.why);
     case GenerationEnd::Kind::failed:
     case GenerationEnd::Kind::store_lost:
       return bytes_of(fmt::format("F{}:{}", end.status, end.why));
@@ -61,6 +61,9 @@ Bytes encode(const GenerationEnd& end) {
 GenerationEnd decode(const Bytes& value) {
   const std::string text = text_of(value);
   if (text.starts_with('R')) return {.kind = GenerationEnd::Kind::restart, .why = text.substr(1)};
+  if (text.starts_with('G')) {
+    return {.kind = GenerationEnd::Kind::restart, .why = text.substr(1), .counted = false};
+  }
   if (text.starts_with('F')) {
     const auto colon = text.find(':');
     const int status = colon == std::string::npos ? 1 : std::atoi(text.c_str() + 1);
@@ -94,8 +97,9 @@ struct Rendezvous::Impl {
     return runtime.spawn(std::move(work)).get();
   }
 
+  // A failure's end of the generation: a restart while the job has one left.
   GenerationEnd proposal(int status, std::string why) const {
-    if (generation < options.max_restarts) {
+    if (restarts_used < options.max_restarts) {
       return {.kind = GenerationEnd::Kind::restart, .why = std::move(why)};
     }
     return {.kind = GenerationEnd::Kind::failed, .status = status, .why = std::move(why)};
@@ -209,6 +213,12 @@ struct Rendezvous::Impl {
 
   asio::awaitable<std::optional<std::int64_t>> enter(bool first) {
     std::int64_t g = first ? 0 : generation + 1;
+    // The restarts failures have cost the job so far (a node taken in costs none).
+    restarts_used = 0;
+    for (std::int64_t before = 0; !first && before < g; ++before) {
+      const GenerationEnd how = decode(co_await peek(generation_key(before, "end")));
+      if (how.kind == GenerationEnd::Kind::restart && how.counted) ++restarts_used;
+    }
     if (first) {
       // The job's current generation: the first without an end.
       for (;; ++g) {
@@ -220,6 +230,7 @@ struct Rendezvous::Impl {
           record(how);
           co_return std::nullopt;
         }
+        if (how.counted) ++restarts_used;
       }
     }
     for (;; ++g) {
@@ -229,33 +240,28 @@ struct Rendezvous::Impl {
       Bytes mine = bytes_of(self);
       const Bytes claimed =
           co_await store->compare_set(std::move(node_key), std::move(absent), std::move(mine));
-      std::string why;
+      GenerationEnd end;
       if (text_of(claimed) != self) {
         // Another braid-run ran this node's ranks in g: this one replaces it, so g is over.
-        why = fmt::format("node {}'s braid-run ({}) is gone: {} took its place", options.node_rank,
-                          text_of(claimed), self);
+        end = proposal(1, fmt::format("node {}'s braid-run ({}) is gone: {} took its place",
+                                      options.node_rank, text_of(claimed), self));
       } else {
         members = co_await settle_members(g);
         if (std::find(members.begin(), members.end(), options.node_rank) != members.end()) break;
         // Counted out: the others started without this node. It joins the next start, which
-        // it asks for now (as torchrun's agents restart for a node waiting), if the job has
-        // a restart left.
-        if (g >= options.max_restarts) {
-          not_joined = fmt::format(
-              "node {} came after the job's nodes were counted ({} of them), and --max-restarts "
-              "{} leaves no restart to take it in",
-              options.node_rank, members.size(), options.max_restarts);
-          co_return std::nullopt;
-        }
-        why =
-            fmt::format("node {} joined the job, which restarts to take it in", options.node_rank);
+        // it asks for now, as torchrun's agents restart for a node waiting; a membership
+        // change, not a failure, so no restart of --max-restarts is spent on it.
+        end = {.kind = GenerationEnd::Kind::restart,
+               .why = fmt::format("node {} joined the job, which restarts to take it in",
+                                  options.node_rank),
+               .counted = false};
       }
-      Bytes end = encode(proposal(1, why));
-      const GenerationEnd how = decode(co_await end_by(g, why, std::move(end)));
+      const GenerationEnd how = decode(co_await end_by(g, end.why, encode(end)));
       if (how.kind != GenerationEnd::Kind::restart) {
         record(how);
         co_return std::nullopt;
       }
+      if (how.counted) ++restarts_used;
     }
     // This launcher's connection dropping (its node gone) ends g for everyone.
     const GenerationEnd will =
@@ -310,7 +316,8 @@ struct Rendezvous::Impl {
   std::string where;       // Rendezvous::where()
   bool found_ended = false;
   std::optional<std::string> not_joined;  // why this node takes no part (enter())
-  std::vector<int> members;               // the nodes of the generation entered last
+  int restarts_used = 0;     // restarts failures cost the job before the generation entered last
+  std::vector<int> members;  // the nodes of the generation entered last
   int wakeup = -1;
   std::int64_t generation = -1;
   std::shared_ptr<Watched> watched;
@@ -405,6 +412,10 @@ const std::optional<std::string>& Rendezvous::not_joined() const {
 
 const std::vector<int>& Rendezvous::members() const {
   return impl_->members;
+}
+
+int Rendezvous::restarts_used() const {
+  return impl_->restarts_used;
 }
 
 int Rendezvous::wakeup_fd() const {

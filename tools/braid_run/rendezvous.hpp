@@ -18,16 +18,18 @@
 //                               take part in g+1
 //   braid/run/g/<g>/end         how g ended, set once by compare_set (the first launcher to
 //                               end it wins; a launcher's will ends it if its connection
-//                               drops): R<why> restart, F<status>:<why> the job failed, D
-//                               the job is done; every launcher waits on it
+//                               drops): R<why> restart after a failure, G<why> restart to
+//                               take in a node (not counted against --max-restarts),
+//                               F<status>:<why> the job failed, D the job is done; every
+//                               launcher waits on it
 //   braid/run/g/<g>/finished    a counter: launchers whose ranks all exited with 0 in g; the
 //                               last of the job's nodes ends g with D
 //   braid/run/g/<g>/read        a counter: launchers that have read g's end, so node 0 stops
 //                               serving only once the others know
 //   braid/run/failures          a log (StoreClient::append) of every failure, named
 //
-// A generation ends in a restart while fewer than --max-restarts generations have: the
-// limit is the job's, not each node's (torchrun's agents count theirs apart). One round
+// A generation ends in a restart while failures have cost fewer than --max-restarts restarts:
+// the limit is the job's, not each node's (torchrun's agents count theirs apart). One round
 // trip ends a generation, and every launcher learns of it from its pending get at once.
 //
 // What node 0's loss costs: the store goes with it, every other launcher stops its ranks
@@ -52,6 +54,9 @@ struct GenerationEnd {
   int status = 0;     // failed, store_lost: braid-run's exit status
   std::string why;    // restart, failed, store_lost: what happened, for people
   bool ours = false;  // this launcher ended the generation (end_by_failure's own end stood)
+  // restart: a failure's, counted against --max-restarts; false: a node came to take part
+  // (--nnodes MIN:MAX), which costs none, as torchrun's membership changes do not.
+  bool counted = true;
 };
 
 class Rendezvous {
@@ -97,13 +102,14 @@ class Rendezvous {
   // used twice in an etcd store, or a replacement that came too late).
   bool found_ended() const;
   // Set where enter() returned nullopt because this node takes no part, not because the job
-  // ended: why (it came after the nodes were counted with no restart left, too few nodes
-  // joined within BRAID_TIMEOUT, a signal).
+  // ended: why (too few nodes joined within BRAID_TIMEOUT, a signal).
   const std::optional<std::string>& not_joined() const;
   // The nodes (their --node-rank) that run the generation entered last, in order: a node's
   // place in the job (BRAID_NODE_RANK) is its index here, and the job's node count their
   // number. Every node under --nnodes N; under MIN:MAX, those that joined in time.
   const std::vector<int>& members() const;
+  // The restarts failures had cost the job before the generation entered last.
+  int restarts_used() const;
 
   // The ranks' BRAID_STORE_PREFIX for generation g.
   static std::string key_prefix(std::int64_t generation);

@@ -80,7 +80,9 @@ asio::awaitable<std::unique_ptr<StoreClient>> connect_to_store(asio::any_io_exec
                                                                Deadline deadline,
                                                                const WorldOptions& options) {
   const Clock::duration timeout = options.join_timeout.value_or(default_timeout());
-  const std::string where = format_host_port(address.host, address.port);
+  const bool etcd = !address.etcd_members.empty();
+  const std::string where = etcd ? format_etcd_url({address.etcd_members, address.etcd_namespace})
+                                 : format_host_port(address.host, address.port);
   auto report = std::make_shared<StoreWaitReport>(executor);
   asio::co_spawn(executor, report_store_wait(report, where, report_interval(timeout)),
                  asio::detached);
@@ -96,8 +98,10 @@ asio::awaitable<std::unique_ptr<StoreClient>> connect_to_store(asio::any_io_exec
   } catch (const Error& e) {
     if (e.code() != Errc::timeout) throw;
     throw Error(Errc::timeout,
-                fmt::format("rank 0 never served the store: {} (bounded by {})", e.detail(),
-                            join_bound(options, timeout)),
+                fmt::format("{}: {} (bounded by {})",
+                            etcd ? "no member of the job's etcd cluster answered"
+                                 : "rank 0 never served the store",
+                            e.detail(), join_bound(options, timeout)),
                 e.context());
   }
 }

@@ -572,8 +572,12 @@ asio::awaitable<void> EtcdStoreConnection::watch_for_deaths() {
           co_await gateway_->watch(std::move(create), default_deadline());
       if (failure_) co_return;
       const Listed listed(*this, watch.get());
-      Json list_wills = {
-          {"key", base64(wills)}, {"range_end", base64(prefix_end(wills))}, {"keys_only", true}};
+      // At the revision the alive keys were read at: a will written since belongs to a
+      // client that was alive then, whose death the watch will see.
+      Json list_wills = {{"key", base64(wills)},
+                         {"range_end", base64(prefix_end(wills))},
+                         {"keys_only", true},
+                         {"revision", std::to_string(revision)}};
       const Json written =
           co_await gateway_->post("/v3/kv/range", std::move(list_wills), default_deadline());
       for (const Json& kv : written.value("kvs", Json::array())) {
@@ -598,18 +602,25 @@ asio::awaitable<void> EtcdStoreConnection::watch_for_deaths() {
 
 asio::awaitable<void> EtcdStoreConnection::fire_will(std::string lease) {
   const std::string will_at = own_ + "will/" + lease;
+  const std::string alive_at = own_ + "alive/" + lease;
   for (;;) {
+    // Only a dead client's will fires: every transaction below also asks that its alive key
+    // be gone, and one that is there ends the attempt.
+    const Json living =
+        co_await gateway_->post("/v3/kv/range", key_object(alive_at), default_deadline());
+    if (first_entry(living).mod_revision != 0) co_return;
     const Json reply =
         co_await gateway_->post("/v3/kv/range", key_object(will_at), default_deadline());
     const Entry record = first_entry(reply);
     if (record.mod_revision == 0) co_return;  // none, or another client fired it
     const std::optional<Will> will = decode_will(record.value);
-    Json compare = Json::array({modified_at(will_at, record.mod_revision)});
+    Json compare = Json::array({modified_at(will_at, record.mod_revision), absent(alive_at)});
     Json success = Json::array({delete_key(will_at)});
     if (will && !will->append) {
       // The first will to fire under a key wins: it sets only an absent key.
       Json first = {
-          {"compare", Json::array({modified_at(will_at, record.mod_revision), absent(will->key)})},
+          {"compare", Json::array({modified_at(will_at, record.mod_revision), absent(alive_at),
+                                   absent(will->key)})},
           {"success", Json::array({put(will->key, text_of(will->value)), delete_key(will_at)})}};
       const Json set = co_await gateway_->post("/v3/kv/txn", std::move(first), default_deadline());
       if (set.value("succeeded", false)) co_return;

@@ -25,6 +25,7 @@
 #include <braid/transport/bootstrap.hpp>
 
 #include "transport/store/store_keepalive.hpp"
+#include "transport/store/store_time.hpp"
 
 namespace braid::transport::etcd {
 namespace {
@@ -45,10 +46,6 @@ constexpr Clock::duration kMaxRoundPause = 500ms;
 
 constexpr std::string_view kAlphabet =
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-double seconds(Clock::duration duration) {
-  return std::chrono::duration<double>(duration).count();
-}
 
 Clock::duration network_timeout() {
   const auto timeout = config::seconds_value("BRAID_NETWORK_TIMEOUT");

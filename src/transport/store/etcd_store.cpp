@@ -58,6 +58,7 @@
 #include "transport/store/etcd_gateway.hpp"
 #include "transport/store/store_client_impl.hpp"
 #include "transport/store/store_protocol.hpp"
+#include "transport/store/store_time.hpp"
 
 namespace braid::transport {
 namespace {
@@ -74,10 +75,6 @@ constexpr Clock::duration kConnectRetryPause = 200ms;
 constexpr Clock::duration kRevokeTimeout = 2s;
 // The longest pause between two tries of an update that lost a race (back_off).
 constexpr Clock::duration kMaxConflictPause = 32ms;
-
-double seconds(Clock::duration duration) {
-  return std::chrono::duration<double>(duration).count();
-}
 
 std::string text_of(const Bytes& bytes) {
   return std::string(bytes.begin(), bytes.end());

@@ -39,6 +39,7 @@
 #include "transport/store/store_frame_io.hpp"
 #include "transport/store/store_keepalive.hpp"
 #include "transport/store/store_protocol.hpp"
+#include "transport/store/store_time.hpp"
 
 namespace braid::transport {
 namespace {
@@ -51,10 +52,6 @@ using namespace std::chrono_literals;
 // ranks start in any order, and the store usually appears within milliseconds.
 constexpr Clock::duration kFirstRetryPause = 10ms;
 constexpr Clock::duration kMaxRetryPause = 250ms;
-
-double seconds(Clock::duration duration) {
-  return std::chrono::duration<double>(duration).count();
-}
 
 std::chrono::milliseconds remaining(Deadline deadline) {
   return std::max(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()), 0ms);
